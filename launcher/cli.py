@@ -1,0 +1,47 @@
+"""The ``sglang-launch`` command line: serving by default, plus subcommands.
+
+Each subcommand lives in its own module under ``launcher.commands`` and is imported only when it
+is asked for, so ``sglang-launch plugins`` never pays for what serving imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module in launcher.commands, one-line help). Serving is the default command.
+COMMANDS = {
+    "serve": ("serve", "start the server (the default when no subcommand is given)"),
+    "plugins": ("plugins", "list installed platform and general plugins, and what would activate"),
+    "status": ("status", "print a running launcher's status snapshot"),
+    "events": ("events", "print a running launcher's events as JSON lines"),
+    "check-platform": ("check_platform", "run the platform contract on this machine's device"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: sglang-launch [COMMAND] [OPTIONS]", "", "commands:"]
+    for name, (_, text) in COMMANDS.items():
+        lines.append(f"  {name:<16}{text}")
+    lines.append("")
+    lines.append("With no command, the options are the server's: sglang-launch --model-path PATH.")
+    lines.append("sglang-launch COMMAND --help shows a command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help") and len(argv) == 1:
+        # The server's own --help lists its options; the command list comes first.
+        print(_usage())
+        print()
+    if argv and argv[0] in COMMANDS:
+        name, rest = argv[0], argv[1:]
+    else:
+        name, rest = "serve", argv
+    module = importlib.import_module(f"launcher.commands.{COMMANDS[name][0]}")
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

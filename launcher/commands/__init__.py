@@ -1,0 +1,1 @@
+"""One module per ``sglang-launch`` subcommand, each with ``main(argv) -> int``."""

@@ -1,0 +1,106 @@
+"""Installed entry points, read once per process for every group sglang-launch uses.
+
+Reading entry-point metadata walks every distribution on ``sys.path``; selection and plugin
+loading for both runtimes all need it, so one scan fills a table of every group and later lookups
+are dictionary reads. Nothing here imports a plugin: ``EntryPoint.load()`` does that, and only for
+the entry point it is called on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from dataclasses import dataclass
+
+SRT_PLATFORMS = "sglang.srt.platforms"
+SRT_PLUGINS = "sglang.srt.plugins"
+DIFFUSION_PLATFORMS = "sglang.multimodal_gen.platforms"
+DIFFUSION_PLUGINS = "sglang.multimodal_gen.plugins"
+
+GROUPS = (SRT_PLATFORMS, SRT_PLUGINS, DIFFUSION_PLATFORMS, DIFFUSION_PLUGINS)
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """One installed entry point: ``name = value`` in ``group``, shipped by ``distribution``."""
+
+    group: str
+    name: str
+    value: str
+    distribution: str | None
+
+    @property
+    def module(self) -> str:
+        return self.value.partition(":")[0].strip()
+
+    def load(self):
+        """Import the entry point's module and return the object it names."""
+        module_name, _, attr = self.value.partition(":")
+        obj = importlib.import_module(module_name.strip())
+        for part in attr.strip().split(".") if attr.strip() else ():
+            obj = getattr(obj, part)
+        return obj
+
+    def describe(self) -> str:
+        dist = self.distribution or "unknown distribution"
+        return f"{self.name} = {self.value} (from {dist})"
+
+
+_lock = threading.Lock()
+_table: dict[str, tuple[EntryPoint, ...]] | None = None
+
+
+def _scan() -> dict[str, tuple[EntryPoint, ...]]:
+    from importlib import metadata
+
+    table: dict[str, list[EntryPoint]] = {group: [] for group in GROUPS}
+    seen_dists: set[str] = set()
+    for dist in metadata.distributions():
+        # The same distribution can be visible twice (two sys.path entries); the first one wins,
+        # as it does for imports.
+        dist_name = dist.metadata["Name"] if dist.metadata else None
+        key = (dist_name or "").lower().replace("-", "_").replace(".", "_")
+        if key in seen_dists:
+            continue
+        seen_dists.add(key)
+        for ep in dist.entry_points:
+            if ep.group in table:
+                table[ep.group].append(EntryPoint(ep.group, ep.name, ep.value, dist_name))
+    return {group: tuple(eps) for group, eps in table.items()}
+
+
+def entry_points(group: str) -> tuple[EntryPoint, ...]:
+    """Every installed entry point of ``group``, in ``sys.path`` order (one scan per process)."""
+    global _table
+    table = _table
+    if table is None:
+        with _lock:
+            if _table is None:
+                _table = _scan()
+            table = _table
+    if group not in table:
+        raise ValueError(f"unknown entry-point group {group!r}; known groups: {', '.join(GROUPS)}")
+    return table[group]
+
+
+def distributions_providing(group: str) -> set[str]:
+    """Names of the distributions that ship at least one entry point in ``group``."""
+    return {ep.distribution for ep in entry_points(group) if ep.distribution}
+
+
+def reset() -> None:
+    """Forget the scan, so the next lookup reads metadata again (tests; after installs)."""
+    global _table
+    with _lock:
+        _table = None
+
+
+if hasattr(os, "register_at_fork"):
+    # A forked child inherits the table, which is still right (same sys.path); only the lock must
+    # be fresh, in case the parent forked while another thread held it.
+    def _after_fork() -> None:
+        global _lock
+        _lock = threading.Lock()
+
+    os.register_at_fork(after_in_child=_after_fork)

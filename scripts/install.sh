@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Creates .venv beside this script's project and installs sglang-launch into it.
+#   scripts/install.sh        the server and its serving runtime
+#   scripts/install.sh test   the same plus what the test suite needs
+# torch is installed first with an exact pin: on a machine without an accelerator that pin is a
+# CPU build, where a plain "torch" requirement would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="serve"
+[[ "${1:-}" == "test" ]] && extras="serve,test"
+py="${PYTHON:-python3}"
+if [[ ! -x .venv/bin/python ]]; then
+  echo "[install] creating .venv with $($py --version)"
+  "$py" -m venv .venv
+fi
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+echo "[install] torch==2.13.0"
+"${pip[@]}" install "torch==2.13.0"
+echo "[install] sglang-launch[$extras] (editable)"
+"${pip[@]}" install -e ".[$extras]"
+echo "[install] done: .venv/bin/sglang-launch --help"

@@ -1,0 +1,61 @@
+"""Fixtures shared by the whole suite.
+
+Every test runs with the product's environment variables cleared, and every process a test leaves
+behind (its whole tree, found with psutil) is killed when the test ends, pass or fail; a test that
+leaves one behind fails, so a leak is a bug report, not a silent cleanup.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from support import PRODUCT_ENV, descendants, kill_tree  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _product_env(monkeypatch):
+    for name in PRODUCT_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_orphans(request):
+    before = {p.pid for p in descendants()}
+    yield
+    left = [p for p in descendants() if p.pid not in before]
+    # multiprocessing's resource tracker and forkserver are shared helpers, not test leaks.
+    left = [p for p in left if not _is_mp_helper(p)]
+    if left:
+        names = ", ".join(f"{p.pid}:{_cmd(p)}" for p in left)
+        kill_tree(left)
+        if not getattr(request.node, "_leak_ok", False):
+            pytest.fail(f"test left processes running (now killed): {names}")
+
+
+def _cmd(p) -> str:
+    try:
+        return " ".join(p.cmdline())[:120]
+    except Exception:  # noqa: BLE001 - the process may be gone already
+        return "?"
+
+
+def _is_mp_helper(p) -> bool:
+    cmd = _cmd(p)
+    return "resource_tracker" in cmd or "forkserver" in cmd
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """An empty folder to hold real dist-info distributions (see ``support.make_dist``)."""
+    path = tmp_path / "site"
+    path.mkdir()
+    return path
