@@ -1,0 +1,106 @@
+"""``WorkerContext``: the small API a worker target is handed as ``target(server_args, ctx)``.
+
+The worker uses it to learn who it is (role, ranks, world size), to compute the private IPC
+addresses every process of one launch agrees on, to report its own phases and ``ready`` once, and
+to notice a stop request (``ctx.stopping`` is set on SIGTERM; the worker decides how to wind down
+and then returns).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# sockaddr_un.sun_path holds 108 bytes on Linux (104 on macOS), terminator included.
+_MAX_IPC_PATH = 103
+
+
+@dataclass
+class WorkerContext:
+    """Identity, addresses and reporting for one worker process.
+
+    ``rank`` is the global rank; ``tp_rank = rank % tp_size`` and ``dp_rank = rank // tp_size``.
+    ``endpoint(name)`` is ``"ipc://<runtime_dir>/<name>"``. ``phase(name)`` reports a custom
+    phase with the time since the previous one; ``ready(**info)`` reports ready (once; ``info``
+    must be JSON-able and lands in the supervisor's status snapshot). ``stopping`` is set when the
+    supervisor asks the process to stop (SIGTERM).
+    """
+
+    role: str
+    rank: int
+    local_rank: int
+    world_size: int
+    tp_size: int
+    dp_size: int
+    runtime_dir: str
+    ops_endpoint: str
+    query_endpoint: str
+    platform: str
+    stopping: threading.Event = field(default_factory=threading.Event)
+    _report: Callable[..., None] | None = field(default=None, repr=False)
+    _ready: threading.Event = field(default_factory=threading.Event, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _mark: float = field(default_factory=time.monotonic, repr=False)
+
+    @property
+    def worker_id(self) -> str:
+        return f"{self.role}.{self.rank}"
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % max(self.tp_size, 1)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // max(self.tp_size, 1)
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready.is_set()
+
+    def endpoint(self, name: str) -> str:
+        """The private IPC address ``name`` of this launch, the same in every process of it."""
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"endpoint name {name!r} must be a plain file name such as 'scheduler.0'")
+        if not self.runtime_dir:
+            raise RuntimeError(
+                "this worker has no runtime directory (ProcessSpec.runtime_dir is empty); "
+                "the supervisor must create one and put it in the spec"
+            )
+        path = os.path.join(self.runtime_dir, name)
+        if len(path.encode()) > _MAX_IPC_PATH:
+            raise ValueError(
+                f"IPC path {path!r} is {len(path.encode())} bytes, longer than the {_MAX_IPC_PATH} "
+                "a Unix socket allows; use a shorter runtime directory (set TMPDIR or "
+                "XDG_RUNTIME_DIR to a short path) or a shorter endpoint name"
+            )
+        return f"ipc://{path}"
+
+    def phase(self, name: str) -> None:
+        """Report that the worker reached its own phase ``name`` (e.g. ``"model_loaded"``)."""
+        if not name or not isinstance(name, str):
+            raise ValueError("a phase name must be a non-empty string")
+        with self._lock:
+            now = time.monotonic()
+            duration, self._mark = now - self._mark, now
+        if self._report is not None:
+            self._report("phase", name, duration, None)
+
+    def ready(self, **info: Any) -> None:
+        """Report that this worker is ready; ``info`` (JSON-able) goes into the status snapshot."""
+        try:
+            json.dumps(info)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"ctx.ready() info must be JSON-able: {exc}") from None
+        with self._lock:
+            if self._ready.is_set():
+                raise RuntimeError(f"{self.worker_id} already reported ready; call ctx.ready() once")
+            self._ready.set()
+            now = time.monotonic()
+            duration, self._mark = now - self._mark, now
+        if self._report is not None:
+            self._report("ready", "ready", duration, info)

@@ -1,0 +1,75 @@
+"""The child's end of the status wire: a ZeroMQ PUSH socket to the supervisor.
+
+``Reporter`` imports zmq and ``bootstrap.messages`` (msgspec) when it is created, inside
+``bootstrap.run``, never at import time. Sends are serialized by a re-entrant lock, because the
+worker may report from its own threads and a signal handler may interrupt a send in progress.
+``close()`` waits up to ``linger`` seconds for queued messages to reach the supervisor, so a
+``failed`` report is delivered before the process exits.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+
+class Reporter:
+    """Sends ``bootstrap.messages`` for one worker id to ``endpoint``."""
+
+    def __init__(self, endpoint: str, worker: str, *, linger: float = 5.0) -> None:
+        import zmq
+
+        from bootstrap import messages
+
+        self._messages = messages
+        self.worker = worker
+        self.pid = os.getpid()
+        self._lock = threading.RLock()
+        self._linger_ms = int(linger * 1000)
+        self._context = zmq.Context(1)
+        self._socket = self._context.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.LINGER, self._linger_ms)
+        self._socket.connect(endpoint)
+        self._closed = False
+
+    def send(self, kind: str, **fields) -> None:
+        """Send one message of ``kind`` (a ``bootstrap.messages`` Struct name, e.g. ``"Phase"``)."""
+        message = getattr(self._messages, kind)(worker=self.worker, pid=self.pid, **fields)
+        data = self._messages.encode(message)
+        with self._lock:
+            if not self._closed:
+                self._socket.send(data, copy=True)
+
+    def close(self) -> None:
+        """Flush what is queued (up to the linger time) and release the socket."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._socket.close(linger=self._linger_ms)
+            self._context.term()
+
+
+class Heartbeat:
+    """A daemon thread sending a heartbeat with the current phase every ``interval`` seconds."""
+
+    def __init__(self, reporter: Reporter, interval: float, phase, started: float) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._beat,
+            args=(reporter, interval, phase, started),
+            name="bootstrap-heartbeat",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _beat(self, reporter: Reporter, interval: float, phase, started: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                reporter.send("Heartbeat", phase=phase(), elapsed=time.monotonic() - started)
+            except Exception:  # noqa: BLE001 - a closed socket at exit ends the beat, nothing more
+                return
+
+    def stop(self) -> None:
+        self._stop.set()

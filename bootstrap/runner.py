@@ -1,0 +1,302 @@
+"""``run(spec)``: the spawn target that starts every child, in the order the spec requires.
+
+Steps, each reported as the phase it reaches, with its duration:
+
+1. ``spawned``: arm orphan protection, apply ``spec.env``, connect the status reporter, warn about
+   runtime modules already imported;
+2. ``platform_initialized``: pin the supervisor's platform selection, ``initialize_current_platform()``
+   (selection plus ``init_backend()``) of the spec's runtime;
+3. ``plugins_loaded``: register the runtime's general plugins (no hook target is resolved yet);
+4. ``hooks_applied``: apply the registered hooks (target imports are allowed from here on);
+5. ``args_materialized``: look the ServerArgs class up (after hooks, so a REPLACE applies) and
+   decode the payload into it;
+6. ``worker_imported``: resolve the worker target by dotted path (after hooks);
+7. call ``target(server_args, ctx)``; the worker reports ``ready`` through ``ctx``.
+
+Any exception sends a ``failed`` message (phase, type, message, traceback), waits for it to be
+delivered, and exits with ``EXIT_CODES[phase]``. SIGTERM sets ``ctx.stopping``; a worker that
+returns after that makes the child exit 0. A SIGTERM that arrives before the worker runs ends the
+start-up at once, also with 0. SIGINT is ignored: on Ctrl-C the supervisor orders the shutdown.
+The bootstrap ends the process itself (``os._exit``), so a stray non-daemon thread cannot keep a
+finished child alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+from bootstrap import orphan, phases
+from bootstrap.context import WorkerContext
+from bootstrap.early_imports import early_imports, warning_text
+from bootstrap.spec import ProcessSpec
+from bootstrap.targets import resolve
+
+log = logging.getLogger("bootstrap")
+
+
+@dataclass(frozen=True)
+class RuntimeSteps:
+    """Where one runtime's platform and plugin steps live (module paths, resolved in the child)."""
+
+    platforms: str
+    register_plugins: str
+    apply_hooks: str
+
+
+RUNTIME_STEPS = {
+    "srt": RuntimeSteps("platforms", "hooks:register_plugins", "hooks:apply_plugin_hooks"),
+    "diffusion": RuntimeSteps(
+        "platforms.diffusion", "hooks.diffusion:load_plugins", "hooks.diffusion:apply_plugin_hooks"
+    ),
+}
+
+
+class _StopRequested(BaseException):
+    """SIGTERM arrived before the worker target started: end the start-up cleanly."""
+
+
+class WorkerReturned(RuntimeError):
+    """The worker target returned although nobody asked it to stop."""
+
+
+class PlatformMismatch(RuntimeError):
+    """The child selected another platform than the supervisor handed it."""
+
+
+class _Child:
+    def __init__(self, spec: ProcessSpec) -> None:
+        self.spec = spec
+        self.started = time.monotonic()
+        self.mark = self.started
+        self.working_on = phases.SPAWNED
+        self.reached = "started"
+        self.reporter = None
+        self.heartbeat = None
+        self.stopping = threading.Event()
+        self.worker_running = False
+        self.exiting = False
+        self.platform_key = spec.platform_key or ""
+        self.ctx: WorkerContext | None = None
+
+    # -- signals -------------------------------------------------------------------------------
+    def on_sigterm(self, signum, frame) -> None:
+        self.stopping.set()
+        if not self.worker_running and not self.exiting:
+            raise _StopRequested()
+
+    # -- reporting -----------------------------------------------------------------------------
+    def reached_phase(self, name: str, **extra) -> None:
+        now = time.monotonic()
+        duration, self.mark = now - self.mark, now
+        self.reached = name
+        log.debug("%s reached %s in %.3fs", self.spec.worker_id, name, duration)
+        if self.reporter is not None:
+            self.reporter.send(
+                "Phase", phase=name, duration=duration, elapsed=now - self.started, **extra
+            )
+
+    def report_from_worker(self, kind: str, name: str, duration: float, info) -> None:
+        self.reached = name
+        elapsed = time.monotonic() - self.started
+        if kind == "ready":
+            self.reporter.send(
+                "Ready", platform=self.platform_key, duration=duration, elapsed=elapsed, info=info
+            )
+        else:
+            self.reporter.send("Phase", phase=name, duration=duration, elapsed=elapsed)
+
+    # -- steps ---------------------------------------------------------------------------------
+    def arm(self) -> None:
+        orphan.arm(self.spec.parent_pid)
+        os.environ.update({str(k): str(v) for k, v in self.spec.env.items()})
+        from bootstrap.reporter import Heartbeat, Reporter
+
+        self.reporter = Reporter(self.spec.status_endpoint, self.spec.worker_id)
+        if self.spec.heartbeat_interval > 0:
+            self.heartbeat = Heartbeat(
+                self.reporter, self.spec.heartbeat_interval, lambda: self.reached, self.started
+            )
+
+    def initialize_platform(self, steps: RuntimeSteps) -> None:
+        import importlib
+
+        platforms = importlib.import_module(steps.platforms)
+        if self.spec.platform_key:
+            platforms.pin_selection(self.spec.platform_key)
+        platforms.initialize_current_platform()
+        selection = platforms.current_selection()
+        if self.spec.platform_key and selection.key != self.spec.platform_key:
+            raise PlatformMismatch(
+                f"the supervisor selected platform {self.spec.platform_key!r} but this child "
+                f"selected {selection.key!r}; set the same SGLANG_PLATFORM / "
+                "SGLANG_DIFFUSION_PLATFORM_OVERRIDE for both"
+            )
+        self.platform_key = selection.key
+
+    # -- the whole run -------------------------------------------------------------------------
+    def run(self) -> None:
+        spec = self.spec
+        steps = RUNTIME_STEPS[spec.runtime]
+        found_early = early_imports(spec.target)
+        try:
+            self.arm()
+            if found_early:
+                log.warning(warning_text(spec.worker_id, found_early))
+            self.reached_phase(phases.SPAWNED, early_imports=found_early)
+
+            self.working_on = phases.PLATFORM_INITIALIZED
+            self.initialize_platform(steps)
+            self.reached_phase(phases.PLATFORM_INITIALIZED)
+
+            self.working_on = phases.PLUGINS_LOADED
+            resolve(steps.register_plugins)()
+            self.reached_phase(phases.PLUGINS_LOADED)
+
+            self.working_on = phases.HOOKS_APPLIED
+            resolve(steps.apply_hooks)()
+            self.reached_phase(phases.HOOKS_APPLIED)
+
+            self.working_on = phases.ARGS_MATERIALIZED
+            from bootstrap.payload import decode_payload
+
+            server_args = decode_payload(spec.payload, resolve(spec.args_class))
+            self.reached_phase(phases.ARGS_MATERIALIZED)
+
+            self.working_on = phases.WORKER_IMPORTED
+            target = resolve(spec.target)
+            if not callable(target):
+                raise TypeError(
+                    f"worker target {spec.target!r} is a {type(target).__name__}, not a function; "
+                    "point it at a callable taking (server_args, ctx)"
+                )
+            self.reached_phase(phases.WORKER_IMPORTED)
+
+            self.working_on = phases.READY
+            self.ctx = WorkerContext(
+                role=spec.role,
+                rank=spec.rank,
+                local_rank=spec.local_rank,
+                world_size=spec.world_size,
+                tp_size=int(getattr(server_args, "tp_size", 1) or 1),
+                dp_size=int(getattr(server_args, "dp_size", 1) or 1),
+                runtime_dir=spec.runtime_dir,
+                ops_endpoint=spec.ops_endpoint,
+                query_endpoint=spec.query_endpoint,
+                platform=self.platform_key,
+                stopping=self.stopping,
+                _report=self.report_from_worker,
+                _mark=self.mark,
+            )
+            self.worker_running = True
+            if self.stopping.is_set():  # a SIGTERM raced the last step
+                raise _StopRequested()
+            target(server_args, self.ctx)
+            self.worker_running = False
+            if not self.stopping.is_set():
+                raise WorkerReturned(
+                    f"worker target {spec.target} returned before the supervisor asked it to "
+                    "stop; a worker must run until ctx.stopping is set"
+                )
+        except _StopRequested:
+            self.finish_stopped()
+        except SystemExit as exc:
+            if exc.code in (None, 0) and self.stopping.is_set():
+                self.finish_stopped()
+            self.fail(exc)
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported, then we exit
+            self.fail(exc)
+        self.finish_stopped()
+
+    def failing_phase(self) -> str:
+        if self.working_on != phases.READY:
+            return self.working_on
+        if self.stopping.is_set():
+            return phases.STOPPING
+        if self.ctx is not None and self.ctx.is_ready:
+            return phases.SERVING
+        return phases.READY
+
+    def fail(self, exc: BaseException) -> None:
+        self.exiting = True
+        phase = self.failing_phase()
+        code = phases.EXIT_CODES[phase]
+        exc_type = type(exc)
+        type_name = exc_type.__qualname__
+        if exc_type.__module__ not in ("builtins", "__main__"):
+            type_name = f"{exc_type.__module__}.{type_name}"
+        message = str(exc)
+        if isinstance(exc, SystemExit):
+            message = f"the worker called sys.exit({exc.code!r})"
+        tb = "".join(traceback.format_exception(exc_type, exc, exc.__traceback__))
+        sys.stderr.write(
+            f"{self.spec.worker_id} failed while {phases.DOING[phase]} (phase {phase}, exit "
+            f"{code}):\n{tb}"
+        )
+        if self.reporter is not None:
+            try:
+                self.reporter.send(
+                    "Failed",
+                    phase=phase,
+                    exc_type=type_name,
+                    message=message,
+                    traceback=tb,
+                    exit_code=code,
+                    elapsed=time.monotonic() - self.started,
+                )
+            except Exception:  # noqa: BLE001 - the exit code still tells the supervisor
+                traceback.print_exc()
+        self.exit(code)
+
+    def finish_stopped(self) -> None:
+        self.exiting = True
+        if self.reporter is not None:
+            try:
+                self.reporter.send("Stopped", elapsed=time.monotonic() - self.started)
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+        self.exit(0)
+
+    def exit(self, code: int) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if self.reporter is not None:
+            try:
+                self.reporter.close()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream must not change the exit code
+                pass
+        os._exit(code)
+
+
+def _configure_logging(spec: ProcessSpec) -> None:
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    level = getattr(logging, str(spec.log_level).upper(), logging.INFO)
+    logging.basicConfig(
+        level=level,
+        format=f"%(asctime)s {spec.worker_id} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run(spec: ProcessSpec) -> None:
+    """Start one child as ``spec`` says; never returns (the process ends with the child's code)."""
+    child = _Child(spec)
+    signal.signal(signal.SIGTERM, child.on_sigterm)
+    if hasattr(signal, "SIGINT"):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _configure_logging(spec)
+    child.run()

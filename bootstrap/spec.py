@@ -1,0 +1,71 @@
+"""``ProcessSpec``: everything a child needs, made of standard-library types only.
+
+The spec is the one argument of the ``spawn`` target, so multiprocessing pickles it. Keeping it to
+``str``/``int``/``float``/``dict``/``bytes`` means unpickling it in the child imports nothing but
+this module: the ``ServerArgs`` travel as opaque msgpack ``payload`` bytes and are decoded only
+after the platform is initialized and the plugin hooks are applied.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+RUNTIMES = ("srt", "diffusion")
+DEFAULT_ARGS_CLASS = "launcher.server_args.ServerArgs"
+
+
+@dataclass
+class ProcessSpec:
+    """One child process of a launch.
+
+    - ``role``, ``rank``: the worker's identity; its id on the wire is ``"<role>.<rank>"``.
+      ``rank`` is the global rank, ``local_rank`` the rank on this node.
+    - ``target``: the worker function, ``"pkg.mod.func"`` or ``"pkg.mod:func"``, resolved in the
+      child after hooks are applied and called as ``target(server_args, ctx)``.
+    - ``payload``: ``launcher.server_args.encode_server_args(args)``.
+    - ``runtime``: ``"srt"`` or ``"diffusion"``: which platform selection and hook registry the
+      child uses.
+    - ``platform_key``: the supervisor's ``Selection.key``; the child pins it so both select the
+      same platform. ``None`` lets the child resolve on its own (tools, tests).
+    - ``status_endpoint``: the supervisor's ZeroMQ PULL address for ``bootstrap.messages``.
+    - ``parent_pid``: the supervisor's pid, checked when orphan protection is armed; ``None``
+      means "whoever my parent is at start-up".
+    - ``env``: variables set in the child before any platform or plugin code runs.
+    - ``args_class``: dotted path of the ServerArgs class, looked up after hooks (a REPLACE of the
+      class applies).
+    - ``heartbeat_interval``: seconds between heartbeats; 0 sends none.
+    """
+
+    role: str
+    target: str
+    payload: bytes
+    status_endpoint: str
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    runtime: str = "srt"
+    platform_key: str | None = None
+    runtime_dir: str = ""
+    ops_endpoint: str = ""
+    query_endpoint: str = ""
+    parent_pid: int | None = field(default_factory=os.getpid)
+    env: dict[str, str] = field(default_factory=dict)
+    args_class: str = DEFAULT_ARGS_CLASS
+    log_level: str = "info"
+    heartbeat_interval: float = 0.0
+
+    @property
+    def worker_id(self) -> str:
+        return f"{self.role}.{self.rank}"
+
+    def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ValueError(
+                f"ProcessSpec.runtime is {self.runtime!r}; use one of {', '.join(RUNTIMES)}"
+            )
+        if not isinstance(self.payload, bytes):
+            raise TypeError(
+                "ProcessSpec.payload must be bytes from launcher.server_args.encode_server_args(), "
+                f"not {type(self.payload).__name__}"
+            )
