@@ -1,0 +1,120 @@
+"""Messages between the HTTP child and the schedulers (msgspec msgpack, one frame each).
+
+The HTTP child holds one DEALER socket per data-parallel replica; a scheduler's rank 0 binds a
+ROUTER socket at ``ctx.endpoint(scheduler_endpoint_name(dp_rank))``. Requests go one way, results
+come back tagged with the request's ``rid``. Every struct is tagged so one decoder reads the union.
+Nothing here is pickled: a malformed frame is a ``msgspec.DecodeError`` the receiver logs and drops.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+def scheduler_endpoint_name(dp_rank: int) -> str:
+    """The name passed to ``ctx.endpoint`` for replica ``dp_rank``'s request socket."""
+    return f"scheduler-{dp_rank}.sock"
+
+
+class SamplingParams(msgspec.Struct, frozen=True):
+    """How to pick each new token. ``temperature == 0`` is greedy; ``seed=None`` means the
+    scheduler draws one (and reports it), so every rank of a replica samples identically."""
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+
+
+# ---- HTTP child -> scheduler -------------------------------------------------------------------
+
+
+class EmbedRequest(msgspec.Struct, tag="embed"):
+    rid: str
+    texts: list[str]
+
+
+class GenerateRequest(msgspec.Struct, tag="generate"):
+    rid: str
+    text: str
+    params: SamplingParams
+    stream: bool = False
+
+
+class Cancel(msgspec.Struct, tag="cancel"):
+    """The client went away: drop ``rid`` if queued, stop it at the next step if running."""
+
+    rid: str
+
+
+class Ping(msgspec.Struct, tag="ping"):
+    """Answered with ``Pong`` by a scheduler that has loaded its model and run the warm-up."""
+
+    rid: str
+
+
+# ---- scheduler -> HTTP child -------------------------------------------------------------------
+
+
+class Embeddings(msgspec.Struct, tag="embeddings"):
+    rid: str
+    vectors: list[list[float]]
+    prompt_tokens: int
+
+
+class Generated(msgspec.Struct, tag="generated"):
+    """A finished generation (or, with ``finished=False``, one streamed increment of it).
+
+    ``text`` is the increment when streaming and the whole completion otherwise;
+    ``finish_reason`` is ``"length"``, ``"stop"`` or ``"abort"``.
+    """
+
+    rid: str
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finished: bool = True
+    finish_reason: str | None = None
+    seed: int | None = None
+
+
+class Failed(msgspec.Struct, tag="failed"):
+    """The request could not run. ``status`` is the HTTP status the client gets (4xx for input
+    the model rejects, 503 for an unavailable scheduler); ``message`` says what to change."""
+
+    rid: str
+    status: int
+    message: str
+
+
+class Pong(msgspec.Struct, tag="pong"):
+    rid: str
+    dp_rank: int
+    pid: int
+    model: str
+    kind: str
+    queue_depth: int
+    info: dict = {}
+
+
+ToScheduler = EmbedRequest | GenerateRequest | Cancel | Ping
+FromScheduler = Embeddings | Generated | Failed | Pong
+
+_encoder = msgspec.msgpack.Encoder()
+_to_scheduler = msgspec.msgpack.Decoder(ToScheduler)
+_from_scheduler = msgspec.msgpack.Decoder(FromScheduler)
+
+
+def encode(message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_to_scheduler(frame: bytes) -> ToScheduler:
+    return _to_scheduler.decode(frame)
+
+
+def decode_from_scheduler(frame: bytes) -> FromScheduler:
+    return _from_scheduler.decode(frame)
