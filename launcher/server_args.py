@@ -1,0 +1,282 @@
+"""``ServerArgs``: the launcher's and the serving runtime's settings, and their wire payload.
+
+One dataclass is the single description of every option: ``add_cli_args`` builds the command
+line from its fields (flag ``--<field-name>``, type from the annotation, help and choices from
+the field metadata), ``from_cli_args`` builds the instance back, ``__post_init__`` lets the
+selected platform set its defaults (``apply_server_args_defaults``), and ``check_server_args``
+reports every bad value at once, each with what to change. All four are hook targets, so plugins
+can add options, change defaults, or relax checks; a REPLACE subclass that adds fields gets its
+options on the command line and through the payload without further code.
+
+``encode_server_args`` / ``decode_server_args`` turn an instance into the opaque, versioned
+msgpack payload that ``bootstrap.ProcessSpec`` carries to the children (``bootstrap.payload``).
+
+Import-light: standard library at module scope; platforms and msgspec are imported when used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass, field
+
+from bootstrap.payload import PayloadError, decode_payload, encode_payload
+
+RUNTIMES = ("srt", "diffusion")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?$")
+
+
+def _opt(default, help: str, **meta):
+    """A field with its command-line help (and optional ``choices``, ``metavar``)."""
+    return field(default=default, metadata={"help": help, **meta})
+
+
+class ServerArgsError(ValueError):
+    """One or more bad settings; ``problems`` lists each with what to change."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid server arguments:\n{lines}")
+
+
+@dataclass
+class ServerArgs:
+    """Every setting of one launch. See ``sglang-launch --help`` for each field's meaning."""
+
+    # Model
+    model_path: str | None = _opt(
+        None, "local model directory (default: the embedded demo model)", metavar="PATH"
+    )
+    served_model_name: str | None = _opt(None, "model name reported by the API (default: from the path)")
+    # HTTP
+    host: str = _opt("127.0.0.1", "address the HTTP server binds (loopback unless you change it)")
+    port: int = _opt(30000, "TCP port of the HTTP server")
+    api_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata={"help": "require this key as 'Authorization: Bearer KEY' on API requests"},
+    )
+    # Parallelism and nodes
+    tp_size: int = _opt(1, "tensor-parallel size (ranks per data-parallel group)")
+    dp_size: int = _opt(1, "data-parallel size (number of tensor-parallel groups)")
+    nnodes: int = _opt(1, "number of nodes in the launch")
+    node_rank: int = _opt(0, "rank of this node, 0 .. nnodes-1 (node 0 runs the HTTP server)")
+    dist_init_addr: str | None = _opt(
+        None, "HOST:PORT of the torch.distributed rendezvous (required with --nnodes > 1)"
+    )
+    # Device and numerics
+    device: str | None = _opt(None, "torch device type (default: the selected platform's)")
+    dtype: str = _opt("auto", "model dtype", choices=DTYPES)
+    attention_backend: str | None = _opt(None, "attention backend (default: the platform's)")
+    seed: int = _opt(0, "random seed")
+    # Process supervision
+    log_level: str = _opt("info", "log level of the launcher and its workers", choices=LOG_LEVELS)
+    startup_timeout: float = _opt(300.0, "seconds every worker has to become ready")
+    stop_grace_period: float = _opt(
+        10.0, "seconds workers get to exit after SIGTERM before they are killed"
+    )
+    runtime: str = _opt("srt", "which runtime's platforms and plugins the workers use", choices=RUNTIMES)
+    scheduler_target: str = _opt(
+        "launcher.workers.scheduler.run_scheduler_process",
+        "dotted path of the scheduler worker function",
+        metavar="MODULE.FUNC",
+    )
+    http_target: str = _opt(
+        "launcher.workers.http_server.run_http_server",
+        "dotted path of the HTTP worker function",
+        metavar="MODULE.FUNC",
+    )
+    # Serving runtime
+    max_batch_size: int = _opt(32, "most requests batched into one forward pass")
+    batch_wait_ms: float = _opt(2.0, "milliseconds a batch waits to fill up")
+    max_input_tokens: int = _opt(512, "longest prompt accepted, in tokens")
+    max_total_tokens: int = _opt(2048, "longest prompt plus completion, in tokens")
+    max_request_bytes: int = _opt(1048576, "largest HTTP request body accepted, in bytes")
+    trust_remote_code: bool = _opt(False, "allow model code shipped with the model directory")
+
+    def __post_init__(self) -> None:
+        """Let the selected platform of this runtime set its defaults (the spec's lifecycle hook)."""
+        if self.runtime == "diffusion":
+            from platforms.diffusion import current_platform
+        elif self.runtime == "srt":
+            from platforms import current_platform
+        else:
+            return  # check_server_args names the bad runtime
+        current_platform.apply_server_args_defaults(self)
+
+    # -- command line ----------------------------------------------------------------------------
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add one ``--flag`` per field of ``cls`` to ``parser`` (defaults are the field defaults)."""
+        hints = typing.get_type_hints(cls)
+        group = parser.add_argument_group("server arguments")
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            kind, optional = _base_type(hints.get(f.name, str))
+            default = _field_default(f)
+            meta = f.metadata
+            kwargs: dict = {"dest": f.name, "default": default, "help": meta.get("help", "")}
+            if kind is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = kind if kind in (int, float, str) else str
+                if "choices" in meta:
+                    kwargs["choices"] = meta["choices"]
+                if "metavar" in meta:
+                    kwargs["metavar"] = meta["metavar"]
+                if default is not None and "help" in meta:
+                    kwargs["help"] = f"{meta['help']} (default: {default})"
+            group.add_argument(flag, **kwargs)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace):
+        """Build ``cls`` from a namespace parsed with ``add_cli_args`` (missing names keep defaults)."""
+        names = [f.name for f in dataclasses.fields(cls) if f.init]
+        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+
+    # -- validation ------------------------------------------------------------------------------
+    def check_server_args(self) -> None:
+        """Raise ``ServerArgsError`` listing every bad setting and what to change."""
+        problems = _type_problems(self)
+        if problems:  # range checks on wrongly typed values would only add noise
+            raise ServerArgsError(problems)
+
+        def need(ok: bool, text: str) -> None:
+            if not ok:
+                problems.append(text)
+
+        need(bool(self.host), "--host is empty; pass an address such as 127.0.0.1 or 0.0.0.0")
+        need(1 <= self.port <= 65535, f"--port {self.port} is out of range; use 1..65535")
+        for name in ("tp_size", "dp_size", "nnodes", "max_batch_size", "max_input_tokens",
+                     "max_request_bytes"):
+            value = getattr(self, name)
+            need(value >= 1, f"{_flag(name)} {value} must be at least 1")
+        need(
+            0 <= self.node_rank < max(self.nnodes, 1),
+            f"--node-rank {self.node_rank} must be in 0..{max(self.nnodes, 1) - 1} (--nnodes {self.nnodes})",
+        )
+        if self.nnodes > 1:
+            need(
+                self.dist_init_addr is not None,
+                f"--nnodes {self.nnodes} needs --dist-init-addr HOST:PORT, the same on every node",
+            )
+        if self.dist_init_addr is not None:
+            need(
+                _is_host_port(self.dist_init_addr),
+                f"--dist-init-addr {self.dist_init_addr!r} must be HOST:PORT with a port in 1..65535",
+            )
+        world = self.tp_size * self.dp_size
+        if self.nnodes >= 1 and world >= 1:
+            need(
+                world % self.nnodes == 0,
+                f"--tp-size {self.tp_size} x --dp-size {self.dp_size} = {world} ranks cannot be "
+                f"split evenly over --nnodes {self.nnodes}; make the product a multiple of nnodes",
+            )
+        need(self.seed >= 0, f"--seed {self.seed} must be 0 or more")
+        need(self.startup_timeout > 0, f"--startup-timeout {self.startup_timeout} must be more than 0 seconds")
+        need(self.stop_grace_period >= 0, f"--stop-grace-period {self.stop_grace_period} must be 0 or more seconds")
+        need(self.batch_wait_ms >= 0, f"--batch-wait-ms {self.batch_wait_ms} must be 0 or more")
+        need(
+            self.max_total_tokens >= self.max_input_tokens,
+            f"--max-total-tokens {self.max_total_tokens} is below --max-input-tokens "
+            f"{self.max_input_tokens}; raise it or lower --max-input-tokens",
+        )
+        for name in ("dtype", "log_level", "runtime"):
+            choices = dataclasses.fields(self)[_index(self, name)].metadata.get("choices", ())
+            value = getattr(self, name)
+            need(value in choices, f"{_flag(name)} {value!r} is not one of {', '.join(choices)}")
+        for name in ("scheduler_target", "http_target"):
+            value = getattr(self, name)
+            need(
+                bool(_DOTTED.match(value)),
+                f"{_flag(name)} {value!r} is not a dotted path; use package.module.function",
+            )
+        if problems:
+            raise ServerArgsError(problems)
+
+
+# -- payload ---------------------------------------------------------------------------------
+def encode_server_args(args: ServerArgs) -> bytes:
+    """The opaque payload of ``args`` for ``bootstrap.ProcessSpec.payload`` (versioned msgpack)."""
+    return encode_payload(args)
+
+
+def decode_server_args(data: bytes, cls: type | None = None):
+    """Rebuild the ServerArgs in ``data`` as ``cls`` (default: this module's ``ServerArgs``, looked
+    up now, so a REPLACE hook applies). Raises ``PayloadError`` for a corrupt or mismatched
+    payload, naming the cause."""
+    return decode_payload(data, cls if cls is not None else globals()["ServerArgs"])
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _index(obj, name: str) -> int:
+    return [f.name for f in dataclasses.fields(obj)].index(name)
+
+
+def _field_default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _base_type(hint) -> tuple[type, bool]:
+    """``(T, optional)`` for ``T`` or ``T | None``."""
+    args = typing.get_args(hint)
+    if args and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else str), True
+    return hint, False
+
+
+def _type_problems(args) -> list[str]:
+    problems = []
+    hints = typing.get_type_hints(type(args))
+    for f in dataclasses.fields(args):
+        kind, optional = _base_type(hints.get(f.name, object))
+        value = getattr(args, f.name)
+        if value is None and optional:
+            continue
+        if kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind in (str, bool):
+            ok = isinstance(value, kind)
+        else:
+            continue
+        if not ok:
+            shown = "None" if value is None else repr(value)
+            problems.append(
+                f"{_flag(f.name)} must be {'a' if kind is not int else 'an'} {kind.__name__}"
+                f"{' or None' if optional else ''}, got {shown} ({type(value).__name__})"
+            )
+    return problems
+
+
+def _is_host_port(text: str) -> bool:
+    host, sep, port = text.rpartition(":")
+    return bool(sep and host and port.isdigit() and 1 <= int(port) <= 65535)
+
+
+__all__ = [
+    "PayloadError",
+    "ServerArgs",
+    "ServerArgsError",
+    "decode_server_args",
+    "encode_server_args",
+]
