@@ -104,3 +104,35 @@ if hasattr(os, "register_at_fork"):
         _lock = threading.Lock()
 
     os.register_at_fork(after_in_child=_after_fork)
+
+
+def allowlist(variable: str = "SGLANG_PLUGINS", environ=None) -> frozenset[str] | None:
+    """The entry-point names a comma-separated allowlist variable admits; None when it is unset
+    or blank (no filtering). Names are stripped; empty items are ignored."""
+    raw = (os.environ if environ is None else environ).get(variable, "")
+    if not raw.strip():
+        return None
+    return frozenset(item.strip() for item in raw.split(",") if item.strip())
+
+
+def import_object(path: str):
+    """Import what ``path`` names: ``"pkg.mod:Attr.sub"`` or a dotted ``"pkg.mod.Attr"``.
+
+    For a dotted path the longest importable module prefix is the module; an ``ImportError``
+    raised *inside* that module propagates unchanged.
+    """
+    if ":" in path:
+        return EntryPoint("", "", path, None).load()
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:split])
+        try:
+            obj = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+                continue
+            raise
+        for attr in parts[split:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(f"{path!r} names no importable module; expected 'package.module.Name'")

@@ -1,0 +1,60 @@
+"""The SRT runtime's hardware platform: the contract types and the lazy ``current_platform``.
+
+``current_platform`` resolves on first use (attribute access, ``str()``, ``isinstance``), once per
+process, by the SRT selection chart: ``SGLANG_PLATFORM`` names a plugin explicitly (only that
+plugin's callback is imported); otherwise every ``sglang.srt.platforms`` entry point admitted by
+``SGLANG_PLUGINS`` is activated, exactly one may activate, and with none the built-ins follow:
+CPU when ``SGLANG_USE_CPU_ENGINE=1``, then CUDA, ROCm, XPU, then the base ``SRTPlatform``.
+Importing this package imports no torch and no plugin.
+"""
+
+from __future__ import annotations
+
+from ._runtimes import SRT
+from ._selection import PlatformSelectionError, Selection
+from ._state import LazyPlatform, PlatformSlot
+from .device_mixin import CpuArchEnum, DeviceCapability, DeviceMixin, PlatformEnum
+from .interface import SRTPlatform
+
+__all__ = [
+    "CpuArchEnum",
+    "DeviceCapability",
+    "DeviceMixin",
+    "PlatformEnum",
+    "PlatformSelectionError",
+    "SRTPlatform",
+    "Selection",
+    "current_platform",
+    "current_selection",
+    "initialize_current_platform",
+    "pin_selection",
+]
+
+_slot = PlatformSlot(SRT)
+
+current_platform: SRTPlatform = LazyPlatform(_slot)  # type: ignore[assignment]
+
+
+def current_selection() -> Selection:
+    """What SRT selected in this process (resolving it if nothing has yet); imports no class."""
+    return _slot.selection()
+
+
+def pin_selection(key: str) -> None:
+    """Make this process select exactly ``key`` (a ``Selection.key`` from the supervisor).
+
+    Call it before anything touches ``current_platform``. A plugin key still calls that plugin's
+    ``activate()``, which must return a class; a built-in key selects without probing. Raises
+    ``PlatformSelectionError`` for a malformed key or if this process already resolved another.
+    """
+    _slot.pin(key)
+
+
+def initialize_current_platform() -> SRTPlatform:
+    """Resolve ``current_platform`` and run its ``init_backend()`` at most once in this process.
+
+    A re-entrant call (from inside ``init_backend``) returns at once; another thread waits for
+    the first; a failure is re-raised to every later caller; a forked child runs it afresh.
+    Returns the platform instance.
+    """
+    return _slot.initialize()

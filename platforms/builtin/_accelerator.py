@@ -1,0 +1,91 @@
+"""``TorchAccelerator``: device operations for any accelerator torch exposes as a ``torch.<name>``
+module with the CUDA-style API (cuda, xpu, npu, musa). A device family is a subclass that names
+its module, extension package and distributed backend; the operations are written once here."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from ..device_mixin import DeviceCapability, DeviceMixin
+
+
+def torch_api(module_name: str, extension: str | None = None):
+    """``torch.<module_name>`` after importing the vendor ``extension`` (e.g. ``torch_npu``);
+    None when either is missing."""
+    if extension is not None:
+        if importlib.util.find_spec(extension) is None:
+            return None
+        importlib.import_module(extension)
+    import torch
+
+    return getattr(torch, module_name, None)
+
+
+def api_available(module_name: str, extension: str | None = None) -> bool:
+    """Whether ``torch.<module_name>`` exists and reports a usable device."""
+    api = torch_api(module_name, extension)
+    return bool(api is not None and api.is_available())
+
+
+class TorchAccelerator(DeviceMixin):
+    """Device operations over ``torch.<torch_module>``."""
+
+    torch_module: str = "cuda"
+    extension: str | None = None  # vendor package that adds the torch module, imported first
+    distributed_backend: str = "nccl"
+    has_capability: bool = True
+
+    @property
+    def api(self):
+        api = torch_api(self.torch_module, self.extension)
+        if api is None:
+            needed = self.extension or "a torch build with " + self.torch_module
+            raise RuntimeError(f"{type(self).__qualname__} needs torch.{self.torch_module}; install {needed}")
+        return api
+
+    def get_device(self, local_rank: int = 0):
+        import torch
+
+        return torch.device(self.device_type, local_rank)
+
+    def set_device(self, device) -> None:
+        self.api.set_device(device)
+
+    def get_device_name(self, device_id: int = 0) -> str:
+        return str(self.api.get_device_name(device_id))
+
+    def get_device_uuid(self, device_id: int = 0) -> str:
+        props = self.api.get_device_properties(device_id)
+        uuid = getattr(props, "uuid", None)
+        if uuid is None:
+            raise NotImplementedError(f"torch.{self.torch_module} reports no device UUID")
+        return str(uuid)
+
+    def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
+        if not self.has_capability:
+            return None
+        major, minor = self.api.get_device_capability(device_id)
+        return DeviceCapability(int(major), int(minor))
+
+    def empty_cache(self) -> None:
+        self.api.empty_cache()
+
+    def synchronize(self) -> None:
+        self.api.synchronize()
+
+    def get_device_total_memory(self, device_id: int = 0) -> int:
+        return int(self.api.get_device_properties(device_id).total_memory)
+
+    def get_available_memory(self, device_id: int = 0) -> tuple[int, int]:
+        free, total = self.api.mem_get_info(device_id)
+        return int(free), int(total)
+
+    def get_current_memory_usage(self, device=None) -> float:
+        return float(self.api.max_memory_allocated(device))
+
+    def is_pin_memory_available(self, device=None) -> bool:
+        return True
+
+    def get_torch_distributed_backend_str(self) -> str:
+        return self.distributed_backend

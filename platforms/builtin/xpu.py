@@ -1,0 +1,42 @@
+"""Intel XPU, for both runtimes (diffusion selects it automatically only)."""
+
+from __future__ import annotations
+
+from ..device_mixin import PlatformEnum
+from ..diffusion.interface import Platform
+from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
+from ..interface import SRTPlatform
+from ._accelerator import TorchAccelerator, api_available
+
+
+def available() -> bool:
+    return api_available("xpu")
+
+
+class XpuDevice(TorchAccelerator):
+    device_name = "xpu"
+    device_type = "xpu"
+    torch_module = "xpu"
+    distributed_backend = "xccl"
+    has_capability = False
+
+
+class XpuSRTPlatform(SRTPlatform, XpuDevice):
+    _enum = PlatformEnum.XPU
+
+    def get_default_attention_backend(self) -> str:
+        return "intel_xpu"
+
+    def get_dispatch_key_name(self) -> str:
+        return "xpu"
+
+
+class XpuPlatform(Platform, XpuDevice):
+    _enum = DiffusionPlatformEnum.XPU
+    dispatch_key = "XPU"
+
+    def get_dispatch_key_name(self) -> str:
+        return "xpu"
+
+    def get_attn_backend_cls_str(self, selected_backend=None, head_size: int = 0, dtype=None) -> str:
+        return "torch.nn.functional.scaled_dot_product_attention"

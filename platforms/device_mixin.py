@@ -1,0 +1,204 @@
+"""Platform identity types and ``DeviceMixin``: what a platform says about its device.
+
+``DeviceMixin`` holds the identity queries (answered from the class attribute ``_enum``) and the
+device operations of the platform contract, with the contract's defaults: operations a platform
+must supply raise ``NotImplementedError`` naming the class and the method; the optional ones do
+nothing or answer conservatively. Nothing here imports torch at module scope; the defaults that
+need it (``inference_mode``, ``seed_everything``) import it when called.
+"""
+
+from __future__ import annotations
+
+import enum
+import platform as _host
+import random
+from typing import Any, NamedTuple
+
+
+class PlatformEnum(enum.Enum):
+    """The SRT runtime's platform identities. Out-of-tree platforms use ``OOT``."""
+
+    CUDA = enum.auto()
+    ROCM = enum.auto()
+    CPU = enum.auto()
+    XPU = enum.auto()
+    MUSA = enum.auto()
+    NPU = enum.auto()
+    TPU = enum.auto()
+    MPS = enum.auto()
+    OOT = enum.auto()
+    UNSPECIFIED = enum.auto()
+
+
+class CpuArchEnum(enum.Enum):
+    """The host CPU's instruction-set family."""
+
+    X86 = enum.auto()
+    ARM = enum.auto()
+    UNSPECIFIED = enum.auto()
+
+
+class DeviceCapability(NamedTuple):
+    """A device's compute capability ``(major, minor)``; compares as a version (8, 0) < (9, 0)."""
+
+    major: int
+    minor: int
+
+    def as_version_str(self) -> str:
+        """``"8.9"`` for ``DeviceCapability(8, 9)``."""
+        return f"{self.major}.{self.minor}"
+
+    def to_int(self) -> int:
+        """``89`` for ``DeviceCapability(8, 9)``: ``major * 10 + minor``, as CUDA's ``sm_89``."""
+        return self.major * 10 + self.minor
+
+
+_X86_MACHINES = {"x86_64", "amd64", "i386", "i686", "x86"}
+_ARM_MACHINES = {"aarch64", "arm64", "armv7l", "armv8l", "arm"}
+
+
+def host_cpu_architecture(machine: str | None = None) -> CpuArchEnum:
+    """Classify ``platform.machine()`` (or ``machine``) as x86, ARM or unspecified."""
+    name = (machine if machine is not None else _host.machine()).lower()
+    if name in _X86_MACHINES:
+        return CpuArchEnum.X86
+    if name in _ARM_MACHINES or name.startswith("arm"):
+        return CpuArchEnum.ARM
+    return CpuArchEnum.UNSPECIFIED
+
+
+class DeviceMixin:
+    """Identity queries and device operations shared by both runtimes' platform classes.
+
+    A platform class sets ``_enum`` (its runtime's ``PlatformEnum`` member; ``OOT`` for a plugin),
+    ``device_name`` (a human label) and ``device_type`` (the torch device type, e.g. ``"cuda"``).
+    """
+
+    _enum: Any = PlatformEnum.UNSPECIFIED
+    device_name: str = "unspecified"
+    device_type: str = "unspecified"
+
+    # -- identity queries ------------------------------------------------------------------
+    # Compared by member name so that both runtimes' PlatformEnum types answer the same way.
+    def _is(self, member: str) -> bool:
+        return getattr(self._enum, "name", None) == member
+
+    def is_cuda(self) -> bool:
+        return self._is("CUDA")
+
+    def is_rocm(self) -> bool:
+        return self._is("ROCM")
+
+    def is_npu(self) -> bool:
+        return self._is("NPU")
+
+    def is_cpu(self) -> bool:
+        return self._is("CPU")
+
+    def is_xpu(self) -> bool:
+        return self._is("XPU")
+
+    def is_musa(self) -> bool:
+        return self._is("MUSA")
+
+    def is_mps(self) -> bool:
+        return self._is("MPS")
+
+    def is_tpu(self) -> bool:
+        return self._is("TPU")
+
+    def is_cuda_alike(self) -> bool:
+        """True for platforms that speak CUDA-like APIs: CUDA, ROCm and MUSA."""
+        return self.is_cuda() or self.is_rocm() or self.is_musa()
+
+    def is_out_of_tree(self) -> bool:
+        """True for a plugin platform (``_enum`` is ``OOT``)."""
+        return self._is("OOT")
+
+    # -- device operations -----------------------------------------------------------------
+    def _missing(self, method: str):
+        return NotImplementedError(
+            f"{type(self).__qualname__} does not implement {method}(); "
+            f"a platform for device {self.device_name!r} must override it"
+        )
+
+    def get_device(self, local_rank: int = 0):
+        """The ``torch.device`` a worker of ``local_rank`` uses."""
+        raise self._missing("get_device")
+
+    def set_device(self, device) -> None:
+        """Make ``device`` the current device of this process."""
+        raise self._missing("set_device")
+
+    def get_device_name(self, device_id: int = 0) -> str:
+        """A human-readable name of device ``device_id``."""
+        raise self._missing("get_device_name")
+
+    def get_device_uuid(self, device_id: int = 0) -> str:
+        """A stable unique identifier of device ``device_id``."""
+        raise self._missing("get_device_uuid")
+
+    def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
+        """The device's ``DeviceCapability``, or None where the notion does not apply."""
+        raise self._missing("get_device_capability")
+
+    def empty_cache(self) -> None:
+        """Release cached device memory (default: nothing to release)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (default: nothing to wait for)."""
+
+    def get_device_total_memory(self, device_id: int = 0) -> int:
+        """Total memory of device ``device_id`` in bytes."""
+        raise self._missing("get_device_total_memory")
+
+    def get_available_memory(self, device_id: int = 0) -> tuple[int, int]:
+        """``(free_bytes, total_bytes)`` of device ``device_id``."""
+        raise self._missing("get_available_memory")
+
+    def get_current_memory_usage(self, device=None) -> float:
+        """Peak memory used on ``device`` so far, in bytes."""
+        raise self._missing("get_current_memory_usage")
+
+    def is_pin_memory_available(self, device=None) -> bool:
+        """Whether pinned host memory can be used for transfers to ``device`` (default False)."""
+        return False
+
+    def get_torch_distributed_backend_str(self) -> str:
+        """The ``torch.distributed`` backend name for this device ("nccl", "gloo", ...)."""
+        raise self._missing("get_torch_distributed_backend_str")
+
+    def get_communicator_class(self):
+        """A platform-specific communicator class, or None for the default (default None)."""
+        return None
+
+    def inference_mode(self):
+        """A context manager for inference (default ``torch.inference_mode(True)``)."""
+        import torch
+
+        return torch.inference_mode(True)
+
+    def seed_everything(self, seed: int | None = None) -> None:
+        """Seed Python's ``random``, numpy (when installed) and torch; None leaves them alone."""
+        if seed is None:
+            return
+        random.seed(seed)
+        try:
+            import numpy
+        except ImportError:
+            pass
+        else:
+            numpy.random.seed(seed)
+        import torch
+
+        torch.manual_seed(seed)
+
+    def verify_quantization(self, quant: str) -> None:
+        """Raise if quantization method ``quant`` is unsupported here (default: accept all)."""
+
+    def get_cpu_architecture(self) -> CpuArchEnum:
+        """The host CPU architecture, detected from ``platform.machine()``."""
+        return host_cpu_architecture()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__qualname__}(device_type={self.device_type!r})"
