@@ -180,7 +180,9 @@ def _automatic(spec: RuntimeSpec, environ: Mapping[str, str]) -> Selection:
         )
     if activated:
         ep, qualname = activated[0]
-        return _plugin_selection(spec, ep, qualname, f"the only activated platform plugin ({ep.describe()})")
+        return _plugin_selection(
+            spec, ep, qualname, f"automatic discovery ({ep.name!r} is the only platform plugin that activated)"
+        )
 
     for entry in spec.builtins:
         if _builtin_available(entry, environ):

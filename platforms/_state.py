@@ -159,8 +159,8 @@ class LazyPlatform:
         cls = type(platform)
         source = f" from {selection.distribution}" if selection.distribution else ""
         return (
-            f"{cls.__module__}.{cls.__qualname__} on device {platform.device_type!r} "
-            f"({platform.device_name}); {self._slot.spec.name} platform {selection.key}{source}, "
+            f"{cls.__qualname__} ({cls.__module__}) on device {platform.device_type!r} "
+            f"[{platform.device_name}]: {self._slot.spec.name} {selection.key}{source}, "
             f"selected by {selection.reason}"
         )
 
