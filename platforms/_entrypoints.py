@@ -124,15 +124,19 @@ def import_object(path: str):
     if ":" in path:
         return EntryPoint("", "", path, None).load()
     parts = path.split(".")
+    missing: ModuleNotFoundError | None = None
     for split in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:split])
         try:
             obj = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+                missing = missing or exc
                 continue
             raise
         for attr in parts[split:]:
             obj = getattr(obj, attr)
         return obj
+    if missing is not None:
+        raise missing
     raise ImportError(f"{path!r} names no importable module; expected 'package.module.Name'")
