@@ -1,0 +1,112 @@
+"""What the operator sees on the terminal: an ops listener that renders launch events.
+
+On a TTY, start-up is a live table, one line per worker redrawn in place as phases complete;
+anywhere else (a pipe, a log file, journald) every event is one plain log line. Either way the
+launch ends in one line: the ready line with the URL, or the root-cause block.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+PREFIX = "sglang-launch:"
+
+
+class TerminalDisplay:
+    def __init__(self, stream: TextIO | None = None, live: bool | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.live = _isatty(self.stream) if live is None else live
+        self._rows: dict[str, str] = {}  # worker name -> its current line, in spawn order
+        self._drawn = 0  # lines of the live table currently on screen
+        self._starting = True
+
+    def __call__(self, event: dict) -> None:
+        topic = event["topic"]
+        if topic == "server.starting":
+            self._starting_line(event)
+        elif topic.startswith("worker."):
+            self._worker(event)
+        elif topic == "server.ready":
+            self._end_table()
+            self._print(_ready_line(event))
+        elif topic == "server.failed":
+            self._end_table()
+            self._print(event["root_cause_text"])
+        elif topic == "server.stopping":
+            self._end_table()
+            self._print(f"{PREFIX} stopping ({event.get('reason', 'requested')})")
+        elif topic == "server.stopped":
+            self._print(f"{PREFIX} stopped; every worker process is gone ({event.get('teardown_s', 0):.2f}s)")
+
+    def _starting_line(self, event: dict) -> None:
+        if event.get("cpu_fallback"):
+            self._print(
+                f"{PREFIX} no accelerator and no platform plugin found: serving on the CPU platform "
+                f"({event['platform_reason']})"
+            )
+        else:
+            self._print(f"{PREFIX} platform {event['platform']} ({event['platform_reason']})")
+        where = f"node {event['node_rank']} of {event['nnodes']}: " if event["nnodes"] > 1 else ""
+        self._print(f"{PREFIX} {where}starting {len(event['workers'])} workers: {', '.join(event['workers'])}")
+        for name in event["workers"]:
+            self._rows[name] = _row(name, None, "spawning", None)
+        self._redraw()
+
+    def _worker(self, event: dict) -> None:
+        name, phase = event["worker"], event["phase"]
+        if self.live and self._starting:
+            self._rows[name] = _row(name, event.get("pid"), phase, event.get("duration"))
+            self._redraw()
+            return
+        parts = [f"{PREFIX} {name}"]
+        if event.get("pid"):
+            parts.append(f"(pid {event['pid']})")
+        parts.append(phase)
+        if event.get("duration") is not None:
+            parts.append(f"{event['duration']:.2f}s")
+        if phase == "exited":
+            parts.append(event.get("signal") or f"code {event.get('exitcode')}")
+        if "ready_count" in event and self._starting:
+            parts.append(f"[{event['ready_count']}/{event['worker_count']} ready]")
+        self._print(" ".join(parts))
+
+    def _redraw(self) -> None:
+        if not self.live or not self._starting:
+            return
+        out = []
+        if self._drawn:
+            out.append(f"\x1b[{self._drawn}F")  # to the start of the table's first line
+        for line in self._rows.values():
+            out.append("\x1b[2K" + line + "\n")
+        self._drawn = len(self._rows)
+        self.stream.write("".join(out))
+        self.stream.flush()
+
+    def _end_table(self) -> None:
+        self._starting = False
+
+    def _print(self, text: str) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _row(name: str, pid: int | None, phase: str, duration: float | None) -> str:
+    pid_text = f"pid {pid}" if pid else ""
+    took = f"{duration:6.2f}s" if duration is not None else ""
+    return f"  {name:<14} {pid_text:<11} {phase:<22} {took}"
+
+
+def _ready_line(event: dict) -> str:
+    took = event.get("startup_s")
+    after = f" in {took:.1f}s" if took is not None else ""
+    if event.get("url"):
+        return f"{PREFIX} ready at {event['url']} ({event['worker_count']} workers{after})"
+    return f"{PREFIX} node {event['node_rank']} ready ({event['worker_count']} workers{after})"
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

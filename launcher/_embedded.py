@@ -1,0 +1,246 @@
+"""``Launcher``: the supervisor embedded in an application.
+
+``Launcher(server_args=None, **fields)`` runs the same ``launcher.supervisor.Supervisor`` the CLI
+runs, on a uvloop loop in a background thread of its own: the application keeps its main thread,
+its signal handlers and its multiprocessing start method. A failed start raises ``LaunchError``
+(with the root cause) in the application, after every child is gone; nothing ever signals the
+application's own process.
+
+Module scope is standard library only, because ``spawn`` children re-run the application's module
+scope: ``from launcher import Launcher`` must stay cheap there. The supervisor's imports (zmq,
+psutil, uvloop, bootstrap) happen in ``start()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import queue
+import threading
+import weakref
+from typing import Iterator
+
+from launcher._failure import ExitCode, LaunchError, RootCause
+
+_live: weakref.WeakSet = weakref.WeakSet()  # started and not yet stopped, for the exit hook
+
+
+class Launcher:
+    """Start, watch and stop one launch from Python.
+
+    - ``start()`` returns once every worker is ready; ``start(wait=False)`` returns at once and
+      ``wait_ready(timeout)`` waits later. Both raise ``LaunchError`` if the launch fails.
+    - ``status()`` is the ops snapshot (what ``sglang-launch status --json`` prints);
+      ``events()`` yields it first and then every event until the launch ends.
+    - ``stop()`` stops gracefully (HTTP child first, then schedulers) and returns when every
+      child process is gone. ``with Launcher(...) as launcher:`` starts, waits and stops.
+    """
+
+    def __init__(self, server_args=None, **fields) -> None:
+        if server_args is not None and fields:
+            raise TypeError("pass either a ServerArgs instance or its field values, not both")
+        self._given = server_args
+        self._fields = fields
+        self.server_args = None
+        self._supervisor = None
+        self._thread: threading.Thread | None = None
+        self._settled = threading.Event()  # set when ready, or when the launch ended
+        self._is_ready = False
+        self._outcome = None
+        self._subscribers: list[queue.Queue] = []
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, wait: bool = True, timeout: float | None = None) -> Launcher:
+        if self._thread is not None:
+            raise RuntimeError("this Launcher was already started; create a new Launcher to launch again")
+        from launcher import _prepare
+        from launcher.supervisor import Supervisor
+
+        args = self._build_args()
+        selection, payload = _prepare.finish(args)
+        self.server_args = args
+        self._supervisor = Supervisor(args, selection, payload=payload, listeners=(self._on_event,))
+        self._thread = threading.Thread(target=self._run, name="sglang-launch-supervisor", daemon=True)
+        _live.add(self)
+        self._thread.start()
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Return once every worker is ready; ``LaunchError`` if the launch failed or stopped."""
+        if self._thread is None:
+            raise RuntimeError("call start() before wait_ready()")
+        if not self._settled.wait(timeout):
+            raise TimeoutError(
+                f"not every worker was ready within {timeout}s; the launch goes on until its own "
+                "startup_timeout: call wait_ready() again, or stop() to give up"
+            )
+        outcome = self._outcome
+        if outcome is None:
+            return
+        if outcome.root_cause is not None:
+            raise LaunchError(outcome.root_cause)
+        raise LaunchError(
+            RootCause(summary="the launch was stopped before every worker was ready", exit_code=ExitCode.OK)
+        )
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop gracefully and return when every child is gone (a no-op if not running)."""
+        if self._thread is None:
+            return
+        self._supervisor.request_stop("Launcher.stop() called")
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the launch did not stop within {timeout}s; call stop() again to keep waiting")
+        _live.discard(self)
+
+    def __enter__(self) -> Launcher:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def url(self) -> str | None:
+        return self.status().get("url")
+
+    @property
+    def outcome(self):
+        """The ``Outcome`` once the launch ended (exit code, root cause, final snapshot), else None."""
+        return self._outcome
+
+    def status(self) -> dict:
+        """The current ops snapshot: server phase, URL, platform, and every worker's record."""
+        if self._thread is None:
+            raise RuntimeError("call start() before status()")
+        snapshot = self._in_loop(lambda: self._supervisor.state.snapshot())
+        return snapshot if snapshot is not None else self._final_snapshot()
+
+    def events(self, follow: bool = True, timeout: float | None = None) -> Iterator[dict]:
+        """Yield ``{"topic": "snapshot", ...}`` (the current state), then each event as it happens.
+
+        Ends after ``server.stopped``, at once when ``follow`` is false, or when no event came
+        for ``timeout`` seconds.
+        """
+        if self._thread is None:
+            raise RuntimeError("call start() before events()")
+        inbox: queue.Queue = queue.Queue()
+
+        def subscribe():  # in the loop thread, so no event falls between snapshot and subscription
+            snapshot = self._supervisor.state.snapshot()
+            with self._lock:
+                self._subscribers.append(inbox)
+            return snapshot
+
+        snapshot = self._in_loop(subscribe)
+        if snapshot is None:
+            yield _snapshot_event(self._final_snapshot())
+            return
+        try:
+            yield _snapshot_event(snapshot)
+            while follow:
+                try:
+                    event = inbox.get(timeout=timeout)
+                except queue.Empty:
+                    return
+                yield event
+                if event["topic"] == "server.stopped":
+                    return
+        finally:
+            with self._lock:
+                if inbox in self._subscribers:
+                    self._subscribers.remove(inbox)
+
+    # ------------------------------------------------------------------ internals
+    def _build_args(self):
+        from launcher import _prepare
+
+        args = self._given
+        runtime = getattr(args, "runtime", None) if args is not None else self._fields.get("runtime")
+        _prepare.load_plugins(runtime or "srt")  # before the ServerArgs class is looked up
+        if args is None:
+            try:
+                args = _prepare.server_args_class()(**self._fields)
+            except (TypeError, ValueError) as exc:
+                raise _prepare.usage_error(exc) from exc
+        return args
+
+    def _run(self) -> None:
+        from launcher.supervisor import Outcome, run_supervisor
+
+        try:
+            outcome = run_supervisor(self._supervisor)
+        except LaunchError as exc:  # set-up failed before any worker was started
+            outcome = Outcome(exc.exit_code, exc.root_cause, {})
+        except BaseException as exc:  # noqa: BLE001 - delivered to the application as LaunchError
+            import traceback
+
+            cause = RootCause(
+                summary="the supervisor itself failed",
+                exit_code=ExitCode.SETUP_FAILED,
+                error_type=type(exc).__name__,
+                message=str(exc),
+                traceback="".join(traceback.format_exception(exc)),
+            )
+            state = self._supervisor.state
+            outcome = Outcome(int(cause.exit_code), cause, state.snapshot() if state else {})
+        self._outcome = outcome
+        self._settled.set()
+
+    def _on_event(self, event: dict) -> None:
+        if event["topic"] == "server.ready":
+            self._is_ready = True
+            self._settled.set()
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for inbox in subscribers:
+            inbox.put(event)
+
+    def _in_loop(self, fn):
+        """Run ``fn`` on the supervisor's loop and return its result; None once the loop is gone."""
+        self._supervisor.opened.wait()
+        loop = self._supervisor._loop
+        if loop is None or self._outcome is not None:
+            return None
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def call():
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001
+                future.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(call)
+        except RuntimeError:  # closed meanwhile
+            return None
+        while not future.done():
+            try:
+                return future.result(timeout=0.1)
+            except concurrent.futures.TimeoutError:
+                if self._outcome is not None:
+                    return None
+        return future.result()
+
+    def _final_snapshot(self) -> dict:
+        self._settled.wait()
+        if self._thread is not None:
+            self._thread.join()
+        return self._outcome.snapshot if self._outcome is not None else {}
+
+
+def _snapshot_event(snapshot: dict) -> dict:
+    return {"topic": "snapshot", "seq": snapshot.get("seq", 0), "snapshot": snapshot}
+
+
+@atexit.register
+def _stop_on_exit() -> None:
+    """An application that exits without ``stop()`` still takes its workers down with it."""
+    for launcher in list(_live):
+        try:
+            launcher.stop(timeout=60)
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass

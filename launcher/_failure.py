@@ -1,0 +1,121 @@
+"""Why a launch ended badly: the root cause, the exit codes, and ``LaunchError``.
+
+A launch has exactly one root cause, the first thing that went wrong; everything that fails after
+it (ranks timing out on a dead peer, the HTTP child losing its scheduler) is a consequence and is
+not reported as a cause. ``RootCause.format()`` renders it as one block that names the worker, the
+phase, how the process ended (exit code or signal name) and the worker's own traceback.
+
+Standard library only: ``launcher.LaunchError`` is part of the lazy facade.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import asdict, dataclass
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Exit status of ``sglang-launch`` (serving); listed in ``sglang-launch --help``."""
+
+    OK = 0  # stopped on request (SIGINT, SIGTERM, Launcher.stop())
+    WORKER_FAILED = 1  # a worker failed or exited during start-up
+    USAGE = 2  # invalid command line or server arguments
+    STARTUP_TIMEOUT = 3  # not every worker was ready within --startup-timeout
+    WORKER_DIED = 4  # a worker exited after the server was ready
+    SETUP_FAILED = 5  # this process could not select a platform, load a plugin or set up IPC
+
+
+EXIT_CODES_HELP = """\
+exit codes:
+  0  stopped on request (SIGINT, SIGTERM)
+  1  a worker failed or exited during start-up (the root cause is printed)
+  2  invalid command line or server arguments
+  3  not every worker was ready within --startup-timeout
+  4  a worker exited after the server was ready
+  5  the launcher could not select a platform, load a required plugin or set up its IPC"""
+
+
+def signal_name(exitcode: int | None) -> str | None:
+    """``"SIGKILL"`` for a ``multiprocessing`` exit code of ``-9``; None for a normal exit."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+@dataclass
+class RootCause:
+    """The first failure of a launch, with everything an operator needs to act on it.
+
+    ``worker`` is ``"<role>.<rank>"`` (None when the cause is not one worker's, e.g. a bad
+    argument); ``phase`` is the phase the worker was in or failed in; ``exitcode`` and ``signal``
+    say how its process ended (both None while it was still running); ``error_type``, ``message``
+    and ``traceback`` come from the worker's own ``failed`` report when it sent one.
+    """
+
+    summary: str
+    exit_code: int = ExitCode.WORKER_FAILED
+    worker: str | None = None
+    pid: int | None = None
+    node_rank: int = 0
+    phase: str | None = None
+    exitcode: int | None = None
+    signal: str | None = None
+    error_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    hint: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RootCause:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    def how_it_ended(self) -> str:
+        if self.signal:
+            return f"killed by {self.signal}"
+        if self.exitcode is not None:
+            return f"exited with code {self.exitcode}"
+        return "still running (stopped by the launcher)"
+
+    def format(self) -> str:
+        """The one block printed for an operator (torchrun's error-file style)."""
+        rule = "=" * 72
+        lines = [rule, f"sglang-launch: {self.summary}"]
+        if self.worker:
+            pid = f" (pid {self.pid}, node {self.node_rank})" if self.pid else ""
+            lines.append(f"  worker:     {self.worker}{pid}")
+        if self.phase:
+            lines.append(f"  phase:      {self.phase}")
+        if self.worker:
+            lines.append(f"  process:    {self.how_it_ended()}")
+        if self.error_type or self.message:
+            lines.append(f"  error:      {self.error_type or 'Error'}: {self.message or ''}".rstrip())
+        if self.hint:
+            lines.append(f"  what to do: {self.hint}")
+        if self.traceback:
+            lines.append("  traceback (from the worker):")
+            lines.extend("    " + line for line in self.traceback.rstrip().splitlines())
+        lines.append(rule)
+        return "\n".join(lines)
+
+
+class LaunchError(RuntimeError):
+    """A launch failed; ``root_cause`` (a ``RootCause``) says which worker, phase and why.
+
+    Raised by ``Launcher.start()`` / ``wait_ready()`` in the embedding application; the
+    application's own process is never signalled.
+    """
+
+    def __init__(self, root_cause: RootCause):
+        super().__init__(root_cause.format())
+        self.root_cause = root_cause
+
+    @property
+    def exit_code(self) -> int:
+        return int(self.root_cause.exit_code)

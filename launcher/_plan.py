@@ -1,0 +1,97 @@
+"""Which children one node's supervisor starts, and what each is told.
+
+Node ``node_rank`` of ``nnodes`` runs ``tp_size * dp_size`` scheduler ranks, global ranks
+``node_rank * local .. node_rank * local + local - 1``, each with the torch.distributed
+environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``); node 0 also runs one HTTP child, unless ``http_target`` is
+empty (an engine that serves no HTTP). The rendezvous address is ``--dist-init-addr`` or, on a
+single node, a free loopback port.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+
+class PlanError(ValueError):
+    """The server arguments describe a launch that cannot be planned; the message says the fix."""
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The supervisor's own sockets, which every child is told about."""
+
+    runtime_dir: str
+    status: str  # PULL: bootstrap status messages
+    ops: str  # PUB: ops events
+    query: str  # REP: status snapshots
+
+
+def rendezvous(dist_init_addr: str | None, nnodes: int) -> tuple[str, int]:
+    """``(MASTER_ADDR, MASTER_PORT)`` from ``HOST:PORT`` (``[v6]:PORT`` too), or a free local port."""
+    if not dist_init_addr:
+        if nnodes > 1:
+            raise PlanError(
+                f"--nnodes {nnodes} needs --dist-init-addr HOST:PORT, the address of node 0 that "
+                "every node can reach (e.g. --dist-init-addr 10.0.0.1:29500)"
+            )
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return "127.0.0.1", s.getsockname()[1]
+    host, sep, port = dist_init_addr.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PlanError(
+            f"--dist-init-addr {dist_init_addr!r} is not HOST:PORT; pass e.g. 10.0.0.1:29500 "
+            "(the address of node 0 and a free port on it)"
+        )
+    return host, int(port)
+
+
+def plan_children(args, *, payload: bytes, platform_key: str, runtime: str, endpoints: Endpoints):
+    """The ``ProcessSpec`` of every child of this node, HTTP first when there is one."""
+    from bootstrap import ProcessSpec
+
+    local = args.tp_size * args.dp_size
+    if local < 1:
+        raise PlanError("--tp-size and --dp-size must be at least 1")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise PlanError(f"--node-rank {args.node_rank} must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}")
+    world = local * args.nnodes
+    master_addr, master_port = rendezvous(args.dist_init_addr, args.nnodes)
+
+    def spec(role: str, target: str, rank: int, local_rank: int, env: dict[str, str]):
+        return ProcessSpec(
+            role=role,
+            target=target,
+            payload=payload,
+            status_endpoint=endpoints.status,
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world,
+            runtime=runtime,
+            platform_key=platform_key,
+            runtime_dir=endpoints.runtime_dir,
+            ops_endpoint=endpoints.ops,
+            query_endpoint=endpoints.query,
+            env=env,
+            log_level=args.log_level,
+        )
+
+    children = []
+    if args.node_rank == 0 and args.http_target:
+        children.append(spec("http", args.http_target, 0, 0, {}))
+    for local_rank in range(local):
+        rank = args.node_rank * local + local_rank
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(local),
+            "NODE_RANK": str(args.node_rank),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+        }
+        children.append(spec("scheduler", args.scheduler_target, rank, local_rank, env))
+    return children

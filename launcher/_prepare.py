@@ -1,0 +1,113 @@
+"""The supervisor process's own set-up, shared by the CLI and the embedded ``Launcher``.
+
+In the order the spec's call-site table asks: this process's plugins are loaded and their hooks
+applied *before* ``ServerArgs`` is looked up and built (so hooks on ``add_cli_args``,
+``__post_init__`` and ``check_server_args`` take effect); then the arguments are checked and the
+platform is resolved, once. Every failure here becomes a ``LaunchError`` whose root cause says
+what to change, with the CLI exit code it maps to.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from launcher._failure import ExitCode, LaunchError, RootCause
+
+RUNTIMES = ("srt", "diffusion")
+
+
+def peek_runtime(argv: list[str]) -> str:
+    """``--runtime`` from a command line, before the full parser exists (default ``srt``)."""
+    for i, arg in enumerate(argv):
+        if arg == "--runtime" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--runtime="):
+            return arg.partition("=")[2]
+    return "srt"
+
+
+def check_runtime(runtime: str) -> None:
+    if runtime not in RUNTIMES:
+        raise LaunchError(
+            RootCause(
+                summary=f"unknown runtime {runtime!r}",
+                exit_code=ExitCode.USAGE,
+                hint=f"pass --runtime {' or --runtime '.join(RUNTIMES)}",
+            )
+        )
+
+
+def load_plugins(runtime: str) -> None:
+    """Register and apply this process's general plugins of ``runtime``'s hook group."""
+    check_runtime(runtime)
+    try:
+        if runtime == "diffusion":
+            importlib.import_module("hooks.diffusion").apply_plugin_hooks()
+        else:
+            importlib.import_module("hooks").load_plugins()
+    except Exception as exc:  # noqa: BLE001 - any plugin failure is reported the same way
+        raise _setup_error("a required plugin failed to load in the launcher process", exc) from exc
+
+
+def server_args_class():
+    """The ``ServerArgs`` class as it is after hooks (a REPLACE hook may have swapped it)."""
+    return importlib.import_module("launcher.server_args").ServerArgs
+
+
+def check_args(args) -> None:
+    """Run ``check_server_args`` (a hook target); a complaint becomes a usage ``LaunchError``."""
+    try:
+        args.check_server_args()
+    except (ValueError, TypeError) as exc:
+        raise usage_error(exc) from exc
+
+
+def finish(args):
+    """Check ``args``, resolve the platform once, encode the payload: ``(selection, payload)``."""
+    check_args(args)
+    selection = select_platform(getattr(args, "runtime", "srt"))
+    try:
+        payload = importlib.import_module("launcher.server_args").encode_server_args(args)
+    except (TypeError, ValueError) as exc:
+        raise usage_error(exc) from exc
+    return selection, payload
+
+
+def usage_error(exc: BaseException) -> LaunchError:
+    return LaunchError(
+        RootCause(
+            summary="invalid server arguments",
+            exit_code=ExitCode.USAGE,
+            error_type=type(exc).__name__,
+            message=str(exc),
+        )
+    )
+
+
+def select_platform(runtime: str):
+    """Resolve ``runtime``'s platform once and return its ``Selection``."""
+    module = "platforms.diffusion" if runtime == "diffusion" else "platforms"
+    try:
+        return importlib.import_module(module).current_selection()
+    except Exception as exc:  # noqa: BLE001 - selection errors already name their fix
+        raise _setup_error("no platform could be selected", exc) from exc
+
+
+def is_cpu_fallback(selection) -> bool:
+    """True when no plugin was selected and the built-in platform in use is the CPU's."""
+    return selection.entry_point is None and selection.key in ("builtin:cpu", "builtin:base")
+
+
+def _setup_error(summary: str, exc: BaseException) -> LaunchError:
+    import traceback
+
+    return LaunchError(
+        RootCause(
+            summary=summary,
+            exit_code=ExitCode.SETUP_FAILED,
+            error_type=type(exc).__name__,
+            message=str(exc),
+            traceback="".join(traceback.format_exception(exc)),
+            hint="fix or uninstall the plugin named above, or select another with SGLANG_PLATFORM / SGLANG_PLUGINS",
+        )
+    )

@@ -1,0 +1,154 @@
+"""Stopping process trees: SIGTERM, a grace period, then SIGKILL of whatever is left.
+
+A worker may have children of its own (compile workers, data loaders, an HTTP server's
+processes); once the worker is dead they are re-parented and nobody would find them, so the whole
+tree is collected with psutil *before* anything is signalled, and each member is watched through
+a pidfd (Linux; the wait wakes the moment a process exits, with no polling and no risk of a
+recycled pid) or, elsewhere, by polling psutil. Only pids collected from the given roots are ever
+signalled, never a process group, and never this process or one of its ancestors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import psutil
+
+_POLL = 0.005  # seconds between checks where pidfds are not available
+
+
+class Tree:
+    """A set of processes, each pinned by a pidfd where the platform has them."""
+
+    def __init__(self, roots: list[int]) -> None:
+        self.members: dict[int, tuple[psutil.Process, int | None]] = {}
+        self.roots = [pid for pid in roots if pid]
+        for pid in self.roots:
+            self.add(pid)
+            self.add_descendants(pid)
+
+    def add(self, pid: int) -> None:
+        if pid in self.members or pid in _protected():
+            return
+        try:
+            proc = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            return
+        fd = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return
+            except OSError:
+                fd = None
+        self.members[pid] = (proc, fd)
+
+    def add_descendants(self, pid: int) -> None:
+        try:
+            children = psutil.Process(pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for child in children:
+            self.add(child.pid)
+
+    def alive(self) -> list[int]:
+        return [pid for pid, (proc, fd) in self.members.items() if _running(proc, fd)]
+
+    def signal(self, pids: list[int], sig: int) -> None:
+        for pid in pids:
+            proc, fd = self.members[pid]
+            try:
+                if fd is not None and hasattr(signal, "pidfd_send_signal"):
+                    signal.pidfd_send_signal(fd, sig)
+                elif proc.is_running():
+                    proc.send_signal(sig)
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                pass
+            except OSError:
+                pass  # exited between the check and the signal
+
+    async def wait(self, timeout: float) -> list[int]:
+        """Wait until every member exited or ``timeout`` passed; return the pids still alive."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        alive = self.alive()
+        fds = {self.members[pid][1]: pid for pid in alive if self.members[pid][1] is not None}
+        if len(fds) == len(alive) and alive:
+            changed = asyncio.Event()
+            for fd in fds:
+                loop.add_reader(fd, changed.set)
+            try:
+                while alive and loop.time() < deadline:
+                    try:
+                        await asyncio.wait_for(changed.wait(), deadline - loop.time())
+                    except asyncio.TimeoutError:
+                        break
+                    changed.clear()
+                    alive = self.alive()
+                    for fd, pid in list(fds.items()):
+                        if pid not in alive:
+                            loop.remove_reader(fd)
+                            del fds[fd]
+            finally:
+                for fd in fds:
+                    loop.remove_reader(fd)
+            return self.alive()
+        while alive and loop.time() < deadline:
+            await asyncio.sleep(_POLL)
+            alive = self.alive()
+        return alive
+
+    def close(self) -> None:
+        for _, fd in self.members.values():
+            if fd is not None:
+                os.close(fd)
+        self.members.clear()
+
+
+def _running(proc: psutil.Process, fd: int | None) -> bool:
+    if fd is not None:
+        import select
+
+        readable, _, _ = select.select([fd], [], [], 0)
+        return not readable
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _protected() -> set[int]:
+    """This process and its ancestors: never signalled, whatever a caller passes."""
+    pids = {os.getpid()}
+    try:
+        pids.update(p.pid for p in psutil.Process().parents())
+    except psutil.Error:
+        pass
+    return pids
+
+
+async def stop_trees(roots: list[int], grace: float, kill_wait: float = 5.0) -> float:
+    """SIGTERM ``roots``, wait up to ``grace`` for their whole trees, SIGKILL the rest.
+
+    Returns the seconds it took. Descendants get SIGTERM only through their root (a worker
+    stops its own children); whatever is still alive after the grace period, descendants that
+    appeared meanwhile included, gets SIGKILL.
+    """
+    started = time.monotonic()
+    tree = Tree(roots)
+    try:
+        tree.signal([pid for pid in tree.roots if pid in tree.members], signal.SIGTERM)
+        left = await tree.wait(grace)
+        if left:
+            for pid in list(left):
+                tree.add_descendants(pid)
+            left = tree.alive()
+            tree.signal(left, signal.SIGKILL)
+            await tree.wait(kill_wait)
+    finally:
+        tree.close()
+    return time.monotonic() - started

@@ -1,0 +1,95 @@
+"""The launch's state as ops tooling sees it: one record per worker plus the server's phase.
+
+The supervisor is the only writer (from its event loop); ``snapshot()`` returns plain JSON-able
+data, the same thing the status query socket answers, ``sglang-launch status`` prints and
+``Launcher.status()`` returns.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+# Server phases, in order of a normal life.
+STARTING, READY, FAILED, STOPPING, STOPPED = "starting", "ready", "failed", "stopping", "stopped"
+
+
+@dataclass
+class WorkerState:
+    """One child process: who it is, where it is in start-up, how it ended.
+
+    ``phase`` is the last phase the worker reported (``"spawned"`` until it reports one; the
+    bootstrap's phases, then the worker's own, then ``"ready"``), or ``"failed"`` / ``"exited"``
+    once it ended. ``phases`` maps each reported phase to its duration in seconds.
+    """
+
+    role: str
+    rank: int
+    local_rank: int
+    node_rank: int
+    pid: int | None = None
+    phase: str = "spawned"
+    phases: dict[str, float] = field(default_factory=dict)
+    platform: str | None = None
+    exitcode: int | None = None
+    signal: str | None = None
+    info: dict = field(default_factory=dict)
+    error: dict | None = None
+    ready: bool = False
+    started_at: float = field(default_factory=time.time)
+    ready_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}.{self.rank}"
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["name"] = self.name
+        return data
+
+
+@dataclass
+class LaunchState:
+    """The whole launch: server phase, URL, platform, workers, and the root cause if it failed."""
+
+    runtime: str
+    platform: str
+    platform_reason: str
+    url: str | None
+    node_rank: int
+    nnodes: int
+    workers: list[WorkerState]
+    phase: str = STARTING
+    pid: int = field(default_factory=os.getpid)
+    started_at: float = field(default_factory=time.time)
+    ready_at: float | None = None
+    root_cause: dict | None = None
+    seq: int = 0  # sequence number of the last event published
+
+    def worker(self, role: str, rank: int) -> WorkerState | None:
+        for w in self.workers:
+            if w.role == role and w.rank == rank:
+                return w
+        return None
+
+    def all_ready(self) -> bool:
+        return all(w.ready for w in self.workers)
+
+    def snapshot(self) -> dict:
+        return {
+            "pid": self.pid,
+            "phase": self.phase,
+            "url": self.url,
+            "runtime": self.runtime,
+            "platform": self.platform,
+            "platform_reason": self.platform_reason,
+            "node_rank": self.node_rank,
+            "nnodes": self.nnodes,
+            "started_at": self.started_at,
+            "ready_at": self.ready_at,
+            "root_cause": self.root_cause,
+            "seq": self.seq,
+            "workers": [w.to_dict() for w in self.workers],
+        }

@@ -1,0 +1,107 @@
+"""``sglang-launch events [--pid PID] [--follow]``: a running launcher's events as JSON lines.
+
+The first line is ``{"topic": "snapshot", "seq": N, "snapshot": {...}}``, the full current state,
+so a subscriber that joins late misses nothing; with ``--follow`` every later event follows, one
+JSON object per line, until ``server.stopped``. Events carry a sequence number: one that was
+published while the subscription was still being set up is fetched from the launcher's event
+history instead, so the stream has no gaps and no duplicates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+_POLL_MS = 500
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sglang-launch events",
+        description="Print a running sglang-launch's state and events as JSON lines.",
+        epilog="exit codes: 0 done (or the launcher stopped); 1 no launcher found, it did not "
+        "answer, or it vanished without stopping; 2 bad options",
+    )
+    parser.add_argument("--pid", type=int, help="the launcher's pid (needed only when several run)")
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing events until the launcher stops")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    return parser
+
+
+def _emit(event: dict) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str]) -> int:
+    ns = _parser().parse_args(argv)
+    import zmq
+
+    from launcher._client import QueryError, find_launcher, query
+    from launcher._rundir import NoLauncherError, RuntimeDirError
+
+    zctx = zmq.Context()
+    sub = zctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    try:
+        state = find_launcher(ns.pid)
+        # Subscribe before asking for the snapshot: whatever happens after it then reaches us.
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(state["ops_endpoint"])
+        snapshot = query(state["query_endpoint"], {"query": "snapshot"}, ns.timeout, zctx)["snapshot"]
+        _emit({"topic": "snapshot", "seq": snapshot["seq"], "snapshot": snapshot})
+        if not ns.follow or snapshot["phase"] == "stopped":
+            return 0
+        return _follow(sub, state, snapshot["seq"], ns.timeout, zctx)
+    except (NoLauncherError, QueryError, RuntimeDirError) as exc:
+        print(f"sglang-launch events: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sub.close()
+        zctx.term()
+
+
+def _follow(sub, state: dict, last: int, timeout: float, zctx) -> int:
+    from launcher._client import QueryError, query
+    from launcher._rundir import pid_alive
+
+    def emit_after(events: list[dict], before: int | None = None) -> bool:
+        """Print the events newer than ``last`` (and older than ``before``); True at the end."""
+        nonlocal last
+        for event in events:
+            if event["seq"] > last and (before is None or event["seq"] < before):
+                _emit(event)
+                last = event["seq"]
+                if event["topic"] == "server.stopped":
+                    return True
+        return False
+
+    def history() -> list[dict]:
+        reply = query(state["query_endpoint"], {"query": "events", "after": last}, timeout, zctx)
+        if not reply["complete"]:
+            print(f"sglang-launch events: events after {last} were dropped from the history", file=sys.stderr)
+        return reply["events"]
+
+    while True:
+        if sub.poll(_POLL_MS):
+            _, data = sub.recv_multipart()
+            event = json.loads(data)
+            if event["seq"] > last + 1 and emit_after(history(), before=event["seq"]):
+                return 0
+            if emit_after([event]):
+                return 0
+            continue
+        # Quiet: close a gap left by a late subscription, and notice a launcher that vanished.
+        if not pid_alive(state["pid"]):
+            print(f"sglang-launch events: launcher {state['pid']} is gone without stopping", file=sys.stderr)
+            return 1
+        try:
+            if emit_after(history()):
+                return 0
+        except QueryError:
+            if pid_alive(state["pid"]):
+                raise

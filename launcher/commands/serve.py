@@ -1,0 +1,71 @@
+"""``sglang-launch [serve] --model-path PATH ...``: start the server and supervise it until stopped.
+
+The order is the spec's: this process's plugins are loaded (for ``--runtime``'s hook group)
+before the ``ServerArgs`` class is looked up and its options are added to the parser, so plugins
+can add options, change defaults and relax checks. Then the platform is resolved once and the
+supervisor runs in this (main) thread, where SIGINT and SIGTERM stop it gracefully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from launcher._failure import EXIT_CODES_HELP, LaunchError
+
+DESCRIPTION = (
+    "Start a model server: one scheduler process per rank and an HTTP process, each started "
+    "through the import-neutral bootstrap, supervised until SIGINT/SIGTERM. On a terminal the "
+    "workers' start-up phases are shown live, then one ready line with the URL."
+)
+
+
+def build_parser(server_args_class) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sglang-launch",
+        description=DESCRIPTION,
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    server_args_class.add_cli_args(parser)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    from launcher import _prepare
+
+    try:
+        _prepare.load_plugins(_prepare.peek_runtime(argv))
+        server_args_class = _prepare.server_args_class()
+        ns = build_parser(server_args_class).parse_args(argv)
+        _configure_logging(getattr(ns, "log_level", "info"))
+        try:
+            args = server_args_class.from_cli_args(ns)
+        except (TypeError, ValueError) as exc:
+            raise _prepare.usage_error(exc) from exc
+        selection, payload = _prepare.finish(args)
+    except LaunchError as exc:
+        print(exc.root_cause.format(), file=sys.stderr)
+        return exc.exit_code
+
+    from launcher._display import TerminalDisplay
+    from launcher.supervisor import Supervisor, run_supervisor
+
+    supervisor = Supervisor(args, selection, payload=payload, listeners=(TerminalDisplay(),))
+    try:
+        outcome = run_supervisor(supervisor, handle_signals=True)
+    except LaunchError as exc:  # set-up failed before any worker was started
+        print(exc.root_cause.format(), file=sys.stderr)
+        return exc.exit_code
+    return outcome.exit_code
+
+
+def _configure_logging(level: str) -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=getattr(logging, str(level).upper(), logging.INFO),
+            format="sglang-launch: %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )

@@ -1,0 +1,551 @@
+"""The supervisor: start every child of this node, watch them, stop them all, say why.
+
+One implementation serves ``sglang-launch`` and the embedded ``Launcher``: ``Supervisor.run()``
+is a coroutine on a uvloop event loop (the CLI runs it in the main thread with signal handlers;
+the ``Launcher`` runs it in a background thread of its own and calls ``request_stop()``).
+
+Its life, top to bottom:
+
+1. open: a private runtime directory, the status PULL socket, the ops PUB and query sockets, the
+   state file that lets ``sglang-launch status`` find us;
+2. spawn: every child through a local ``spawn`` context with ``bootstrap.run`` as the target and
+   a ``ProcessSpec`` as the argument (see ``launcher._plan``);
+3. wait for start-up: status messages and every child's sentinel are watched at once, under one
+   deadline (``startup_timeout``); the first failure is the root cause;
+4. serve: until a stop request, a signal, or a child's exit or failure;
+5. stop: HTTP child first, then the schedulers; SIGTERM, the grace period, then SIGKILL of every
+   remaining process tree; close the sockets, remove the runtime directory.
+
+Every state change is an ops event (``launcher._ops``); the terminal display, systemd and the
+``Launcher``'s streams are listeners of those events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from bootstrap import messages, phases
+from launcher import _proctree
+from launcher._failure import ExitCode, LaunchError, RootCause, signal_name
+from launcher._notify import SystemdNotifier
+from launcher._ops import Listener, OpsChannel
+from launcher._plan import Endpoints, PlanError, plan_children
+from launcher._prepare import is_cpu_fallback
+from launcher._rundir import RuntimeDir, RuntimeDirError
+from launcher._state import FAILED, READY, STOPPED, STOPPING, LaunchState, WorkerState
+
+log = logging.getLogger("launcher")
+
+# How long to wait for a child's ``failed`` report once its exit code says it sent one.
+_REPORT_WAIT = 5.0
+
+
+@dataclass
+class Outcome:
+    """How a launch ended: ``exit_code`` (``ExitCode``), the root cause if it failed, the final state."""
+
+    exit_code: int
+    root_cause: RootCause | None
+    snapshot: dict
+    was_ready: bool = False
+
+
+@dataclass
+class _Child:
+    spec: object  # bootstrap.ProcessSpec
+    state: WorkerState
+    process: multiprocessing.process.BaseProcess | None = None
+    failure: messages.Failed | None = None
+    reported_failure: asyncio.Event = field(default_factory=asyncio.Event)
+    exit_seen: bool = False
+
+
+class Supervisor:
+    """Runs one node's launch. ``args`` is a checked ``ServerArgs``; ``selection`` the platform's."""
+
+    def __init__(self, args, selection, *, payload: bytes, listeners: tuple[Listener, ...] = ()) -> None:
+        self.args = args
+        self.selection = selection
+        self.runtime = getattr(args, "runtime", "srt")
+        self._payload = payload
+        self._listeners = [*listeners, SystemdNotifier()]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: asyncio.Queue | None = None
+        self._stop_reason: str | None = None
+        self._early_stop: str | None = None  # a stop requested before the loop ran
+        self._lock = threading.Lock()
+        self._children: list[_Child] = []
+        self.state: LaunchState | None = None
+        self.ops: OpsChannel | None = None
+        # Set once ``state`` exists and the loop takes requests (or the launch ended before).
+        self.opened = threading.Event()
+
+    # ----------------------------------------------------------------- requests from outside
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Ask for a graceful stop; safe from any thread, a no-op once the launch has ended."""
+        with self._lock:
+            loop = self._loop
+            if loop is None:
+                self._early_stop = self._early_stop or reason
+                return
+        try:
+            loop.call_soon_threadsafe(self._post, "stop", reason)
+        except RuntimeError:  # the loop closed in between: the launch is over
+            pass
+
+    def install_signal_handlers(self) -> None:
+        """SIGINT and SIGTERM stop gracefully (call from ``run``'s thread, the main thread)."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._loop.add_signal_handler(sig, self._post, "stop", f"received {signal.Signals(sig).name}")
+
+    # ----------------------------------------------------------------- the launch
+    async def run(self, *, handle_signals: bool = False) -> Outcome:
+        self._inbox = asyncio.Queue()
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            if self._early_stop:
+                self._post("stop", self._early_stop)
+        rundir = None
+        zctx = zmq.asyncio.Context()
+        reader = None
+        try:
+            try:
+                rundir = RuntimeDir()
+                endpoints = Endpoints(
+                    runtime_dir=str(rundir.path),
+                    status=rundir.endpoint("launcher.status"),
+                    ops=rundir.endpoint("launcher.ops"),
+                    query=rundir.endpoint("launcher.query"),
+                )
+                specs = plan_children(
+                    self.args,
+                    payload=self._payload,
+                    platform_key=self.selection.key,
+                    runtime=self.runtime,
+                    endpoints=endpoints,
+                )
+            except PlanError as exc:
+                raise LaunchError(RootCause("invalid server arguments", ExitCode.USAGE, message=str(exc))) from exc
+            except RuntimeDirError as exc:
+                raise LaunchError(
+                    RootCause("cannot set up the runtime directory", ExitCode.SETUP_FAILED, message=str(exc))
+                ) from exc
+            self._open_state(specs, endpoints, rundir)
+            pull = zctx.socket(zmq.PULL)
+            pull.setsockopt(zmq.LINGER, 0)
+            pull.bind(endpoints.status)
+            self.ops = OpsChannel(zctx, self.state, endpoints.ops, endpoints.query)
+            for listener in self._listeners:
+                self.ops.add_listener(listener)
+            self.ops.start()
+            reader = asyncio.create_task(self._read_status(pull))
+            if handle_signals:
+                self.install_signal_handlers()
+            self.opened.set()
+
+            self._emit_starting()
+            if self._stop_reason is None:
+                self._spawn_all(specs)
+            started = time.monotonic()
+            cause = await self._until_ready(started + self.args.startup_timeout)
+            was_ready = cause is None and self._stop_reason is None
+            if was_ready:
+                self._emit_ready(time.monotonic() - started)
+                cause = await self._until_stop()
+            return await self._shutdown(cause, was_ready)
+        finally:
+            if handle_signals and self._loop is not None:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    self._loop.remove_signal_handler(sig)
+            if reader is not None:
+                reader.cancel()
+            for child in self._children:
+                if child.process is not None and child.process.sentinel is not None:
+                    self._loop.remove_reader(child.process.sentinel)
+            _kill_leftovers(self._children)  # only after an unexpected error: normally all are gone
+            if self.ops is not None:
+                self.ops.close()
+            zctx.destroy(linger=500)
+            if rundir is not None:
+                rundir.remove()
+            with self._lock:
+                self._loop = None
+            self.opened.set()
+
+    async def _until_ready(self, deadline: float) -> RootCause | None:
+        """Wait for every worker's ``ready``; None when ready (or stopped), else the root cause."""
+        while True:
+            kind, item = await self._next(deadline)
+            if kind == "all_ready" or kind == "stop":
+                return None
+            if kind == "failed":
+                return item
+            if kind == "exit":
+                return await self._exit_cause(item)
+            if kind == "timeout":
+                return self._timeout_cause()
+
+    async def _until_stop(self) -> RootCause | None:
+        """Serve until asked to stop (None) or until a worker fails or exits (its root cause)."""
+        while True:
+            kind, item = await self._next(None)
+            if kind == "stop":
+                return None
+            if kind == "failed":
+                return item
+            if kind == "exit":
+                return await self._exit_cause(item)
+
+    async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> Outcome:
+        state = self.state
+        if cause is not None:
+            state.phase = FAILED
+            state.root_cause = cause.to_dict()
+            self.ops.emit("server.failed", root_cause=cause.to_dict(), root_cause_text=cause.format())
+            reason = cause.summary
+        else:
+            reason = self._stop_reason or "stop requested"
+        state.phase = STOPPING
+        self.ops.emit("server.stopping", reason=reason)
+        teardown = await self._stop_children()
+        if cause is None:
+            state.phase = STOPPED
+        exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
+        self.ops.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
+        return Outcome(exit_code, cause, state.snapshot(), was_ready)
+
+    # ----------------------------------------------------------------- set-up
+    def _open_state(self, specs, endpoints: Endpoints, rundir: RuntimeDir) -> None:
+        args = self.args
+        url = f"http://{_url_host(args.host)}:{args.port}" if any(s.role == "http" for s in specs) else None
+        self.state = LaunchState(
+            runtime=self.runtime,
+            platform=self.selection.key,
+            platform_reason=self.selection.reason,
+            url=url,
+            node_rank=args.node_rank,
+            nnodes=args.nnodes,
+            workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank, phase="starting") for s in specs],
+        )
+        self._children = [_Child(spec, ws) for spec, ws in zip(specs, self.state.workers)]
+        rundir.write_state(
+            {
+                "pid": os.getpid(),
+                "started_at": self.state.started_at,
+                "url": url,
+                "node_rank": args.node_rank,
+                "runtime_dir": endpoints.runtime_dir,
+                "ops_endpoint": endpoints.ops,
+                "query_endpoint": endpoints.query,
+                "argv": sys.argv,
+            }
+        )
+
+    def _spawn_all(self, specs) -> None:
+        import bootstrap
+
+        context = multiprocessing.get_context("spawn")  # local: the global start method is untouched
+        for child in self._children:
+            spec = child.spec
+            child.process = context.Process(
+                target=bootstrap.run, args=(spec,), name=f"sglang-{spec.role}-{spec.rank}", daemon=False
+            )
+            child.process.start()
+            child.state.pid = child.process.pid
+            self._loop.add_reader(child.process.sentinel, self._on_sentinel, child)
+
+    # ----------------------------------------------------------------- inputs
+    def _post(self, kind: str, item=None) -> None:
+        if kind == "stop" and self._stop_reason is None:
+            self._stop_reason = item
+            log.debug("stopping: %s", item)
+        self._inbox.put_nowait((kind, item))
+
+    async def _next(self, deadline: float | None):
+        if deadline is None:
+            return await self._inbox.get()
+        try:
+            return await asyncio.wait_for(self._inbox.get(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            return "timeout", None
+
+    def _on_sentinel(self, child: _Child) -> None:
+        self._loop.remove_reader(child.process.sentinel)
+        self._post("exit", child)
+
+    async def _read_status(self, pull) -> None:
+        while True:
+            data = await pull.recv()
+            try:
+                message = messages.decode(data)
+            except messages.MessageError as exc:
+                log.warning("ignored a frame on the status socket: %s", exc)
+                continue
+            child = self._child_named(message.worker)
+            if child is None:
+                log.warning("ignored a status message from unknown worker %r", message.worker)
+                continue
+            self._on_message(child, message)
+
+    def _on_message(self, child: _Child, message) -> None:
+        ws = child.state
+        if isinstance(message, messages.Phase):
+            ws.phase = message.phase
+            ws.phases[message.phase] = message.duration
+            self._emit_worker(child, message.phase, duration=message.duration, early_imports=message.early_imports)
+        elif isinstance(message, messages.Ready):
+            ws.phase, ws.ready, ws.ready_at = phases.READY, True, message.time
+            ws.phases[phases.READY] = message.duration
+            ws.platform, ws.info = message.platform, dict(message.info)
+            self._emit_worker(child, phases.READY, duration=message.duration, info=ws.info)
+            if message.platform != self.selection.key:
+                self._post("failed", self._mismatch_cause(child, message.platform))
+            elif self.state.all_ready():
+                self._post("all_ready")
+        elif isinstance(message, messages.Failed):
+            child.failure = message
+            ws.phase = "failed"
+            ws.error = {
+                "phase": message.phase,
+                "type": message.exc_type,
+                "message": message.message,
+                "traceback": message.traceback,
+            }
+            self._emit_worker(child, "failed", error=ws.error)
+            child.reported_failure.set()
+            self._post("failed", self._failure_cause(child, message.exit_code))
+        elif isinstance(message, messages.Stopped):
+            ws.phase = "stopped"
+            self._emit_worker(child, "stopped")
+        # Heartbeats need no action: a stalled child is caught by the deadline or its sentinel.
+
+    def _child_named(self, worker: str) -> _Child | None:
+        for child in self._children:
+            if child.state.name == worker:
+                return child
+        return None
+
+    # ----------------------------------------------------------------- root causes
+    async def _exit_cause(self, child: _Child) -> RootCause:
+        """A child exited on its own: record how, wait for its report if it sent one, explain."""
+        code = await self._reap(child)
+        if child.failure is None and phases.phase_of_exit_code(code) not in (None, "parent_gone"):
+            # The exit status says the child reported a failure; let the report arrive.
+            try:
+                await asyncio.wait_for(child.reported_failure.wait(), _REPORT_WAIT)
+            except asyncio.TimeoutError:
+                pass
+        if child.failure is not None:
+            return self._failure_cause(child, code)
+        ws = child.state
+        after_ready = ws.ready
+        phase = phases.SERVING if after_ready else _phase_in_progress(ws.phase)
+        return RootCause(
+            summary=(
+                f"{ws.name} {_ended(code)} after the server was ready"
+                if after_ready
+                else f"{ws.name} {_ended(code)} while {phases.DOING.get(phase, phase)}"
+            ),
+            exit_code=ExitCode.WORKER_DIED if after_ready else ExitCode.WORKER_FAILED,
+            worker=ws.name,
+            pid=ws.pid,
+            node_rank=ws.node_rank,
+            phase=phase,
+            exitcode=code,
+            signal=signal_name(code),
+            message="the worker sent no error report; its own output above may say more",
+            hint=_exit_hint(code),
+        )
+
+    def _failure_cause(self, child: _Child, code: int | None) -> RootCause:
+        failure, ws = child.failure, child.state
+        after_ready = failure.phase in (phases.SERVING, phases.STOPPING)
+        return RootCause(
+            summary=f"{ws.name} failed while {phases.DOING.get(failure.phase, failure.phase)}",
+            exit_code=ExitCode.WORKER_DIED if after_ready else ExitCode.WORKER_FAILED,
+            worker=ws.name,
+            pid=ws.pid,
+            node_rank=ws.node_rank,
+            phase=failure.phase,
+            exitcode=code if code is not None else failure.exit_code,
+            signal=signal_name(code),
+            error_type=failure.exc_type,
+            message=failure.message,
+            traceback=failure.traceback,
+        )
+
+    def _mismatch_cause(self, child: _Child, platform: str) -> RootCause:
+        ws = child.state
+        return RootCause(
+            summary=f"{ws.name} selected platform {platform!r}, the launcher selected {self.selection.key!r}",
+            worker=ws.name,
+            pid=ws.pid,
+            node_rank=ws.node_rank,
+            phase=phases.READY,
+            hint="the launcher and its workers must see the same installed plugins and SGLANG_* variables",
+        )
+
+    def _timeout_cause(self) -> RootCause:
+        waiting = [c.state for c in self._children if not c.state.ready]
+        first = waiting[0]
+        phase = _phase_in_progress(first.phase)
+        stuck = ", ".join(f"{w.name} in {_phase_in_progress(w.phase)}" for w in waiting)
+        return RootCause(
+            summary=f"start-up did not finish within {self.args.startup_timeout:g}s",
+            exit_code=ExitCode.STARTUP_TIMEOUT,
+            worker=first.name,
+            pid=first.pid,
+            node_rank=first.node_rank,
+            phase=phase,
+            error_type="StartupTimeout",
+            message=f"{len(waiting)} of {len(self._children)} workers not ready: {stuck}",
+            hint=f"raise --startup-timeout if {phase} is just slow, or look at why {first.name} hangs there",
+        )
+
+    async def _reap(self, child: _Child) -> int | None:
+        """The exit code of a child whose sentinel fired (it may take a moment to be reapable)."""
+        process = child.process
+        for _ in range(1000):
+            code = process.exitcode
+            if code is not None:
+                break
+            await asyncio.sleep(0.001)
+        if not child.exit_seen:
+            child.exit_seen = True
+            ws = child.state
+            ws.exitcode, ws.signal = code, signal_name(code)
+            if ws.phase not in ("failed", "stopped"):
+                ws.phase = "exited"
+            self._emit_worker(child, "exited", exitcode=code, signal=ws.signal)
+        return code
+
+    # ----------------------------------------------------------------- stopping
+    async def _stop_children(self) -> float:
+        """HTTP first, then schedulers: SIGTERM, grace period, SIGKILL of what remains of each tree."""
+        started = time.monotonic()
+        grace = float(self.args.stop_grace_period)
+        for roles in (("http",), ("scheduler",), None):
+            group = [
+                c for c in self._children
+                if c.process is not None and c.process.pid and (roles is None or c.spec.role in roles)
+            ]
+            roots = [c.process.pid for c in group if c.process.exitcode is None]
+            if roots:
+                await _proctree.stop_trees(roots, grace)
+        for child in self._children:
+            if child.process is not None:
+                child.process.join(timeout=5)
+                await self._reap(child)
+        return time.monotonic() - started
+
+    # ----------------------------------------------------------------- events
+    def _emit_starting(self) -> None:
+        self.ops.emit(
+            "server.starting",
+            platform=self.selection.key,
+            platform_reason=self.selection.reason,
+            cpu_fallback=is_cpu_fallback(self.selection),
+            runtime=self.runtime,
+            url=self.state.url,
+            node_rank=self.state.node_rank,
+            nnodes=self.state.nnodes,
+            workers=[w.name for w in self.state.workers],
+        )
+
+    def _emit_worker(self, child: _Child, phase: str, **extra) -> None:
+        ws = child.state
+        ready = sum(w.ready for w in self.state.workers)
+        self.ops.emit(
+            f"worker.{ws.role}.{ws.rank}.{phase}",
+            worker=ws.name,
+            role=ws.role,
+            rank=ws.rank,
+            pid=ws.pid,
+            phase=phase,
+            ready_count=ready,
+            worker_count=len(self.state.workers),
+            **extra,
+        )
+
+    def _emit_ready(self, startup_s: float) -> None:
+        self.state.phase = READY
+        self.state.ready_at = time.time()
+        self.ops.emit(
+            "server.ready",
+            url=self.state.url,
+            node_rank=self.state.node_rank,
+            worker_count=len(self.state.workers),
+            startup_s=startup_s,
+        )
+
+
+def _kill_leftovers(children: list[_Child]) -> None:
+    """SIGKILL the tree of every child still running (the supervisor is leaving abnormally)."""
+    roots = [c.process.pid for c in children if c.process is not None and c.process.exitcode is None]
+    if not roots:
+        return
+    tree = _proctree.Tree(roots)
+    try:
+        tree.signal(tree.alive(), signal.SIGKILL)
+    finally:
+        tree.close()
+    for child in children:
+        if child.process is not None:
+            child.process.join(timeout=5)
+
+
+def _phase_in_progress(last: str) -> str:
+    """The bootstrap phase a worker was working towards, given the last one it reported."""
+    if last in phases.PHASES[:-1]:
+        return phases.PHASES[phases.PHASES.index(last) + 1]
+    if last == phases.READY:
+        return phases.SERVING
+    if last in ("starting", "exited"):
+        return phases.SPAWNED
+    return phases.READY  # a worker's own phase (e.g. model_loaded): still on its way to ready
+
+
+def _ended(code: int | None) -> str:
+    name = signal_name(code)
+    if name:
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+def _exit_hint(code: int | None) -> str | None:
+    if code == -signal.SIGKILL:
+        return "SIGKILL from outside is often the kernel's OOM killer: check `dmesg` and the memory in use"
+    if code == 0:
+        return "a worker target must keep running until ctx.stopping is set"
+    return None
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def run_supervisor(supervisor: Supervisor, *, handle_signals: bool = False) -> Outcome:
+    """Run ``supervisor`` to the end on a fresh uvloop loop in the calling thread."""
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:  # uvloop does not exist on Windows
+        loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(supervisor.run(handle_signals=handle_signals))
+    finally:
+        loop.close()
