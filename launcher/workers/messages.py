@@ -63,6 +63,7 @@ class Embeddings(msgspec.Struct, tag="embeddings"):
     rid: str
     vectors: list[list[float]]
     prompt_tokens: int
+    batch_size: int = 1
 
 
 class Generated(msgspec.Struct, tag="generated"):
@@ -79,6 +80,7 @@ class Generated(msgspec.Struct, tag="generated"):
     finished: bool = True
     finish_reason: str | None = None
     seed: int | None = None
+    batch_size: int = 1
 
 
 class Failed(msgspec.Struct, tag="failed"):
@@ -100,12 +102,40 @@ class Pong(msgspec.Struct, tag="pong"):
     info: dict = {}
 
 
+# ---- scheduler rank 0 -> the other tensor-parallel ranks of its replica ------------------------
+
+
+class SeqWork(msgspec.Struct):
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    stream: bool = False
+
+
+class Batch(msgspec.Struct, tag="batch"):
+    """Generate these sequences together; every rank runs the same decode loop."""
+
+    seqs: list[SeqWork]
+
+
+class Tick(msgspec.Struct, tag="tick"):
+    """Nothing to do yet (sent about once a second, so followers never wait on a silent group)."""
+
+
+class Stop(msgspec.Struct, tag="stop"):
+    """Rank 0 is stopping: leave the loop and the group."""
+
+
+ToFollower = Batch | Tick | Stop
+
 ToScheduler = EmbedRequest | GenerateRequest | Cancel | Ping
 FromScheduler = Embeddings | Generated | Failed | Pong
 
 _encoder = msgspec.msgpack.Encoder()
 _to_scheduler = msgspec.msgpack.Decoder(ToScheduler)
 _from_scheduler = msgspec.msgpack.Decoder(FromScheduler)
+_to_follower = msgspec.msgpack.Decoder(ToFollower)
 
 
 def encode(message) -> bytes:
@@ -118,3 +148,7 @@ def decode_to_scheduler(frame: bytes) -> ToScheduler:
 
 def decode_from_scheduler(frame: bytes) -> FromScheduler:
     return _from_scheduler.decode(frame)
+
+
+def decode_to_follower(frame: bytes) -> ToFollower:
+    return _to_follower.decode(frame)

@@ -1,0 +1,272 @@
+"""The HTTP child's side of the scheduler sockets: routing, results, and liveness.
+
+One DEALER socket per data-parallel replica connects to the scheduler's ROUTER (no round trip:
+both sides compute the address from ``ctx.endpoint``). A request goes to the live replica with the
+fewest unanswered requests; its results come back by ``rid`` to the waiting handler.
+
+Liveness has two sources, so ``healthy`` turns false within a second of a scheduler dying:
+- direct: a ZeroMQ socket monitor on each connection; a replica that was connected and
+  disconnects has died (schedulers never close their socket while serving);
+- the supervisor: its ops PUB socket (``ctx.ops_endpoint``), topics ``worker.scheduler.<rank>.<phase>``
+  for a failed or exited scheduler and ``server.failed`` / ``server.stopping``.
+Requests in flight on a dead replica fail at once with 503 rather than waiting forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from launcher.workers import messages as m
+
+log = logging.getLogger("sglang_launch.http")
+
+# Phases after which a worker is gone, as the supervisor's ops topics name them.
+_DEAD_PHASES = {"failed", "exited", "dead", "killed", "stopped", "crashed"}
+
+
+class SchedulerError(Exception):
+    """A request could not be answered: ``status`` and ``message`` go to the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Replica:
+    def __init__(self, dp_rank: int, endpoint: str) -> None:
+        self.dp_rank = dp_rank
+        self.endpoint = endpoint
+        self.sock = None
+        self.inflight: set[str] = set()
+        self.connected = False
+        self.dead_reason: str | None = None
+
+
+class SchedulerClient:
+    """Talks to every scheduler replica from the HTTP child's event loop.
+
+    ``endpoints[i]`` is replica ``i``'s request address; ``ops_endpoint`` (optional) the
+    supervisor's PUB socket; ``tp_size`` maps a scheduler rank in an ops topic to its replica.
+    """
+
+    def __init__(self, endpoints: list[str], ops_endpoint: str | None = None, tp_size: int = 1,
+                 metrics=None) -> None:
+        self.replicas = [Replica(i, ep) for i, ep in enumerate(endpoints)]
+        self.ops_endpoint = ops_endpoint or None
+        self.tp_size = max(tp_size, 1)
+        self.metrics = metrics
+        self.server_failure: str | None = None
+        self._pending: dict[str, asyncio.Queue] = {}
+        self._owner: dict[str, Replica] = {}
+        self._ids = itertools.count()
+        self._prefix = f"{os.getpid():x}-"
+        self._tasks: list[asyncio.Task] = []
+        self._zctx = None
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        import zmq
+        import zmq.asyncio
+
+        self._zctx = zmq.asyncio.Context()
+        for rep in self.replicas:
+            sock = self._zctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            sock.connect(rep.endpoint)
+            rep.sock = sock
+            self._tasks.append(asyncio.create_task(self._receive(rep)))
+            self._tasks.append(asyncio.create_task(self._watch(rep, monitor)))
+        if self.ops_endpoint:
+            sub = self._zctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, b"worker.scheduler.")
+            sub.setsockopt(zmq.SUBSCRIBE, b"server.")
+            sub.connect(self.ops_endpoint)
+            self._tasks.append(asyncio.create_task(self._follow_ops(sub)))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for rep in self.replicas:
+            if rep.sock is not None:
+                rep.sock.disable_monitor()
+                rep.sock.close(0)
+        if self._zctx is not None:
+            self._zctx.destroy(0)
+            self._zctx = None
+
+    # ---- health ----------------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return self.unhealthy_reason is None
+
+    @property
+    def unhealthy_reason(self) -> str | None:
+        if self.server_failure:
+            return self.server_failure
+        dead = [f"scheduler dp={r.dp_rank}: {r.dead_reason}" for r in self.replicas if r.dead_reason]
+        return "; ".join(dead) or None
+
+    def _mark_dead(self, rep: Replica, reason: str) -> None:
+        if rep.dead_reason:
+            return
+        rep.dead_reason = reason
+        log.error("scheduler dp=%d is gone: %s", rep.dp_rank, reason)
+        for rid in list(rep.inflight):
+            queue = self._pending.get(rid)
+            if queue is not None:
+                queue.put_nowait(m.Failed(rid, 503, f"scheduler dp={rep.dp_rank} is gone ({reason}); "
+                                                    f"the server is shutting down"))
+
+    async def _watch(self, rep: Replica, monitor) -> None:
+        import zmq
+        from zmq.utils.monitor import recv_monitor_message
+
+        try:
+            while True:
+                event = await recv_monitor_message(monitor)
+                if event["event"] == zmq.EVENT_CONNECTED:
+                    rep.connected = True
+                elif event["event"] == zmq.EVENT_DISCONNECTED and rep.connected:
+                    self._mark_dead(rep, "its connection closed (the process exited)")
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a monitor failure must not take the server down
+            log.exception("socket monitor of scheduler dp=%d stopped", rep.dp_rank)
+
+    async def _follow_ops(self, sub) -> None:
+        try:
+            while True:
+                frames = await sub.recv_multipart()
+                topic = frames[0].decode("utf-8", "replace")
+                body = {}
+                if len(frames) > 1:
+                    try:
+                        body = json.loads(frames[1])
+                    except ValueError:
+                        body = {}
+                self._on_ops_event(topic, body if isinstance(body, dict) else {})
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001
+            log.exception("ops subscription stopped")
+
+    def _on_ops_event(self, topic: str, body: dict) -> None:
+        parts = topic.split(".")
+        if parts[0] == "server" and len(parts) > 1 and parts[1] in ("failed", "stopping"):
+            self.server_failure = f"the supervisor reported {topic}: {body.get('reason') or body.get('message') or ''}".rstrip(": ")
+        elif len(parts) >= 4 and parts[:2] == ["worker", "scheduler"] and parts[3] in _DEAD_PHASES:
+            try:
+                dp = int(parts[2]) // self.tp_size
+            except ValueError:
+                return
+            if 0 <= dp < len(self.replicas):
+                self._mark_dead(self.replicas[dp], f"the supervisor reported {topic}")
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def new_rid(self) -> str:
+        return f"{self._prefix}{next(self._ids)}"
+
+    def pick(self) -> Replica:
+        """The live replica with the fewest unanswered requests (ties: lowest dp rank)."""
+        live = [r for r in self.replicas if not r.dead_reason]
+        if not live or self.server_failure:
+            raise SchedulerError(503, self.unhealthy_reason or "no scheduler is running")
+        return min(live, key=lambda r: (len(r.inflight), not r.connected, r.dp_rank))
+
+    async def call(self, make, rep: Replica | None = None) -> AsyncIterator:
+        """Send ``make(rid)`` and yield every message answering it until a final one.
+
+        Raises ``SchedulerError`` for a ``Failed`` answer. Leaving the iteration early (the
+        client went away) sends ``Cancel``."""
+        rep = rep or self.pick()
+        rid = self.new_rid()
+        msg = make(rid)
+        try:
+            frame = m.encode(msg)
+        except (msgspec.EncodeError, OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:
+            raise SchedulerError(400, f"the request cannot be encoded: {exc}; send plain UTF-8 text "
+                                      f"and integers within 64 bits") from None
+        queue: asyncio.Queue = asyncio.Queue()
+        self._pending[rid] = queue
+        self._owner[rid] = rep
+        rep.inflight.add(rid)
+        self._depth(rep)
+        finished = False
+        try:
+            await rep.sock.send(frame)
+            while True:
+                reply = await queue.get()
+                if isinstance(reply, m.Failed):
+                    finished = True
+                    raise SchedulerError(reply.status, reply.message)
+                done = not isinstance(reply, m.Generated) or reply.finished
+                finished = done
+                yield reply
+                if done:
+                    return
+        finally:
+            self._pending.pop(rid, None)
+            self._owner.pop(rid, None)
+            rep.inflight.discard(rid)
+            self._depth(rep)
+            if not finished and rep.sock is not None and not rep.dead_reason:
+                try:
+                    await rep.sock.send(m.encode(m.Cancel(rid)))
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+
+    async def one(self, make, rep: Replica | None = None):
+        """The single final answer to ``make(rid)``."""
+        result = None
+        async for reply in self.call(make, rep):
+            result = reply
+        return result
+
+    async def ping_all(self, timeout: float = 1.0) -> list[m.Pong | None]:
+        """Each replica's ``Pong`` (None for one that did not answer within ``timeout``)."""
+
+        async def ping(rep: Replica):
+            if rep.dead_reason:
+                return None
+            try:
+                return await asyncio.wait_for(self.one(lambda rid: m.Ping(rid), rep), timeout)
+            except (asyncio.TimeoutError, SchedulerError):
+                return None
+
+        return list(await asyncio.gather(*(ping(r) for r in self.replicas)))
+
+    async def _receive(self, rep: Replica) -> None:
+        try:
+            while True:
+                frame = await rep.sock.recv()
+                try:
+                    reply = m.decode_from_scheduler(frame)
+                except msgspec.DecodeError as exc:
+                    log.warning("dropped an undecodable reply from dp=%d: %s", rep.dp_rank, exc)
+                    continue
+                queue = self._pending.get(reply.rid)
+                if queue is not None:
+                    queue.put_nowait(reply)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001
+            log.exception("receiver of scheduler dp=%d stopped", rep.dp_rank)
+
+    def _depth(self, rep: Replica) -> None:
+        if self.metrics is not None:
+            self.metrics.set_queue_depth(rep.dp_rank, len(rep.inflight))

@@ -1,0 +1,131 @@
+"""The HTTP child: ``run_http_server(server_args, ctx)``, FastAPI on uvicorn with uvloop.
+
+The listening socket is bound here first (``ServerArgs.host``, loopback by default, and
+``ServerArgs.port``), so a taken port is a clear start-up error rather than a log line from a
+thread. uvicorn runs in a thread of its own and leaves signal handling to the bootstrap: the main
+thread reports ready once uvicorn has started, waits for ``ctx.stopping`` (SIGTERM), then lets
+uvicorn finish the requests in flight and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+from launcher.workers.messages import scheduler_endpoint_name
+from launcher.workers.model_source import resolve_model
+
+log = logging.getLogger("sglang_launch.http")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``; ``OSError`` names the fix."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port} ({exc.strerror}); pick a free "
+                                 f"port with --port or another address with --host") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def platform_summary(ctx) -> dict:
+    """The platform as the HTTP child sees it: what was selected, why, and its device."""
+    summary: dict = {"key": getattr(ctx, "platform", None)}
+    try:
+        from platforms import current_platform, current_selection
+
+        selection = current_selection()
+        summary.update(key=selection.key, platform_class=selection.qualname,
+                       distribution=selection.distribution, reason=selection.reason,
+                       device_type=getattr(current_platform, "device_type", None))
+        summary["device_name"] = current_platform.get_device_name(0)
+    except Exception as exc:  # noqa: BLE001 - the summary is informative only
+        summary.setdefault("error", f"{type(exc).__name__}: {exc}")
+    return summary
+
+
+def build_app(server_args, ctx, metrics=None):
+    """The ASGI app for ``server_args`` talking to the schedulers of ``ctx``'s launch."""
+    from launcher.workers.app import AppState, create_app
+    from launcher.workers.client import SchedulerClient
+    from launcher.workers.metrics import Metrics
+
+    source = resolve_model(getattr(server_args, "model_path", None),
+                           getattr(server_args, "served_model_name", None))
+    dp_size = max(int(getattr(ctx, "dp_size", 0) or getattr(server_args, "dp_size", 1) or 1), 1)
+    tp_size = max(int(getattr(ctx, "tp_size", 0) or getattr(server_args, "tp_size", 1) or 1), 1)
+    metrics = metrics or Metrics()
+    client = SchedulerClient(
+        [ctx.endpoint(scheduler_endpoint_name(i)) for i in range(dp_size)],
+        ops_endpoint=getattr(ctx, "ops_endpoint", None),
+        tp_size=tp_size,
+        metrics=metrics,
+    )
+    state = AppState(
+        client=client,
+        metrics=metrics,
+        served_name=source.served_name,
+        model_path=str(source.path),
+        server_args=server_args,
+        platform=platform_summary(ctx),
+        api_key=getattr(server_args, "api_key", None) or None,
+        max_request_bytes=int(getattr(server_args, "max_request_bytes", 1 << 20)),
+    )
+    return create_app(state)
+
+
+def run_http_server(server_args, ctx) -> None:
+    """The bootstrap's HTTP target: serve until ``ctx.stopping`` is set."""
+    import uvicorn
+
+    host = getattr(server_args, "host", "127.0.0.1") or "127.0.0.1"
+    port = int(getattr(server_args, "port", 30000))
+    sock = bind_socket(host, port)
+    app = build_app(server_args, ctx)
+    config = uvicorn.Config(
+        app,
+        loop="uvloop",
+        lifespan="on",
+        log_level=str(getattr(server_args, "log_level", "info")).lower(),
+        access_log=False,
+        timeout_graceful_shutdown=max(1, int(float(getattr(server_args, "stop_grace_period", 10.0)) / 2)),
+    )
+    server = uvicorn.Server(config)
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=serve, name="uvicorn", daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive() and not ctx.stopping.is_set():
+        thread.join(timeout=0.05)
+    if not server.started:
+        if ctx.stopping.is_set():
+            server.should_exit = True
+            thread.join(timeout=10)
+            return
+        raise RuntimeError(f"the HTTP server did not start on {host}:{port}: "
+                           f"{failure[0] if failure else 'uvicorn exited during start-up'}")
+    url_host = f"[{host}]" if ":" in host else host
+    url = f"http://{url_host}:{port}"
+    log.info("HTTP server listening on %s", url)
+    ctx.ready(url=url, host=host, port=port)
+    while not ctx.stopping.is_set() and thread.is_alive():
+        ctx.stopping.wait(timeout=0.2)
+    server.should_exit = True
+    thread.join(timeout=float(getattr(server_args, "stop_grace_period", 10.0)))
+    sock.close()
+    if not ctx.stopping.is_set():
+        raise RuntimeError(f"the HTTP server on {url} stopped unexpectedly: "
+                           f"{failure[0] if failure else 'uvicorn exited'}")

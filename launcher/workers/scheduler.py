@@ -1,0 +1,307 @@
+"""The scheduler: one per data-parallel replica (every tensor-parallel rank of it runs this target).
+
+``run_scheduler_process(server_args, ctx)``: join the replica's tensor-parallel group when
+``ctx.tp_size > 1`` (the platform's distributed backend), load the model (``model_runner``), run one
+warm-up batch, then report ready. Rank 0 binds a ROUTER socket at
+``ctx.endpoint(scheduler_endpoint_name(dp_rank))`` and serves the HTTP child: requests are
+validated on arrival (a bad one gets a 400 ``Failed`` at once and never joins a batch), queued,
+and run in batches of up to ``max_batch_size`` requests, collected for at most ``batch_wait_ms``
+after the first one arrived. Ranks > 0 follow rank 0's broadcasts in lockstep.
+
+The loop runs until ``ctx.stopping`` is set (SIGTERM from the supervisor); it then tells its
+followers to stop and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import msgspec
+
+from launcher.workers import messages as m
+from launcher.workers.model_runner import InputError, ModelRunner
+from launcher.workers.model_source import resolve_model
+from launcher.workers.sampling import Sequence
+
+log = logging.getLogger("sglang_launch.scheduler")
+
+_TICK_SECONDS = 1.0
+
+
+def run_scheduler_process(server_args, ctx) -> None:
+    """The bootstrap's scheduler target: load, warm up, report ready, serve until stopping."""
+    from platforms import current_platform
+
+    from launcher.workers.distributed import close_tp_group, init_tp_group
+
+    tp_size = max(int(getattr(ctx, "tp_size", 1) or 1), 1)
+    if tp_size > 1:
+        init_tp_group(current_platform.get_torch_distributed_backend_str(), ctx.runtime_dir,
+                      ctx.dp_rank, ctx.tp_rank, tp_size,
+                      timeout_s=float(getattr(server_args, "startup_timeout", 300.0)))
+        ctx.phase("tp_group_joined")
+    try:
+        runner = load_runner(server_args, current_platform, local_rank=ctx.local_rank, tp_size=tp_size)
+        ctx.phase("model_loaded")
+        runner.warm_up()
+        ctx.phase("warmed_up")
+        if ctx.tp_rank == 0:
+            Scheduler(runner, server_args, ctx).serve()
+        else:
+            ctx.ready(dp_rank=ctx.dp_rank, tp_rank=ctx.tp_rank, pid=os.getpid())
+            follow(runner, ctx)
+    finally:
+        if tp_size > 1:
+            close_tp_group()
+
+
+def load_runner(server_args, platform, local_rank: int = 0, tp_size: int = 1) -> ModelRunner:
+    """A ``ModelRunner`` configured from ``server_args`` (fields read with defaults)."""
+    source = resolve_model(getattr(server_args, "model_path", None),
+                           getattr(server_args, "served_model_name", None))
+    return ModelRunner(
+        source,
+        platform=platform,
+        local_rank=local_rank,
+        tp_size=tp_size,
+        device=getattr(server_args, "device", None),
+        dtype=getattr(server_args, "dtype", "auto"),
+        attention_backend=getattr(server_args, "attention_backend", None),
+        seed=int(getattr(server_args, "seed", 0) or 0),
+        max_input_tokens=int(getattr(server_args, "max_input_tokens", 512)),
+        max_total_tokens=int(getattr(server_args, "max_total_tokens", 2048)),
+        max_batch_size=int(getattr(server_args, "max_batch_size", 32)),
+        trust_remote_code=bool(getattr(server_args, "trust_remote_code", False)),
+    )
+
+
+@dataclass
+class _Queued:
+    identity: bytes
+    request: m.EmbedRequest | m.GenerateRequest
+    arrived: float
+    prompt_tokens: int = 0
+    prompt_ids: list[int] | None = None
+    seed: int = 0
+
+
+class Scheduler:
+    """Rank 0 of a replica: the request socket, the queue, and the batches."""
+
+    def __init__(self, runner: ModelRunner, server_args, ctx) -> None:
+        import zmq
+
+        self.runner = runner
+        self.ctx = ctx
+        self.dp_rank = ctx.dp_rank
+        self.max_batch_size = max(1, int(getattr(server_args, "max_batch_size", 32)))
+        self.batch_wait = max(0.0, float(getattr(server_args, "batch_wait_ms", 2.0))) / 1000.0
+        self.queue: deque[_Queued] = deque()
+        self.cancelled: set[str] = set()
+        self.batches = 0
+        self.last_broadcast = time.monotonic()
+        self._zmq = zmq
+        self._zctx = zmq.Context()
+        self.sock = self._zctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = ctx.endpoint(m.scheduler_endpoint_name(self.dp_rank))
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        try:
+            self.sock.bind(self.endpoint)
+            self.ctx.ready(dp_rank=self.dp_rank, endpoint=self.endpoint, pid=os.getpid(),
+                           model=self.runner.describe(), memory=self.runner.memory_info())
+            log.info("scheduler dp=%d serving %s (%s) at %s", self.dp_rank,
+                     self.runner.source.served_name, self.runner.kind, self.endpoint)
+            while not self.ctx.stopping.is_set():
+                self.step()
+        finally:
+            if self.runner.tp_size > 1:
+                self._broadcast(m.Stop())
+            self.sock.close(0)
+            self._zctx.term()
+
+    def step(self) -> None:
+        """Receive what arrived (waiting at most until the oldest request's batch is due), then
+        run one batch if it is full or due."""
+        now = time.monotonic()
+        if self.queue:
+            due = self.queue[0].arrived + self.batch_wait
+            timeout_ms = max(0, int((due - now) * 1000))
+            if len(self.queue) >= self.max_batch_size:
+                timeout_ms = 0
+        else:
+            timeout_ms = 100
+        if self.sock.poll(timeout_ms):
+            self.drain()
+        if self.queue and (len(self.queue) >= self.max_batch_size
+                           or time.monotonic() >= self.queue[0].arrived + self.batch_wait):
+            self.run_batch()
+        elif self.runner.tp_size > 1 and time.monotonic() - self.last_broadcast > _TICK_SECONDS:
+            self._broadcast(m.Tick())
+
+    # ---- receiving -------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Handle every message waiting on the socket, without blocking."""
+        zmq = self._zmq
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                log.warning("dropped a message of %d frames (expected identity + body)", len(frames))
+                continue
+            self.handle(frames[0], frames[1])
+
+    def handle(self, identity: bytes, frame: bytes) -> None:
+        try:
+            msg = m.decode_to_scheduler(frame)
+        except msgspec.DecodeError as exc:
+            log.warning("dropped an undecodable message: %s", exc)
+            return
+        if isinstance(msg, m.Ping):
+            self.send(identity, self.pong(msg.rid))
+        elif isinstance(msg, m.Cancel):
+            before = len(self.queue)
+            self.queue = deque(q for q in self.queue if q.request.rid != msg.rid)
+            if len(self.queue) == before:
+                self.cancelled.add(msg.rid)
+        else:
+            self.enqueue(identity, msg)
+
+    def enqueue(self, identity: bytes, req) -> None:
+        kind = "embedding" if isinstance(req, m.EmbedRequest) else "generation"
+        runner = self.runner
+        if kind != runner.kind:
+            route = "/v1/embeddings" if runner.kind == "embedding" else "/v1/completions or /generate"
+            self.send(identity, m.Failed(req.rid, 400, (
+                f"model {runner.source.served_name!r} serves {runner.kind}, not {kind}; use {route}")))
+            return
+        item = _Queued(identity, req, time.monotonic())
+        try:
+            if kind == "embedding":
+                for i, text in enumerate(req.texts):
+                    try:
+                        item.prompt_tokens += runner.count_embedding_tokens(text)
+                    except InputError as exc:
+                        where = f"input[{i}]: " if len(req.texts) > 1 else ""
+                        raise InputError(where + str(exc)) from None
+            else:
+                item.prompt_ids = runner.encode_prompt(req.text, req.params.max_new_tokens)
+                item.prompt_tokens = len(item.prompt_ids)
+                item.seed = req.params.seed if req.params.seed is not None else random.getrandbits(31)
+        except InputError as exc:
+            self.send(identity, m.Failed(req.rid, 400, str(exc)))
+            return
+        self.queue.append(item)
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def take_batch(self) -> list[_Queued]:
+        """Up to ``max_batch_size`` requests (for embeddings: texts), oldest first, at least one."""
+        batch = [self.queue.popleft()]
+        load = len(getattr(batch[0].request, "texts", ())) or 1
+        while self.queue:
+            nxt = self.queue[0]
+            size = len(getattr(nxt.request, "texts", ())) or 1
+            if len(batch) >= self.max_batch_size or load + size > self.max_batch_size:
+                break
+            batch.append(self.queue.popleft())
+            load += size
+        return batch
+
+    def run_batch(self) -> None:
+        batch = self.take_batch()
+        self.batches += 1
+        try:
+            if self.runner.kind == "embedding":
+                self._run_embeddings(batch)
+            else:
+                self._run_generation(batch)
+        except Exception as exc:  # noqa: BLE001 - one failed batch must not end the scheduler
+            log.exception("batch of %d failed", len(batch))
+            for item in batch:
+                self.send(item.identity, m.Failed(
+                    item.request.rid, 500, f"the model failed on this batch: {type(exc).__name__}: {exc}"))
+            self.runner.platform.empty_cache()
+        finally:
+            self.cancelled.clear()
+
+    def _run_embeddings(self, batch: list[_Queued]) -> None:
+        texts = [t for item in batch for t in item.request.texts]
+        vectors = self.runner.embed(texts)
+        at = 0
+        for item in batch:
+            n = len(item.request.texts)
+            if item.request.rid not in self.cancelled:
+                self.send(item.identity, m.Embeddings(item.request.rid, vectors[at:at + n],
+                                                      item.prompt_tokens, batch_size=len(texts)))
+            at += n
+
+    def _run_generation(self, batch: list[_Queued]) -> None:
+        work = [m.SeqWork(q.request.rid, q.prompt_ids, q.request.params, q.seed, q.request.stream)
+                for q in batch]
+        if self.runner.tp_size > 1:
+            self._broadcast(m.Batch(work))
+        owners = {q.request.rid: q for q in batch}
+        seqs = [Sequence(w.rid, w.prompt_ids, w.params, w.seed, w.stream) for w in work]
+
+        def emit(seq: Sequence) -> None:
+            owner = owners[seq.rid]
+            text = seq.take_increment() if seq.stream else seq.text
+            if seq.stream and not text and not seq.finished:
+                return
+            self.send(owner.identity, m.Generated(
+                seq.rid, text, owner.prompt_tokens, len(seq.output_ids), finished=seq.finished,
+                finish_reason=seq.finish_reason, seed=seq.seed, batch_size=len(seqs)))
+
+        def cancelled() -> set[str]:
+            self.drain()
+            return self.cancelled
+
+        self.runner.generate(seqs, emit=emit, cancelled=cancelled)
+
+    # ---- sending ---------------------------------------------------------------------------
+
+    def send(self, identity: bytes, msg) -> None:
+        try:
+            self.sock.send_multipart([identity, m.encode(msg)], self._zmq.NOBLOCK)
+        except self._zmq.ZMQError as exc:  # the client is gone or its queue is full
+            log.debug("could not send %s: %s", type(msg).__name__, exc)
+
+    def pong(self, rid: str) -> m.Pong:
+        info = {"model": self.runner.describe(), "memory": self.runner.memory_info(),
+                "batches": self.batches}
+        return m.Pong(rid, self.dp_rank, os.getpid(), self.runner.source.served_name,
+                      self.runner.kind, len(self.queue), info)
+
+    def _broadcast(self, msg) -> None:
+        from launcher.workers.distributed import broadcast_bytes
+
+        broadcast_bytes(m.encode(msg))
+        self.last_broadcast = time.monotonic()
+
+
+def follow(runner: ModelRunner, ctx) -> None:
+    """A tensor-parallel rank > 0: run what rank 0 broadcasts until it says stop."""
+    from launcher.workers.distributed import broadcast_bytes
+
+    while True:
+        work = m.decode_to_follower(broadcast_bytes(None))
+        if isinstance(work, m.Stop):
+            # Rank 0 stops because the supervisor is stopping the group: wait for our own SIGTERM,
+            # so that returning is not mistaken for a crash.
+            ctx.stopping.wait(timeout=30)
+            return
+        if isinstance(work, m.Batch):
+            seqs = [Sequence(w.rid, w.prompt_ids, w.params, w.seed, w.stream) for w in work.seqs]
+            runner.generate(seqs)
