@@ -1,0 +1,405 @@
+"""The bootstrap, for real: spawn children, a ZeroMQ PULL socket, real entry points and signals.
+
+Each test runs a small supervisor (``_harness``) in a fresh interpreter, so the process-level
+singletons (platform selection, hook registries) of the test process are never touched. The
+harness spawns ``bootstrap.run`` children with a local spawn context, receives their status
+messages on a real PULL socket, sends signals when a child reaches a given point, and prints what
+it saw as ``RESULT:<json>``. Several children share one harness run to keep the suite lean.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from support import REPO, clean_env, make_dist, run_python
+
+TESTS = Path(__file__).resolve().parent
+
+# Entry points that the fault-injection children select (via ProcessSpec.platform_key).
+SRT_PLATFORMS = "sglang.srt.platforms"
+SRT_PLUGINS = "sglang.srt.plugins"
+
+
+def _require(module: str, *names: str) -> None:
+    """Skip (with the reason) while a sibling package's API this test needs is not there yet."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        pytest.skip(f"{module} is not available yet ({exc})")
+    missing = [n for n in names if not hasattr(mod, n)]
+    if missing:
+        pytest.skip(f"{module} lacks {', '.join(missing)} (not written yet)")
+
+
+def require_runtime_apis() -> None:
+    _require("platforms", "pin_selection", "initialize_current_platform", "current_selection")
+    _require("hooks", "register_plugins", "apply_plugin_hooks", "HookRegistry", "HookType")
+
+
+# ---------------------------------------------------------------------------------------------
+# The harness: a minimal supervisor, run in a fresh interpreter.
+# ---------------------------------------------------------------------------------------------
+def _harness(config: dict) -> dict:
+    """Spawn the children of ``config`` and collect what each reported and how it ended."""
+    import multiprocessing
+    import tempfile
+
+    import psutil
+    import zmq
+
+    import bootstrap
+    from bootstrap import messages
+
+    if config.get("load_plugins"):
+        import hooks
+
+        hooks.load_plugins()
+    import platforms
+
+    platforms.pin_selection(config.get("supervisor_platform", "builtin:cpu"))
+    from launcher.server_args import ServerArgs, encode_server_args
+
+    import launcher.server_args as server_args_module
+
+    args = server_args_module.ServerArgs(**config.get("args", {}))
+    assert isinstance(args, ServerArgs)
+    good_payload = encode_server_args(args)
+
+    runtime_dir = tempfile.mkdtemp(prefix="bt-")
+    status = f"ipc://{runtime_dir}/status"
+    zctx = zmq.Context()
+    pull = zctx.socket(zmq.PULL)
+    pull.bind(status)
+    spawn = multiprocessing.get_context("spawn")
+
+    children = {}
+    for index, (name, child) in enumerate(config["children"].items()):
+        payload = good_payload
+        if child.get("payload") == "corrupt":
+            payload = good_payload[: len(good_payload) // 2]
+        elif child.get("payload") == "version":
+            import msgspec
+
+            doc = msgspec.msgpack.decode(good_payload)
+            doc["version"] = 99
+            payload = msgspec.msgpack.encode(doc)
+        parent_pid = os.getpid() if child.get("parent") != "bogus" else os.getpid() + 7_000_000
+        spec = bootstrap.ProcessSpec(
+            role=child.get("role", "scheduler"),
+            rank=child.get("rank", index),
+            local_rank=child.get("rank", index),
+            world_size=child.get("world_size", 1),
+            target=child["target"],
+            payload=payload,
+            status_endpoint=status,
+            runtime=child.get("runtime", "srt"),
+            platform_key=child.get("platform", "builtin:cpu"),
+            runtime_dir=runtime_dir,
+            parent_pid=parent_pid,
+            env=child.get("env", {}),
+            heartbeat_interval=child.get("heartbeat", 0.0),
+        )
+        proc = spawn.Process(target=bootstrap.run, args=(spec,), name=spec.worker_id)
+        proc.start()
+        children[name] = {"proc": proc, "spec": spec, "config": child, "signalled": False}
+
+    by_worker = {c["spec"].worker_id: name for name, c in children.items()}
+    seen = {name: [] for name in children}
+    deadline = time.monotonic() + config.get("deadline", 90)
+    terminal = ("failed", "stopped")
+
+    def settled(name: str) -> bool:
+        c = children[name]
+        code = c["proc"].exitcode
+        if code is None:
+            return False
+        # A child that ended through the bootstrap (0 or one of its phase codes) has sent a
+        # terminal message; wait for it to arrive rather than for a fixed time.
+        if code == 0 or code in bootstrap.EXIT_CODES.values():
+            return any(m["kind"] in terminal for m in seen[name])
+        return True
+
+    timed_out = []
+    while not all(settled(n) for n in children):
+        if time.monotonic() > deadline:
+            timed_out = sorted(n for n in children if not settled(n))
+            break
+        if pull.poll(50):
+            msg = messages.to_dict(messages.decode(pull.recv()))
+            seen[by_worker[msg["worker"]]].append(msg)
+        for name, c in children.items():
+            trigger = c["config"].get("signal")
+            if not trigger or c["signalled"] or c["proc"].exitcode is not None:
+                continue
+            # "when": message kinds that must all have arrived, or "marker": a file the child made.
+            when = trigger["when"]
+            if when == "marker":
+                hit = os.path.exists(c["config"]["env"]["TESTWORKER_MARKER"])
+            else:
+                got = {m["kind"] for m in seen[name]}
+                hit = all(kind in got for kind in when)
+            if hit:
+                os.kill(c["proc"].pid, getattr(signal, trigger["sig"]))
+                c["signalled"] = True
+    for c in children.values():  # only after a timeout: leave nothing behind
+        if c["proc"].exitcode is None:
+            for p in psutil.Process(c["proc"].pid).children(recursive=True):
+                p.kill()
+            c["proc"].kill()
+        c["proc"].join(10)
+    pull.close(0)
+    zctx.term()
+    return {
+        "timed_out": timed_out,
+        "supervisor_platform": platforms.current_selection().key,
+        "args": {"class": type(args).__name__, "port": args.port},
+        "children": {
+            name: {"exitcode": c["proc"].exitcode, "pid": c["proc"].pid, "messages": seen[name]}
+            for name, c in children.items()
+        },
+    }
+
+
+def run_harness(config: dict, *, sites=(), env=None, timeout=150):
+    code = "import json, sys, test_bootstrap as t; print('RESULT:' + json.dumps(t._harness(json.loads(sys.argv[1]))))"
+    result = run_python(code, sites=[*sites, TESTS], env=env, timeout=timeout, args=[json.dumps(config)])
+    assert result.data is not None, str(result)
+    assert not result.data["timed_out"], str(result)
+    return result.data["children"], result
+
+
+def kinds(child: dict) -> list[str]:
+    return [m["kind"] for m in child["messages"]]
+
+
+def phases_reached(child: dict) -> list[str]:
+    return [m["phase"] for m in child["messages"] if m["kind"] == "phase"]
+
+
+def failure(child: dict) -> dict:
+    failed = [m for m in child["messages"] if m["kind"] == "failed"]
+    assert len(failed) == 1, child
+    return failed[0]
+
+
+STARTUP = ["spawned", "platform_initialized", "plugins_loaded", "hooks_applied",
+           "args_materialized", "worker_imported"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Import neutrality.
+# ---------------------------------------------------------------------------------------------
+def test_import_bootstrap_adds_only_stdlib_and_itself():
+    result = run_python(
+        """
+        import json, sys
+        def new_since(before):
+            return sorted(m for m in set(sys.modules) - before
+                          if m.split(".")[0] not in sys.stdlib_module_names)
+        before = set(sys.modules)
+        import bootstrap
+        after_bootstrap = new_since(before)
+        before = set(sys.modules)
+        import launcher.server_args
+        after_args = new_since(before)
+        before = set(sys.modules)
+        import bootstrap.messages
+        after_messages = new_since(before)
+        print("RESULT:" + json.dumps([after_bootstrap, after_args, after_messages]))
+        """
+    )
+    assert result.returncode == 0, str(result)
+    after_bootstrap, after_args, after_messages = result.data
+    assert [m for m in after_bootstrap if not m.startswith("bootstrap")] == []
+    assert set(after_args) <= {"launcher", "launcher.server_args"}
+    heavy = {"torch", "numpy", "transformers", "fastapi", "uvicorn", "zmq"}
+    assert not {m.split(".")[0] for m in after_messages} & heavy
+
+
+# ---------------------------------------------------------------------------------------------
+# A healthy start, both runtimes, and a stop request.
+# ---------------------------------------------------------------------------------------------
+def test_children_report_every_phase_ready_and_stop_cleanly_on_sigterm():
+    require_runtime_apis()
+    children, _ = run_harness(
+        {
+            "args": {"tp_size": 2, "port": 31234, "model_path": "/models/demo"},
+            "children": {
+                "sched": {
+                    "role": "scheduler", "rank": 1, "world_size": 2,
+                    "target": "workers_for_tests.report_args",
+                    "env": {"TESTWORKER_FLAVOUR": "mint"},
+                    "signal": {"when": ["ready", "heartbeat"], "sig": "SIGTERM"},
+                    "heartbeat": 0.05,
+                },
+                "phases": {
+                    "role": "http", "target": "workers_for_tests:custom_phases",
+                    "signal": {"when": ["ready"], "sig": "SIGTERM"},
+                },
+                "diffusion": {
+                    "role": "scheduler", "rank": 0, "runtime": "diffusion",
+                    "target": "workers_for_tests.ready_then_wait",
+                    "signal": {"when": ["ready"], "sig": "SIGTERM"},
+                },
+            },
+        }
+    )
+    sched = children["sched"]
+    assert sched["exitcode"] == 0
+    assert phases_reached(sched) == STARTUP
+    assert [k for k in kinds(sched) if k != "heartbeat"] == ["phase"] * 6 + ["ready", "stopped"]
+    assert all(m["worker"] == "scheduler.1" and m["pid"] == sched["pid"] for m in sched["messages"])
+    spawned = sched["messages"][0]
+    assert spawned["early_imports"] == []  # nothing ran ahead of the bootstrap
+    assert all(m["duration"] >= 0 for m in sched["messages"] if m["kind"] == "phase")
+    ready = next(m for m in sched["messages"] if m["kind"] == "ready")
+    assert ready["platform"] == "builtin:cpu"
+    info = ready["info"]
+    assert info["fields"]["port"] == 31234 and info["fields"]["tp_size"] == 2
+    assert info["fields"]["model_path"] == "/models/demo"
+    assert info["args_class"] == "launcher.server_args.ServerArgs"
+    assert (info["rank"], info["world_size"], info["tp_rank"], info["dp_rank"]) == (1, 2, 1, 0)
+    assert info["env"]["TESTWORKER_FLAVOUR"] == "mint"  # ProcessSpec.env reached the worker
+    assert info["endpoint"].startswith("ipc://") and info["endpoint"].endswith("/probe")
+    assert "heartbeat" in kinds(sched)
+
+    phases = children["phases"]
+    assert phases["exitcode"] == 0
+    assert phases_reached(phases) == STARTUP + ["model_loaded", "warmed_up"]
+    assert kinds(phases)[-2:] == ["ready", "stopped"]
+
+    diffusion = children["diffusion"]
+    assert diffusion["exitcode"] == 0, diffusion
+    assert phases_reached(diffusion) == STARTUP
+    assert next(m for m in diffusion["messages"] if m["kind"] == "ready")["platform"] == "builtin:cpu"
+
+
+# ---------------------------------------------------------------------------------------------
+# Fault injection: every phase's failure, signals, and a stop request during start-up.
+# ---------------------------------------------------------------------------------------------
+def platform_dist(site: Path, name: str, *, init_backend: str = "pass", plugin: str | None = None):
+    """A real distribution ``<name>-platform`` shipping an SRT platform ``name`` (and a plugin)."""
+    pkg = f"{name}_platform"
+    entry_points = {SRT_PLATFORMS: {name: f"{pkg}:activate"}}
+    modules = {
+        f"{pkg}/__init__.py": f"""
+            def activate():
+                return "{pkg}.platform.ThePlatform"
+        """,
+        f"{pkg}/platform.py": f"""
+            import os, time
+            from platforms import PlatformEnum, SRTPlatform
+
+            class ThePlatform(SRTPlatform):
+                _enum = PlatformEnum.OOT
+                device_name = "{name}"
+                device_type = "cpu"
+
+                def init_backend(self):
+                    {init_backend}
+        """,
+    }
+    if plugin is not None:
+        entry_points[SRT_PLUGINS] = {name: f"{pkg}.plugin:register"}
+        modules[f"{pkg}/plugin.py"] = plugin
+    make_dist(site, f"{name}-platform", entry_points, modules)
+
+
+def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site, tmp_path):
+    require_runtime_apis()
+    platform_dist(site, "boom", init_backend='raise RuntimeError("the boom driver is missing")')
+    platform_dist(
+        site,
+        "slowinit",
+        init_backend='open(os.environ["TESTWORKER_MARKER"], "w").close(); time.sleep(120)',
+    )
+    platform_dist(
+        site,
+        "badplug",
+        plugin='raise ImportError("badplug plugin needs libbadplug, which is not installed")\n',
+    )
+    platform_dist(
+        site,
+        "badhook",
+        plugin="""
+            from hooks import HookRegistry, HookType
+
+            def register():
+                HookRegistry.register("no_such_module_for_hook.func", lambda *a, **k: None, HookType.BEFORE)
+        """,
+    )
+    ok = "workers_for_tests.ready_then_wait"
+    marker = str(tmp_path / "in-init-backend")
+    children, result = run_harness(
+        {
+            "children": {
+                "boom": {"target": ok, "platform": "plugin:boom"},
+                "badplug": {"target": ok, "platform": "plugin:badplug"},
+                "badhook": {"target": ok, "platform": "plugin:badhook"},
+                "corrupt": {"target": ok, "payload": "corrupt"},
+                "version": {"target": ok, "payload": "version"},
+                "unimportable": {"target": "no_such_worker_module.run"},
+                "raises": {"target": "workers_for_tests.raise_error"},
+                "raises_after_ready": {"target": "workers_for_tests.raise_after_ready"},
+                "returns_early": {"target": "workers_for_tests.return_early"},
+                "exit_code": {"target": "workers_for_tests.exit_with_code",
+                              "env": {"TESTWORKER_EXIT_CODE": "7"}},
+                "sigkill": {"target": "workers_for_tests.kill_self"},
+                "parent_gone": {"target": ok, "parent": "bogus"},
+                "stop_in_init": {"target": ok, "platform": "plugin:slowinit",
+                                 "env": {"TESTWORKER_MARKER": marker},
+                                 "signal": {"when": "marker", "sig": "SIGTERM"}},
+            }
+        },
+        sites=[site],
+    )
+
+    def check(name, phase, code, exc_type, *needles):
+        child = children[name]
+        assert child["exitcode"] == code, (name, child)
+        failed = failure(child)
+        assert kinds(child)[-1] == "failed", (name, child)
+        assert (failed["phase"], failed["exit_code"]) == (phase, code), (name, failed)
+        assert failed["exc_type"].endswith(exc_type), (name, failed)
+        assert failed["traceback"].startswith("Traceback"), (name, failed)
+        text = failed["message"] + failed["traceback"]
+        for needle in needles:
+            assert needle in text, (name, needle, failed)
+        # Each phase before the failing one was reached, none after it.
+        if phase in STARTUP:
+            assert phases_reached(child) == STARTUP[: STARTUP.index(phase)], (name, child)
+        # The child's stderr carries the same report for operators.
+        assert f"{failed['worker']} failed while" in result.stderr
+
+    check("boom", "platform_initialized", 81, "RuntimeError", "the boom driver is missing", "init_backend")
+    check("badplug", "plugins_loaded", 82, "PluginError", "badplug")
+    check("badhook", "hooks_applied", 83, "PluginError", "no_such_module_for_hook")
+    check("corrupt", "args_materialized", 84, "PayloadError", "corrupt")
+    check("version", "args_materialized", 84, "PayloadError", "version 99", "same environment")
+    check("unimportable", "worker_imported", 85, "TargetError", "no_such_worker_module")
+    check("raises", "ready", 86, "RuntimeError", "worker failed on purpose", "workers_for_tests.py")
+    check("raises_after_ready", "serving", 87, "RuntimeError", "failed on purpose after ready")
+    check("returns_early", "serving", 87, "WorkerReturned", "before the supervisor asked it to stop")
+    assert kinds(children["raises_after_ready"])[-2:] == ["ready", "failed"]
+
+    # Deaths the bootstrap cannot see: the status is the worker's own, and no failed message.
+    assert children["exit_code"]["exitcode"] == 7
+    assert "failed" not in kinds(children["exit_code"])
+    assert children["sigkill"]["exitcode"] == -signal.SIGKILL
+    # A child whose parent is not the one in its spec exits at once, reporting nothing.
+    assert children["parent_gone"]["exitcode"] == 89
+    assert children["parent_gone"]["messages"] == []
+    # SIGTERM inside init_backend ends the start-up cleanly.
+    stopped = children["stop_in_init"]
+    assert stopped["exitcode"] == 0, stopped
+    assert kinds(stopped) == ["phase", "stopped"]
