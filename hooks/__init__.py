@@ -1,0 +1,97 @@
+"""General plugins for SRT: discovery, filtering, hook registration and application.
+
+Public API (the spec's ``sglang.srt.plugins``):
+
+* ``load_plugins()``: register and apply in one call (the spec's SRT activation step);
+* ``register_plugins()`` and ``apply_plugin_hooks()``: the same two phases apart, for the
+  bootstrap (platform initialized, then plugins registered, then hooks applied);
+* ``load_plugins_by_group(group, excluded_dists=None)``: import the admitted plugins of a hook
+  group and return ``{name: callback}`` without running them;
+* ``HookRegistry``, ``HookType``, ``plugin_hook`` (from ``hooks.hook_registry``), ``PluginError``,
+  ``HookError``;
+* ``describe(runtime)``: what ``sglang-launch plugins`` reports.
+
+Filtering: ``SGLANG_PLUGINS`` (comma-separated entry-point names) admits only the plugins it
+names. When ``SGLANG_PLATFORM`` names a platform, plugins shipped by any *other* distribution
+that provides an ``sglang.srt.platforms`` entry point are skipped, from metadata alone. Importing
+this package imports no torch and no platform code; the diffusion API is ``hooks.diffusion``.
+"""
+
+from __future__ import annotations
+
+from ._core import HookError, PluginError
+from ._loader import RUNTIMES, PluginRuntime
+from .hook_registry import HookRegistry, HookType, plugin_hook
+
+__all__ = [
+    "HookError",
+    "HookRegistry",
+    "HookType",
+    "PluginError",
+    "apply_plugin_hooks",
+    "describe",
+    "load_plugins",
+    "load_plugins_by_group",
+    "plugin_hook",
+    "register_plugins",
+]
+
+_SRT = PluginRuntime(
+    name="srt",
+    plugin_group="sglang.srt.plugins",
+    platform_group="sglang.srt.platforms",
+    selection_module="platforms",
+    exclusion_selector="SGLANG_PLATFORM",
+    registry=HookRegistry,
+)
+
+
+def register_plugins() -> None:
+    """Discover, filter and run SRT plugin callbacks, once per process; resolves no target.
+
+    Raises ``PluginError`` when a plugin of the selected platform's distribution fails.
+    """
+    _SRT.register_plugins()
+
+
+def apply_plugin_hooks() -> None:
+    """``register_plugins()`` if needed, then apply every registered hook, once per process."""
+    _SRT.apply_plugin_hooks()
+
+
+def load_plugins() -> None:
+    """Register SRT plugins and apply their hooks (both phases), once per process."""
+    _SRT.apply_plugin_hooks()
+
+
+def _runtime(name: str) -> PluginRuntime:
+    if name == "diffusion":
+        import hooks.diffusion  # noqa: F401 - creates the diffusion runtime
+    try:
+        return RUNTIMES[name]
+    except KeyError:
+        raise ValueError(f"unknown runtime {name!r}; use 'srt' or 'diffusion'") from None
+
+
+def load_plugins_by_group(group: str, excluded_dists=None) -> dict:
+    """Import the plugins of hook ``group`` that ``SGLANG_PLUGINS`` admits and that no unselected
+    platform distribution ships (or none of ``excluded_dists``, when given), with each plugin
+    recorded as the source of hooks registered while it imports; returns ``{name: callback}``,
+    callbacks not run. Failures follow the same rules as ``load_plugins()``."""
+    import hooks.diffusion  # noqa: F401 - so both hook groups are known
+
+    for runtime in RUNTIMES.values():
+        if runtime.plugin_group == group:
+            return runtime.load_group(excluded_dists)
+    known = ", ".join(r.plugin_group for r in RUNTIMES.values())
+    raise ValueError(f"{group!r} is not a hook entry-point group; use one of {known}")
+
+
+def describe(runtime: str = "srt") -> dict:
+    """A JSON-able report of ``runtime``'s ("srt" or "diffusion") platforms and plugins: every
+    installed entry point with its distribution, whether ``SGLANG_PLUGINS`` allows it, whether it
+    is skipped as part of an unselected platform, the platform selection (or its error), and each
+    loaded plugin's hooks with conflicts. Runs the registration phase (callbacks, no targets)."""
+    from ._report import describe as _describe
+
+    return _describe(_runtime(runtime))

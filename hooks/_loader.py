@@ -1,0 +1,238 @@
+"""Plugin loading for one runtime, described as data; SRT and diffusion are two instances.
+
+A ``PluginRuntime`` owns a hook registry and two once-per-process phases:
+
+* **register**: read the runtime's hook entry points (``platforms._entrypoints``; sorted by
+  entry-point name, then distribution, so hook order is the same on every machine), keep those
+  that ``SGLANG_PLUGINS`` allows, skip those shipped by an installed platform distribution other
+  than the selected one, then import each plugin and run its callback with the plugin recorded
+  as the source of every hook it registers. No hook target is resolved.
+* **apply**: run *register* if it has not run, then ``registry.apply_hooks()``.
+
+Failures: a plugin shipped in the selected platform's distribution is part of that platform's
+contract, so failing to import it, to run its callback or to apply a hook it registered raises
+``PluginError`` naming it, chained to the cause. Any other plugin's failure is logged at WARNING
+with its name and traceback, its hooks are discarded, and the rest proceed.
+
+Phases: each runs at most once per process (``platforms._once.ProcessOnce``): another thread waits
+for the running call, a failure is terminal and re-raised to later callers, a forked child starts
+over (registration is idempotent, so it re-registers nothing twice). A call made from inside any
+phase of the same runtime in the same thread (a plugin callback calling ``load_plugins()``)
+returns at once and lets the outer call finish, so hooks are never applied half registered.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+
+from ._core import PluginError, PluginSource, Registry, plugin_source
+
+logger = logging.getLogger("hooks")
+
+RUNTIMES: dict[str, "PluginRuntime"] = {}
+
+
+def _norm(distribution: str | None) -> str | None:
+    return re.sub(r"[-_.]+", "_", distribution).lower() if distribution else None
+
+
+@dataclass
+class Outcome:
+    """What happened to one installed plugin entry point in this process."""
+
+    status: str  # "loaded", "failed", "not allowed", "skipped"
+    detail: str = ""
+
+
+class PluginRuntime:
+    """One runtime's plugin loading (see the module docstring).
+
+    ``exclusion_selector``: the variable that, when set, names the selected platform by entry-point
+    name, so unselected platform distributions are known from metadata alone (SRT's
+    ``SGLANG_PLATFORM``; unset means no exclusion). None means exclusion always applies and the
+    selected distribution comes from the runtime's resolved platform selection (diffusion).
+    """
+
+    def __init__(self, name: str, plugin_group: str, platform_group: str, selection_module: str,
+                 exclusion_selector: str | None, registry: Registry) -> None:
+        self.name = name
+        self.plugin_group = plugin_group
+        self.platform_group = platform_group
+        self.selection_module = selection_module
+        self.exclusion_selector = exclusion_selector
+        self.registry = registry
+        registry.required_policy = self.is_required
+        self.outcomes: dict[tuple[str, str | None], Outcome] = {}
+        self._phases = None
+        self._phases_lock = threading.Lock()
+        self._inside = threading.local()
+        RUNTIMES[name] = self
+
+    # -- phases -------------------------------------------------------------------------------
+    def register_plugins(self) -> None:
+        """Discover, filter and run this runtime's plugin callbacks, once per process."""
+        self._enter("register", self._register)
+
+    def apply_plugin_hooks(self) -> None:
+        """Register plugins if that has not happened, then apply every hook, once per process."""
+        self._enter("apply", self._apply)
+
+    def _phase(self, which: str):
+        if self._phases is None:
+            from platforms._once import ProcessOnce  # lazily: hooks imports no platforms at import
+
+            with self._phases_lock:
+                if self._phases is None:
+                    self._phases = {
+                        "register": ProcessOnce(f"{self.name} plugin registration"),
+                        "apply": ProcessOnce(f"{self.name} hook application"),
+                    }
+        return self._phases[which]
+
+    def _enter(self, which: str, body) -> None:
+        if getattr(self._inside, "depth", 0):
+            return  # re-entrant: called from a callback; the outer phase finishes the work
+        self._inside.depth = 1
+        try:
+            self._phase(which).run(body)
+        finally:
+            self._inside.depth = 0
+
+    def _apply(self) -> None:
+        self._phase("register").run(self._register)
+        self.registry.apply_hooks()
+
+    def _register(self) -> None:
+        for source, callback in self._load(self._excluded()):
+            with plugin_source(source):
+                try:
+                    callback()
+                except Exception as exc:  # noqa: BLE001 - a plugin's failure is judged below
+                    self._failed(source, "run its callback", exc)
+                    continue
+            self.outcomes[(source.name, source.distribution)] = Outcome("loaded")
+
+    # -- discovery and filtering --------------------------------------------------------------
+    def entry_points(self, group: str | None = None):
+        from platforms import _entrypoints
+
+        eps = _entrypoints.entry_points(group or self.plugin_group)
+        return sorted(eps, key=lambda ep: (ep.name, ep.distribution or ""))
+
+    def allowlist(self) -> frozenset[str] | None:
+        from platforms import _entrypoints
+
+        return _entrypoints.allowlist("SGLANG_PLUGINS")
+
+    def selector_env(self) -> str:
+        """The variable that selects this runtime's platform."""
+        from platforms._runtimes import runtime_spec
+
+        return runtime_spec(self.name).selector_env
+
+    def selection(self):
+        """The runtime's platform selection (resolving it if nothing has yet)."""
+        return importlib.import_module(self.selection_module).current_selection()
+
+    def _excluded(self) -> set[str]:
+        """Normalised names of the platform distributions whose plugins are skipped."""
+        providers = {_norm(ep.distribution) for ep in self.entry_points(self.platform_group) if ep.distribution}
+        if not providers:
+            return set()
+        if self.exclusion_selector is not None:
+            chosen = os.environ.get(self.exclusion_selector, "").strip()
+            if not chosen:
+                return set()
+            selected = {_norm(ep.distribution) for ep in self.entry_points(self.platform_group) if ep.name == chosen}
+        else:
+            selected = {_norm(self.selection().distribution)}
+        return providers - selected
+
+    def _load(self, excluded: set[str]) -> list[tuple[PluginSource, object]]:
+        """Import every admitted plugin; returns ``(source, callback)`` pairs, in order."""
+        allowed = self.allowlist()
+        self._warn_unknown_allowlist(allowed)
+        loaded = []
+        for ep in self.entry_points():
+            key = (ep.name, ep.distribution)
+            if allowed is not None and ep.name not in allowed:
+                self.outcomes[key] = Outcome("not allowed", "not named in SGLANG_PLUGINS")
+                logger.debug("plugin %r (%s) is not in SGLANG_PLUGINS; skipped", ep.name, ep.distribution)
+                continue
+            if _norm(ep.distribution) in excluded:
+                self.outcomes[key] = Outcome("skipped", "its distribution ships a platform that is not selected")
+                logger.info("plugin %r skipped: %s ships a %s platform that is not the selected one",
+                            ep.name, ep.distribution, self.name)
+                continue
+            source = PluginSource(ep.name, ep.distribution, ep.group, ep.value)
+            with plugin_source(source):
+                try:
+                    callback = ep.load()
+                    if not callable(callback):
+                        raise TypeError(f"entry point {ep.value!r} names {callback!r}, which is not callable; "
+                                        "point it at a zero-argument function")
+                except Exception as exc:  # noqa: BLE001 - a plugin's failure is judged below
+                    self._failed(source, "load", exc)
+                    continue
+            loaded.append((source, callback))
+        return loaded
+
+    def _warn_unknown_allowlist(self, allowed: frozenset[str] | None) -> None:
+        if not allowed:
+            return
+        from platforms import _entrypoints
+
+        known = {ep.name for group in _entrypoints.GROUPS for ep in _entrypoints.entry_points(group)}
+        unknown = sorted(allowed - known)
+        if unknown:
+            logger.warning("SGLANG_PLUGINS names %s, which no installed plugin provides; installed: %s",
+                           ", ".join(unknown), ", ".join(sorted(known)) or "none")
+
+    # -- failure policy -----------------------------------------------------------------------
+    def is_required(self, source: PluginSource) -> bool:
+        """True when ``source`` ships in the selected platform's distribution (its failure
+        aborts). Resolves the selection only for distributions that provide a platform."""
+        dist = _norm(source.distribution)
+        if dist is None:
+            return False
+        if dist not in {_norm(ep.distribution) for ep in self.entry_points(self.platform_group)}:
+            return False
+        try:
+            selected = self.selection().distribution
+        except Exception as exc:  # noqa: BLE001 - selection reports its own error where it is used
+            logger.debug("cannot tell whether %s is required: platform selection failed: %s", source, exc)
+            return False
+        return _norm(selected) == dist
+
+    def _failed(self, source: PluginSource, stage: str, error: Exception) -> None:
+        self.registry.discard(source)
+        self.outcomes[(source.name, source.distribution)] = Outcome(
+            "failed", f"failed to {stage}: {type(error).__name__}: {error}")
+        if self.is_required(source):
+            raise PluginError(
+                f"{source} failed to {stage}: {type(error).__name__}: {error}. It ships in the selected "
+                f"{self.name} platform's distribution, so start-up stops; fix or reinstall "
+                f"{source.distribution}, or leave {source.name!r} out of SGLANG_PLUGINS",
+                plugin=source.name, distribution=source.distribution,
+            ) from error
+        logger.warning("%s failed to %s; its hooks are discarded and start-up continues",
+                       source, stage, exc_info=error)
+
+    # -- the public load_plugins_by_group -----------------------------------------------------
+    def load_group(self, excluded_dists=None) -> dict[str, object]:
+        """Import this runtime's admitted plugins without running them: ``{name: callback}``.
+
+        ``excluded_dists`` overrides the computed set of skipped distributions. A plugin whose
+        name another distribution also uses is keyed ``"name (distribution)"``.
+        """
+        excluded = self._excluded() if excluded_dists is None else {_norm(d) for d in excluded_dists}
+        out: dict[str, object] = {}
+        for source, callback in self._load(excluded):
+            key = source.name if source.name not in out else f"{source.name} ({source.distribution})"
+            out[key] = callback
+        return out
