@@ -403,3 +403,35 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
     stopped = children["stop_in_init"]
     assert stopped["exitcode"] == 0, stopped
     assert kinds(stopped) == ["phase", "stopped"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The spec's early-import warning.
+# ---------------------------------------------------------------------------------------------
+def test_child_names_runtime_modules_the_launching_script_imported_at_module_scope(tmp_path):
+    require_runtime_apis()
+    # spawn re-runs this script's module scope in the child, importing the worker module there
+    # before the bootstrap starts: the child must say so.
+    script = tmp_path / "launch_app.py"
+    script.write_text(textwrap.dedent(
+        """
+        import json
+        import workers_for_tests  # module scope: runs again in every spawn child
+
+        if __name__ == "__main__":
+            import test_bootstrap
+            config = {"children": {"w": {"target": "workers_for_tests.ready_then_wait",
+                                         "signal": {"when": ["ready"], "sig": "SIGTERM"}}}}
+            print("RESULT:" + json.dumps(test_bootstrap._harness(config)))
+        """
+    ))
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT:"))
+    child = json.loads(line[len("RESULT:"):])["children"]["w"]
+    assert child["exitcode"] == 0, child
+    assert child["messages"][0]["early_imports"] == ["workers_for_tests"]
+    warning = next(l for l in proc.stderr.splitlines() if "already imported" in l)
+    assert "workers_for_tests" in warning and 'if __name__ == "__main__":' in warning
