@@ -1,0 +1,318 @@
+"""ServerArgs: command line, platform defaults, checks, hooks, and the versioned payload.
+
+Building a ``ServerArgs`` resolves the platform (``__post_init__`` asks it for defaults), a
+process-wide choice, so those tests run in fresh interpreters. The payload codec is tested here
+in-process on plain dataclasses, which touch no platform.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import msgspec
+import pytest
+
+from bootstrap.payload import FORMAT, VERSION, PayloadError, decode_payload, encode_payload
+from support import make_dist, run_python
+
+
+def _require(module: str, *names: str) -> None:
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        pytest.skip(f"{module} is not available yet ({exc})")
+    missing = [n for n in names if not hasattr(mod, n)]
+    if missing:
+        pytest.skip(f"{module} lacks {', '.join(missing)} (not written yet)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line and checks (fresh interpreter: ServerArgs resolves the platform).
+# ---------------------------------------------------------------------------------------------
+def test_command_line_round_trip_help_and_bad_values():
+    _require("platforms", "current_platform")
+    result = run_python(
+        """
+        import argparse, contextlib, dataclasses, io, json
+        from launcher.server_args import ServerArgs
+
+        parser = ServerArgs.add_cli_args(argparse.ArgumentParser(prog="sglang-launch"))
+        ns = parser.parse_args([
+            "--model-path", "/models/tiny", "--port", "8123", "--tp-size", "2", "--dp-size", "2",
+            "--startup-timeout", "12.5", "--trust-remote-code", "--log-level", "debug",
+            "--runtime", "diffusion", "--api-key", "s3cret",
+        ])
+        args = ServerArgs.from_cli_args(ns)
+        defaults = ServerArgs.from_cli_args(parser.parse_args([]))
+
+        help_text = parser.format_help()
+        flags = ["--" + f.name.replace("_", "-") for f in dataclasses.fields(ServerArgs)]
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                parser.parse_args(["--log-level", "loud"])
+                code = None
+            except SystemExit as exc:
+                code = exc.code
+        print("RESULT:" + json.dumps({
+            "args": dataclasses.asdict(args),
+            "defaults_equal": defaults == ServerArgs(),
+            "missing_flags": [f for f in flags if f not in help_text],
+            "bad_choice": [code, err.getvalue()],
+            "repr_hides_key": "s3cret" not in repr(args),
+        }))
+        """
+    )
+    assert result.returncode == 0, str(result)
+    data = result.data
+    args = data["args"]
+    assert args["model_path"] == "/models/tiny" and args["port"] == 8123
+    assert (args["tp_size"], args["dp_size"]) == (2, 2)
+    assert args["startup_timeout"] == 12.5 and args["trust_remote_code"] is True
+    assert (args["log_level"], args["runtime"], args["api_key"]) == ("debug", "diffusion", "s3cret")
+    assert data["defaults_equal"]
+    assert data["missing_flags"] == []
+    code, err = data["bad_choice"]
+    assert code == 2 and "--log-level" in err and "loud" in err
+    assert data["repr_hides_key"]
+
+
+def test_check_server_args_lists_every_problem_with_what_to_change():
+    _require("platforms", "current_platform")
+    result = run_python(
+        """
+        import json
+        from launcher.server_args import ServerArgs, ServerArgsError
+
+        out = {}
+        ServerArgs().check_server_args()  # the defaults are valid
+        ServerArgs(nnodes=2, tp_size=2, dist_init_addr="10.0.0.1:5000", node_rank=1).check_server_args()
+        cases = {
+            "many": dict(port=70000, tp_size=0, nnodes=2, node_rank=3, max_total_tokens=10,
+                         stop_grace_period=-1, scheduler_target="not a path"),
+            "addr": dict(dist_init_addr="nohost"),
+            "types": dict(port="8000", trust_remote_code="yes"),
+        }
+        for name, fields in cases.items():
+            try:
+                ServerArgs(**fields).check_server_args()
+                out[name] = None
+            except ServerArgsError as exc:
+                out[name] = {"text": str(exc), "problems": exc.problems}
+        print("RESULT:" + json.dumps(out))
+        """
+    )
+    assert result.returncode == 0, str(result)
+    many = result.data["many"]
+    text = many["text"]
+    assert text.startswith("invalid server arguments:")
+    assert len(many["problems"]) >= 6  # all at once, not one per attempt
+    for needle in ("--port 70000", "1..65535", "--tp-size 0 must be at least 1",
+                   "--node-rank 3 must be in 0..1", "--nnodes 2 needs --dist-init-addr HOST:PORT",
+                   "--max-total-tokens 10 is below --max-input-tokens",
+                   "--stop-grace-period -1", "--scheduler-target 'not a path'"):
+        assert needle in text, needle
+    assert "HOST:PORT" in result.data["addr"]["text"]
+    types = result.data["types"]["text"]
+    assert "--port must be an int, got '8000' (str)" in types
+    assert "--trust-remote-code must be a bool" in types
+
+
+def test_post_init_applies_the_selected_platforms_defaults_for_each_runtime(site):
+    _require("platforms", "current_platform")
+    make_dist(
+        site,
+        "tidy-platform",
+        {
+            "sglang.srt.platforms": {"tidy": "tidy_platform:activate"},
+            "sglang.multimodal_gen.platforms": {"tidy": "tidy_platform:activate_diffusion"},
+        },
+        {
+            "tidy_platform/__init__.py": """
+                import os
+
+                def activate():
+                    return "tidy_platform.srt.TidySRT"
+
+                def activate_diffusion():
+                    return "tidy_platform.diffusion.TidyDiffusion"
+            """,
+            "tidy_platform/srt.py": """
+                from platforms import PlatformEnum, SRTPlatform
+
+                class TidySRT(SRTPlatform):
+                    _enum = PlatformEnum.OOT
+                    device_name = "tidy"
+                    device_type = "cpu"
+
+                    def apply_server_args_defaults(self, server_args):
+                        if server_args.attention_backend is None:
+                            server_args.attention_backend = "tidy_attention"
+                        if server_args.device is None:
+                            server_args.device = "cpu"
+            """,
+            "tidy_platform/diffusion.py": """
+                from platforms.diffusion import Platform, PlatformEnum
+
+                class TidyDiffusion(Platform):
+                    _enum = PlatformEnum.OOT
+                    device_name = "tidy"
+                    device_type = "cpu"
+
+                    def apply_server_args_defaults(self, server_args):
+                        server_args.attention_backend = "tidy_diffusion_attention"
+            """,
+        },
+    )
+    result = run_python(
+        """
+        import json
+        from launcher.server_args import ServerArgs
+
+        srt = ServerArgs()
+        explicit = ServerArgs(attention_backend="mine")
+        diffusion = ServerArgs(runtime="diffusion")
+        print("RESULT:" + json.dumps([srt.attention_backend, srt.device, explicit.attention_backend,
+                                      diffusion.attention_backend]))
+        """,
+        sites=[site],
+    )
+    assert result.returncode == 0, str(result)
+    assert result.data == ["tidy_attention", "cpu", "mine", "tidy_diffusion_attention"]
+
+
+def test_server_args_hooks_add_options_change_defaults_and_relax_checks(site):
+    _require("platforms", "current_platform")
+    _require("hooks", "load_plugins", "HookRegistry", "HookType")
+    make_dist(
+        site,
+        "args-tweaks",
+        {"sglang.srt.plugins": {"tweaks": "args_tweaks:register"}},
+        {
+            "args_tweaks/__init__.py": """
+                from hooks import HookRegistry, HookType
+
+                def add_flag(result, *args, **kwargs):
+                    parser = args[-1] if args else kwargs["parser"]
+                    parser.add_argument("--tweak-level", type=int, default=1)
+
+                def post_init(result, self):
+                    if self.served_model_name is None:
+                        self.served_model_name = "tweaked"
+
+                def relaxed_check(original, self):
+                    if self.port == 1:  # this plugin allows port 1 for its odd deployment
+                        return None
+                    return original(self)
+
+                def register():
+                    T = "launcher.server_args.ServerArgs"
+                    HookRegistry.register(T + ".add_cli_args", add_flag, HookType.AFTER)
+                    HookRegistry.register(T + ".__post_init__", post_init, HookType.AFTER)
+                    HookRegistry.register(T + ".check_server_args", relaxed_check, HookType.AROUND)
+            """
+        },
+    )
+    result = run_python(
+        """
+        import argparse, json
+        import hooks
+        hooks.load_plugins()  # before ServerArgs is built, as the spec's call-site table says
+        from launcher.server_args import ServerArgs, ServerArgsError
+
+        parser = ServerArgs.add_cli_args(argparse.ArgumentParser())
+        ns = parser.parse_args(["--tweak-level", "3", "--port", "1"])
+        args = ServerArgs.from_cli_args(ns)
+        args.check_server_args()
+        try:
+            ServerArgs(port=0).check_server_args()
+            still_checked = False
+        except ServerArgsError:
+            still_checked = True
+        print("RESULT:" + json.dumps([ns.tweak_level, args.served_model_name, args.port, still_checked]))
+        """,
+        sites=[site],
+    )
+    assert result.returncode == 0, str(result)
+    assert result.data == [3, "tweaked", 1, True]
+
+
+# ---------------------------------------------------------------------------------------------
+# The payload codec (plain dataclasses: no platform involved).
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Settings:
+    name: str = "x"
+    port: int = 1
+    ratio: float = 0.5
+    tags: list = dataclasses.field(default_factory=list)
+    post_init_runs: int = 0
+
+    def __post_init__(self):
+        self.post_init_runs += 1
+
+
+@dataclasses.dataclass
+class SettingsV2(Settings):
+    extra: str = "new"
+
+
+@dataclasses.dataclass
+class NeedsValue:
+    required: str
+
+
+def test_payload_round_trip_keeps_values_and_does_not_rerun_post_init():
+    original = Settings(name="a", port=9, ratio=1.25, tags=["t"])
+    assert original.post_init_runs == 1
+    back = decode_payload(encode_payload(original), Settings)
+    assert back == original and back.post_init_runs == 1
+    # A class with more fields (e.g. a plugin's REPLACE in the child) fills them from defaults.
+    wider = decode_payload(encode_payload(original), SettingsV2)
+    assert isinstance(wider, SettingsV2) and wider.extra == "new" and wider.port == 9
+
+
+def test_bad_payloads_are_clear_errors():
+    good = encode_payload(Settings())
+    with pytest.raises(PayloadError, match="corrupt.*unmodified bytes"):
+        decode_payload(good[:-4], Settings)
+    with pytest.raises(PayloadError, match="not a ServerArgs payload"):
+        decode_payload(msgspec.msgpack.encode([1, 2, 3]), Settings)
+    doc = msgspec.msgpack.decode(good)
+    assert (doc["format"], doc["version"]) == (FORMAT, VERSION)
+    doc["version"] = VERSION + 1
+    with pytest.raises(PayloadError, match=f"version {VERSION + 1}.*same environment"):
+        decode_payload(msgspec.msgpack.encode(doc), Settings)
+    with pytest.raises(PayloadError, match="fields extra .*same plugins"):
+        decode_payload(encode_payload(SettingsV2()), Settings)
+    doc = msgspec.msgpack.decode(encode_payload(NeedsValue("v")))
+    doc["fields"] = {}
+    with pytest.raises(PayloadError, match="required field 'required'"):
+        decode_payload(msgspec.msgpack.encode(doc), NeedsValue)
+    with pytest.raises(TypeError, match=r"fields tags \(object\) cannot be sent"):
+        encode_payload(Settings(tags=object()))
+
+
+def test_decode_server_args_looks_the_class_up_when_called():
+    # A REPLACE hook swaps the module attribute; decode must use what is there at call time.
+    # (This rebinds the attribute the way HookRegistry does and restores it; no platform is touched
+    # because decoding does not run __post_init__.)
+    import launcher.server_args as module
+
+    original = module.ServerArgs
+
+    @dataclasses.dataclass
+    class Replaced(original):
+        plugin_flag: bool = True
+
+    payload = msgspec.msgpack.encode(
+        {"format": FORMAT, "version": VERSION, "class": "x", "fields": {"port": 4321}}
+    )
+    module.ServerArgs = Replaced
+    try:
+        args = module.decode_server_args(payload)
+    finally:
+        module.ServerArgs = original
+    assert type(args) is Replaced and args.port == 4321 and args.plugin_flag is True
