@@ -435,3 +435,62 @@ def test_child_names_runtime_modules_the_launching_script_imported_at_module_sco
     assert child["messages"][0]["early_imports"] == ["workers_for_tests"]
     warning = next(l for l in proc.stderr.splitlines() if "already imported" in l)
     assert "workers_for_tests" in warning and 'if __name__ == "__main__":' in warning
+
+
+# ---------------------------------------------------------------------------------------------
+# Hooks are applied before ServerArgs and the worker are looked up: a REPLACE of either applies.
+# ---------------------------------------------------------------------------------------------
+REPLACING_PLUGIN = """
+    import dataclasses
+
+    from {api} import HookRegistry, HookType
+
+
+    def replaced_worker(server_args, ctx):
+        ctx.ready(replaced_by="{runtime}", args_class=type(server_args).__name__,
+                  tuning=getattr(server_args, "tuning", None))
+        ctx.stopping.wait()
+
+
+    def register():
+        from launcher.server_args import ServerArgs
+
+        @dataclasses.dataclass
+        class TunedServerArgs(ServerArgs):
+            tuning: str = "default"
+
+        HookRegistry.register("launcher.server_args.ServerArgs", TunedServerArgs, HookType.REPLACE)
+        HookRegistry.register("workers_for_tests.ready_then_wait", replaced_worker, HookType.REPLACE)
+"""
+
+
+@pytest.mark.parametrize("runtime", ["srt", "diffusion"])
+def test_replace_hooks_reach_the_server_args_class_and_the_worker_target(site, runtime):
+    require_runtime_apis()
+    group = "sglang.srt.plugins" if runtime == "srt" else "sglang.multimodal_gen.plugins"
+    api = "hooks" if runtime == "srt" else "hooks.diffusion"
+    make_dist(
+        site,
+        "tuning-plugin",
+        {group: {"tuning": "tuning_plugin:register"}},
+        {"tuning_plugin.py": REPLACING_PLUGIN.format(api=api, runtime=runtime)},
+    )
+    children, _ = run_harness(
+        {
+            # The supervisor loads the same plugins before it builds ServerArgs (srt), so its
+            # payload carries the plugin's field.
+            "load_plugins": runtime == "srt",
+            "args": {"tuning": "fast"} if runtime == "srt" else {},
+            "children": {
+                "w": {"target": "workers_for_tests.ready_then_wait", "runtime": runtime,
+                      "signal": {"when": ["ready"], "sig": "SIGTERM"}},
+            },
+        },
+        sites=[site],
+    )
+    child = children["w"]
+    assert child["exitcode"] == 0, child
+    info = next(m for m in child["messages"] if m["kind"] == "ready")["info"]
+    assert info["replaced_by"] == runtime
+    assert info["args_class"] == "TunedServerArgs"
+    assert info["tuning"] == ("fast" if runtime == "srt" else "default")
