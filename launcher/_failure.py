@@ -94,8 +94,10 @@ class RootCause:
             lines.append(f"  phase:      {self.phase}")
         if self.worker:
             lines.append(f"  process:    {self.how_it_ended()}")
-        if self.error_type or self.message:
-            lines.append(f"  error:      {self.error_type or 'Error'}: {self.message or ''}".rstrip())
+        if self.error_type:
+            lines.append(f"  error:      {self.error_type}: {self.message or ''}".rstrip())
+        elif self.message:
+            lines.append(f"  note:       {self.message}")
         if self.hint:
             lines.append(f"  what to do: {self.hint}")
         if self.traceback:

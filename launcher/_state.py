@@ -19,9 +19,11 @@ STARTING, READY, FAILED, STOPPING, STOPPED = "starting", "ready", "failed", "sto
 class WorkerState:
     """One child process: who it is, where it is in start-up, how it ended.
 
-    ``phase`` is the last phase the worker reported (``"spawned"`` until it reports one; the
-    bootstrap's phases, then the worker's own, then ``"ready"``), or ``"failed"`` / ``"exited"``
-    once it ended. ``phases`` maps each reported phase to its duration in seconds.
+    ``phase`` is the last phase the worker reported (``"starting"`` until it reports one; then
+    the bootstrap's phases, the worker's own, ``"ready"``, and ``"stopped"`` once it wound down
+    on request); ``phases`` maps each reported phase to its duration in seconds. ``error`` holds
+    its ``failed`` report; ``exited``, ``exitcode`` and ``signal`` say whether and how the
+    process ended.
     """
 
     role: str
@@ -29,9 +31,10 @@ class WorkerState:
     local_rank: int
     node_rank: int
     pid: int | None = None
-    phase: str = "spawned"
+    phase: str = "starting"
     phases: dict[str, float] = field(default_factory=dict)
     platform: str | None = None
+    exited: bool = False
     exitcode: int | None = None
     signal: str | None = None
     info: dict = field(default_factory=dict)

@@ -49,6 +49,9 @@ log = logging.getLogger("launcher")
 
 # How long to wait for a child's ``failed`` report once its exit code says it sent one.
 _REPORT_WAIT = 5.0
+# After a child exits, how long the status socket must stay quiet before its last phase counts.
+_SETTLE_QUIET = 0.025
+_SETTLE_MAX = 0.5
 
 
 @dataclass
@@ -112,6 +115,7 @@ class Supervisor:
     # ----------------------------------------------------------------- the launch
     async def run(self, *, handle_signals: bool = False) -> Outcome:
         self._inbox = asyncio.Queue()
+        self._status_arrived = asyncio.Event()
         with self._lock:
             self._loop = asyncio.get_running_loop()
             if self._early_stop:
@@ -236,7 +240,7 @@ class Supervisor:
             url=url,
             node_rank=args.node_rank,
             nnodes=args.nnodes,
-            workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank, phase="starting") for s in specs],
+            workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank) for s in specs],
         )
         self._children = [_Child(spec, ws) for spec, ws in zip(specs, self.state.workers)]
         rundir.write_state(
@@ -292,6 +296,7 @@ class Supervisor:
             except messages.MessageError as exc:
                 log.warning("ignored a frame on the status socket: %s", exc)
                 continue
+            self._status_arrived.set()
             child = self._child_named(message.worker)
             if child is None:
                 log.warning("ignored a status message from unknown worker %r", message.worker)
@@ -315,7 +320,6 @@ class Supervisor:
                 self._post("all_ready")
         elif isinstance(message, messages.Failed):
             child.failure = message
-            ws.phase = "failed"
             ws.error = {
                 "phase": message.phase,
                 "type": message.exc_type,
@@ -340,6 +344,7 @@ class Supervisor:
     async def _exit_cause(self, child: _Child) -> RootCause:
         """A child exited on its own: record how, wait for its report if it sent one, explain."""
         code = await self._reap(child)
+        await self._settle_status()
         if child.failure is None and phases.phase_of_exit_code(code) not in (None, "parent_gone"):
             # The exit status says the child reported a failure; let the report arrive.
             try:
@@ -413,6 +418,18 @@ class Supervisor:
             hint=f"raise --startup-timeout if {phase} is just slow, or look at why {first.name} hangs there",
         )
 
+    async def _settle_status(self) -> None:
+        """Let status messages a just-exited child sent before it died arrive (they travel
+        separately from its exit, which the sentinel reports at once): wait until the status
+        socket has been quiet for a moment, ``_SETTLE_QUIET``, or ``_SETTLE_MAX`` at most."""
+        deadline = time.monotonic() + _SETTLE_MAX
+        while time.monotonic() < deadline:
+            self._status_arrived.clear()
+            try:
+                await asyncio.wait_for(self._status_arrived.wait(), _SETTLE_QUIET)
+            except asyncio.TimeoutError:
+                return
+
     async def _reap(self, child: _Child) -> int | None:
         """The exit code of a child whose sentinel fired (it may take a moment to be reapable)."""
         process = child.process
@@ -424,9 +441,7 @@ class Supervisor:
         if not child.exit_seen:
             child.exit_seen = True
             ws = child.state
-            ws.exitcode, ws.signal = code, signal_name(code)
-            if ws.phase not in ("failed", "stopped"):
-                ws.phase = "exited"
+            ws.exited, ws.exitcode, ws.signal = True, code, signal_name(code)
             self._emit_worker(child, "exited", exitcode=code, signal=ws.signal)
         return code
 
@@ -511,7 +526,7 @@ def _phase_in_progress(last: str) -> str:
         return phases.PHASES[phases.PHASES.index(last) + 1]
     if last == phases.READY:
         return phases.SERVING
-    if last in ("starting", "exited"):
+    if last == "starting":
         return phases.SPAWNED
     return phases.READY  # a worker's own phase (e.g. model_loaded): still on its way to ready
 

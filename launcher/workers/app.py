@@ -69,6 +69,7 @@ class AppState:
 class Guard:
     """Pure ASGI middleware: API key, request-body limit, and per-route metrics.
 
+    A POST body is always parsed as JSON, whatever ``Content-Type`` the client sent.
     The body is read here (at most ``max_request_bytes``) and replayed to the app; after the body
     the app's ``receive`` still reports a client disconnect."""
 
@@ -130,6 +131,11 @@ class Guard:
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
             return await receive()
 
+        if scope.get("method") == "POST":
+            # Bodies are JSON whatever the client labelled them (curl -d sends a form type).
+            scope = dict(scope)
+            scope["headers"] = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
+            scope["headers"].append((b"content-type", b"application/json"))
         await self.app(scope, replay, send)
 
     def _authorised(self, scope) -> bool:
@@ -356,7 +362,9 @@ def create_app(state: AppState) -> FastAPI:
             "model": model,
             "schedulers": [None if p is None else {
                 "dp_rank": p.dp_rank, "pid": p.pid, "queue_depth": p.queue_depth,
-                "batches": p.info.get("batches"), "memory": p.info.get("memory")} for p in pongs],
+                "batches": p.info.get("batches"), "aborted": p.info.get("aborted"),
+                "generated_tokens": p.info.get("generated_tokens"),
+                "memory": p.info.get("memory")} for p in pongs],
             "server_args": _args_dict(state.server_args),
             "healthy": client.healthy,
         })

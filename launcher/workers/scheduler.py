@@ -104,6 +104,8 @@ class Scheduler:
         self.queue: deque[_Queued] = deque()
         self.cancelled: set[str] = set()
         self.batches = 0
+        self.aborted = 0
+        self.generated_tokens = 0
         self.last_broadcast = time.monotonic()
         self._zmq = zmq
         self._zctx = zmq.Context()
@@ -269,6 +271,8 @@ class Scheduler:
             return self.cancelled
 
         self.runner.generate(seqs, emit=emit, cancelled=cancelled)
+        self.aborted += sum(1 for s in seqs if s.finish_reason == "abort")
+        self.generated_tokens += sum(len(s.output_ids) for s in seqs)
 
     # ---- sending ---------------------------------------------------------------------------
 
@@ -280,7 +284,8 @@ class Scheduler:
 
     def pong(self, rid: str) -> m.Pong:
         info = {"model": self.runner.describe(), "memory": self.runner.memory_info(),
-                "batches": self.batches}
+                "batches": self.batches, "aborted": self.aborted,
+                "generated_tokens": self.generated_tokens}
         return m.Pong(rid, self.dp_rank, os.getpid(), self.runner.source.served_name,
                       self.runner.kind, len(self.queue), info)
 
