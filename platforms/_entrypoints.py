@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-from dataclasses import dataclass
+from typing import NamedTuple
 
 SRT_PLATFORMS = "sglang.srt.platforms"
 SRT_PLUGINS = "sglang.srt.plugins"
@@ -21,9 +21,12 @@ DIFFUSION_PLUGINS = "sglang.multimodal_gen.plugins"
 GROUPS = (SRT_PLATFORMS, SRT_PLUGINS, DIFFUSION_PLATFORMS, DIFFUSION_PLUGINS)
 
 
-@dataclass(frozen=True)
-class EntryPoint:
-    """One installed entry point: ``name = value`` in ``group``, shipped by ``distribution``."""
+class EntryPoint(NamedTuple):
+    """One installed entry point: ``name = value`` in ``group``, shipped by ``distribution``.
+
+    (A NamedTuple rather than a dataclass: ``dataclasses`` costs a fresh process more to import
+    than the whole metadata scan.)
+    """
 
     group: str
     name: str
@@ -51,6 +54,20 @@ _lock = threading.Lock()
 _table: dict[str, tuple[EntryPoint, ...]] | None = None
 
 
+def _dist_name(dist) -> str | None:
+    """The distribution's ``Name`` header, read without the email parser when possible."""
+    for filename in ("METADATA", "PKG-INFO"):
+        text = dist.read_text(filename)
+        if text:
+            for line in text.splitlines():
+                if not line.strip():
+                    break  # end of the headers
+                key, sep, value = line.partition(":")
+                if sep and key.strip().lower() == "name":
+                    return value.strip()
+    return dist.metadata["Name"] if dist.metadata else None
+
+
 def _scan() -> dict[str, tuple[EntryPoint, ...]]:
     from importlib import metadata
 
@@ -58,15 +75,19 @@ def _scan() -> dict[str, tuple[EntryPoint, ...]]:
     seen_dists: set[str] = set()
     for dist in metadata.distributions():
         # The same distribution can be visible twice (two sys.path entries); the first one wins,
-        # as it does for imports.
-        dist_name = dist.metadata["Name"] if dist.metadata else None
-        key = (dist_name or "").lower().replace("-", "_").replace(".", "_")
+        # as it does for imports. The normalised name comes from the folder name when it can,
+        # so the scan reads no METADATA file except those of distributions in our groups.
+        key = getattr(dist, "_normalized_name", None) or (_dist_name(dist) or "")
+        key = key.lower().replace("-", "_").replace(".", "_")
         if key in seen_dists:
             continue
         seen_dists.add(key)
-        for ep in dist.entry_points:
-            if ep.group in table:
-                table[ep.group].append(EntryPoint(ep.group, ep.name, ep.value, dist_name))
+        mine = [ep for ep in dist.entry_points if ep.group in table]
+        if not mine:
+            continue
+        dist_name = _dist_name(dist)
+        for ep in mine:
+            table[ep.group].append(EntryPoint(ep.group, ep.name, ep.value, dist_name))
     return {group: tuple(eps) for group, eps in table.items()}
 
 

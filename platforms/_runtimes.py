@@ -8,13 +8,12 @@ fallback chain and the base class every selected platform must derive from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import _entrypoints
 
 
-@dataclass(frozen=True)
-class Builtin:
+class Builtin(NamedTuple):
     """One built-in platform of a runtime's fallback chain.
 
     It is available when ``env_flag`` (if any) is set true and ``probe`` (if any; a
@@ -28,8 +27,7 @@ class Builtin:
     why: str = ""  # how the fallback reason reads, e.g. "CUDA is available"
 
 
-@dataclass(frozen=True)
-class RuntimeSpec:
+class RuntimeSpec(NamedTuple):
     """One runtime's platform-selection rules."""
 
     name: str

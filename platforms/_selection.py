@@ -16,16 +16,20 @@ platform class. The rules, in order:
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import _entrypoints
 from ._entrypoints import EntryPoint
 from ._runtimes import Builtin, RuntimeSpec
 
-logger = logging.getLogger("platforms")
+
+
+def _log(level: str, message: str, *args) -> None:
+    import logging  # imported on use: it costs a fresh process more than the selection itself
+
+    getattr(logging.getLogger("platforms"), level)(message, *args)
 
 PLUGIN_PREFIX = "plugin:"
 BUILTIN_PREFIX = "builtin:"
@@ -38,8 +42,7 @@ class PlatformSelectionError(RuntimeError):
     """Platform selection failed; the message says what was found and what to set."""
 
 
-@dataclass(frozen=True)
-class Selection:
+class Selection(NamedTuple):
     """What a runtime selected in this process.
 
     ``key`` is ``"plugin:<entry-point name>"`` or ``"builtin:<name>"`` (stable: a supervisor hands
@@ -163,7 +166,7 @@ def _automatic(spec: RuntimeSpec, environ: Mapping[str, str]) -> Selection:
     if allowed is not None:
         skipped = [ep for ep in candidates if ep.name not in allowed]
         if skipped:
-            logger.info("%s leaves out platform plugins: %s", spec.auto_allowlist_env, _listing(skipped))
+            _log("info", "%s leaves out platform plugins: %s", spec.auto_allowlist_env, _listing(skipped))
         candidates = [ep for ep in candidates if ep.name in allowed]
     _check_names(spec, candidates)
 
@@ -256,7 +259,7 @@ def _builtin_available(entry: Builtin, environ: Mapping[str, str]) -> bool:
     try:
         return bool(_entrypoints.import_object(entry.probe)())
     except Exception as exc:  # a probe that cannot run means that device is not usable here
-        logger.debug("probe %s failed: %r", entry.probe, exc)
+        _log("debug", "probe %s failed: %r", entry.probe, exc)
         return False
 
 

@@ -10,7 +10,7 @@ need it (``inference_mode``, ``seed_everything``) import it when called.
 from __future__ import annotations
 
 import enum
-import platform as _host
+import os
 import random
 from typing import Any, NamedTuple
 
@@ -59,7 +59,9 @@ _ARM_MACHINES = {"aarch64", "arm64", "armv7l", "armv8l", "arm"}
 
 def host_cpu_architecture(machine: str | None = None) -> CpuArchEnum:
     """Classify ``platform.machine()`` (or ``machine``) as x86, ARM or unspecified."""
-    name = (machine if machine is not None else _host.machine()).lower()
+    if machine is None:
+        machine = os.uname().machine if hasattr(os, "uname") else __import__("platform").machine()
+    name = machine.lower()
     if name in _X86_MACHINES:
         return CpuArchEnum.X86
     if name in _ARM_MACHINES or name.startswith("arm"):

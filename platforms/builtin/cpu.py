@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import platform as _host
 import sys
-import uuid
 
 from ..device_mixin import DeviceCapability, DeviceMixin, PlatformEnum
 from ..diffusion.interface import Platform
@@ -27,7 +25,9 @@ def _cpu_model_name() -> str:
                     return value.strip()
     except OSError:
         pass
-    return _host.processor() or _host.machine() or "cpu"
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
 
 
 class CpuDevice(DeviceMixin):
@@ -48,6 +48,8 @@ class CpuDevice(DeviceMixin):
         return _cpu_model_name()
 
     def get_device_uuid(self, device_id: int = 0) -> str:
+        import uuid
+
         return f"cpu-{uuid.getnode():012x}"
 
     def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
