@@ -96,8 +96,17 @@ class ModelRunner:
         started = time.monotonic()
 
         transformers.utils.logging.disable_progress_bar()
-        platform.seed_everything(seed)
-        self.device = torch.device(device) if device else torch.device(platform.get_device(local_rank))
+        try:
+            platform.seed_everything(seed)
+            self.device = torch.device(device) if device else torch.device(platform.get_device(local_rank))
+            platform_attention = platform.get_default_attention_backend()
+        except NotImplementedError as exc:
+            raise ModelLoadError(
+                f"the selected platform {platform.__class__.__name__} cannot run a model ({exc}); on a "
+                f"machine without an accelerator set SGLANG_USE_CPU_ENGINE=1 to serve on the CPU, "
+                f"otherwise install the platform plugin for this hardware (sglang-launch plugins "
+                f"shows what is installed and why it did not activate)"
+            ) from exc
         try:
             config = transformers.AutoConfig.from_pretrained(
                 source.path, local_files_only=True, trust_remote_code=trust_remote_code
@@ -113,9 +122,7 @@ class ModelRunner:
             self._check_tp_plan(config)
 
         self.dtype = self._resolve_dtype(dtype, config)
-        self.attn_implementation = attention_implementation(
-            platform.get_default_attention_backend(), attention_backend
-        )
+        self.attn_implementation = attention_implementation(platform_attention, attention_backend)
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(
                 source.path, local_files_only=True, trust_remote_code=trust_remote_code
