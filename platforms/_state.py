@@ -56,7 +56,7 @@ class PlatformSlot:
         if selection is not None:
             return selection
         with self._lock:
-            self._raise_if_failed_or_busy("current_selection()")
+            self._raise_if_failed_or_busy()
             if self._selection is None:
                 self._busy = True
                 try:
@@ -76,7 +76,7 @@ class PlatformSlot:
         with self._lock:
             if self._platform is None:
                 selection = self.selection()
-                self._raise_if_failed_or_busy("current_platform")
+                self._raise_if_failed_or_busy()
                 self._busy = True
                 try:
                     self._platform = _selection.instantiate(self.spec, selection)
@@ -87,12 +87,12 @@ class PlatformSlot:
                     self._busy = False
             return self._platform
 
-    def _raise_if_failed_or_busy(self, what: str) -> None:
+    def _raise_if_failed_or_busy(self) -> None:
         if self._error is not None:
             raise self._error
         if self._busy:  # the RLock let the resolving thread back in: a callback touched us
             raise PlatformSelectionError(
-                f"{what} of the {self.spec.name} runtime was used while its platform was being "
+                f"the {self.spec.name} current_platform was used while its platform was being "
                 f"selected or constructed (from an activate() callback or a platform __init__); "
                 f"activation must stay import-safe: move that code into init_backend()"
             )

@@ -64,7 +64,7 @@ def test_explicit_selection_imports_one_plugin_and_no_torch(site):
     assert data["isinstance"] and data["same"] and data["calls"] == 1
 
 
-def test_threads_resolve_once_and_reentry_is_an_error(site):
+def test_threads_resolve_once_reentry_is_an_error_and_metadata_is_read_once(site):
     platform_plugin(site, "alpha", tag="t")
     # A diffusion activate() that touches current_platform must get an error, not a deadlock.
     platform_plugin(site, "loopy", runtime="diffusion", tag="t", activate=(
@@ -72,7 +72,15 @@ def test_threads_resolve_once_and_reentry_is_an_error(site):
     ))
     code = """
         import json, sys, threading
+        from importlib import metadata
+        scans = []
+        real_distributions = metadata.distributions
+        def counted(*a, **k):  # instrumentation only: counts metadata scans
+            scans.append(1)
+            return real_distributions(*a, **k)
+        metadata.distributions = counted
         import platforms, platforms.diffusion
+        from platforms import _entrypoints
         barrier = threading.Barrier(8)
         seen = []
         def touch():
@@ -86,15 +94,18 @@ def test_threads_resolve_once_and_reentry_is_an_error(site):
             reentry = "no error"
         except platforms.PlatformSelectionError as exc:
             reentry = str(exc)
+        for group in _entrypoints.GROUPS:
+            _entrypoints.entry_points(group)
         print("RESULT:" + json.dumps(dict(
             distinct=len(set(seen)), count=len(seen), calls=len(sys.modules["plg_alpha_t"].CALLS),
-            reentry=reentry)))
+            reentry=reentry, scans=len(scans))))
     """
     result = run_python(code, sites=[site], timeout=60)
     assert result.returncode == 0, result
     assert result.data["count"] == 8 and result.data["distinct"] == 1
     assert result.data["calls"] == 1, "several threads ran discovery"
     assert "was used while its platform was being selected" in result.data["reentry"]
+    assert result.data["scans"] == 1, "entry-point metadata was read more than once for both runtimes"
     assert "move that code into init_backend()" in result.data["reentry"]
 
 
