@@ -30,7 +30,7 @@ class PlatformSlot:
         self._pinned: str | None = None
         self._selection: Selection | None = None
         self._platform = None
-        self._error: BaseException | None = None
+        self._error: Exception | None = None
         self._busy = False  # this process is inside resolution (re-entry detection)
         self._init = ProcessOnce(f"{spec.name} backend initialization")
         _slots.add(self)
@@ -61,7 +61,7 @@ class PlatformSlot:
                 self._busy = True
                 try:
                     self._selection = _selection.resolve(self.spec, os.environ, self._pinned)
-                except BaseException as exc:
+                except Exception as exc:  # remembered; an interrupt is not a verdict
                     self._error = exc
                     raise
                 finally:
@@ -80,7 +80,7 @@ class PlatformSlot:
                 self._busy = True
                 try:
                     self._platform = _selection.instantiate(self.spec, selection)
-                except BaseException as exc:
+                except Exception as exc:  # remembered; an interrupt is not a verdict
                     self._error = exc
                     raise
                 finally:
