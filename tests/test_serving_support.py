@@ -1,0 +1,137 @@
+"""Helpers for the serving tests (no tests here): a server started through the real CLI, a tiny
+causal LM built at test time, and small HTTP helpers over loopback.
+
+``Server`` runs ``sglang-launch`` as a subprocess in its own session, waits for ``/ready`` (a
+condition, with a generous deadline), and in ``stop()`` SIGTERMs the supervisor, then SIGKILLs
+whatever of its tree is left, so a failing test leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from support import REPO, clean_env, free_port, kill_tree
+
+CLI = REPO / ".venv" / "bin" / "sglang-launch"
+
+
+def cli_command() -> list[str]:
+    """The real console script when installed, else the same entry through ``python -m``."""
+    if CLI.exists():
+        return [str(CLI)]
+    return [sys.executable, "-m", "launcher"]
+
+
+def server_env(**extra: str) -> dict[str, str]:
+    # No accelerator here: the CPU platform is selected the documented way.
+    env = clean_env(SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class Server:
+    """``sglang-launch ARGS --port <free>`` with its output in ``log_path``."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [*cli_command(), *args, "--port", str(self.port)],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env or server_env(),
+            cwd=str(REPO), start_new_session=True,
+        )
+
+    @property
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 180.0, headers: dict | None = None) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode} before ready:\n{self.log}")
+            try:
+                if httpx.get(self.url + "/ready", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"server not ready within {timeout}s:\n{self.log}")
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        import psutil
+
+        try:
+            tree = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # in case a test left it stopped
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        kill_tree([p for p in tree if p.is_running()])
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+def start_server(args: list[str], tmp: Path, name: str, headers: dict | None = None) -> Server:
+    server = Server(args, tmp / f"{name}.log")
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def build_tiny_llama(path: Path, tokenizer_dir: Path) -> Path:
+    """A tiny Llama with random weights and a real tokenizer (BERT's, from ``tokenizer_dir``),
+    saved as a Hugging Face model directory."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.save_pretrained(path)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(1234)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def post(url: str, body, headers: dict | None = None, timeout: float = 60.0):
+    import httpx
+
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(url, content=data, headers={"content-type": "application/json", **(headers or {})},
+                      timeout=timeout)
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    na = sum(x * x for x in a) ** 0.5
+    nb = sum(y * y for y in b) ** 0.5
+    return dot / (na * nb)
