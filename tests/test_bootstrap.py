@@ -101,7 +101,7 @@ def _harness(config: dict) -> dict:
             world_size=child.get("world_size", 1),
             target=child["target"],
             payload=payload,
-            status_endpoint=status,
+            status_endpoint=status if child.get("status") != "bad" else "nonsense://nowhere",
             runtime=child.get("runtime", "srt"),
             platform_key=child.get("platform", "builtin:cpu"),
             runtime_dir=runtime_dir,
@@ -115,7 +115,7 @@ def _harness(config: dict) -> dict:
 
     by_worker = {c["spec"].worker_id: name for name, c in children.items()}
     seen = {name: [] for name in children}
-    deadline = time.monotonic() + config.get("deadline", 90)
+    deadline = time.monotonic() + config.get("deadline", 60)
     terminal = ("failed", "stopped")
 
     def settled(name: str) -> bool:
@@ -125,6 +125,8 @@ def _harness(config: dict) -> dict:
             return False
         # A child that ended through the bootstrap (0 or one of its phase codes) has sent a
         # terminal message; wait for it to arrive rather than for a fixed time.
+        if c["config"].get("status") == "bad":  # it has nobody to tell
+            return True
         if code == 0 or code in bootstrap.EXIT_CODES.values():
             return any(m["kind"] in terminal for m in seen[name])
         return True
@@ -349,6 +351,8 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
                 "corrupt": {"target": ok, "payload": "corrupt"},
                 "version": {"target": ok, "payload": "version"},
                 "unimportable": {"target": "no_such_worker_module.run"},
+                "not_callable": {"target": "bootstrap.phases.PHASES"},
+                "bad_endpoint": {"target": ok, "status": "bad"},
                 "raises": {"target": "workers_for_tests.raise_error"},
                 "raises_after_ready": {"target": "workers_for_tests.raise_after_ready"},
                 "returns_early": {"target": "workers_for_tests.return_early"},
@@ -387,10 +391,16 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
     check("corrupt", "args_materialized", 84, "PayloadError", "corrupt")
     check("version", "args_materialized", 84, "PayloadError", "version 99", "same environment")
     check("unimportable", "worker_imported", 85, "TargetError", "no_such_worker_module")
+    check("not_callable", "worker_imported", 85, "TypeError", "not a function")
     check("raises", "ready", 86, "RuntimeError", "worker failed on purpose", "workers_for_tests.py")
     check("raises_after_ready", "serving", 87, "RuntimeError", "failed on purpose after ready")
     check("returns_early", "serving", 87, "WorkerReturned", "before the supervisor asked it to stop")
     assert kinds(children["raises_after_ready"])[-2:] == ["ready", "failed"]
+
+    # A child that cannot even reach the supervisor still says why, on stderr, and exits 80.
+    assert children["bad_endpoint"]["exitcode"] == 80
+    assert children["bad_endpoint"]["messages"] == []
+    assert "failed while arming orphan protection and connecting to the supervisor" in result.stderr
 
     # Deaths the bootstrap cannot see: the status is the worker's own, and no failed message.
     assert children["exit_code"]["exitcode"] == 7
@@ -494,3 +504,45 @@ def test_replace_hooks_reach_the_server_args_class_and_the_worker_target(site, r
     assert info["replaced_by"] == runtime
     assert info["args_class"] == "TunedServerArgs"
     assert info["tuning"] == ("fast" if runtime == "srt" else "default")
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input to the API a supervisor and a worker use (in-process: no platform involved).
+# ---------------------------------------------------------------------------------------------
+def test_process_spec_and_worker_context_reject_bad_input_with_the_fix(tmp_path):
+    import bootstrap
+
+    with pytest.raises(ValueError, match="runtime is 'tpu'; use one of srt, diffusion"):
+        bootstrap.ProcessSpec(role="scheduler", target="m.f", payload=b"", status_endpoint="x",
+                              runtime="tpu")
+    with pytest.raises(TypeError, match="payload must be bytes from launcher.server_args"):
+        bootstrap.ProcessSpec(role="scheduler", target="m.f", payload="text", status_endpoint="x")
+    spec = bootstrap.ProcessSpec(role="http", rank=3, target="m.f", payload=b"", status_endpoint="x")
+    assert spec.worker_id == "http.3" and spec.parent_pid == os.getpid()
+
+    sent = []
+    ctx = bootstrap.WorkerContext(
+        role="scheduler", rank=5, local_rank=1, world_size=8, tp_size=4, dp_size=2,
+        runtime_dir=str(tmp_path), ops_endpoint="", query_endpoint="", platform="builtin:cpu",
+        _report=lambda *a: sent.append(a),
+    )
+    assert (ctx.tp_rank, ctx.dp_rank, ctx.worker_id) == (1, 1, "scheduler.5")
+    assert ctx.endpoint("scheduler.0") == f"ipc://{tmp_path}/scheduler.0"
+    with pytest.raises(ValueError, match="plain file name"):
+        ctx.endpoint("../elsewhere")
+    with pytest.raises(ValueError, match="shorter runtime directory"):
+        ctx.endpoint("x" * 120)
+    with pytest.raises(TypeError, match="JSON-able"):
+        ctx.ready(handle=object())
+    ctx.phase("model_loaded")
+    ctx.ready(slots=4)
+    with pytest.raises(RuntimeError, match="already reported ready; call ctx.ready\\(\\) once"):
+        ctx.ready()
+    assert [(kind, name) for kind, name, _, _ in sent] == [("phase", "model_loaded"), ("ready", "ready")]
+    assert sent[1][3] == {"slots": 4}
+    no_dir = bootstrap.WorkerContext(
+        role="http", rank=0, local_rank=0, world_size=1, tp_size=1, dp_size=1, runtime_dir="",
+        ops_endpoint="", query_endpoint="", platform="builtin:cpu",
+    )
+    with pytest.raises(RuntimeError, match="no runtime directory"):
+        no_dir.endpoint("a")
