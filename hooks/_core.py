@@ -29,8 +29,10 @@ import builtins
 import contextlib
 import enum
 import logging
+import os
 import sys
 import threading
+import weakref
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import FunctionType, ModuleType
@@ -161,6 +163,9 @@ def _not_required(source: PluginSource) -> bool:
     return False
 
 
+_registries: "weakref.WeakSet[Registry]" = weakref.WeakSet()
+
+
 class Registry:
     """A process-local hook registry for one runtime (see the module docstring)."""
 
@@ -175,6 +180,7 @@ class Registry:
         self._dirty: set[tuple] = set()  # patches whose hook set shrank since they were built
         self._seq = 0
         self._applied = False
+        _registries.add(self)
 
     def __repr__(self) -> str:
         return f"<HookRegistry runtime={self.runtime!r} hooks={len(self._hooks)}>"
@@ -503,6 +509,16 @@ def _warn_stale_bindings(patches: list[_Patch]) -> None:
                 "does, in workers), or hook the name they use.",
                 patch.label, ", ".join(str(h.source or "no plugin") for h in patch.hooks), ", ".join(names),
             )
+
+
+def _after_fork_in_child() -> None:
+    # A thread that held a registry's lock at fork time does not exist in the child.
+    for registry in list(_registries):
+        registry._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def make_plugin_hook(registry: Registry):
