@@ -135,3 +135,62 @@ def cosine(a: list[float], b: list[float]) -> float:
     na = sum(x * x for x in a) ** 0.5
     nb = sum(y * y for y in b) ** 0.5
     return dot / (na * nb)
+
+
+def run_load(url: str, make_body, *, clients: int = 16, seconds: float = 20.0, path: str = "/v1/embeddings",
+             headers: dict | None = None, stop_event=None) -> dict:
+    """``clients`` threads, each with one keep-alive connection, POST ``make_body(i)`` to ``path``
+    for ``seconds`` (or until ``stop_event`` is set). Returns counts, errors and latency figures."""
+    import threading
+
+    import httpx
+
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def client(k: int) -> None:
+        with httpx.Client(timeout=60, headers={"content-type": "application/json", **(headers or {})}) as c:
+            i = 0
+            while time.monotonic() < deadline and not (stop_event and stop_event.is_set()):
+                started = time.perf_counter()
+                try:
+                    r = c.post(url + path, content=json.dumps(make_body(k * 100000 + i)))
+                    ok = r.status_code == 200
+                    note = f"{r.status_code} {r.text[:200]}"
+                except httpx.HTTPError as exc:
+                    ok, note = False, f"{type(exc).__name__}: {exc}"
+                elapsed = time.perf_counter() - started
+                with lock:
+                    (latencies.append(elapsed) if ok else errors.append(note))
+                i += 1
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=seconds + 120)
+    wall = time.monotonic() - started
+    latencies.sort()
+
+    def pct(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else float("nan")
+
+    return {"requests": len(latencies), "errors": errors, "seconds": wall,
+            "throughput_rps": len(latencies) / wall, "p50_ms": pct(0.50) * 1000, "p99_ms": pct(0.99) * 1000}
+
+
+LOAD_TEXTS = ["a cat sits on the mat", "the weather is lovely today", "stock prices fell sharply",
+              "a kitten rests on a rug", "how do I reset my password", "the quick brown fox"]
+
+
+def embedding_body(i: int) -> dict:
+    return {"input": f"{LOAD_TEXTS[i % len(LOAD_TEXTS)]} #{i}"}
+
+
+def report(capsys, line: str) -> None:
+    """Print a figure so it shows in the test run's output, even with -q."""
+    with capsys.disabled():
+        print("\n" + line)
