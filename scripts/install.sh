@@ -14,6 +14,8 @@ if [[ ! -x .venv/bin/python ]]; then
   "$py" -m venv .venv
 fi
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+echo "[install] pip, setuptools, wheel (current releases: editable installs and the tests' plugin builds need them)"
+"${pip[@]}" install --upgrade pip setuptools wheel
 echo "[install] torch==2.13.0"
 "${pip[@]}" install "torch==2.13.0"
 echo "[install] sglang-launch[$extras] (editable)"
