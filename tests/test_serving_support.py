@@ -51,7 +51,8 @@ class Server:
 
     @property
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 180.0, headers: dict | None = None) -> None:
