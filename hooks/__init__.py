@@ -87,11 +87,13 @@ def load_plugins_by_group(group: str, excluded_dists=None) -> dict:
     raise ValueError(f"{group!r} is not a hook entry-point group; use one of {known}")
 
 
-def describe(runtime: str = "srt") -> dict:
+def describe(runtime: str = "srt", probe: bool = False) -> dict:
     """A JSON-able report of ``runtime``'s ("srt" or "diffusion") platforms and plugins: every
     installed entry point with its distribution, whether ``SGLANG_PLUGINS`` allows it, whether it
     is skipped as part of an unselected platform, the platform selection (or its error), and each
-    loaded plugin's hooks with conflicts. Runs the registration phase (callbacks, no targets)."""
+    loaded plugin's hooks with conflicts. Runs the registration phase (callbacks, no targets).
+    Without ``probe`` no built-in hardware probe runs (they import torch): when selection would
+    reach them, the report lists them in probing order instead of naming one."""
     from ._report import describe as _describe
 
-    return _describe(_runtime(runtime))
+    return _describe(_runtime(runtime), probe=probe)

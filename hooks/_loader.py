@@ -23,6 +23,7 @@ returns at once and lets the outer call finish, so hooks are never applied half 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -71,6 +72,7 @@ class PluginRuntime:
         self._phases = None
         self._phases_lock = threading.Lock()
         self._inside = threading.local()
+        self._assumed_selection = None
         RUNTIMES[name] = self
 
     # -- phases -------------------------------------------------------------------------------
@@ -137,7 +139,18 @@ class PluginRuntime:
 
     def selection(self):
         """The runtime's platform selection (resolving it if nothing has yet)."""
+        if self._assumed_selection is not None:
+            return self._assumed_selection
         return importlib.import_module(self.selection_module).current_selection()
+
+    @contextlib.contextmanager
+    def assume_selection(self, selection):
+        """Use ``selection`` instead of resolving one (``describe`` without hardware probes)."""
+        self._assumed_selection = selection
+        try:
+            yield
+        finally:
+            self._assumed_selection = None
 
     def _excluded(self) -> set[str]:
         """Normalised names of the platform distributions whose plugins are skipped."""

@@ -1,48 +1,86 @@
 """``describe(runtime)``: what is installed for one runtime and what would happen at start-up.
 
-The report is plain JSON-able data for ``sglang-launch plugins``. Producing it resolves the
-runtime's platform selection (which calls activation callbacks, as start-up would) and runs the
-plugin registration phase (plugin callbacks; no hook target is resolved, so nothing of the serving
-runtime is imported). Errors are reported, never raised.
+The report is plain JSON-able data for ``sglang-launch plugins``. Producing it selects the
+runtime's platform as start-up would (activation callbacks run) and runs the plugin registration
+phase (plugin callbacks run; no hook target is resolved, so nothing of the serving runtime is
+imported). Built-in platforms are found by probing hardware, which imports torch; unless asked to
+``probe``, the report stops where probing would start and says which built-ins would be probed,
+in order. Errors are reported, never raised.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 
 from ._loader import PluginRuntime, _norm
+
+_PROBING = "probing"  # the stand-in built-in that marks "from here on, start-up probes hardware"
+_NEVER_SET = "SGLANG_LAUNCH_REPORT_NEVER_SET"
 
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _selection(runtime: PluginRuntime) -> tuple[dict, object]:
+def _replace(record, **changes):
+    """A copy of a platforms record (a NamedTuple or a dataclass) with ``changes``."""
+    if hasattr(record, "_replace"):
+        return record._replace(**changes)
+    return dataclasses.replace(record, **changes)
+
+
+def _probe_free_selection(runtime: PluginRuntime):
+    """The selection as start-up would make it, up to the first built-in that needs a hardware
+    probe; from there the stand-in built-in ``_PROBING`` is selected. Returns (selection, probed)."""
+    from platforms import _runtimes, _selection
+
+    spec = _runtimes.runtime_spec(runtime.name)
+    first = next((i for i, b in enumerate(spec.builtins) if b.probe is not None), len(spec.builtins))
+    probed = [b.name for b in spec.builtins[first:]]
+    # Built-ins from the first probed one on stay known (explicit selection names them) but are
+    # never available; the stand-in before them is.
+    unreachable = tuple(_replace(b, probe=None, env_flag=_NEVER_SET) for b in spec.builtins[first:])
+    stand_in = (_runtimes.Builtin(_PROBING, "", why="probing"),) if probed else ()
+    dry = _replace(spec, builtins=spec.builtins[:first] + stand_in + unreachable)
+    return _selection.resolve(dry, {k: v for k, v in os.environ.items() if k != _NEVER_SET}), probed
+
+
+def _selection(runtime: PluginRuntime, probe: bool) -> tuple[dict, object]:
     try:
-        sel = runtime.selection()
+        if probe:
+            sel = runtime.selection()
+        else:
+            sel, probed = _probe_free_selection(runtime)
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         return {"error": _error_text(exc)}, None
-    return {
-        "key": sel.key,
-        "qualname": sel.qualname,
-        "distribution": sel.distribution,
-        "reason": sel.reason,
-    }, sel
+    if not probe and sel.key == f"builtin:{_PROBING}":
+        lead = sel.reason.split(" and ")[0]  # "fallback: no platform plugin installed/activated"
+        return {
+            "key": None, "qualname": None, "distribution": None, "probed": probed,
+            "reason": f"{lead}; start-up probes the built-ins in this order and takes the first "
+                      f"available: {', '.join(probed)} (probing imports torch: pass --probe to run it now)",
+        }, sel
+    return {"key": sel.key, "qualname": sel.qualname, "distribution": sel.distribution,
+            "reason": sel.reason}, sel
 
 
-def describe(runtime: PluginRuntime) -> dict:
-    selection, sel = _selection(runtime)
+def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
+    selection, sel = _selection(runtime, probe)
     allowed = runtime.allowlist()
-    try:
-        excluded = runtime._excluded()
-        exclusion_error = None
-    except Exception as exc:  # noqa: BLE001
-        excluded, exclusion_error = set(), _error_text(exc)
-    try:
-        runtime.register_plugins()
-        registration_error = None
-    except Exception as exc:  # noqa: BLE001
-        registration_error = _error_text(exc)
+    assumed = runtime.assume_selection(sel) if sel is not None and not probe else contextlib.nullcontext()
+    with assumed:
+        try:
+            excluded = runtime._excluded()
+            exclusion_error = None
+        except Exception as exc:  # noqa: BLE001
+            excluded, exclusion_error = set(), _error_text(exc)
+        try:
+            runtime.register_plugins()
+            registration_error = None
+        except Exception as exc:  # noqa: BLE001
+            registration_error = _error_text(exc)
 
     selected_ep = getattr(sel, "entry_point", None)
     platforms = [

@@ -1,0 +1,109 @@
+"""``sglang-launch plugins``: what is installed, what would activate and why, what hooks what.
+
+For each runtime (SRT and diffusion, or the one ``--runtime`` names) and each of its entry-point
+groups: every installed entry point with its distribution; for general plugins whether
+``SGLANG_PLUGINS`` allows it, whether it is skipped as part of an unselected platform, what
+happened when it was loaded, and which targets its hooks patch with which types; REPLACE
+conflicts; the platform that would be selected and why, or the error selection would raise.
+
+Producing the report calls platform activation callbacks and plugin callbacks, as start-up
+would, but applies no hook, so nothing of the serving runtime is imported; built-in platforms'
+hardware probes (which import torch) run only with ``--probe``, otherwise the report lists the
+built-ins start-up would probe, in order.
+Exit status: 0, or 1 when start-up would stop (a selection error, or a failing plugin of the
+selected platform's distribution); 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+RUNTIMES = ("srt", "diffusion")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sglang-launch plugins",
+        description="List installed platform and general plugins, what would activate and why, "
+        "and which targets each plugin's hooks patch.",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document (for tools)")
+    parser.add_argument("--runtime", choices=(*RUNTIMES, "all"), default="all",
+                        help="which runtime to report (default: all)")
+    parser.add_argument("--probe", action="store_true",
+                        help="probe built-in platforms' hardware now when no plugin decides (imports torch)")
+    return parser
+
+
+def _table(rows: list[list[str]], header: list[str], indent: str = "    ") -> list[str]:
+    if not rows:
+        return [f"{indent}(none installed)"]
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    lines = [indent + "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    for row in rows:
+        lines.append(indent + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+    return lines
+
+
+def _render(report: dict) -> list[str]:
+    name = report["runtime"]
+    sel = report["selection"]
+    selector = report["selector"]
+    lines = [f"{name.upper()} runtime"]
+    setting = f"{selector['variable']}={selector['value']}" if selector["value"] is not None else f"{selector['variable']} unset"
+    if "error" in sel:
+        lines.append(f"  platform: selection fails ({setting}): {sel['error']}")
+    elif sel["key"] is None:
+        lines.append(f"  platform: a built-in, found by probing at start-up ({setting})")
+        lines.append(f"            why: {sel['reason']}")
+    else:
+        origin = f" from {sel['distribution']}" if sel["distribution"] else ""
+        lines.append(f"  platform: {sel['key']} -> {sel['qualname']}{origin}")
+        lines.append(f"            why: {sel['reason']}")
+    allow = report["allowlist"]
+    lines.append("  SGLANG_PLUGINS: " + ("unset (every general plugin is allowed)" if allow is None else ", ".join(allow)))
+    if report["registration_error"]:
+        lines.append(f"  plugin loading fails: {report['registration_error']}")
+
+    (platform_group, platforms), (plugin_group, plugins) = report["groups"].items()
+    lines.append(f"  [{platform_group}]")
+    lines += _table([[p["name"], p["distribution"] or "?", p["value"], "selected" if p["selected"] else ""]
+                     for p in platforms], ["NAME", "DISTRIBUTION", "ENTRY POINT", ""])
+    lines.append(f"  [{plugin_group}]")
+    rows = []
+    for p in plugins:
+        status = p["status"]
+        if p["detail"] and status != "not allowed":
+            status = f"{status}: {p['detail']}"
+        rows.append([p["name"], p["distribution"] or "?", p["value"], "yes" if p["allowed"] else "no",
+                     "yes" if p["skipped_unselected_platform"] else "no", status])
+    lines += _table(rows, ["NAME", "DISTRIBUTION", "ENTRY POINT", "ALLOWED", "UNSELECTED PLATFORM", "STATUS"])
+    hooks = [[h["type"], h["target"], p["name"], h["hook"]] for p in plugins for h in p["hooks"]]
+    if hooks:
+        lines.append("  hooks:")
+        lines += _table(hooks, ["TYPE", "TARGET", "PLUGIN", "HOOK"])
+    for conflict in report["conflicts"]:
+        lines.append(f"  conflict: {len(conflict['plugins'])} REPLACE hooks on {conflict['target']} "
+                     f"({', '.join(map(str, conflict['plugins']))}); {conflict['winner']} wins")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import hooks
+
+    names = RUNTIMES if args.runtime == "all" else (args.runtime,)
+    reports = [hooks.describe(name, probe=args.probe) for name in names]
+    if args.json:
+        json.dump({"runtimes": reports}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        blocks = ["\n".join(_render(report)) for report in reports]
+        print("\n\n".join(blocks))
+    return 1 if any(report["startup_error"] for report in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""``sglang-launch plugins``: the human table and ``--json``, over real installed entry points,
+in fresh interpreters; it imports no torch and reports (never raises) selection errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from support import REPO, clean_env, make_dist, run_python
+
+SRT_PLUGINS = "sglang.srt.plugins"
+SRT_PLATFORMS = "sglang.srt.platforms"
+DIFF_PLUGINS = "sglang.multimodal_gen.plugins"
+
+
+def _site(site):
+    make_dist(site, "tgt-module", modules={"tgt.py": "def f(x):\n    return x\n"})
+    make_dist(site, "vendor-platform",
+              {SRT_PLATFORMS: {"vendor": "vendor_pkg:activate"}, SRT_PLUGINS: {"vendor": "vendor_pkg.hooks:register"}},
+              {"vendor_pkg/__init__.py": "def activate():\n    return 'vendor_pkg.platform.VendorPlatform'\n",
+               "vendor_pkg/hooks.py": """
+                   from hooks import HookRegistry, HookType
+                   def register():
+                       HookRegistry.register("tgt.f", lambda x: ("vendor", x), HookType.REPLACE)
+               """})
+    make_dist(site, "other-platform",
+              {SRT_PLATFORMS: {"other": "other_pkg:activate"}, SRT_PLUGINS: {"other_extra": "other_pkg.hooks:register"}},
+              {"other_pkg/__init__.py": "def activate():\n    return None\n",
+               "other_pkg/hooks.py": "def register():\n    raise AssertionError('must be skipped')\n"})
+    make_dist(site, "plain-plugin", {SRT_PLUGINS: {"plain": "plain_mod:register"},
+                                     DIFF_PLUGINS: {"plain": "plain_mod:register_diffusion"}},
+              {"plain_mod.py": """
+                  from hooks import HookRegistry, HookType
+                  def register():
+                      HookRegistry.register("tgt:f", lambda x: ("plain", x), HookType.REPLACE)
+                      HookRegistry.register("launcher.server_args.ServerArgs.check_server_args",
+                                            lambda self: None, HookType.BEFORE)
+                  def register_diffusion():
+                      from hooks.diffusion import HookRegistry, HookType
+                      HookRegistry.register("tgt.f", lambda result, x: result, HookType.AFTER)
+              """})
+    make_dist(site, "off-plugin", {SRT_PLUGINS: {"off": "off_mod:register"}},
+              {"off_mod.py": "def register():\n    raise AssertionError('not allowed, must not run')\n"})
+
+
+def test_table_and_json_report_every_entry_point_selection_hooks_and_conflicts(site):
+    _site(site)
+    res = run_python("""
+        import contextlib, io, json, sys
+        from launcher.cli import main
+        outputs, codes = [], []
+        for argv in (["plugins"], ["plugins", "--json"]):
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                codes.append(main(argv))
+            outputs.append(buf.getvalue())
+        heavy = [m for m in ("torch", "numpy", "transformers", "fastapi", "uvicorn") if m in sys.modules]
+        print("RESULT:" + json.dumps({"codes": codes, "table": outputs[0], "doc": json.loads(outputs[1]),
+                                       "heavy": heavy, "tgt_imported": "tgt" in sys.modules}))
+    """, sites=[site], env=clean_env(SGLANG_PLATFORM="vendor", SGLANG_PLUGINS="vendor,plain,other_extra"))
+    assert res.returncode == 0, res
+    out = res.data
+    assert out["codes"] == [0, 0]
+    assert out["heavy"] == [] and out["tgt_imported"] is False  # no hook applied, no target resolved
+
+    srt, diffusion = out["doc"]["runtimes"]
+    assert srt["runtime"] == "srt" and diffusion["runtime"] == "diffusion"
+    assert srt["selection"]["key"] == "plugin:vendor"
+    assert srt["selection"]["distribution"] == "vendor-platform"
+    assert srt["selection"]["reason"] == "SGLANG_PLATFORM=vendor"
+    assert srt["allowlist"] == ["other_extra", "plain", "vendor"]
+    platforms = {p["name"]: p for p in srt["groups"][SRT_PLATFORMS]}
+    assert platforms["vendor"]["selected"] and not platforms["other"]["selected"]
+    assert platforms["other"]["distribution"] == "other-platform"
+    plugins = {p["name"]: p for p in srt["groups"][SRT_PLUGINS]}
+    assert set(plugins) == {"vendor", "other_extra", "plain", "off"}
+    assert plugins["off"]["allowed"] is False and plugins["off"]["status"] == "not allowed"
+    assert plugins["other_extra"]["skipped_unselected_platform"] is True
+    assert plugins["other_extra"]["status"] == "skipped"
+    assert plugins["plain"]["status"] == "loaded" and plugins["plain"]["distribution"] == "plain-plugin"
+    assert [(h["type"], h["target"]) for h in plugins["plain"]["hooks"]] == [
+        ("REPLACE", "tgt.f"), ("BEFORE", "launcher.server_args.ServerArgs.check_server_args")]
+    assert [(h["type"], h["target"]) for h in plugins["vendor"]["hooks"]] == [("REPLACE", "tgt.f")]
+    assert srt["conflicts"] == [{"target": "tgt.f", "plugins": ["plain", "vendor"], "winner": "vendor"}]
+    assert srt["startup_error"] is None
+    dplugins = {p["name"]: p for p in diffusion["groups"][DIFF_PLUGINS]}
+    assert [(h["type"], h["target"]) for h in dplugins["plain"]["hooks"]] == [("AFTER", "tgt.f")]
+    # No diffusion plugin platform: start-up would probe the built-ins, which needs torch; the
+    # report names them in order instead.
+    assert diffusion["selection"]["key"] is None
+    assert diffusion["selection"]["probed"] == ["mps", "xpu", "rocm", "cuda", "npu", "musa", "cpu"]
+    assert "pass --probe" in diffusion["selection"]["reason"]
+
+    table = out["table"]
+    assert "platform: plugin:vendor -> vendor_pkg.platform.VendorPlatform from vendor-platform" in table
+    assert "why: SGLANG_PLATFORM=vendor" in table
+    rows = {line.split()[0]: line for line in table.splitlines() if line.startswith("    ")}
+    assert "not allowed" in rows["off"] and "skipped" in rows["other_extra"]
+    assert "loaded" in rows["plain"]
+    assert "conflict: 2 REPLACE hooks on tgt.f (plain, vendor); vendor wins" in table
+    assert "[sglang.multimodal_gen.plugins]" in table
+    assert "platform: a built-in, found by probing at start-up" in table
+
+
+def _cli(args, site, **env):
+    environ = clean_env(**env)
+    environ["PYTHONPATH"] = f"{site}:{REPO}"
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
+                          env=environ, cwd=str(REPO), timeout=60)
+
+
+def test_selection_error_is_reported_with_exit_status_1_and_bad_options_are_usage_errors(site):
+    _site(site)
+    human = _cli(["plugins", "--runtime", "srt"], site, SGLANG_PLATFORM="missing")
+    assert human.returncode == 1, human.stderr
+    assert "platform: selection fails (SGLANG_PLATFORM=missing)" in human.stdout
+    assert "no srt platform plugin named 'missing'" in human.stdout
+
+    doc = _cli(["plugins", "--runtime", "srt", "--json"], site, SGLANG_PLATFORM="missing")
+    assert doc.returncode == 1
+    report = json.loads(doc.stdout)["runtimes"][0]
+    assert "no srt platform plugin named 'missing'" in report["selection"]["error"]
+    assert report["startup_error"] == report["selection"]["error"]
+
+    bad = _cli(["plugins", "--format", "xml"], site)
+    assert bad.returncode == 2 and "unrecognized arguments: --format" in bad.stderr
