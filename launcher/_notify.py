@@ -2,8 +2,9 @@
 
 An ops listener: ``STATUS=`` lines while workers start, ``READY=1`` once every worker is ready,
 ``STOPPING=1`` when the launcher begins to stop. Without ``NOTIFY_SOCKET`` it does nothing.
-A notification that cannot be delivered is logged once and otherwise ignored: systemd being
-away must never stop a launch.
+Sends never block the supervisor's event loop: a notification that cannot be delivered at once
+(no listener, or its queue is full) is dropped and logged once; systemd being slow or away must
+never stall or stop a launch.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class SystemdNotifier:
             return
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+                sock.setblocking(False)
                 sock.sendto("\n".join(lines).encode(), self._address)
         except OSError as exc:
             if not self._warned:

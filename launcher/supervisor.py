@@ -260,14 +260,19 @@ class Supervisor:
         import bootstrap
 
         context = multiprocessing.get_context("spawn")  # local: the global start method is untouched
-        for child in self._children:
-            spec = child.spec
-            child.process = context.Process(
-                target=bootstrap.run, args=(spec,), name=f"sglang-{spec.role}-{spec.rank}", daemon=False
-            )
-            child.process.start()
-            child.state.pid = child.process.pid
-            self._loop.add_reader(child.process.sentinel, self._on_sentinel, child)
+        global_method = multiprocessing.get_start_method(allow_none=True)
+        try:
+            for child in self._children:
+                spec = child.spec
+                child.process = context.Process(
+                    target=bootstrap.run, args=(spec,), name=f"sglang-{spec.role}-{spec.rank}", daemon=False
+                )
+                child.process.start()
+                child.state.pid = child.process.pid
+                self._loop.add_reader(child.process.sentinel, self._on_sentinel, child)
+        finally:
+            if global_method is None:
+                _unfix_global_start_method()
 
     # ----------------------------------------------------------------- inputs
     def _post(self, kind: str, item=None) -> None:
@@ -503,6 +508,15 @@ class Supervisor:
             worker_count=len(self.state.workers),
             startup_s=startup_s,
         )
+
+
+def _unfix_global_start_method() -> None:
+    """Undo a side effect of the standard library: starting a ``spawn`` process calls
+    ``multiprocessing.get_start_method()``, which fixes the *global* default as if the
+    application had chosen it. An embedding application that never chose must still be free to."""
+    default = getattr(multiprocessing.context, "_default_context", None)
+    if default is not None and hasattr(default, "_actual_context"):
+        default._actual_context = None
 
 
 def _kill_leftovers(children: list[_Child]) -> None:

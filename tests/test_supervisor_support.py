@@ -53,7 +53,7 @@ class Run:
     """One ``sglang-launch`` process; ``stop()`` (or the context manager) leaves nothing behind."""
 
     def __init__(self, args: list[str], *, sites=(), env: dict | None = None, runtime_dir: str | None = None,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None, stderr=None) -> None:
         self.tag = uuid.uuid4().hex
         self.runtime_dir = runtime_dir or short_runtime_dir()
         self.out_path = Path(self.runtime_dir) / "stdout.txt"
@@ -66,7 +66,8 @@ class Run:
         self.env = environ
         cmd = command or [sys.executable, "-m", "launcher"]
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([*cmd, *args], stdout=out, stderr=err, env=environ, cwd=str(REPO))
+            self.proc = subprocess.Popen([*cmd, *args], stdout=out, stderr=err if stderr is None else stderr,
+                                         env=environ, cwd=str(REPO))
 
     @property
     def pid(self) -> int:
