@@ -434,3 +434,37 @@ def test_phases_run_once_with_threads_reentrancy_and_fork(site):
     assert out["calls"] == 1 and out["seen_inside"] == [[1]]
     assert out["main"] == hooked  # every hook applied, each once
     assert out["fork_mid_phase"] == 0 and out["fork_after_done"] == 0
+
+
+# -- this project's own hook targets ------------------------------------------------------------------
+def test_a_plugin_adds_an_option_and_a_check_to_server_args(site):
+    make_dist(site, "args-plugin", {SRT_PLUGINS: {"args": "args_plugin:register"}}, {"args_plugin.py": """
+        from hooks import HookRegistry, HookType
+
+        def add_option(parser, cls, *args):
+            parser.add_argument("--my-plugin-level", type=int, default=1)
+
+        def check(self):
+            if self.max_batch_size > 64:
+                raise ValueError("args_plugin supports --max-batch-size up to 64")
+
+        def register():
+            HookRegistry.register("launcher.server_args.ServerArgs.add_cli_args", add_option, HookType.AFTER)
+            HookRegistry.register("launcher.server_args:ServerArgs.check_server_args", check, HookType.BEFORE)
+    """})
+    res = run_python("""
+        import argparse, json, hooks
+        hooks.load_plugins()
+        from launcher.server_args import ServerArgs
+        parser = ServerArgs.add_cli_args(argparse.ArgumentParser())
+        ns = parser.parse_args(["--my-plugin-level", "3", "--max-batch-size", "128"])
+        args = ServerArgs.from_cli_args(ns)
+        try:
+            args.check_server_args()
+            error = None
+        except ValueError as exc:
+            error = str(exc)
+        print("RESULT:" + json.dumps({"level": ns.my_plugin_level, "error": error}))
+    """, sites=[site])
+    assert res.returncode == 0, res
+    assert res.data == {"level": 3, "error": "args_plugin supports --max-batch-size up to 64"}
