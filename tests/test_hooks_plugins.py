@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from support import make_dist, run_python, clean_env
+from plugin_fixtures import DEMO_DISTRIBUTION, demo_site  # noqa: F401 - a fixture
+from support import clean_env, make_dist, run_python
 
 SRT_PLUGINS = "sglang.srt.plugins"
 SRT_PLATFORMS = "sglang.srt.platforms"
@@ -468,3 +469,28 @@ def test_a_plugin_adds_an_option_and_a_check_to_server_args(site):
     """, sites=[site])
     assert res.returncode == 0, res
     assert res.data == {"level": 3, "error": "args_plugin supports --max-batch-size up to 64"}
+
+
+# -- the demo platform package, installed by pip ------------------------------------------------------
+def test_pip_installed_demo_platform_plugin_is_required_when_selected(demo_site):
+    code = """
+        import json, hooks
+        try:
+            hooks.load_plugins()
+            out = {"hooks": [[h.source.name, h.source.distribution, h.type.name, h.path.dotted]
+                             for h in hooks.HookRegistry.hooks()]}
+        except hooks.PluginError as exc:
+            out = {"error": [exc.plugin, exc.distribution, str(exc.__cause__)]}
+        print("RESULT:" + json.dumps(out))
+    """
+    ok = run_python(code, sites=[demo_site], env=clean_env(SGLANG_PLATFORM="demo", DEMO_PLATFORM_ENABLE="1"))
+    assert ok.returncode == 0, ok
+    assert ok.data == {"hooks": [["demo", DEMO_DISTRIBUTION, "AFTER", "launcher.server_args.ServerArgs.__post_init__"]]}
+    broken = run_python(code, sites=[demo_site], env=clean_env(
+        SGLANG_PLATFORM="demo", DEMO_PLATFORM_ENABLE="1", DEMO_PLATFORM_FAIL_HOOKS="1"))
+    assert broken.returncode == 0, broken
+    assert broken.data == {"error": ["demo", DEMO_DISTRIBUTION, "demo plugin: DEMO_PLATFORM_FAIL_HOOKS=1"]}
+    # Not the selected platform (no platform selected explicitly, demo hardware off): best effort.
+    other = run_python(code, sites=[demo_site], env=clean_env(DEMO_PLATFORM_FAIL_HOOKS="1"))
+    assert other.returncode == 0, other
+    assert other.data == {"hooks": []} and "plugin 'demo' (sglang-launch-demo-platform) failed to run its callback" in other.stderr
