@@ -1,7 +1,8 @@
 """Which children one node's supervisor starts, and what each is told.
 
-Node ``node_rank`` of ``nnodes`` runs ``tp_size * dp_size`` scheduler ranks, global ranks
-``node_rank * local .. node_rank * local + local - 1``, each with the torch.distributed
+The launch has ``tp_size * dp_size`` scheduler ranks in all (tensor and data parallelism span
+the nodes), split evenly: node ``node_rank`` of ``nnodes`` runs ``local = world / nnodes`` of them,
+global ranks ``node_rank * local .. node_rank * local + local - 1``, each with the torch.distributed
 environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT``); node 0 also runs one HTTP child, unless ``http_target`` is
 empty (an engine that serves no HTTP). The rendezvous address is ``--dist-init-addr`` or, on a
@@ -53,12 +54,15 @@ def plan_children(args, *, payload: bytes, platform_key: str, runtime: str, endp
     """The ``ProcessSpec`` of every child of this node, HTTP first when there is one."""
     from bootstrap import ProcessSpec
 
-    local = args.tp_size * args.dp_size
-    if local < 1:
-        raise PlanError("--tp-size and --dp-size must be at least 1")
+    world = args.tp_size * args.dp_size
+    if world < 1 or args.nnodes < 1 or world % args.nnodes:
+        raise PlanError(
+            f"--tp-size {args.tp_size} x --dp-size {args.dp_size} = {world} ranks cannot be split "
+            f"evenly over --nnodes {args.nnodes}; make the product a positive multiple of nnodes"
+        )
     if not 0 <= args.node_rank < args.nnodes:
         raise PlanError(f"--node-rank {args.node_rank} must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}")
-    world = local * args.nnodes
+    local = world // args.nnodes
     master_addr, master_port = rendezvous(args.dist_init_addr, args.nnodes)
 
     def spec(role: str, target: str, rank: int, local_rank: int, env: dict[str, str]):

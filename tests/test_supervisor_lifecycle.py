@@ -109,6 +109,14 @@ def test_sigterm_stops_gracefully_and_late_callers_see_everything(tmp_path):
         assert first["topic"] == "snapshot" and first["snapshot"]["phase"] == "ready"
         assert all(w["phase"] == "ready" for w in first["snapshot"]["workers"])
 
+        # A malformed query gets an error reply; the launch does not notice.
+        state = json.loads(next(Path(run.runtime_dir, "sglang-launch").glob("*.json")).read_text())
+        assert _raw_query(state["query_endpoint"], b"not json")["ok"] is False
+        assert "unknown query" in _raw_query(state["query_endpoint"], b'{"query": "shutdown"}')["error"]
+        history = _raw_query(state["query_endpoint"], b'{"query": "events", "after": 0}')
+        assert history["complete"] and history["events"][0]["topic"] == "server.starting"
+        assert run.snapshot()["phase"] == "ready"
+
         # systemd heard READY=1 (and start-up progress before it).
         seen = systemd.wait_for("READY=1")
         assert any(m.startswith("STATUS=starting") for m in seen), seen
@@ -142,6 +150,18 @@ def test_sigterm_stops_gracefully_and_late_callers_see_everything(tmp_path):
         run.assert_nothing_left()
         assert not any(p.is_running() for p in grandchildren)
         assert not list(Path(run.runtime_dir, "sglang-launch").iterdir()), "state file and runtime dir removed"
+
+
+def _raw_query(endpoint: str, data: bytes):
+    import zmq
+
+    with zmq.Context() as zctx, zctx.socket(zmq.REQ) as sock:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sock.send(data)
+        assert sock.poll(10_000), "the launcher did not answer"
+        reply = sock.recv()
+    return json.loads(reply)
 
 
 def test_sigint_stops_a_worker_that_ignores_sigterm_after_the_grace_period():
