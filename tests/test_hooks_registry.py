@@ -458,3 +458,26 @@ def test_reset_restores_every_original(modules, registry):
     assert mod.add is not add and mod.K is not klass
     registry.reset()
     assert mod.add is add and mod.K is klass and klass().m() == 1
+
+
+def test_builtins_and_inherited_slot_methods_get_generic_wrappers(modules, registry):
+    mod = modules("""
+from os import getpid as pid
+class Plain:
+    pass
+class Child(Plain):
+    pass
+""")
+    import os
+
+    seen = []
+    registry.register(f"{mod.__name__}.pid", lambda result: ("pid", result), HookType.AFTER)
+    registry.register(f"{mod.__name__}.Child.__init__", lambda self, *a, **k: seen.append(type(self).__name__),
+                      HookType.BEFORE)
+    registry.apply_hooks()
+    assert mod.pid() == ("pid", os.getpid())
+    mod.Child()
+    mod.Plain()
+    assert seen == ["Child"]
+    registry.reset()
+    assert mod.pid is os.getpid and "__init__" not in mod.Child.__dict__
