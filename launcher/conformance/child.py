@@ -1,0 +1,42 @@
+"""``run_checks``: the worker target of the check process, called by ``bootstrap.run``.
+
+By the time it runs, the bootstrap has selected the platform exactly as a launch would (the
+same environment; nothing is pinned), run its ``init_backend()`` through
+``initialize_current_platform()``, loaded the runtime's general plugins and applied their hooks.
+It runs every check of the runtime in catalog order, journals each row as it goes (see
+``journal``), reports ``ready`` with the number of rows, and then waits for the parent's stop
+request, as every worker must.
+"""
+
+from __future__ import annotations
+
+from .catalog import checks_for
+from .journal import Journal
+from .probe import Probe, evaluate
+
+
+def run_checks(server_args, ctx) -> None:
+    """Run the conformance checks of ``server_args.runtime`` into ``ctx.runtime_dir``'s journal."""
+    runtime = server_args.runtime
+    journal = Journal(ctx.runtime_dir)
+    try:
+        probe = Probe(runtime, ctx.runtime_dir)
+        sel, platform = probe.selection, probe.platform
+        journal.platform(
+            runtime=runtime,
+            key=sel.key,
+            qualname=sel.qualname,
+            entry_point=sel.entry_point.describe() if sel.entry_point else None,
+            distribution=sel.distribution,
+            reason=sel.reason,
+            device_name=str(getattr(platform, "device_name", "")),
+            device_type=str(getattr(platform, "device_type", "")),
+        )
+        checks = checks_for(runtime)
+        for check in checks:
+            journal.begin(check.id)
+            journal.row(evaluate(check, probe))
+    finally:
+        journal.close()
+    ctx.ready(checks=len(checks))
+    ctx.stopping.wait()

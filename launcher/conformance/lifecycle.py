@@ -1,0 +1,75 @@
+"""Lifecycle checks: plugins loaded, ServerArgs defaults, init_backend() once per process."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from .catalog import check
+from .rows import CheckFailed
+
+
+@check(
+    "lifecycle.plugins",
+    "general plugins registered and hooks applied",
+    "general plugins of the selected platform's distribution load, run their callbacks and apply "
+    "their hooks; a failure there aborts start-up",
+)
+def plugins(probe) -> str:
+    # The bootstrap ran both phases before this process reached the checks; a failure there is
+    # reported against this row by the parent, from the child's failure report.
+    return "the bootstrap registered this runtime's general plugins and applied their hooks"
+
+
+def _field_defaults(cls) -> dict:
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            values[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            values[f.name] = f.default_factory()
+    return values
+
+
+@check(
+    "lifecycle.server_args_defaults",
+    "apply_server_args_defaults() keeps a default ServerArgs valid",
+    "apply_server_args_defaults(server_args) fills platform defaults in ServerArgs.__post_init__ "
+    "and leaves arguments that pass check_server_args()",
+)
+def server_args_defaults(probe) -> str:
+    # Looked up now, after the bootstrap applied hooks: a REPLACE of the class applies.
+    cls = importlib.import_module("launcher.server_args").ServerArgs
+    defaults = _field_defaults(cls)
+    args = cls(runtime=probe.runtime)  # __post_init__ calls apply_server_args_defaults()
+    try:
+        args.check_server_args()
+    except ValueError as exc:
+        raise CheckFailed(f"the defaulted arguments no longer pass check_server_args(): {exc}") from None
+    changed = [
+        f"{name}: {defaults[name]!r} -> {getattr(args, name)!r}"
+        for name in defaults
+        if name != "runtime" and getattr(args, name) != defaults[name]
+    ]
+    return ("set " + ", ".join(changed) if changed else "changed nothing") + "; check_server_args() passes"
+
+
+@check(
+    "lifecycle.init_backend",
+    "init_backend() ran once under initialize_current_platform()",
+    "init_backend() runs at most once per process, through initialize_current_platform(), and "
+    "returns (raising aborts start-up; it must never end the process)",
+)
+def init_backend(probe) -> str:
+    p = probe.platform
+    calls = []
+    p.init_backend = lambda: calls.append(1)  # shadows the method on this instance only
+    try:
+        again = probe.platforms.initialize_current_platform()
+    finally:
+        del p.init_backend
+    if calls:
+        raise CheckFailed("a second initialize_current_platform() ran init_backend() again")
+    if again is not p:
+        raise CheckFailed("a second initialize_current_platform() returned another platform instance")
+    return "ran in the bootstrap before the checks; calling initialize_current_platform() again did not re-run it"

@@ -1,0 +1,79 @@
+"""``Probe``: what every check is handed, and ``evaluate``: one check run into one ``Row``.
+
+The probe carries the platform under test (the real instance, not the lazy proxy), its
+runtime's modules, the selection, a private scratch directory, and the values earlier checks
+left for later ones (``probe.values["device"]`` from ``device.get_device`` and so on).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from . import rows
+from .catalog import Check
+
+_PLATFORM_MODULES = {"srt": "platforms", "diffusion": "platforms.diffusion"}
+
+
+class Probe:
+    """The platform under test and the shared state of one check run."""
+
+    def __init__(self, runtime: str, workdir: str) -> None:
+        self.runtime = runtime
+        self.workdir = workdir
+        self.platforms = importlib.import_module(_PLATFORM_MODULES[runtime])
+        # Already initialized by the bootstrap: this returns the instance without re-running
+        # init_backend() (lifecycle.init_backend verifies exactly that).
+        self.platform = self.platforms.initialize_current_platform()
+        self.selection = self.platforms.current_selection()
+        self.statuses: dict[str, str] = {}
+        self.values: dict[str, Any] = {}
+
+    @property
+    def torch(self):
+        import torch
+
+        return torch
+
+    @property
+    def device(self):
+        """The device ``get_device(0)`` returned (checks that use it declare that need)."""
+        return self.values["device"]
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def evaluate(check: Check, probe: Probe) -> rows.Row:
+    """Run ``check`` against ``probe`` and return its row (never raises for a platform's fault)."""
+
+    def row(status: str, detail: str, expected: str | None = None) -> rows.Row:
+        probe.statuses[check.id] = status
+        return rows.Row(check.id, check.group, check.title, status, detail, expected)
+
+    for need in check.needs:
+        status = probe.statuses.get(need)
+        if status != rows.PASS:
+            return row(rows.SKIPPED, f"needs {need} to pass (it is {status or 'not run'})")
+    try:
+        detail = check.fn(probe)
+    except rows.Skip as exc:
+        return row(rows.SKIPPED, str(exc))
+    except rows.Missing as exc:
+        return row(rows.MISSING, str(exc))
+    except rows.CheckFailed as exc:
+        return row(rows.FAIL, str(exc), check.contract)
+    except NotImplementedError as exc:
+        if check.optional:
+            return row(rows.MISSING, f"not implemented ({_describe(exc)})")
+        return row(
+            rows.FAIL,
+            f"raised {_describe(exc)}, but the contract gives this method a working default",
+            check.contract,
+        )
+    except Exception as exc:  # noqa: BLE001 - whatever the platform raises is this row's failure
+        return row(rows.FAIL, f"raised {_describe(exc)}", check.contract)
+    return row(rows.PASS, detail)

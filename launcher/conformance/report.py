@@ -1,0 +1,188 @@
+"""The final report: every check's row (from the child's journal, or from how the child died),
+the terminal table, the JSON document and the one-line summary.
+
+When the child did not finish, the failure is pinned on one row and every row after the point
+it reached is skipped, saying so:
+
+- a check that was running when the child died (or hung) fails with how the child ended;
+- a failure before the checks started is placed by the bootstrap phase it happened in:
+  selection and construction errors (``PlatformSelectionError``) on ``selection.source`` or
+  ``selection.construct``, anything else in ``platform_initialized`` on
+  ``lifecycle.init_backend`` (an ``os._exit`` there sends no report: the exit code and the phase
+  still say where), plugin and hook failures on ``lifecycle.plugins``; anything else on the
+  ``process`` row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import NamedTuple, TextIO
+
+from bootstrap import DOING, PHASES
+
+from .catalog import Check, checks_for
+from .rows import FAIL, MISSING, PASS, SKIPPED, Row, counts
+
+PROCESS_ROW = ("process.check", "the check process ran to the end",
+               "the check process starts through the bootstrap, runs every check and stops when asked")
+
+
+class Blame(NamedTuple):
+    id: str
+    detail: str
+
+
+class Report(NamedTuple):
+    runtime: str
+    platform: dict | None
+    rows: list[Row]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return counts(self.rows)
+
+    @property
+    def ok(self) -> bool:
+        return self.counts[FAIL] == 0
+
+    @property
+    def failed(self) -> list[str]:
+        return [row.id for row in self.rows if row.status == FAIL]
+
+    def summary(self) -> str:
+        c = self.counts
+        where = (self.platform or {}).get("key") or "no platform"
+        tally = ", ".join(f"{c[s]} {s}" for s in (PASS, FAIL, MISSING, SKIPPED))
+        verdict = "conforms" if self.ok else "FAILED: " + ", ".join(self.failed)
+        return f"check-platform {self.runtime} on {where}: {len(self.rows)} checks, {tally} - {verdict}"
+
+    def to_dict(self) -> dict:
+        return {
+            "runtime": self.runtime,
+            "platform": self.platform,
+            "ok": self.ok,
+            "counts": self.counts,
+            "summary": self.summary(),
+            "rows": [row.to_dict() for row in self.rows],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+# -- building ----------------------------------------------------------------------------------
+def _ended(result) -> str:
+    if result.timed_out:
+        return f"did not finish within {result.timeout:g}s and was stopped"
+    code = result.exitcode
+    if code is not None and code < 0:
+        import signal
+
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _phase_in_progress(reached: str) -> str:
+    """The bootstrap phase a child was working towards, given the last one it reported."""
+    if reached in PHASES[:-1]:
+        return PHASES[PHASES.index(reached) + 1]
+    return PHASES[0] if reached == "starting" else PHASES[-1]
+
+
+def _row_for_phase(phase: str, failure: dict | None) -> str:
+    if phase == "platform_initialized":
+        if failure and failure["exc_type"].endswith("PlatformSelectionError"):
+            # Construction errors are raised from platforms._selection.instantiate().
+            return "selection.construct" if " in instantiate\n" in failure["traceback"] else "selection.source"
+        return "lifecycle.init_backend"
+    if phase in ("plugins_loaded", "hooks_applied"):
+        return "lifecycle.plugins"
+    return PROCESS_ROW[0]
+
+
+def blame(result) -> Blame | None:
+    """The row that carries the child's failure, or None when it finished."""
+    if result.ready:
+        return None
+    failure = result.failure
+    reported = f"{failure['exc_type']}: {failure['message']}" if failure else None
+    running = result.journal.running
+    if running is not None:
+        detail = f"the check process {_ended(result)} while running this check"
+        return Blame(running, f"{detail}: {reported}" if reported else detail)
+    phase = failure["phase"] if failure else _phase_in_progress(result.reached)
+    where = f"(bootstrap phase {phase}: {DOING.get(phase, phase)})"
+    if reported:
+        return Blame(_row_for_phase(phase, failure), f"{reported} {where}")
+    return Blame(
+        _row_for_phase(phase, None),
+        f"the check process {_ended(result)} {where} and sent no error report",
+    )
+
+
+def build(runtime: str, result, checks: list[Check] | None = None) -> Report:
+    """Every check's row for ``runtime``, from the child's journal and how it ended."""
+    checks = checks_for(runtime) if checks is None else checks
+    finished = result.journal.rows
+    culprit = blame(result)
+    rows: list[Row] = []
+    if culprit is not None and culprit.id == PROCESS_ROW[0]:
+        rows.append(Row(PROCESS_ROW[0], "process", PROCESS_ROW[1], FAIL, culprit.detail, PROCESS_ROW[2]))
+    for check in checks:
+        if check.id in finished:
+            rows.append(finished[check.id])
+        elif culprit is not None and check.id == culprit.id:
+            rows.append(Row(check.id, check.group, check.title, FAIL, culprit.detail, check.contract))
+        else:
+            why = f"not run: the check process ended at {culprit.id}" if culprit else "not reported by the check process"
+            rows.append(Row(check.id, check.group, check.title, SKIPPED, why))
+    return Report(runtime, result.journal.platform, rows)
+
+
+# -- the terminal table ------------------------------------------------------------------------
+_COLOURS = {PASS: "32", FAIL: "1;31", MISSING: "33", SKIPPED: "2"}
+
+
+def use_colour(stream: TextIO, environ=None) -> bool:
+    """Colour only on a terminal, and never when ``NO_COLOR`` is set to anything non-empty."""
+    environ = os.environ if environ is None else environ
+    if environ.get("NO_COLOR"):
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _paint(text: str, code: str | None, colour: bool) -> str:
+    return f"\x1b[{code}m{text}\x1b[0m" if colour and code else text
+
+
+def render_table(report: Report, colour: bool = False) -> str:
+    """The report as the terminal shows it: a heading, one line per row, the summary line."""
+    lines = []
+    platform = report.platform
+    if platform:
+        source = platform.get("distribution") or "built in"
+        lines.append(f"check-platform: {report.runtime} runtime, platform {platform['key']} "
+                     f"({platform['qualname']}, {source})")
+        lines.append(f"  selected by {platform['reason']}")
+    else:
+        lines.append(f"check-platform: {report.runtime} runtime, platform not reported by the check process")
+    width = max(len(row.id) for row in report.rows)
+    group = None
+    for row in report.rows:
+        if row.group != group:
+            lines.append("")
+            group = row.group
+        status = _paint(f"{row.status:<7}", _COLOURS.get(row.status), colour)
+        lines.append(f"  {status}  {row.id:<{width}}  {row.detail}")
+        if row.status == FAIL and row.expected:
+            lines.append(f"  {'':<7}  {'':<{width}}  expected: {row.expected}")
+    lines.append("")
+    lines.append(_paint(report.summary(), _COLOURS[PASS] if report.ok else _COLOURS[FAIL], colour))
+    return "\n".join(lines) + "\n"

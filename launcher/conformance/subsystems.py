@@ -1,0 +1,130 @@
+"""SRT subsystem factories and capability flags, listed with their values.
+
+A factory whose contract default raises ``NotImplementedError`` shows as missing when the
+platform does not override it; that is never a failure. A flag must answer a bool.
+"""
+
+from __future__ import annotations
+
+from .catalog import check
+from .rows import CheckFailed
+
+SRT = ("srt",)
+
+
+def _class_row(probe, method: str) -> str:
+    value = getattr(probe.platform, method)()
+    if not isinstance(value, type):
+        raise CheckFailed(f"{method}() returned {type(value).__name__} {value!r}, not a class")
+    return f"{value.__module__}.{value.__qualname__}"
+
+
+def _factory(method: str, what: str) -> None:
+    @check(
+        f"subsystems.{method}",
+        f"{method}() returns the {what} class",
+        f"{method}() returns the platform's {what} class (default: raises NotImplementedError)",
+        runtimes=SRT,
+        optional=True,
+    )
+    def factory(probe) -> str:
+        return _class_row(probe, method)
+
+
+@check(
+    "subsystems.get_default_attention_backend",
+    "get_default_attention_backend() names a backend",
+    "get_default_attention_backend() returns the name of the attention backend used when the "
+    "operator names none",
+    runtimes=SRT,
+    optional=True,
+)
+def default_attention_backend(probe) -> str:
+    value = probe.platform.get_default_attention_backend()
+    if not isinstance(value, str) or not value.strip():
+        raise CheckFailed(f"returned {value!r}, not a backend name")
+    return repr(value)
+
+
+for _method, _what in (
+    ("get_graph_runner_cls", "graph runner"),
+    ("get_mha_kv_pool_cls", "MHA KV cache pool"),
+    ("get_mla_kv_pool_cls", "MLA KV cache pool"),
+    ("get_dsa_kv_pool_cls", "DSA KV cache pool"),
+    ("get_paged_allocator_cls", "paged allocator"),
+    ("get_piecewise_backend_cls", "piecewise compilation backend"),
+):
+    _factory(_method, _what)
+
+
+@check(
+    "subsystems.get_quantization_config",
+    "get_quantization_config('fp8') answers",
+    "get_quantization_config(quantization) returns a hardware-specific config, None for the "
+    "default config, or raises for an unsupported scheme",
+    runtimes=SRT,
+    optional=True,
+)
+def quantization_config(probe) -> str:
+    try:
+        value = probe.platform.get_quantization_config("fp8")
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - refusing a scheme is the contract's way to say no
+        return f"'fp8' refused: {type(exc).__name__}: {exc}"
+    return "'fp8' -> default config (None)" if value is None else f"'fp8' -> {value!r}"
+
+
+@check(
+    "subsystems.get_communicator_class",
+    "get_communicator_class() is a class or None",
+    "get_communicator_class() returns a platform-specific communicator class, or None for the default",
+    runtimes=SRT,
+)
+def communicator_class(probe) -> str:
+    value = probe.platform.get_communicator_class()
+    if value is None:
+        return "None (the default communicator)"
+    if not isinstance(value, type):
+        raise CheckFailed(f"returned {type(value).__name__} {value!r}, not a class or None")
+    return f"{value.__module__}.{value.__qualname__}"
+
+
+@check(
+    "subsystems.get_dispatch_key_name",
+    "get_dispatch_key_name() names the fused-op key",
+    "get_dispatch_key_name() returns the key that picks fused/custom-op implementations "
+    "(forward_<key>); the default is 'native'",
+    runtimes=SRT,
+)
+def dispatch_key_name(probe) -> str:
+    value = probe.platform.get_dispatch_key_name()
+    if not isinstance(value, str) or not value.strip():
+        raise CheckFailed(f"returned {value!r}, not a key name")
+    return repr(value)
+
+
+def _flag(method: str, what: str, runtimes: tuple[str, ...]) -> None:
+    @check(
+        f"subsystems.{method}",
+        f"{method}() is a bool",
+        f"{method}() answers True or False: {what}",
+        runtimes=runtimes,
+    )
+    def flag(probe) -> str:
+        value = getattr(probe.platform, method)()
+        if not isinstance(value, bool):
+            raise CheckFailed(f"returned {type(value).__name__} {value!r}, not a bool")
+        return str(value)
+
+
+for _method, _what, _runtimes in (
+    ("support_cuda_graph", "whether device graph capture is supported", SRT),
+    ("support_piecewise_cuda_graph", "whether piecewise graph capture is supported", SRT),
+    ("supports_fp8", "whether FP8 quantization is supported", SRT),
+    ("supports_distributed_device_id", "whether init_process_group(device_id=...) may bind the device",
+     ("diffusion",)),
+    ("enable_dit_layerwise_offload_by_default", "whether DiT layer-wise offload is on by default",
+     ("diffusion",)),
+):
+    _flag(_method, _what, _runtimes)
