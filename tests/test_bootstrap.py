@@ -356,6 +356,8 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
                 "raises": {"target": "workers_for_tests.raise_error"},
                 "raises_after_ready": {"target": "workers_for_tests.raise_after_ready"},
                 "returns_early": {"target": "workers_for_tests.return_early"},
+                "raises_on_stop": {"target": "workers_for_tests.raise_on_stop",
+                                   "signal": {"when": ["ready"], "sig": "SIGTERM"}},
                 "exit_code": {"target": "workers_for_tests.exit_with_code",
                               "env": {"TESTWORKER_EXIT_CODE": "7"}},
                 "sigkill": {"target": "workers_for_tests.kill_self"},
@@ -395,6 +397,7 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
     check("raises", "ready", 86, "RuntimeError", "worker failed on purpose", "workers_for_tests.py")
     check("raises_after_ready", "serving", 87, "RuntimeError", "failed on purpose after ready")
     check("returns_early", "serving", 87, "WorkerReturned", "before the supervisor asked it to stop")
+    check("raises_on_stop", "stopping", 88, "RuntimeError", "failed on purpose while stopping")
     assert kinds(children["raises_after_ready"])[-2:] == ["ready", "failed"]
 
     # A child that cannot even reach the supervisor still says why, on stderr, and exits 80.

@@ -19,6 +19,7 @@ Targets:
 - ``raise_error``: raises ``RuntimeError("worker failed on purpose")`` before ready.
 - ``raise_after_ready``: ready, then raises.
 - ``return_early``: ready, then returns although nobody asked it to stop.
+- ``raise_on_stop``: ready, waits for ``ctx.stopping``, then raises while winding down.
 - ``hang``: never reports ready and ignores stop requests (SIGTERM is ignored, too).
 - ``ignore_stop``: ready, then ignores SIGTERM and sleeps forever (tests need SIGKILL).
 - ``exit_with_code``: ``os._exit(TESTWORKER_EXIT_CODE)`` before ready.
@@ -101,6 +102,12 @@ def raise_after_ready(server_args, ctx) -> None:
 
 def return_early(server_args, ctx) -> None:
     ctx.ready(**_identity(ctx))
+
+
+def raise_on_stop(server_args, ctx) -> None:
+    ctx.ready(**_identity(ctx))
+    _wait_for_stop(ctx)
+    raise RuntimeError("worker failed on purpose while stopping")
 
 
 def hang(server_args, ctx) -> None:
