@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
 
-from support import REPO, clean_env, run_python
-from test_supervisor_support import TESTS, short_runtime_dir
+from support import REPO, clean_env, free_port, run_python
+from test_supervisor_support import FAST, READY_WAIT, TESTS, Run, short_runtime_dir
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -85,3 +86,15 @@ def test_terminal_display_live_on_a_tty_plain_lines_otherwise():
         assert text.rstrip().endswith("sglang-launch: ready at http://127.0.0.1:30000 (2 workers in 1.5s)")
     assert "\x1b[" in live and "\x1b[" not in plain
     assert "sglang-launch: scheduler.0 (pid 12) hooks_applied 0.50s" in plain
+
+
+def test_diffusion_runtime_launches_with_its_own_platform_selection():
+    args = [*FAST, "--runtime", "diffusion", "--port", str(free_port()),
+            "--scheduler-target", READY_WAIT, "--http-target", READY_WAIT]
+    with Run(args, env={"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"}) as run:
+        snap = run.wait_ready()
+        assert snap["runtime"] == "diffusion" and snap["platform"] == "builtin:cpu"
+        assert all(w["platform"] == "builtin:cpu" for w in snap["workers"])
+        os.kill(run.pid, signal.SIGTERM)
+        assert run.wait(60) == 0, run
+        run.assert_nothing_left()

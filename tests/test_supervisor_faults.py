@@ -26,6 +26,11 @@ CASES = {
         1, "scheduler.1", "plugins_loaded",
         ["cannot be imported (on purpose)", "exited with code 82", "Traceback"],
     ),
+    "child cannot select the supervisor's platform": (
+        ["--tp-size", "2"], {"FAULT": "not_in_child", "FAULT_RANK": "1"}, True,
+        1, "scheduler.1", "platform_initialized",
+        ["plugin:fault", "exited with code 81", "Traceback"],
+    ),
     "hook cannot apply": (
         ["--tp-size", "2"], {"FAULT": "hook_apply", "FAULT_RANK": "1"}, True,
         1, "scheduler.1", "hooks_applied",

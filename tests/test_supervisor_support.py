@@ -7,7 +7,8 @@
 - ``fault_site``: a real installed distribution (dist-info on ``PYTHONPATH``) shipping a platform
   plugin and a general plugin of the same distribution that fail on purpose, in the process
   chosen by ``FAULT_RANK`` (a scheduler rank, or ``launcher`` for the supervisor itself):
-  ``FAULT=init_backend|plugin_import|hook_apply|args_class``.
+  ``FAULT=init_backend|plugin_import|hook_apply|args_class|not_in_child`` (the last: the
+  platform does not activate in that child, so it cannot select what the supervisor selected).
 - ``allreduce_worker``: a worker target that joins the torch.distributed group of the launch with
   the platform's backend, all-reduces its rank + 1 and reports the sum in ready info.
 """
@@ -166,7 +167,9 @@ FAULT_MODULES = {
             return os.environ.get("FAULT") == kind and os.environ.get("RANK", "launcher") == os.environ.get("FAULT_RANK", "1")
 
         def activate():
-            return "fault_plugin.platform.FaultPlatform" if "FAULT" in os.environ else None
+            if "FAULT" not in os.environ or hit("not_in_child"):
+                return None
+            return "fault_plugin.platform.FaultPlatform"
     """,
     "fault_plugin/platform.py": """
         from platforms import PlatformEnum
