@@ -47,6 +47,13 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _not_implemented(exc: NotImplementedError, platform) -> str:
+    text = str(exc).strip()
+    if not text or text.startswith(f"{type(platform).__qualname__} does not implement"):
+        return "not implemented (the contract's default raises NotImplementedError)"
+    return f"not implemented: {text}"  # the platform's own reason says more than the default
+
+
 def evaluate(check: Check, probe: Probe) -> rows.Row:
     """Run ``check`` against ``probe`` and return its row (never raises for a platform's fault)."""
 
@@ -68,7 +75,7 @@ def evaluate(check: Check, probe: Probe) -> rows.Row:
         return row(rows.FAIL, str(exc), check.contract)
     except NotImplementedError as exc:
         if check.optional:
-            return row(rows.MISSING, f"not implemented ({_describe(exc)})")
+            return row(rows.MISSING, _not_implemented(exc, probe.platform))
         return row(
             rows.FAIL,
             f"raised {_describe(exc)}, but the contract gives this method a working default",
