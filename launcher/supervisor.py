@@ -89,6 +89,7 @@ class Supervisor:
         self._early_stop: str | None = None  # a stop requested before the loop ran
         self._lock = threading.Lock()
         self._children: list[_Child] = []
+        self._rundir: RuntimeDir | None = None
         self.state: LaunchState | None = None
         self.ops: OpsChannel | None = None
         # Set once ``state`` exists and the loop takes requests (or the launch ended before).
@@ -114,45 +115,16 @@ class Supervisor:
 
     # ----------------------------------------------------------------- the launch
     async def run(self, *, handle_signals: bool = False) -> Outcome:
-        self._inbox = asyncio.Queue()
-        self._status_arrived = asyncio.Event()
         with self._lock:
             self._loop = asyncio.get_running_loop()
+            self._inbox = asyncio.Queue()
+            self._status_arrived = asyncio.Event()
             if self._early_stop:
                 self._post("stop", self._early_stop)
-        rundir = None
         zctx = zmq.asyncio.Context()
         reader = None
         try:
-            try:
-                rundir = RuntimeDir()
-                endpoints = Endpoints(
-                    runtime_dir=str(rundir.path),
-                    status=rundir.endpoint("launcher.status"),
-                    ops=rundir.endpoint("launcher.ops"),
-                    query=rundir.endpoint("launcher.query"),
-                )
-                specs = plan_children(
-                    self.args,
-                    payload=self._payload,
-                    platform_key=self.selection.key,
-                    runtime=self.runtime,
-                    endpoints=endpoints,
-                )
-            except PlanError as exc:
-                raise LaunchError(RootCause("invalid server arguments", ExitCode.USAGE, message=str(exc))) from exc
-            except RuntimeDirError as exc:
-                raise LaunchError(
-                    RootCause("cannot set up the runtime directory", ExitCode.SETUP_FAILED, message=str(exc))
-                ) from exc
-            self._open_state(specs, endpoints, rundir)
-            pull = zctx.socket(zmq.PULL)
-            pull.setsockopt(zmq.LINGER, 0)
-            pull.bind(endpoints.status)
-            self.ops = OpsChannel(zctx, self.state, endpoints.ops, endpoints.query)
-            for listener in self._listeners:
-                self.ops.add_listener(listener)
-            self.ops.start()
+            pull = self._open(zctx)
             reader = asyncio.create_task(self._read_status(pull))
             if handle_signals:
                 self.install_signal_handlers()
@@ -160,7 +132,7 @@ class Supervisor:
 
             self._emit_starting()
             if self._stop_reason is None:
-                self._spawn_all(specs)
+                self._spawn_all()
             started = time.monotonic()
             cause = await self._until_ready(started + self.args.startup_timeout)
             was_ready = cause is None and self._stop_reason is None
@@ -169,23 +141,7 @@ class Supervisor:
                 cause = await self._until_stop()
             return await self._shutdown(cause, was_ready)
         finally:
-            if handle_signals and self._loop is not None:
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    self._loop.remove_signal_handler(sig)
-            if reader is not None:
-                reader.cancel()
-            for child in self._children:
-                if child.process is not None and child.process.sentinel is not None:
-                    self._loop.remove_reader(child.process.sentinel)
-            _kill_leftovers(self._children)  # only after an unexpected error: normally all are gone
-            if self.ops is not None:
-                self.ops.close()
-            zctx.destroy(linger=500)
-            if rundir is not None:
-                rundir.remove()
-            with self._lock:
-                self._loop = None
-            self.opened.set()
+            self._close(zctx, reader, handle_signals)
 
     async def _until_ready(self, deadline: float) -> RootCause | None:
         """Wait for every worker's ``ready``; None when ready (or stopped), else the root cause."""
@@ -229,8 +185,28 @@ class Supervisor:
         self.ops.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
         return Outcome(exit_code, cause, state.snapshot(), was_ready)
 
-    # ----------------------------------------------------------------- set-up
-    def _open_state(self, specs, endpoints: Endpoints, rundir: RuntimeDir) -> None:
+    # ----------------------------------------------------------------- set-up and release
+    def _open(self, zctx: zmq.asyncio.Context):
+        """Runtime directory, child plan, state, state file and sockets; returns the status PULL."""
+        try:
+            self._rundir = RuntimeDir()
+            endpoints = Endpoints(
+                runtime_dir=str(self._rundir.path),
+                status=self._rundir.endpoint("launcher.status"),
+                ops=self._rundir.endpoint("launcher.ops"),
+                query=self._rundir.endpoint("launcher.query"),
+            )
+            specs = plan_children(
+                self.args, payload=self._payload, platform_key=self.selection.key, runtime=self.runtime,
+                endpoints=endpoints,
+            )
+        except PlanError as exc:
+            raise LaunchError(RootCause("invalid server arguments", ExitCode.USAGE, message=str(exc))) from exc
+        except RuntimeDirError as exc:
+            raise LaunchError(
+                RootCause("cannot set up the runtime directory", ExitCode.SETUP_FAILED, message=str(exc))
+            ) from exc
+
         args = self.args
         url = f"http://{_url_host(args.host)}:{args.port}" if any(s.role == "http" for s in specs) else None
         self.state = LaunchState(
@@ -243,7 +219,15 @@ class Supervisor:
             workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank) for s in specs],
         )
         self._children = [_Child(spec, ws) for spec, ws in zip(specs, self.state.workers)]
-        rundir.write_state(
+
+        pull = zctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.LINGER, 0)
+        pull.bind(endpoints.status)
+        self.ops = OpsChannel(zctx, self.state, endpoints.ops, endpoints.query)
+        for listener in self._listeners:
+            self.ops.add_listener(listener)
+        self.ops.start()
+        self._rundir.write_state(
             {
                 "pid": os.getpid(),
                 "started_at": self.state.started_at,
@@ -255,8 +239,29 @@ class Supervisor:
                 "argv": sys.argv,
             }
         )
+        return pull
 
-    def _spawn_all(self, specs) -> None:
+    def _close(self, zctx: zmq.asyncio.Context, reader: asyncio.Task | None, handle_signals: bool) -> None:
+        """Release everything ``_open`` made; the launch is over (or never started)."""
+        if handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._loop.remove_signal_handler(sig)
+        if reader is not None:
+            reader.cancel()
+        for child in self._children:
+            if child.process is not None and child.process.sentinel is not None:
+                self._loop.remove_reader(child.process.sentinel)
+        _kill_leftovers(self._children)  # only after an unexpected error: normally all are gone
+        if self.ops is not None:
+            self.ops.close()
+        zctx.destroy(linger=500)
+        if self._rundir is not None:
+            self._rundir.remove()
+        with self._lock:
+            self._loop = None
+        self.opened.set()
+
+    def _spawn_all(self) -> None:
         import bootstrap
 
         context = multiprocessing.get_context("spawn")  # local: the global start method is untouched
