@@ -270,3 +270,18 @@ def test_table_is_coloured_only_on_a_terminal_without_no_color():
     assert "\x1b[" not in plain
     assert "expected: a torch.device" in plain
     assert plain.rstrip().endswith("1 fail, 0 missing, 1 skipped - FAILED: device.get_device")
+
+
+def test_unusable_temp_directory_exits_3_with_the_fix_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    from launcher.commands import check_platform
+
+    deep = tmp_path / ("d" * 100)  # too long for a unix socket path under it
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    assert check_platform.main(["--json"]) == 3
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "cannot listen on ipc://" in captured.err and "set TMPDIR to a short, writable directory" in captured.err
+    assert list(deep.iterdir()) == []  # its private directory is removed again

@@ -52,7 +52,7 @@ class Report(NamedTuple):
 
     def summary(self) -> str:
         c = self.counts
-        where = (self.platform or {}).get("key") or "no platform"
+        where = (self.platform or {}).get("key") or "an unreported platform"
         tally = ", ".join(f"{c[s]} {s}" for s in (PASS, FAIL, MISSING, SKIPPED))
         verdict = "conforms" if self.ok else "FAILED: " + ", ".join(self.failed)
         return f"check-platform {self.runtime} on {where}: {len(self.rows)} checks, {tally} - {verdict}"
