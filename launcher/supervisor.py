@@ -379,7 +379,10 @@ class Supervisor:
             phase=phase,
             exitcode=code,
             signal=signal_name(code),
-            message="the worker sent no error report; its own output above may say more",
+            message=(
+                f"the worker sent no error report (the last phase it reported: {ws.phase}); "
+                "its own output above may say more"
+            ),
             hint=_exit_hint(code),
         )
 
@@ -457,19 +460,21 @@ class Supervisor:
 
     # ----------------------------------------------------------------- stopping
     async def _stop_children(self) -> float:
-        """HTTP first, then schedulers: SIGTERM, grace period, SIGKILL of what remains of each tree."""
+        """HTTP first, then schedulers: SIGTERM, grace period, SIGKILL of what remains of each tree.
+
+        Each group is gone (and reaped, its ``exited`` events out) before the next is signalled.
+        """
         started = time.monotonic()
         grace = float(self.args.stop_grace_period)
         for roles in (("http",), ("scheduler",), None):
             group = [
                 c for c in self._children
-                if c.process is not None and c.process.pid and (roles is None or c.spec.role in roles)
+                if c.process is not None and not c.exit_seen and (roles is None or c.spec.role in roles)
             ]
             roots = [c.process.pid for c in group if c.process.exitcode is None]
             if roots:
                 await _proctree.stop_trees(roots, grace)
-        for child in self._children:
-            if child.process is not None:
+            for child in group:
                 child.process.join(timeout=5)
                 await self._reap(child)
         return time.monotonic() - started

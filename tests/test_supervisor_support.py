@@ -9,6 +9,8 @@
   chosen by ``FAULT_RANK`` (a scheduler rank, or ``launcher`` for the supervisor itself):
   ``FAULT=init_backend|plugin_import|hook_apply|args_class|not_in_child`` (the last: the
   platform does not activate in that child, so it cannot select what the supervisor selected).
+- ``kill_self_once_seen``, ``exit_once_seen_ready``: workers that die without a report once the
+  supervisor has seen them reach a phase (so the test does not depend on message timing).
 - ``allreduce_worker``: a worker target that joins the torch.distributed group of the launch with
   the platform's backend, all-reduces its rank + 1 and reports the sum in ready info.
 """
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -239,3 +242,44 @@ def allreduce_worker(server_args, ctx) -> None:
         ctx.stopping.wait()
     finally:
         dist.destroy_process_group()
+
+
+def _wait_until_seen(ctx, phase: str) -> None:
+    """Wait until the supervisor's snapshot shows this worker at ``phase``.
+
+    Status messages travel asynchronously: a process that dies the instant after reporting may
+    take unsent messages with it. A test that needs the supervisor to have seen a phase before the
+    worker dies asks the supervisor's query socket instead of sleeping.
+    """
+    import json
+
+    import zmq
+
+    zctx = zmq.Context()
+    try:
+        while True:
+            sock = zctx.socket(zmq.REQ)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(ctx.query_endpoint)
+            sock.send(b'{"query": "snapshot"}')
+            reply = json.loads(sock.recv()) if sock.poll(10_000) else {}
+            sock.close()
+            for worker in reply.get("snapshot", {}).get("workers", []):
+                if worker["name"] == ctx.worker_id and worker["phase"] == phase:
+                    return
+            time.sleep(0.01)
+    finally:
+        zctx.term()
+
+
+def kill_self_once_seen(server_args, ctx) -> None:
+    """SIGKILL itself while starting, once the supervisor saw it import its target."""
+    _wait_until_seen(ctx, "worker_imported")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def exit_once_seen_ready(server_args, ctx) -> None:
+    """Report ready, and once the supervisor saw it, die with ``os._exit(3)`` (no report)."""
+    ctx.ready()
+    _wait_until_seen(ctx, "ready")
+    os._exit(3)
