@@ -219,7 +219,8 @@ def pin_memory(probe) -> str:
         pinned = torch.empty(1024).pin_memory().is_pinned()
         why = "" if pinned else "is_pinned() is False after pin_memory()"
     except Exception as exc:  # noqa: BLE001 - a torch without an accelerator cannot pin
-        pinned, why = False, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        pinned, why = False, f"{type(exc).__name__}: {first_line}"
     if says and not pinned:
         raise CheckFailed(f"says True but pinning a host tensor failed ({why})")
     if says:
