@@ -196,6 +196,8 @@ class SchedulerClient:
         rep = rep or self.pick()
         rid = self.new_rid()
         msg = make(rid)
+        if hasattr(msg, "inflight"):
+            msg.inflight = len(rep.inflight) + 1
         try:
             frame = m.encode(msg)
         except (msgspec.EncodeError, OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:

@@ -33,8 +33,12 @@ class SamplingParams(msgspec.Struct, frozen=True):
 
 
 class EmbedRequest(msgspec.Struct, tag="embed"):
+    """``inflight``: how many requests the sender has outstanding at this replica, this one
+    included; once that many are queued, no more are on the way and the batch can start."""
+
     rid: str
     texts: list[str]
+    inflight: int = 1
 
 
 class GenerateRequest(msgspec.Struct, tag="generate"):
@@ -42,6 +46,7 @@ class GenerateRequest(msgspec.Struct, tag="generate"):
     text: str
     params: SamplingParams
     stream: bool = False
+    inflight: int = 1
 
 
 class Cancel(msgspec.Struct, tag="cancel"):

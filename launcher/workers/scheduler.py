@@ -6,7 +6,8 @@ warm-up batch, then report ready. Rank 0 binds a ROUTER socket at
 ``ctx.endpoint(scheduler_endpoint_name(dp_rank))`` and serves the HTTP child: requests are
 validated on arrival (a bad one gets a 400 ``Failed`` at once and never joins a batch), queued,
 and run in batches of up to ``max_batch_size`` requests, collected for at most ``batch_wait_ms``
-after the first one arrived. Ranks > 0 follow rank 0's broadcasts in lockstep.
+after the first one arrived, and no longer than until every request the HTTP child has
+outstanding at this replica is queued (so a lone request never waits). Ranks > 0 follow rank 0's broadcasts in lockstep.
 
 The loop runs until ``ctx.stopping`` is set (SIGTERM from the supervisor); it then tells its
 followers to stop and returns.
@@ -40,6 +41,8 @@ def run_scheduler_process(server_args, ctx) -> None:
     from launcher.workers.distributed import close_tp_group, init_tp_group
 
     tp_size = max(int(getattr(ctx, "tp_size", 1) or 1), 1)
+    if current_platform.is_cpu():
+        share_cpu_threads(ranks_on_node=tp_size * max(int(getattr(ctx, "dp_size", 1) or 1), 1))
     if tp_size > 1:
         init_tp_group(current_platform.get_torch_distributed_backend_str(), ctx.runtime_dir,
                       ctx.dp_rank, ctx.tp_rank, tp_size,
@@ -58,6 +61,21 @@ def run_scheduler_process(server_args, ctx) -> None:
     finally:
         if tp_size > 1:
             close_tp_group()
+
+
+def share_cpu_threads(ranks_on_node: int) -> None:
+    """Size torch's intra-op thread pool for a scheduler rank computing on the CPU: one core is
+    left to the HTTP child and the rest is shared among this node's ``ranks_on_node`` ranks.
+    Without this every rank starts one spinning thread per core, and on a small machine the
+    ranks and the HTTP child slow each other down several times over. An explicit
+    ``OMP_NUM_THREADS`` wins."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    spare = cores - 1 if cores > 1 else cores
+    torch.set_num_threads(max(1, spare // max(ranks_on_node, 1)))
 
 
 def load_runner(server_args, platform, local_rank: int = 0, tp_size: int = 1) -> ModelRunner:
@@ -136,18 +154,23 @@ class Scheduler:
         now = time.monotonic()
         if self.queue:
             due = self.queue[0].arrived + self.batch_wait
-            timeout_ms = max(0, int((due - now) * 1000))
-            if len(self.queue) >= self.max_batch_size:
-                timeout_ms = 0
+            timeout_ms = 0 if self.batch_due() else max(0, int((due - now) * 1000))
         else:
             timeout_ms = 100
         if self.sock.poll(timeout_ms):
             self.drain()
-        if self.queue and (len(self.queue) >= self.max_batch_size
-                           or time.monotonic() >= self.queue[0].arrived + self.batch_wait):
+        if self.queue and self.batch_due():
             self.run_batch()
         elif self.runner.tp_size > 1 and time.monotonic() - self.last_broadcast > _TICK_SECONDS:
             self._broadcast(m.Tick())
+
+    def batch_due(self) -> bool:
+        """Run now when the batch is full, when every request the HTTP child has outstanding
+        here is already queued (nothing more is on the way), or when the oldest has waited
+        ``batch_wait_ms``."""
+        return (len(self.queue) >= self.max_batch_size
+                or len(self.queue) >= self.queue[-1].request.inflight
+                or time.monotonic() >= self.queue[0].arrived + self.batch_wait)
 
     # ---- receiving -------------------------------------------------------------------------
 
