@@ -45,7 +45,6 @@ class Launcher:
         self._supervisor = None
         self._thread: threading.Thread | None = None
         self._settled = threading.Event()  # set when ready, or when the launch ended
-        self._is_ready = False
         self._outcome = None
         self._subscribers: list[queue.Queue] = []
         self._lock = threading.Lock()
@@ -192,7 +191,6 @@ class Launcher:
 
     def _on_event(self, event: dict) -> None:
         if event["topic"] == "server.ready":
-            self._is_ready = True
             self._settled.set()
         with self._lock:
             subscribers = list(self._subscribers)

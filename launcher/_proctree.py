@@ -25,13 +25,14 @@ class Tree:
 
     def __init__(self, roots: list[int]) -> None:
         self.members: dict[int, tuple[psutil.Process, int | None]] = {}
+        self._protected = _protected()
         self.roots = [pid for pid in roots if pid]
         for pid in self.roots:
             self.add(pid)
             self.add_descendants(pid)
 
     def add(self, pid: int) -> None:
-        if pid in self.members or pid in _protected():
+        if pid in self.members or pid in self._protected:
             return
         try:
             proc = psutil.Process(pid)
