@@ -101,7 +101,7 @@ class RootCause:
         if self.hint:
             lines.append(f"  what to do: {self.hint}")
         if self.traceback:
-            lines.append("  traceback (from the worker):")
+            lines.append("  traceback (from the worker):" if self.worker else "  traceback:")
             lines.extend("    " + line for line in self.traceback.rstrip().splitlines())
         lines.append(rule)
         return "\n".join(lines)
