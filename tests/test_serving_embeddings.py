@@ -112,8 +112,8 @@ def test_schemathesis_fuzz_finds_no_server_error(server, tmp_path):
     assert st, "schemathesis is part of the test extra"
     run = subprocess.run(
         [st, "run", server.url + "/openapi.json", "--checks", "not_a_server_error",
-         "--phases", "examples,coverage,fuzzing", "--max-examples", "25", "--seed", "7",
-         "--generation-database", "none", "--no-shrink", "--workers", "2", "--max-time", "60",
+         "--phases", "examples,coverage,fuzzing", "--max-examples", "15", "--seed", "7",
+         "--generation-database", "none", "--no-shrink", "--workers", "2", "--max-time", "30",
          "--request-timeout", "30", "--report", "junit", "--report-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300, env=server_env(), cwd=str(tmp_path),
     )
