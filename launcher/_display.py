@@ -45,6 +45,11 @@ class TerminalDisplay:
                 f"{PREFIX} no accelerator and no platform plugin found: serving on the CPU platform "
                 f"({event['platform_reason']})"
             )
+        elif event["platform"] == "builtin:base":
+            self._print(
+                f"{PREFIX} platform builtin:base, which cannot run models ({event['platform_reason']}); "
+                "set SGLANG_USE_CPU_ENGINE=1 to serve on the CPU, or install this hardware's platform plugin"
+            )
         else:
             self._print(f"{PREFIX} platform {event['platform']} ({event['platform_reason']})")
         where = f"node {event['node_rank']} of {event['nnodes']}: " if event["nnodes"] > 1 else ""

@@ -94,6 +94,9 @@ def test_sigterm_stops_gracefully_and_late_callers_see_everything(tmp_path):
         snap = json.loads(status.stdout)
         assert snap["pid"] == run.pid and snap["phase"] == "ready"
         assert snap["url"] == f"http://127.0.0.1:{port}"
+        # No plugin, no accelerator: the CPU platform, said in one line.
+        assert snap["platform"] == "builtin:cpu"
+        assert run.stderr.count("no accelerator and no platform plugin found: serving on the CPU platform") == 1
         assert [w["name"] for w in snap["workers"]] == ["http.0", "scheduler.0", "scheduler.1"]
         for w in snap["workers"]:
             assert w["phase"] == "ready" and psutil.pid_exists(w["pid"]) and w["exitcode"] is None
