@@ -67,7 +67,9 @@ def main():
     result["status_after_stop"] = launcher.status()["phase"]
     result["children_after_stop"] = children()
 
-    with Launcher(scheduler_target=READY, http_target=READY, port=PORT) as running:
+    from launcher.server_args import ServerArgs
+
+    with Launcher(ServerArgs(scheduler_target=READY, http_target=READY, port=PORT)) as running:
         result["context_manager"] = [running.url, running.status()["phase"]]
     result["children_after_with"] = children()
     result["start_method"] = multiprocessing.get_start_method(allow_none=True)
