@@ -7,7 +7,9 @@
    floor: the same number of bare ``spawn`` children that import the same modules as a
    bootstrapped worker and each send one ZeroMQ message, timed from the first ``start()`` to the
    last message. Contender and floor alternate within each repetition; medians and their ratio
-   (target: at most 1.15).
+   (target: at most 1.15). A second floor also reads the installed entry points once per child
+   (the one metadata scan every bootstrapped worker needs for plugin discovery), to show how much
+   of the gap that scan is.
 2. Failure detection: a worker that imported torch exits (``os._exit``) after ready; the latency
    from the moment just before its exit to the supervisor's ``worker.scheduler.0.exited`` event.
    p50 (target: under 50 ms).
@@ -56,12 +58,17 @@ def torch_then_exit_on_trigger(server_args, ctx) -> None:
     os._exit(3)
 
 
-def floor_child(endpoint: str, name: str) -> None:
-    """The floor: import what a worker imports, send one message, wait to be terminated."""
+def floor_child(endpoint: str, name: str, scan: bool = False) -> None:
+    """The floor: import what a worker imports (and, with ``scan``, read the installed entry
+    points as every worker must), send one message, wait to be terminated."""
     import importlib
 
     for module in WORKER_MODULES:
         importlib.import_module(module)
+    if scan:
+        from platforms import _entrypoints
+
+        _entrypoints.entry_points(_entrypoints.SRT_PLUGINS)
     import zmq
 
     zctx = zmq.Context()
@@ -95,7 +102,7 @@ def time_contender(n: int) -> tuple[float, float]:
     return ready, stopped
 
 
-def time_floor(processes: int) -> float:
+def time_floor(processes: int, scan: bool = False) -> float:
     import multiprocessing
 
     import zmq
@@ -105,7 +112,7 @@ def time_floor(processes: int) -> float:
     endpoint = f"ipc://{tempfile.mkdtemp(prefix='sglb')}/floor"
     pull.bind(endpoint)
     context = multiprocessing.get_context("spawn")
-    children = [context.Process(target=floor_child, args=(endpoint, str(i))) for i in range(processes)]
+    children = [context.Process(target=floor_child, args=(endpoint, str(i), scan)) for i in range(processes)]
     began = time.perf_counter()
     try:
         for child in children:
@@ -173,17 +180,19 @@ def main() -> None:
     time_contender(1)  # warm-up: the first launch pays this process's platform selection
     time_floor(1)
     print(f"start-up to all-ready, median of {ns.reps} (N scheduler workers + 1 HTTP child; floor: N+1 bare spawn children)")
-    print(f"  {'N':>2}  {'launcher':>11}  {'floor':>11}  {'ratio':>6}  (target <= 1.15)")
+    print("  (floor+scan: the same children also read the installed entry points, as every worker must)")
+    print(f"  {'N':>2}  {'launcher':>11}  {'floor':>11}  {'ratio':>6}  {'floor+scan':>11}  {'ratio':>6}  (target <= 1.15)")
     teardowns = []
     for n in ns.sizes:
-        contender, floor = [], []
+        contender, floor, scanned = [], [], []
         for _ in range(ns.reps):
             ready, stopped = time_contender(n)
             contender.append(ready)
             teardowns.append(stopped)
             floor.append(time_floor(n + 1))
-        c, f = statistics.median(contender), statistics.median(floor)
-        print(f"  {n:>2}  {_ms(c)}  {_ms(f)}  {c / f:6.2f}")
+            scanned.append(time_floor(n + 1, scan=True))
+        c, f, fs = statistics.median(contender), statistics.median(floor), statistics.median(scanned)
+        print(f"  {n:>2}  {_ms(c)}  {_ms(f)}  {c / f:6.2f}  {_ms(fs)}  {c / fs:6.2f}")
 
     with tempfile.TemporaryDirectory() as work:
         detections = [time_detection(Path(work)) for _ in range(ns.detect_reps)]
