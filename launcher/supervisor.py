@@ -179,6 +179,12 @@ class Supervisor:
         state.phase = STOPPING
         self.ops.emit("server.stopping", reason=reason)
         teardown = await self._stop_children()
+        for child in self._children:
+            failure = child.failure
+            if cause is None and failure is not None and failure.phase == phases.STOPPING:
+                # Stopping was asked for and everything is gone; a crash on the way out is worth
+                # a warning (its report is in the snapshot), not a failed exit.
+                log.warning("%s failed while winding down: %s: %s", child.state.name, failure.exc_type, failure.message)
         if cause is None:
             state.phase = STOPPED
         exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
