@@ -7,9 +7,9 @@
    floor: the same number of bare ``spawn`` children that import the same modules as a
    bootstrapped worker and each send one ZeroMQ message, timed from the first ``start()`` to the
    last message. Contender and floor alternate within each repetition; medians and their ratio
-   (target: at most 1.15). A second floor also reads the installed entry points once per child
-   (the one metadata scan every bootstrapped worker needs for plugin discovery), to show how much
-   of the gap that scan is.
+   (target: at most 1.15). A second floor also reads the installed entry points once per child,
+   for reference: bootstrapped workers skip that scan, adopting the supervisor's one reading
+   (``ProcessSpec.entry_points``).
 2. Failure detection: a worker that imported torch exits (``os._exit``) after ready; the latency
    from the moment just before its exit to the supervisor's ``worker.scheduler.0.exited`` event.
    p50 (target: under 50 ms).
@@ -180,7 +180,7 @@ def main() -> None:
     time_contender(1)  # warm-up: the first launch pays this process's platform selection
     time_floor(1)
     print(f"start-up to all-ready, median of {ns.reps} (N scheduler workers + 1 HTTP child; floor: N+1 bare spawn children)")
-    print("  (floor+scan: the same children also read the installed entry points, as every worker must)")
+    print("  (floor+scan: bare children that also read the installed entry points themselves; workers adopt the supervisor's one reading instead)")
     print(f"  {'N':>2}  {'launcher':>11}  {'floor':>11}  {'ratio':>6}  {'floor+scan':>11}  {'ratio':>6}  (target <= 1.15)")
     teardowns = []
     for n in ns.sizes:

@@ -127,6 +127,8 @@ class _Child:
     def initialize_platform(self, steps: RuntimeSteps) -> None:
         import importlib
 
+        if self.spec.entry_points is not None:
+            importlib.import_module("platforms._entrypoints").seed(self.spec.entry_points)
         platforms = importlib.import_module(steps.platforms)
         if self.spec.platform_key:
             platforms.pin_selection(self.spec.platform_key)

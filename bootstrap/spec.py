@@ -35,6 +35,8 @@ class ProcessSpec:
     - ``args_class``: dotted path of the ServerArgs class, looked up after hooks (a REPLACE of the
       class applies).
     - ``heartbeat_interval``: seconds between heartbeats; 0 sends none.
+    - ``entry_points``: the supervisor's ``platforms._entrypoints.snapshot()``; the child adopts it
+      instead of reading entry-point metadata again. ``None``: the child reads it itself.
     """
 
     role: str
@@ -54,6 +56,7 @@ class ProcessSpec:
     args_class: str = DEFAULT_ARGS_CLASS
     log_level: str = "info"
     heartbeat_interval: float = 0.0
+    entry_points: tuple | None = None
 
     @property
     def worker_id(self) -> str:

@@ -110,6 +110,29 @@ def distributions_providing(group: str) -> set[str]:
     return {ep.distribution for ep in entry_points(group) if ep.distribution}
 
 
+def snapshot() -> tuple[tuple[str, str, str, str | None], ...]:
+    """This process's table as plain tuples ``(group, name, value, distribution)``.
+
+    A launcher hands it to the children it spawns (same ``sys.path``), so that entry-point
+    metadata is read once per launch rather than once per process; see ``seed``.
+    """
+    return tuple(tuple(ep) for group in GROUPS for ep in entry_points(group))
+
+
+def seed(rows) -> None:
+    """Adopt a ``snapshot()`` taken by the parent process instead of scanning; a no-op if this
+    process has already scanned (its own reading wins)."""
+    global _table
+    with _lock:
+        if _table is not None:
+            return
+        table: dict[str, list[EntryPoint]] = {group: [] for group in GROUPS}
+        for group, name, value, distribution in rows:
+            if group in table:
+                table[group].append(EntryPoint(group, name, value, distribution))
+        _table = {group: tuple(eps) for group, eps in table.items()}
+
+
 def reset() -> None:
     """Forget the scan, so the next lookup reads metadata again (tests; after installs)."""
     global _table

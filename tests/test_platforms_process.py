@@ -325,3 +325,29 @@ def test_explicit_demo_when_disabled_names_the_fix(demo_site):
     assert result.returncode == 1
     assert "PlatformSelectionError" in result.stderr and "activate() returned None" in result.stderr
     assert f"demo = demo_platform_plugin:activate (from {DEMO_DISTRIBUTION})" in result.stderr
+
+
+def test_children_adopt_the_parents_entry_point_reading(site):
+    """A launcher reads entry-point metadata once and hands the table to its children: a child
+    seeded with that snapshot sees the same entry points without reading metadata, and a process
+    that has already read its own keeps its own."""
+    from support import make_dist
+
+    make_dist(site, "seeded-plugin", {"sglang.srt.plugins": {"seeded": "seeded_mod:register"}})
+    result = run_python(
+        """
+        import json
+        from platforms import _entrypoints as e
+        rows = e.snapshot()
+        e.reset()
+        e.seed(rows + (("sglang.srt.plugins", "only-in-snapshot", "x:y", "ghost"),))
+        seeded = [ep.name for ep in e.entry_points("sglang.srt.plugins")]
+        e.seed(())  # already filled: ignored
+        kept = [ep.name for ep in e.entry_points("sglang.srt.plugins")]
+        print("RESULT:" + json.dumps({"seeded": seeded, "kept": kept}))
+        """,
+        sites=[site],
+    )
+    assert result.returncode == 0, result
+    assert result.data["seeded"] == ["seeded", "only-in-snapshot"]
+    assert result.data["kept"] == result.data["seeded"]
