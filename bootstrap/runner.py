@@ -132,6 +132,8 @@ class _Child:
         platforms = importlib.import_module(steps.platforms)
         if self.spec.platform_key:
             platforms.pin_selection(self.spec.platform_key)
+        elif self.spec.serving_fallback:
+            platforms.use_serving_fallback()
         platforms.initialize_current_platform()
         selection = platforms.current_selection()
         if self.spec.platform_key and selection.key != self.spec.platform_key:

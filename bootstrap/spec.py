@@ -37,6 +37,8 @@ class ProcessSpec:
     - ``heartbeat_interval``: seconds between heartbeats; 0 sends none.
     - ``entry_points``: the supervisor's ``platforms._entrypoints.snapshot()``; the child adopts it
       instead of reading entry-point metadata again. ``None``: the child reads it itself.
+    - ``serving_fallback``: a child that selects on its own (no ``platform_key``) resolves as a
+      server does (``platforms.use_serving_fallback``).
     """
 
     role: str
@@ -57,6 +59,7 @@ class ProcessSpec:
     log_level: str = "info"
     heartbeat_interval: float = 0.0
     entry_points: tuple | None = None
+    serving_fallback: bool = False
 
     @property
     def worker_id(self) -> str:

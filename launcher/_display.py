@@ -43,7 +43,7 @@ class TerminalDisplay:
         if event.get("cpu_fallback"):
             self._print(
                 f"{PREFIX} no accelerator and no platform plugin found: serving on the CPU platform "
-                f"({event['platform_reason']})"
+                "(set SGLANG_PLATFORM or SGLANG_USE_CPU_ENGINE=1 to choose explicitly)"
             )
         elif event["platform"] == "builtin:base":
             self._print(

@@ -10,7 +10,6 @@ what to change, with the CLI exit code it maps to.
 from __future__ import annotations
 
 import importlib
-import os
 
 from launcher._failure import ExitCode, LaunchError, RootCause
 
@@ -55,37 +54,11 @@ def load_plugins(runtime: str) -> None:
         raise _setup_error("a required plugin failed to load in the launcher process", exc) from exc
 
 
-CPU_FALLBACK_REASON = (
-    "fallback: no platform plugin installed and no CUDA, ROCm or XPU device found, so sglang-launch "
-    "serves on the CPU (set SGLANG_PLATFORM or SGLANG_USE_CPU_ENGINE to choose explicitly)"
-)
-_pinned_cpu = False
-
-
 def prefer_cpu_over_base(runtime: str) -> None:
-    """Serve on the CPU platform where SRT selection would end at the bare base platform.
-
-    The spec's SRT chart ends at ``SRTPlatform`` itself when no plugin is installed, nothing is
-    selected explicitly and no accelerator is found; that platform cannot run a model. A server
-    started on such a machine runs on the CPU platform instead (and says so). Only then: an
-    installed platform plugin, ``SGLANG_PLATFORM`` or ``SGLANG_USE_CPU_ENGINE`` keep the chart
-    exactly as the spec has it, and a process that already resolved its platform keeps it.
-    """
-    global _pinned_cpu
-    if runtime != "srt" or os.environ.get("SGLANG_PLATFORM", "").strip() or "SGLANG_USE_CPU_ENGINE" in os.environ:
-        return
-    import platforms
-    from platforms import _entrypoints, _runtimes, _selection
-
-    if _entrypoints.entry_points(_entrypoints.SRT_PLATFORMS):
-        return  # an installed plugin's activate() decides, as the spec says
-    try:
-        preview = _selection.resolve(_runtimes.runtime_spec("srt"), os.environ)  # built-in probes only
-        if preview.key == "builtin:base":
-            platforms.pin_selection("builtin:cpu")
-            _pinned_cpu = True
-    except platforms.PlatformSelectionError:
-        return  # already resolved in this process, or a probe failed: selection reports it
+    """Serve on the CPU platform where SRT selection would end at the bare base platform, which
+    cannot run a model (``platforms.use_serving_fallback``); every other branch of the spec's
+    chart is unchanged."""
+    importlib.import_module("platforms.diffusion" if runtime == "diffusion" else "platforms").use_serving_fallback()
 
 
 def server_args_class():
@@ -127,10 +100,7 @@ def select_platform(runtime: str):
     """Resolve ``runtime``'s platform once and return its ``Selection``."""
     module = "platforms.diffusion" if runtime == "diffusion" else "platforms"
     try:
-        selection = importlib.import_module(module).current_selection()
-        if _pinned_cpu and runtime == "srt" and selection.key == "builtin:cpu":
-            selection = selection._replace(reason=CPU_FALLBACK_REASON)
-        return selection
+        return importlib.import_module(module).current_selection()
     except Exception as exc:  # noqa: BLE001 - selection errors already name their fix
         raise _setup_error("no platform could be selected", exc) from exc
 

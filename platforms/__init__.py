@@ -28,6 +28,7 @@ __all__ = [
     "current_selection",
     "initialize_current_platform",
     "pin_selection",
+    "use_serving_fallback",
 ]
 
 _slot = PlatformSlot(SRT)
@@ -48,6 +49,16 @@ def pin_selection(key: str) -> None:
     ``PlatformSelectionError`` for a malformed key or if this process already resolved another.
     """
     _slot.pin(key)
+
+
+def use_serving_fallback() -> None:
+    """Resolve ``current_platform`` as a model server does: where the SRT chart ends at the bare
+    ``SRTPlatform`` (no plugin activated, nothing selected explicitly, no accelerator found),
+    select the CPU platform instead, which can run a model. Every other branch of the chart is
+    unchanged. Call it before anything touches ``current_platform``; the launcher does, in its
+    own process and (through ``ProcessSpec.serving_fallback``) in tools' worker processes.
+    """
+    _slot.serve()
 
 
 def initialize_current_platform() -> SRTPlatform:

@@ -41,6 +41,9 @@ class RuntimeSpec(NamedTuple):
     reserved_names: frozenset[str] = frozenset()  # entry-point names plugins may not use
     auto_allowlist_env: str | None = None  # variable filtering automatic discovery by name
     reject_duplicate_names: bool = False
+    # The built-in a *server* uses where the fallback chain ends at a platform that cannot run a
+    # model (SRT's bare base class); only in processes that called ``use_serving_fallback()``.
+    serving_fallback: str | None = None
 
     def builtin(self, name: str) -> Builtin | None:
         for entry in self.builtins:
@@ -69,6 +72,7 @@ SRT = RuntimeSpec(
     base_class="platforms.interface:SRTPlatform",
     enum_class="platforms.device_mixin:PlatformEnum",
     auto_allowlist_env="SGLANG_PLUGINS",
+    serving_fallback="cpu",
 )
 
 _DIFFUSION_BUILTINS = tuple(

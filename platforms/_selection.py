@@ -83,15 +83,24 @@ def _listing(eps) -> str:
 
 
 # -- deciding ---------------------------------------------------------------------------------
-def resolve(spec: RuntimeSpec, environ: Mapping[str, str] | None = None, pinned: str | None = None) -> Selection:
-    """Decide which platform ``spec``'s runtime uses (see the module docstring for the rules)."""
+def resolve(
+    spec: RuntimeSpec,
+    environ: Mapping[str, str] | None = None,
+    pinned: str | None = None,
+    serving: bool = False,
+) -> Selection:
+    """Decide which platform ``spec``'s runtime uses (see the module docstring for the rules).
+
+    ``serving``: the process serves models, so where the built-in chain ends at a platform that
+    cannot run one, the runtime's ``serving_fallback`` built-in is used instead.
+    """
     environ = os.environ if environ is None else environ
     if pinned is not None:
         return _pinned(spec, pinned)
     explicit = environ.get(spec.selector_env, "").strip()
     if explicit:
         return _explicit(spec, explicit)
-    return _automatic(spec, environ)
+    return _automatic(spec, environ, serving)
 
 
 def parse_key(spec: RuntimeSpec, key: str) -> tuple[str, str]:
@@ -159,7 +168,7 @@ def _activate_named(spec: RuntimeSpec, name: str, reason: str, how: str) -> Sele
     return _plugin_selection(spec, ep, qualname, reason)
 
 
-def _automatic(spec: RuntimeSpec, environ: Mapping[str, str]) -> Selection:
+def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool = False) -> Selection:
     var = spec.selector_env
     candidates = list(_entrypoints.entry_points(spec.platform_group))
     allowed = _entrypoints.allowlist(spec.auto_allowlist_env, environ) if spec.auto_allowlist_env else None
@@ -187,9 +196,15 @@ def _automatic(spec: RuntimeSpec, environ: Mapping[str, str]) -> Selection:
             spec, ep, qualname, f"automatic discovery ({ep.name!r} is the only platform plugin that activated)"
         )
 
+    lead = "no platform plugin activated" if candidates else "no platform plugin installed"
     for entry in spec.builtins:
         if _builtin_available(entry, environ):
-            lead = "no platform plugin activated" if candidates else "no platform plugin installed"
+            if serving and spec.serving_fallback and entry is spec.builtins[-1]:
+                served = spec.builtin(spec.serving_fallback)
+                also = f" or {served.env_flag}=1" if served.env_flag else ""
+                return _builtin_selection(spec, served, (
+                    f"fallback: {lead} and {entry.why}, so a server runs on the {served.name.upper()} "
+                    f"platform (set {var}{also} to choose explicitly)"))
             return _builtin_selection(spec, entry, f"fallback: {lead} and {entry.why}")
     raise PlatformSelectionError(  # unreachable with the shipped specs: their chains end unconditionally
         f"no {spec.name} platform is available: no plugin activated and no built-in probe succeeded"

@@ -28,6 +28,7 @@ class PlatformSlot:
         self.spec = spec
         self._lock = threading.RLock()
         self._pinned: str | None = None
+        self._serving = False
         self._selection: Selection | None = None
         self._platform = None
         self._error: Exception | None = None
@@ -50,6 +51,11 @@ class PlatformSlot:
                 )
             self._pinned = key
 
+    def serve(self) -> None:
+        """Resolve as a server does; see ``platforms.use_serving_fallback``."""
+        with self._lock:
+            self._serving = True
+
     def selection(self) -> Selection:
         """What this runtime selected, resolving it first if needed."""
         selection = self._selection
@@ -60,7 +66,7 @@ class PlatformSlot:
             if self._selection is None:
                 self._busy = True
                 try:
-                    self._selection = _selection.resolve(self.spec, os.environ, self._pinned)
+                    self._selection = _selection.resolve(self.spec, os.environ, self._pinned, self._serving)
                 except Exception as exc:  # remembered; an interrupt is not a verdict
                     self._error = exc
                     raise

@@ -66,12 +66,13 @@ def row(report, row_id):
 
 
 def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
-    (srt, diffusion, table), result = check_platform([
+    (srt, diffusion, table, as_served), result = check_platform([
         (["--json"], {"SGLANG_USE_CPU_ENGINE": "1"}),
         (["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"}),
         ([], {"SGLANG_USE_CPU_ENGINE": "1"}),  # the table, on a pipe: no colour
+        (["--json"], {}),  # nothing set: the platform a launch serves on here, the CPU
     ])
-    for one, key in ((srt, "builtin:cpu"), (diffusion, "builtin:cpu")):
+    for one, key in ((srt, "builtin:cpu"), (diffusion, "builtin:cpu"), (as_served, "builtin:cpu")):
         report = one["report"]
         assert one["rc"] == 0, result
         assert rows_by_status(report, "fail") == set(), result

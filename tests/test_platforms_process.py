@@ -351,3 +351,29 @@ def test_children_adopt_the_parents_entry_point_reading(site):
     assert result.returncode == 0, result
     assert result.data["seeded"] == ["seeded", "only-in-snapshot"]
     assert result.data["kept"] == result.data["seeded"]
+
+
+def test_a_server_runs_on_the_cpu_where_the_srt_chart_ends_at_the_base_platform(site):
+    """``use_serving_fallback()``: with no plugin, nothing explicit and no accelerator, the spec's
+    chart ends at the bare SRTPlatform, which cannot run a model; a server gets the CPU platform
+    instead and is told why. Without the call, and on every other branch, the chart is unchanged."""
+    code = """
+        import json, sys
+        import platforms
+        if sys.argv[1] == "serve":
+            platforms.use_serving_fallback()
+        s = platforms.current_selection()
+        print("RESULT:" + json.dumps([s.key, s.reason]))
+    """
+    served = run_python(code, args=["serve"])
+    plain = run_python(code, args=["plain"])
+    explicit = run_python(code, args=["serve"], env=clean_env(SGLANG_USE_CPU_ENGINE="1"))
+    assert served.data[0] == "builtin:cpu", served
+    assert "so a server runs on the CPU platform" in served.data[1]
+    assert "set SGLANG_PLATFORM or SGLANG_USE_CPU_ENGINE=1" in served.data[1]
+    assert plain.data[0] == "builtin:base", plain
+    assert explicit.data == ["builtin:cpu", "fallback: no platform plugin installed and SGLANG_USE_CPU_ENGINE is set"]
+
+    platform_plugin(site, "on")
+    with_plugin = run_python(code, args=["serve"], sites=[site])
+    assert with_plugin.data[0] == "plugin:on", with_plugin

@@ -157,7 +157,8 @@ def run_child(runtime: str, timeout: float) -> ChildResult:
             payload=bootstrap.encode_payload(_CheckArgs(runtime)),
             status_endpoint=endpoint,
             runtime=runtime,
-            platform_key=None,  # select in the child, from the same environment a launch reads
+            platform_key=None,  # select in the child, from the same environment a launch reads,
+            serving_fallback=True,  # and by the same rule a launch follows
             runtime_dir=workdir,
             log_level="warning",
         )

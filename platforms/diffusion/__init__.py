@@ -28,6 +28,7 @@ __all__ = [
     "current_selection",
     "initialize_current_platform",
     "pin_selection",
+    "use_serving_fallback",
 ]
 
 _slot = PlatformSlot(DIFFUSION)
@@ -43,6 +44,12 @@ def current_selection() -> Selection:
 def pin_selection(key: str) -> None:
     """Make this process select exactly ``key``; same contract as ``platforms.pin_selection``."""
     _slot.pin(key)
+
+
+def use_serving_fallback() -> None:
+    """Same contract as ``platforms.use_serving_fallback``; diffusion's chain already ends at the
+    CPU platform, so this changes nothing today and exists so callers need no runtime switch."""
+    _slot.serve()
 
 
 def initialize_current_platform() -> Platform:
