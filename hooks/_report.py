@@ -39,6 +39,8 @@ def _probe_free_selection(runtime: PluginRuntime):
     spec = _runtimes.runtime_spec(runtime.name)
     first = next((i for i, b in enumerate(spec.builtins) if b.probe is not None), len(spec.builtins))
     probed = [b.name for b in spec.builtins[first:]]
+    if probed and spec.serving_fallback:  # what a launch does at the chain's end
+        probed[-1] = f"{spec.serving_fallback} (a server's stand-in for {probed[-1]})"
     # Built-ins from the first probed one on stay known (explicit selection names them) but are
     # never available; the stand-in before them is.
     unreachable = tuple(_replace(b, probe=None, env_flag=_NEVER_SET) for b in spec.builtins[first:])

@@ -125,3 +125,23 @@ def test_selection_error_is_reported_with_exit_status_1_and_bad_options_are_usag
 
     bad = _cli(["plugins", "--format", "xml"], site)
     assert bad.returncode == 2 and "unrecognized arguments: --format" in bad.stderr
+
+
+def test_reports_the_platform_a_launch_would_serve_on():
+    """With nothing installed or set, and no accelerator, a launch serves on the CPU platform; the
+    report says so, without probing (the chain as listed) and with ``--probe`` (the selection)."""
+    res = run_python("""
+        import contextlib, io, json
+        from launcher.cli import main
+        docs = []
+        for argv in (["plugins", "--json", "--runtime", "srt"], ["plugins", "--json", "--runtime", "srt", "--probe"]):
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                main(argv)
+            docs.append(json.loads(buf.getvalue()))
+        print("RESULT:" + json.dumps(docs))
+    """)
+    assert res.returncode == 0, res
+    dry, probed = (json.dumps(doc) for doc in res.data)
+    assert "cpu (a server's stand-in for base)" in dry, dry
+    assert '"key": "builtin:cpu"' in probed and "so a server runs on the CPU platform" in probed, probed

@@ -17,6 +17,7 @@ selected platform's distribution); 2 for a usage error.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     import hooks
 
     names = RUNTIMES if args.runtime == "all" else (args.runtime,)
+    for module in ("platforms", "platforms.diffusion"):  # report what a launch would select
+        importlib.import_module(module).use_serving_fallback()
     reports = [hooks.describe(name, probe=args.probe) for name in names]
     if args.json:
         json.dump({"runtimes": reports}, sys.stdout, indent=2)
