@@ -2,7 +2,9 @@
 
 1. An embedding request through HTTP (``sglang-launch`` with the embedded default model, one
    client, one request at a time) against the same model call made in-process
-   (``ModelRunner.embed`` on one text). Target: HTTP at most 1.2x the in-process time.
+   (``ModelRunner.embed`` on one text: tokenising and the model, as the scheduler does), with
+   torch's thread count set the way a dp=1 scheduler sets it (``share_cpu_threads``), so both
+   sides run the same model call on the same threads. Target: HTTP at most 1.2x the in-process time.
 2. Throughput of 16 concurrent clients against ``--dp-size 2`` and ``--dp-size 1``.
 
 Both contenders and baselines run in this one invocation, one after the other (never at the same
@@ -31,12 +33,16 @@ from test_serving_support import Server, embedding_body, run_load  # noqa: E402
 TEXT = "a cat sits on the mat"
 
 
-def in_process(requests: int) -> list[float]:
+def in_process(requests: int) -> tuple[list[float], int]:
+    """Batch-1 ``ModelRunner.embed`` times, and the torch threads they ran on."""
+    import torch
     from platforms.builtin.cpu import CpuSRTPlatform
 
     from launcher.workers.model_runner import ModelRunner
     from launcher.workers.model_source import resolve_model
+    from launcher.workers.scheduler import share_cpu_threads
 
+    share_cpu_threads(ranks_on_node=1)  # what the dp=1 server's scheduler does
     runner = ModelRunner(resolve_model(None), platform=CpuSRTPlatform())
     runner.warm_up()
     for _ in range(20):
@@ -46,7 +52,7 @@ def in_process(requests: int) -> list[float]:
         started = time.perf_counter()
         runner.embed([TEXT])
         times.append(time.perf_counter() - started)
-    return times
+    return times, torch.get_num_threads()
 
 
 def over_http(url: str, requests: int) -> list[float]:
@@ -82,7 +88,7 @@ def main() -> int:
     opts = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sglang-bench-"))
 
-    local = in_process(opts.requests)
+    local, threads = in_process(opts.requests)
     server = serve([], tmp, "dp1")
     try:
         http = over_http(server.url, opts.requests)
@@ -98,7 +104,7 @@ def main() -> int:
     med_local, med_http = statistics.median(local) * 1000, statistics.median(http) * 1000
     print(f"cores: {len(os.sched_getaffinity(0))}")
     print("1) embedding, batch 1, median of %d requests" % opts.requests)
-    print(f"   in-process ModelRunner.embed : {med_local:8.2f} ms")
+    print(f"   in-process ModelRunner.embed : {med_local:8.2f} ms  (torch threads: {threads}, as the server's scheduler)")
     print(f"   HTTP /v1/embeddings          : {med_http:8.2f} ms")
     print(f"   ratio HTTP / in-process      : {med_http / med_local:8.2f}x  (target <= 1.2x)")
     print(f"2) throughput, {opts.clients} clients, {opts.seconds:.0f} s each")

@@ -170,9 +170,10 @@ async def _client_gone(request: Request) -> None:
 
 async def _unless_disconnected(request: Request, coro):
     """Run ``coro``; if the client disconnects first, cancel it (which cancels the request at
-    the scheduler) and return None."""
-    work = asyncio.ensure_future(coro)
+    the scheduler) and return None. The watch starts first, so that it is parked before the
+    request goes out and the HTTP child has nothing left to run while the scheduler computes."""
     gone = asyncio.ensure_future(_client_gone(request))
+    work = asyncio.ensure_future(coro)
     try:
         done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -245,15 +245,20 @@ class ModelRunner:
 
     # ---- inputs ----------------------------------------------------------------------------
 
-    def count_embedding_tokens(self, text: str) -> int:
-        """Tokens ``text`` takes (with special tokens); ``InputError`` if over the limit."""
-        n = len(self.tokenizer(text, add_special_tokens=True)["input_ids"])
-        if n > self.max_input_tokens:
+    def encode_embedding_input(self, text: str) -> list[int]:
+        """Token ids of ``text`` (with special tokens), for ``embed_ids``; ``InputError`` if over
+        the limit."""
+        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        if len(ids) > self.max_input_tokens:
             raise InputError(
-                f"input has {n} tokens, more than this model's limit of {self.max_input_tokens}; "
+                f"input has {len(ids)} tokens, more than this model's limit of {self.max_input_tokens}; "
                 f"shorten it or split it into several inputs"
             )
-        return n
+        return ids
+
+    def count_embedding_tokens(self, text: str) -> int:
+        """Tokens ``text`` takes (with special tokens); ``InputError`` if over the limit."""
+        return len(self.encode_embedding_input(text))
 
     def encode_prompt(self, text: str, max_new_tokens: int) -> list[int]:
         """Prompt token ids; ``InputError`` if the prompt or prompt + completion is too long."""
@@ -275,15 +280,25 @@ class ModelRunner:
     # ---- running ---------------------------------------------------------------------------
 
     def embed(self, texts: list[str]) -> list[list[float]]:
-        """One vector per text, pooled and normalised as the model declares."""
+        """One vector per text (truncated to ``max_input_tokens``), pooled and normalised as the
+        model declares."""
+        enc = self.tokenizer(texts, truncation=True, max_length=self.max_input_tokens)
+        return self.embed_ids(enc["input_ids"])
+
+    def embed_ids(self, inputs: list[list[int]]) -> list[list[float]]:
+        """``embed`` of inputs already tokenised (``encode_embedding_input``), right-padded."""
         import torch
 
+        pad = self.tokenizer.pad_token_id or 0
         vectors: list[list[float]] = []
-        for start in range(0, len(texts), self.max_batch_size):
-            chunk = texts[start:start + self.max_batch_size]
-            enc = self.tokenizer(chunk, padding=True, truncation=True,
-                                 max_length=self.max_input_tokens, return_tensors="pt")
-            enc = {k: v.to(self.device) for k, v in enc.items()}
+        for start in range(0, len(inputs), self.max_batch_size):
+            chunk = inputs[start:start + self.max_batch_size]
+            width = max(len(ids) for ids in chunk)
+            ids = torch.tensor([x + [pad] * (width - len(x)) for x in chunk], dtype=torch.long)
+            mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in chunk], dtype=torch.long)
+            enc = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+            if "token_type_ids" in self.tokenizer.model_input_names:
+                enc["token_type_ids"] = torch.zeros_like(enc["input_ids"])
             with self.platform.inference_mode():
                 hidden = self.model(**enc).last_hidden_state
                 pooled = pool(hidden, enc["attention_mask"], self.pooling)

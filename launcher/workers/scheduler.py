@@ -104,7 +104,8 @@ class _Queued:
     request: m.EmbedRequest | m.GenerateRequest
     arrived: float
     prompt_tokens: int = 0
-    prompt_ids: list[int] | None = None
+    prompt_ids: list[int] | None = None  # generation: the prompt
+    input_ids: list[list[int]] | None = None  # embeddings: one token list per text
     seed: int = 0
 
 
@@ -214,12 +215,14 @@ class Scheduler:
         item = _Queued(identity, req, time.monotonic())
         try:
             if kind == "embedding":
+                item.input_ids = []
                 for i, text in enumerate(req.texts):
                     try:
-                        item.prompt_tokens += runner.count_embedding_tokens(text)
+                        item.input_ids.append(runner.encode_embedding_input(text))
                     except InputError as exc:
                         where = f"input[{i}]: " if len(req.texts) > 1 else ""
                         raise InputError(where + str(exc)) from None
+                item.prompt_tokens = sum(map(len, item.input_ids))
             else:
                 item.prompt_ids = runner.encode_prompt(req.text, req.params.max_new_tokens)
                 item.prompt_tokens = len(item.prompt_ids)
@@ -262,14 +265,14 @@ class Scheduler:
             self.cancelled.clear()
 
     def _run_embeddings(self, batch: list[_Queued]) -> None:
-        texts = [t for item in batch for t in item.request.texts]
-        vectors = self.runner.embed(texts)
+        inputs = [ids for item in batch for ids in item.input_ids]
+        vectors = self.runner.embed_ids(inputs)
         at = 0
         for item in batch:
             n = len(item.request.texts)
             if item.request.rid not in self.cancelled:
                 self.send(item.identity, m.Embeddings(item.request.rid, vectors[at:at + n],
-                                                      item.prompt_tokens, batch_size=len(texts)))
+                                                      item.prompt_tokens, batch_size=len(inputs)))
             at += n
 
     def _run_generation(self, batch: list[_Queued]) -> None:
