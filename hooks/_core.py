@@ -208,7 +208,7 @@ class Registry:
             self._hooks.append(Hook(path, hook, hook_type, source, self._seq))
             if self._applied:
                 logger.debug("%s registered after hooks were applied; it takes effect at the next "
-                            "apply_hooks()", self._hooks[-1])
+                             "apply_hooks() (or load_plugins() / apply_plugin_hooks())", self._hooks[-1])
         return hook
 
     def decorator(self, target: str, type: HookType | str) -> Callable[[Callable], Callable]:
@@ -248,10 +248,16 @@ class Registry:
         return out
 
     # -- removal ------------------------------------------------------------------------------
-    def discard(self, source: PluginSource | None) -> list[Hook]:
-        """Forget every hook of ``source`` and restore the targets they patched; returns them."""
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the latest registration (0 before any)."""
+        return self._seq
+
+    def discard(self, source: PluginSource | None, after: int = 0) -> list[Hook]:
+        """Forget every hook of ``source`` (registered after sequence number ``after``) and restore
+        the targets they patched; returns them."""
         with self._lock:
-            removed = self._forget(lambda h: h.source == source)
+            removed = self._forget(lambda h: h.source == source and h.seq > after)
             if self._dirty:
                 self._run_rounds(include_pending=False)
             return removed

@@ -16,9 +16,13 @@ with its name and traceback, its hooks are discarded, and the rest proceed.
 
 Phases: each runs at most once per process (``platforms._once.ProcessOnce``): another thread waits
 for the running call, a failure is terminal and re-raised to later callers, a forked child starts
-over (registration is idempotent, so it re-registers nothing twice). A call made from inside any
-phase of the same runtime in the same thread (a plugin callback calling ``load_plugins()``)
-returns at once and lets the outer call finish, so hooks are never applied half registered.
+over. Before a plugin's callback runs again (in a forked child, whose registry holds what the
+parent's run registered and applied), the hooks that callback registered last time are discarded
+and their targets restored, so each ends up applied once. A call made from inside any phase of
+the same runtime in the same thread (a plugin callback calling ``load_plugins()``) returns at
+once and lets the outer call finish, so hooks are never applied half registered. A later call of
+the apply phase applies the hooks registered since it ran (each hook is applied once), logged at
+INFO.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class PluginRuntime:
         self._phases_lock = threading.Lock()
         self._inside = threading.local()
         self._assumed_selection = None
+        self._callback_marks: dict[PluginSource, int] = {}  # registry.last_seq before each callback
         RUNTIMES[name] = self
 
     # -- phases -------------------------------------------------------------------------------
@@ -101,7 +106,8 @@ class PluginRuntime:
             return  # re-entrant: called from a callback; the outer phase finishes the work
         self._inside.depth = 1
         try:
-            self._phase(which).run(body)
+            if not self._phase(which).run(body) and which == "apply":
+                self._apply_late()
         finally:
             self._inside.depth = 0
 
@@ -109,8 +115,19 @@ class PluginRuntime:
         self._phase("register").run(self._register)
         self.registry.apply_hooks()
 
+    def _apply_late(self) -> None:
+        """The apply phase ran already: apply the hooks registered since (never one twice)."""
+        pending = self.registry.pending()
+        if pending:
+            logger.info("applying %d %s hook(s) registered after hooks were applied: %s",
+                        len(pending), self.name, "; ".join(map(str, pending)))
+            self.registry.apply_hooks()
+
     def _register(self) -> None:
         for source, callback in self._load(self._excluded()):
+            if source in self._callback_marks:  # a forked child: drop the parent's run of this callback
+                self.registry.discard(source, after=self._callback_marks[source])
+            self._callback_marks[source] = self.registry.last_seq
             with plugin_source(source):
                 try:
                     callback()

@@ -3,8 +3,8 @@
 A target names an attribute of an owner: a module (functions, classes), a class (methods,
 staticmethods, classmethods, nested classes) or any other object. Parsing happens at
 registration and only checks the syntax; resolution happens when hooks are applied and may
-import the target's module. The dotted form imports the longest importable module prefix; the
-entry-point form imports exactly the part before the colon.
+import the target's module. Both forms import the longest importable module prefix (the colon is
+treated as a dot; the entry-point form's part before it must be a module).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def resolve_owner(path: TargetPath) -> tuple[object, str]:
             raise TargetError(f"no module named {parts[0]!r}")
         walk = parts[1:-1]
     for name in walk:
-        if isinstance(owner, ModuleType) and path.module is None and not hasattr(owner, name):
+        if isinstance(owner, ModuleType) and not hasattr(owner, name):
             sub = _import(f"{owner.__name__}.{name}")
             if sub is None:
                 raise TargetError(f"{_describe(owner)} has no attribute or submodule {name!r}")

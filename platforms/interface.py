@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .device_mixin import DeviceMixin, PlatformEnum
+from .device_mixin import DeviceMixin
 
 
 class SRTPlatform(DeviceMixin):
-    """Base class of every SRT platform (built-in or out-of-tree); constructible with no arguments."""
+    """Base class of every SRT platform (built-in or out-of-tree); constructible with no arguments.
 
-    _enum = PlatformEnum.UNSPECIFIED
+    It sets no ``_enum`` (``DeviceMixin``'s default, ``UNSPECIFIED``, applies), so a device mixin
+    listed after it (``class P(SRTPlatform, MyDeviceMixin)``) supplies the identity.
+    """
 
     # -- capability flags ------------------------------------------------------------------
     def support_cuda_graph(self) -> bool:

@@ -359,6 +359,8 @@ def test_phases_run_once_with_threads_reentrancy_and_fork(site):
         def register():
             CALLS.append(os.getpid())
             HookRegistry.register("ptarget.f", after, HookType.AFTER)
+            # A fresh closure each call: a forked child re-running this callback must not add it twice.
+            HookRegistry.register("ptarget.f", lambda result, x: result + ["fresh"], HookType.AFTER)
             # Re-entrant calls return at once and apply nothing; the outer calls finish the work.
             hooks.load_plugins(); hooks.register_plugins(); hooks.apply_plugin_hooks()
             import ptarget
@@ -372,7 +374,7 @@ def test_phases_run_once_with_threads_reentrancy_and_fork(site):
         import json, os, signal, sys, threading, time
         import hooks, phase_pkg
 
-        HOOKED = [1, "hooked", "hooked2"]
+        HOOKED = [1, "hooked", "fresh", "hooked2"]
         results = {}
         def call(tag, fn):
             fn()
@@ -393,8 +395,10 @@ def test_phases_run_once_with_threads_reentrancy_and_fork(site):
                 code = 1
                 try:
                     hooks.load_plugins()  # a forked child starts fresh (and does not deadlock)
+                    hooks.load_plugins()  # again: nothing new to apply
                     import ptarget
                     code = 0 if ptarget.f(1) == HOOKED and phase_pkg.CALLS[-1] == os.getpid() else 2
+                    code = code or (0 if len(hooks.HookRegistry.hooks()) == 3 else 3)
                 finally:
                     os._exit(code)
             deadline = time.monotonic() + 60
@@ -430,11 +434,45 @@ def test_phases_run_once_with_threads_reentrancy_and_fork(site):
     assert res.returncode == 0, res
     out = res.data
     assert out["waiting"] is True
-    hooked = [1, "hooked", "hooked2"]
+    hooked = [1, "hooked", "fresh", "hooked2"]
     assert out["t1_returned"] and out["t2"] == hooked and out["t3"] == hooked
     assert out["calls"] == 1 and out["seen_inside"] == [[1]]
     assert out["main"] == hooked  # every hook applied, each once
     assert out["fork_mid_phase"] == 0 and out["fork_after_done"] == 0
+
+
+@pytest.mark.parametrize("runtime", ["srt", "diffusion"])
+def test_a_repeated_apply_call_applies_hooks_registered_late_once(site, runtime):
+    make_dist(site, "late-target", modules={"late_tgt.py": "def f(x):\n    return [x]\n"})
+    group = SRT_PLUGINS if runtime == "srt" else DIFF_PLUGINS
+    make_dist(site, "late-plugin", {group: {"late": "late_pkg:register"}}, {"late_pkg.py": f"""
+        import hooks{'.diffusion' if runtime == 'diffusion' else ''} as h
+
+        def register():
+            h.HookRegistry.register("late_tgt.f", lambda result, x: result + ["early"], h.HookType.AFTER)
+            h.load_plugins()  # re-entrant: returns at once, applies nothing half registered
+    """})
+    res = run_python(f"""
+        import json, logging
+        import hooks{'.diffusion' if runtime == 'diffusion' else ''} as h
+        import late_tgt
+        logging.basicConfig(level=logging.INFO)
+        calls = [h.apply_plugin_hooks] + ([] if {runtime!r} == "diffusion" else [h.load_plugins])
+        h.apply_plugin_hooks()
+        out = [late_tgt.f(1)]
+        for n, call in enumerate(calls):
+            h.HookRegistry.register("late_tgt.f", lambda result, x, n=n: result + [f"late{{n}}"], h.HookType.AFTER)
+            out.append(late_tgt.f(1))  # registered, not applied yet
+            call(); call()
+            out.append(late_tgt.f(1))
+        print("RESULT:" + json.dumps(out))
+    """, sites=[site])
+    assert res.returncode == 0, res
+    expected = [[1, "early"], [1, "early"], [1, "early", "late0"]]
+    if runtime == "srt":
+        expected += [[1, "early", "late0"], [1, "early", "late0", "late1"]]
+    assert res.data == expected
+    assert res.stderr.count(f"applying 1 {runtime} hook(s) registered after hooks were applied") == len(expected) // 2
 
 
 # -- this project's own hook targets ------------------------------------------------------------------
@@ -494,3 +532,28 @@ def test_pip_installed_demo_platform_plugin_is_required_when_selected(demo_site)
     other = run_python(code, sites=[demo_site], env=clean_env(DEMO_PLATFORM_FAIL_HOOKS="1"))
     assert other.returncode == 0, other
     assert other.data == {"hooks": []} and "plugin 'demo' (sglang-launch-demo-platform) failed to run its callback" in other.stderr
+
+
+def test_demo_plugin_hook_runs_once_in_a_forked_child(demo_site):
+    # The demo's callback registers a fresh closure each call; a forked child re-runs the callback.
+    res = run_python("""
+        import json, os
+        import hooks
+        from demo_platform_plugin import hooks as demo
+        from launcher.server_args import ServerArgs
+        hooks.load_plugins()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                hooks.load_plugins()
+                ServerArgs()
+                code = 0 if demo.CALLS == [f"srt {os.getpid()}"] and len(hooks.HookRegistry.hooks()) == 1 else 2
+            finally:
+                os._exit(code)
+        child = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        ServerArgs()
+        print("RESULT:" + json.dumps([child, demo.CALLS == [f"srt {os.getpid()}"]]))
+    """, sites=[demo_site], env=clean_env(SGLANG_PLATFORM="demo", DEMO_PLATFORM_ENABLE="1"))
+    assert res.returncode == 0, res
+    assert res.data == [0, True]

@@ -144,7 +144,9 @@ def helper(x):
     assert mod.helper(2) == ("helper", 2, "colon", "dotted")
 
 
-def test_dotted_target_in_a_package_submodule_not_yet_imported(tmp_path, monkeypatch, registry):
+@pytest.mark.parametrize("form", ["{pkg}.inner.deep.C.run", "{pkg}:inner.deep.C.run", "{pkg}.inner:deep.C.run"])
+def test_target_in_a_package_submodule_not_yet_imported(tmp_path, monkeypatch, registry, form):
+    # The entry-point form treats the colon as a dot: submodules after it are imported too.
     pkg = f"hookpkg_{next(_ids)}"
     (tmp_path / pkg / "inner").mkdir(parents=True)
     (tmp_path / pkg / "__init__.py").write_text("")
@@ -152,7 +154,7 @@ def test_dotted_target_in_a_package_submodule_not_yet_imported(tmp_path, monkeyp
     (tmp_path / pkg / "inner" / "deep.py").write_text("class C:\n    def run(self):\n        return 'run'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        registry.register(f"{pkg}.inner.deep.C.run", lambda result, self: result.upper(), HookType.AFTER)
+        registry.register(form.format(pkg=pkg), lambda result, self: result.upper(), HookType.AFTER)
         assert f"{pkg}.inner.deep" not in sys.modules  # registering resolves nothing
         registry.apply_hooks()
         from importlib import import_module

@@ -23,6 +23,7 @@ from platforms._entrypoints import allowlist, import_object
 from platforms.builtin import cpu, cuda, mps, npu, rocm, xpu
 from platforms.device_mixin import host_cpu_architecture
 from platforms.diffusion import Platform
+from support import clean_env, make_dist, run_python
 
 
 def test_device_capability_orders_and_converts():
@@ -55,6 +56,47 @@ def test_identity_queries_follow_enum(member, true_queries, base, enum):
     queries = ["is_cuda", "is_rocm", "is_npu", "is_cpu", "is_xpu", "is_musa", "is_mps", "is_tpu",
                "is_cuda_alike", "is_out_of_tree"]
     assert {q for q in queries if getattr(platform, q)()} == true_queries
+
+
+@pytest.mark.parametrize("runtime, group, selector, base, base_name", [
+    ("srt", "sglang.srt.platforms", "SGLANG_PLATFORM", "platforms.interface", "SRTPlatform"),
+    ("diffusion", "sglang.multimodal_gen.platforms", "SGLANG_DIFFUSION_PLATFORM_OVERRIDE",
+     "platforms.diffusion", "Platform"),
+])
+def test_spec_quick_start_layout_reports_out_of_tree(site, runtime, group, selector, base, base_name):
+    """The spec's quick start: the device mixin carries ``_enum``/``device_name``/``device_type``
+    and the platform class lists the runtime's base first (``class P(SRTPlatform, MyDeviceMixin)``)."""
+    enum_module = "platforms.device_mixin" if runtime == "srt" else "platforms.diffusion"
+    make_dist(site, "my-platform-plugin", {group: {"my_device": "my_platform_plugin:activate"}}, {
+        "my_platform_plugin/__init__.py": "def activate():\n    return 'my_platform_plugin.platform.MyPlatform'\n",
+        "my_platform_plugin/device.py": f"""
+            from platforms.device_mixin import DeviceMixin
+            from {enum_module} import PlatformEnum
+
+            class MyDeviceMixin(DeviceMixin):
+                _enum = PlatformEnum.OOT
+                device_name = "my_device"
+                device_type = "my_device"
+        """,
+        "my_platform_plugin/platform.py": f"""
+            from {base} import {base_name}
+            from my_platform_plugin.device import MyDeviceMixin
+
+            class MyPlatform({base_name}, MyDeviceMixin):
+                def get_default_attention_backend(self) -> str:
+                    return "my_attn"
+        """,
+    })
+    module = "platforms" if runtime == "srt" else "platforms.diffusion"
+    res = run_python(f"""
+        import json
+        from {module} import current_platform as p, PlatformEnum
+        from my_platform_plugin.platform import MyPlatform
+        print("RESULT:" + json.dumps([p._enum is PlatformEnum.OOT, p.is_out_of_tree(), p.is_cuda(),
+                                      p.device_name, p.device_type, isinstance(p, MyPlatform)]))
+    """, sites=[site], env=clean_env(**{selector: "my_device"}))
+    assert res.returncode == 0, res
+    assert res.data == [True, True, False, "my_device", "my_device", True]
 
 
 def test_srt_platform_defaults():

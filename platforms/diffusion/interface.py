@@ -31,9 +31,13 @@ _GIB = float(1 << 30)
 
 
 class Platform(DeviceMixin):
-    """Base class of every diffusion platform; constructible with no arguments."""
+    """Base class of every diffusion platform; constructible with no arguments.
 
-    _enum = PlatformEnum.UNSPECIFIED
+    It sets no ``_enum``, so a device mixin listed after it (``class P(Platform, MyDeviceMixin)``)
+    supplies the identity. A class that sets none answers ``UNSPECIFIED`` to the identity queries
+    (``DeviceMixin``'s default, an SRT member), which diffusion selection rejects: a diffusion
+    platform sets this runtime's ``PlatformEnum`` member itself (``OOT`` for a plugin).
+    """
     dispatch_key: str | None = None
 
     # -- initialization and configuration --------------------------------------------------
