@@ -89,7 +89,8 @@ def load_plugins_by_group(group: str, excluded_dists=None) -> dict:
 
 def describe(runtime: str = "srt", probe: bool = False) -> dict:
     """A JSON-able report of ``runtime``'s ("srt" or "diffusion") platforms and plugins: every
-    installed entry point with its distribution, whether ``SGLANG_PLUGINS`` allows it, whether it
+    installed entry point with its distribution, whether ``SGLANG_PLUGINS`` allows it (for SRT
+    platforms: admits it to automatic selection, None while ``SGLANG_PLATFORM`` selects), whether it
     is skipped as part of an unselected platform, the platform selection (or its error), and each
     loaded plugin's hooks with conflicts. Runs the registration phase (callbacks, no targets).
     Without ``probe`` no built-in hardware probe runs (they import torch): when selection would

@@ -58,7 +58,7 @@ def _selection(runtime: PluginRuntime, probe: bool) -> tuple[dict, object]:
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         return {"error": _error_text(exc)}, None
     if not probe and sel.key == f"builtin:{_PROBING}":
-        lead = sel.reason.split(" and ")[0]  # "fallback: no platform plugin installed/activated"
+        lead = sel.reason.removesuffix(" and probing")  # "fallback: no platform plugin installed/..."
         return {
             "key": None, "qualname": None, "distribution": None, "probed": probed,
             "reason": f"{lead}; start-up probes the built-ins in this order and takes the first "
@@ -66,6 +66,17 @@ def _selection(runtime: PluginRuntime, probe: bool) -> tuple[dict, object]:
         }, sel
     return {"key": sel.key, "qualname": sel.qualname, "distribution": sel.distribution,
             "reason": sel.reason}, sel
+
+
+def _platform_filter(runtime: PluginRuntime) -> dict | None:
+    """The variable that narrows automatic platform selection (SRT: ``SGLANG_PLUGINS``) and whether
+    it applies now (not while the selector variable names a platform); None for a runtime without."""
+    from platforms import _runtimes
+
+    spec = _runtimes.runtime_spec(runtime.name)
+    if not spec.auto_allowlist_env:
+        return None
+    return {"variable": spec.auto_allowlist_env, "applies": not os.environ.get(spec.selector_env, "").strip()}
 
 
 def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
@@ -84,6 +95,10 @@ def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
         except Exception as exc:  # noqa: BLE001
             registration_error = _error_text(exc)
 
+    from platforms import _entrypoints
+
+    platform_filter = _platform_filter(runtime)
+    auto_allowed = _entrypoints.allowlist(platform_filter["variable"]) if platform_filter else None
     selected_ep = getattr(sel, "entry_point", None)
     platforms = [
         {
@@ -92,6 +107,10 @@ def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
             "distribution": ep.distribution,
             "selected": selected_ep is not None and ep.name == selected_ep.name
             and _norm(ep.distribution) == _norm(selected_ep.distribution),
+            # Whether the allowlist admits it to automatic selection; None where no allowlist
+            # filters this runtime's platforms or the selector variable selects explicitly.
+            "allowed": None if not platform_filter or not platform_filter["applies"]
+            else auto_allowed is None or ep.name in auto_allowed,
         }
         for ep in runtime.entry_points(runtime.platform_group)
     ]
@@ -121,6 +140,7 @@ def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
         "runtime": runtime.name,
         "selector": {"variable": runtime.selector_env(), "value": os.environ.get(runtime.selector_env())},
         "allowlist": sorted(allowed) if allowed is not None else None,
+        "platform_allowlist": platform_filter,
         "selection": selection,
         "groups": {runtime.platform_group: platforms, runtime.plugin_group: plugins},
         "conflicts": runtime.registry.conflicts(),

@@ -172,10 +172,9 @@ def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool = Fa
     var = spec.selector_env
     candidates = list(_entrypoints.entry_points(spec.platform_group))
     allowed = _entrypoints.allowlist(spec.auto_allowlist_env, environ) if spec.auto_allowlist_env else None
-    if allowed is not None:
-        skipped = [ep for ep in candidates if ep.name not in allowed]
-        if skipped:
-            _log("info", "%s leaves out platform plugins: %s", spec.auto_allowlist_env, _listing(skipped))
+    skipped = [ep for ep in candidates if allowed is not None and ep.name not in allowed]
+    if skipped:
+        _log("info", "%s leaves out platform plugins: %s", spec.auto_allowlist_env, _listing(skipped))
         candidates = [ep for ep in candidates if ep.name in allowed]
     _check_names(spec, candidates)
 
@@ -196,7 +195,11 @@ def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool = Fa
             spec, ep, qualname, f"automatic discovery ({ep.name!r} is the only platform plugin that activated)"
         )
 
-    lead = "no platform plugin activated" if candidates else "no platform plugin installed"
+    lead = "no platform plugin " + ("activated" if candidates else "allowed" if skipped else "installed")
+    if skipped:
+        env = spec.auto_allowlist_env
+        lead += (f" ({env}={environ[env]} leaves out {_listing(skipped)}; add their names to {env}, or "
+                 f"unset it, to admit them to automatic selection, or set {var} to one to select it)")
     for entry in spec.builtins:
         if _builtin_available(entry, environ):
             if serving and spec.serving_fallback and entry is spec.builtins[-1]:

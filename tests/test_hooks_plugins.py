@@ -284,8 +284,12 @@ def _diffusion_site(site):
                "dvendor_pkg/hooks.py": """
                    import os
                    from hooks.diffusion import HookRegistry, HookType
+                   if os.environ.get("DVENDOR_FAIL") == "load":
+                       raise ImportError("dvendor runtime library is missing")
                    def register():
                        HookRegistry.register("dtarget.f", lambda result, x: result + ["dvendor"], HookType.AFTER)
+                       if os.environ.get("DVENDOR_FAIL") == "apply":
+                           HookRegistry.register("dtarget.missing", lambda x: x, HookType.REPLACE)
                        if os.environ.get("DVENDOR_FAIL") == "callback":
                            raise RuntimeError("dvendor callback failed")
                """})
@@ -324,7 +328,12 @@ def test_diffusion_registers_without_resolving_then_applies(site, override):
                         "f": [1, "dplain", "dvendor"], "other": [], "srt_hooks": 0}
 
 
-def test_diffusion_selected_platform_plugin_failure_aborts(site):
+@pytest.mark.parametrize("stage, message, cause", [
+    ("load", "failed to load: ImportError: dvendor runtime library is missing", "ImportError"),
+    ("callback", "failed to run its callback: RuntimeError: dvendor callback failed", "RuntimeError"),
+    ("apply", "module 'dtarget' has no attribute 'missing'", "TargetError"),
+])
+def test_diffusion_selected_platform_plugin_failure_aborts(site, stage, message, cause):
     _diffusion_site(site)
     res = run_python("""
         import json
@@ -332,10 +341,15 @@ def test_diffusion_selected_platform_plugin_failure_aborts(site):
         try:
             d.apply_plugin_hooks()
         except d.PluginError as exc:
-            print("RESULT:" + json.dumps([exc.plugin, exc.distribution, str(exc.__cause__)]))
-    """, sites=[site], env=_env(DVENDOR_FAIL="callback"))
+            import dtarget
+            print("RESULT:" + json.dumps([exc.plugin, exc.distribution, str(exc), type(exc.__cause__).__name__,
+                                          dtarget.f(1)]))
+    """, sites=[site], env=_env(DVENDOR_FAIL=stage))
     assert res.returncode == 0, res
-    assert res.data == ["dvendor", "dvendor-platform", "dvendor callback failed"]
+    plugin, distribution, text, cause_name, f = res.data
+    assert (plugin, distribution, cause_name) == ("dvendor", "dvendor-platform", cause)
+    assert message in text and "plugin 'dvendor' (dvendor-platform)" in text and "selected" in text
+    assert "dvendor" not in f  # its hooks are discarded
 
 
 # -- once per process: threads, re-entrant calls, fork -----------------------------------------------

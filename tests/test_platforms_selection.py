@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from plugin_fixtures import platform_plugin
+from support import make_dist
 from platforms import _entrypoints
 from platforms._runtimes import DIFFUSION, SRT, runtime_spec
 from platforms._selection import PlatformSelectionError, instantiate, resolve
@@ -100,6 +101,27 @@ def test_srt_explicit_raising_callback(plugins):
     assert isinstance(err.value.__cause__, RuntimeError)
 
 
+def test_srt_explicit_name_of_two_distributions_is_an_error(plugins):
+    first = plugins("alpha", distribution="acme-one")
+    second = plugins("alpha", distribution="acme-two")
+    with pytest.raises(PlatformSelectionError) as err:
+        resolve(SRT, {"SGLANG_PLATFORM": "alpha"})
+    msg = str(err.value)
+    assert "2 installed distributions register a srt platform named 'alpha'" in msg
+    assert "(from acme-one)" in msg and "(from acme-two)" in msg and "uninstall all but one" in msg
+    assert not imported(first) and not imported(second)
+
+
+def test_platform_entry_point_at_a_non_callable(plugins, site):
+    package = plugins("alpha")
+    make_dist(site, "acme-broken", {"sglang.srt.platforms": {"broken": f"{package}:CALLS"}})
+    _entrypoints.reset()
+    for environ in ({"SGLANG_PLATFORM": "broken"}, {"SGLANG_PLUGINS": "broken"}):
+        with pytest.raises(PlatformSelectionError, match=r"broken = .*:CALLS \(from acme-broken\) points at "
+                                                          r"a list, not a zero-argument activate\(\) function"):
+            resolve(SRT, environ)
+
+
 # -- SRT: automatic discovery ----------------------------------------------------------------
 def test_srt_auto_one_activated(plugins):
     off = plugins("alpha", activate="off")
@@ -126,6 +148,20 @@ def test_srt_auto_is_filtered_by_sglang_plugins(plugins):
     assert sel.key == "plugin:beta"
     assert not imported(a), "a plugin left out by SGLANG_PLUGINS was imported"
     assert calls(b) == 1
+
+
+def test_srt_auto_with_every_platform_plugin_left_out_says_how_to_admit_them(plugins, no_accelerator):
+    a = plugins("alpha", distribution="acme-alpha")
+    b = plugins("beta", activate="off", distribution="acme-beta")
+    sel = resolve(SRT, {"SGLANG_PLUGINS": "some_hook_plugin"})
+    assert sel.key == "builtin:base" and not imported(a) and not imported(b)
+    assert sel.reason.startswith("fallback: no platform plugin allowed (SGLANG_PLUGINS=some_hook_plugin leaves out ")
+    assert f"alpha = {a}:activate (from acme-alpha)" in sel.reason and f"beta = {b}:activate (from acme-beta)" in sel.reason
+    assert sel.reason.endswith("; add their names to SGLANG_PLUGINS, or unset it, to admit them to automatic "
+                               "selection, or set SGLANG_PLATFORM to one to select it) and neither SGLANG_USE_CPU_ENGINE "
+                               "nor CUDA, ROCm or XPU is available")
+    partly = resolve(SRT, {"SGLANG_PLUGINS": "beta"})  # the allowed one does not activate
+    assert partly.reason.startswith("fallback: no platform plugin activated (SGLANG_PLUGINS=beta leaves out alpha")
 
 
 def test_srt_auto_raising_callback_aborts(plugins):

@@ -73,6 +73,10 @@ def test_table_and_json_report_every_entry_point_selection_hooks_and_conflicts(s
     platforms = {p["name"]: p for p in srt["groups"][SRT_PLATFORMS]}
     assert platforms["vendor"]["selected"] and not platforms["other"]["selected"]
     assert platforms["other"]["distribution"] == "other-platform"
+    # SGLANG_PLATFORM selects explicitly: SGLANG_PLUGINS has no say in platform selection.
+    assert srt["platform_allowlist"] == {"variable": "SGLANG_PLUGINS", "applies": False}
+    assert platforms["vendor"]["allowed"] is None and platforms["other"]["allowed"] is None
+    assert diffusion["platform_allowlist"] is None
     plugins = {p["name"]: p for p in srt["groups"][SRT_PLUGINS]}
     assert set(plugins) == {"vendor", "other_extra", "plain", "off"}
     assert plugins["off"]["allowed"] is False and plugins["off"]["status"] == "not allowed"
@@ -101,6 +105,48 @@ def test_table_and_json_report_every_entry_point_selection_hooks_and_conflicts(s
     assert "conflict: 2 REPLACE hooks on tgt.f (plain, vendor); vendor wins" in table
     assert "[sglang.multimodal_gen.plugins]" in table
     assert "platform: a built-in, found by probing at start-up" in table
+    assert "SGLANG_PLUGINS does not apply: SGLANG_PLATFORM selects the platform explicitly" in table
+    platform_rows = _platform_rows(table)
+    assert platform_rows["vendor"] == ["n/a", "selected"] and platform_rows["other"] == ["n/a"]
+
+
+def _platform_rows(table: str) -> dict:
+    """The SRT platform group's table rows: name -> the cells after NAME, DISTRIBUTION, ENTRY POINT."""
+    section = table.split(f"[{SRT_PLATFORMS}]")[1].split(f"[{SRT_PLUGINS}]")[0]
+    return {line.split()[0]: line.split()[3:] for line in section.splitlines()[2:] if line.strip()}
+
+
+def test_platform_rows_say_whether_sglang_plugins_admits_them_to_automatic_selection(site):
+    _site(site)
+    code = """
+        import contextlib, io, json
+        from launcher.cli import main
+        outputs = []
+        for argv in (["plugins", "--runtime", "srt"], ["plugins", "--runtime", "srt", "--json"]):
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                main(argv)
+            outputs.append(buf.getvalue())
+        print("RESULT:" + json.dumps({"table": outputs[0], "doc": json.loads(outputs[1])["runtimes"][0]}))
+    """
+    some = run_python(code, sites=[site], env=clean_env(SGLANG_PLUGINS="other,plain"))
+    assert some.returncode == 0, some
+    doc = some.data["doc"]
+    assert doc["platform_allowlist"] == {"variable": "SGLANG_PLUGINS", "applies": True}
+    assert {p["name"]: p["allowed"] for p in doc["groups"][SRT_PLATFORMS]} == {"other": True, "vendor": False}
+    rows = _platform_rows(some.data["table"])
+    assert rows == {"other": ["allowed"], "vendor": ["left", "out"]}
+    assert "AUTO (SGLANG_PLUGINS)" in some.data["table"]
+
+    none = run_python(code, sites=[site], env=clean_env(SGLANG_PLUGINS="plain"))
+    assert none.returncode == 0, none
+    reason = none.data["doc"]["selection"]["reason"]
+    assert reason.startswith("fallback: no platform plugin allowed (SGLANG_PLUGINS=plain leaves out "), reason
+    assert "other = other_pkg:activate (from other-platform)" in reason
+    assert "vendor = vendor_pkg:activate (from vendor-platform)" in reason
+    assert ("; add their names to SGLANG_PLUGINS, or unset it, to admit them to automatic selection, or set "
+            "SGLANG_PLATFORM to one to select it); start-up probes the built-ins") in reason
+    assert f"why: {reason}" in none.data["table"]
 
 
 def _cli(args, site, **env):

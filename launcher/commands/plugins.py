@@ -1,8 +1,9 @@
 """``sglang-launch plugins``: what is installed, what would activate and why, what hooks what.
 
 For each runtime (SRT and diffusion, or the one ``--runtime`` names) and each of its entry-point
-groups: every installed entry point with its distribution; for general plugins whether
-``SGLANG_PLUGINS`` allows it, whether it is skipped as part of an unselected platform, what
+groups: every installed entry point with its distribution; for SRT platforms whether
+``SGLANG_PLUGINS`` admits it to automatic selection (it does not apply while ``SGLANG_PLATFORM``
+selects explicitly); for general plugins whether ``SGLANG_PLUGINS`` allows it, whether it is skipped as part of an unselected platform, what
 happened when it was loaded, and which targets its hooks patch with which types; REPLACE
 conflicts; the platform that would be selected and why, or the error selection would raise.
 
@@ -70,8 +71,19 @@ def _render(report: dict) -> list[str]:
 
     (platform_group, platforms), (plugin_group, plugins) = report["groups"].items()
     lines.append(f"  [{platform_group}]")
-    lines += _table([[p["name"], p["distribution"] or "?", p["value"], "selected" if p["selected"] else ""]
-                     for p in platforms], ["NAME", "DISTRIBUTION", "ENTRY POINT", ""])
+    header, auto = ["NAME", "DISTRIBUTION", "ENTRY POINT"], report["platform_allowlist"]
+    if auto:  # the allowlist's say in automatic selection
+        variable = auto["variable"]
+        header.append(f"AUTO ({variable})")
+        if not auto["applies"]:
+            lines.append(f"    {variable} does not apply: {selector['variable']} selects the platform explicitly")
+    rows = []
+    for p in platforms:
+        row = [p["name"], p["distribution"] or "?", p["value"]]
+        if auto:
+            row.append("n/a" if p["allowed"] is None else "allowed" if p["allowed"] else "left out")
+        rows.append(row + ["selected" if p["selected"] else ""])
+    lines += _table(rows, header + [""])
     lines.append(f"  [{plugin_group}]")
     rows = []
     for p in plugins:
