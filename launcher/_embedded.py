@@ -161,10 +161,7 @@ class Launcher:
         runtime = getattr(args, "runtime", None) if args is not None else self._fields.get("runtime")
         _prepare.load_plugins(runtime or "srt")  # before the ServerArgs class is looked up
         if args is None:
-            try:
-                args = _prepare.server_args_class()(**self._fields)
-            except (TypeError, ValueError) as exc:
-                raise _prepare.usage_error(exc) from exc
+            args = _prepare.build_args(lambda: _prepare.server_args_class()(**self._fields))
         return args
 
     def _run(self) -> None:

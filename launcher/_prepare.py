@@ -41,7 +41,9 @@ def load_plugins(runtime: str) -> None:
     """Register and apply this process's general plugins of ``runtime``'s hook group.
 
     The first step of every launch; it settles the CPU question first (``prefer_cpu_over_base``),
-    because plugin loading may already resolve the platform.
+    because plugin loading may already resolve the platform. The platform is then selected, so
+    that a selection error is reported as one (exit code 5) before ``ServerArgs``, whose
+    ``__post_init__`` applies the platform's defaults, is built.
     """
     check_runtime(runtime)
     prefer_cpu_over_base(runtime)
@@ -52,6 +54,18 @@ def load_plugins(runtime: str) -> None:
             importlib.import_module("hooks").load_plugins()
     except Exception as exc:  # noqa: BLE001 - any plugin failure is reported the same way
         raise _setup_error("a required plugin failed to load in the launcher process", exc) from exc
+    select_platform(runtime)
+
+
+def build_args(make):
+    """``make()`` a ``ServerArgs``: a complaint about a value is a usage error (exit 2); anything
+    else it raises (a platform's ``apply_server_args_defaults``, a plugin's hook) a set-up error."""
+    try:
+        return make()
+    except (TypeError, ValueError) as exc:
+        raise usage_error(exc) from exc
+    except Exception as exc:  # noqa: BLE001 - reported with its traceback, never raised raw
+        raise _setup_error("the server arguments could not be built", exc) from exc
 
 
 def prefer_cpu_over_base(runtime: str) -> None:
@@ -102,7 +116,8 @@ def select_platform(runtime: str):
     try:
         return importlib.import_module(module).current_selection()
     except Exception as exc:  # noqa: BLE001 - selection errors already name their fix
-        raise _setup_error("no platform could be selected", exc) from exc
+        plain = type(exc).__name__ == "PlatformSelectionError" and exc.__cause__ is None
+        raise _setup_error("no platform could be selected", exc, plain=plain) from exc
 
 
 def is_cpu_fallback(selection) -> bool:
@@ -110,7 +125,9 @@ def is_cpu_fallback(selection) -> bool:
     return selection.entry_point is None and selection.key == "builtin:cpu" and selection.reason.startswith("fallback")
 
 
-def _setup_error(summary: str, exc: BaseException) -> LaunchError:
+def _setup_error(summary: str, exc: BaseException, plain: bool = False) -> LaunchError:
+    """A set-up failure (exit code 5). ``plain``: the message is the whole story (a selection
+    error that already names what was found and what to set), so no traceback and no hint."""
     import traceback
 
     return LaunchError(
@@ -119,7 +136,8 @@ def _setup_error(summary: str, exc: BaseException) -> LaunchError:
             exit_code=ExitCode.SETUP_FAILED,
             error_type=type(exc).__name__,
             message=str(exc),
-            traceback="".join(traceback.format_exception(exc)),
-            hint="fix or uninstall the plugin named above, or select another with SGLANG_PLATFORM / SGLANG_PLUGINS",
+            traceback=None if plain else "".join(traceback.format_exception(exc)),
+            hint=None if plain else (
+                "fix or uninstall the plugin named above, or select another with SGLANG_PLATFORM / SGLANG_PLUGINS"),
         )
     )

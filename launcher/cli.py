@@ -7,6 +7,7 @@ is asked for, so ``sglang-launch plugins`` never pays for what serving imports.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # name -> (module in launcher.commands, one-line help). Serving is the default command.
@@ -30,6 +31,17 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (``sglang-launch status --json | head``): not a failure. Point
+        # stdout at /dev/null so the interpreter's final flush does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help") and len(argv) == 1:
         # The server's own --help lists its options; the command list comes first.

@@ -36,6 +36,8 @@ def _opt(default, help: str, **meta):
     return field(default=default, metadata={"help": help, **meta})
 
 
+_SERVING_SCHEDULER = "launcher.workers.scheduler.run_scheduler_process"
+
 class ServerArgsError(ValueError):
     """One or more bad settings; ``problems`` lists each with what to change."""
 
@@ -83,7 +85,7 @@ class ServerArgs:
     )
     runtime: str = _opt("srt", "which runtime's platforms and plugins the workers use", choices=RUNTIMES)
     scheduler_target: str = _opt(
-        "launcher.workers.scheduler.run_scheduler_process",
+        _SERVING_SCHEDULER,
         "dotted path of the scheduler worker function",
         metavar="MODULE.FUNC",
     )
@@ -200,6 +202,15 @@ class ServerArgs:
                 bool(_DOTTED.match(value)),
                 f"{_flag(name)} {value!r} is not a dotted path; use package.module.function",
             )
+        if self.scheduler_target == _SERVING_SCHEDULER:
+            # The serving runtime's model must be on disk: say so now, before any worker starts.
+            # (model_source is standard library only; another engine's target checks its own.)
+            from launcher.workers.model_source import ModelSourceError, resolve_model
+
+            try:
+                resolve_model(self.model_path, self.served_model_name)
+            except ModelSourceError as exc:
+                problems.append(str(exc))
         if problems:
             raise ServerArgsError(problems)
 

@@ -40,10 +40,7 @@ def main(argv: list[str]) -> int:
         server_args_class = _prepare.server_args_class()
         ns = build_parser(server_args_class).parse_args(argv)
         _configure_logging(getattr(ns, "log_level", "info"))
-        try:
-            args = server_args_class.from_cli_args(ns)
-        except (TypeError, ValueError) as exc:
-            raise _prepare.usage_error(exc) from exc
+        args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns))
         selection, payload = _prepare.finish(args)
     except LaunchError as exc:
         print(exc.root_cause.format(), file=sys.stderr)

@@ -1,0 +1,71 @@
+"""Bad input to the launcher ends in one clear message and the documented exit code, before any
+worker starts: no traceback, nothing left running."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from support import REPO, clean_env, free_port, run_python
+
+LAUNCH = [sys.executable, "-m", "launcher"]
+
+
+def _run(argv, **env):
+    environ = clean_env(PYTHONPATH=str(REPO), **env)
+    return subprocess.run(LAUNCH + argv, capture_output=True, text=True, env=environ, cwd=str(REPO), timeout=120)
+
+
+def test_unknown_platform_is_a_setup_error_with_its_fix_not_a_traceback():
+    for argv, env, variable in (
+        ([], {"SGLANG_PLATFORM": "nosuch"}, "SGLANG_PLATFORM"),
+        (["--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "nosuch"},
+         "SGLANG_DIFFUSION_PLATFORM_OVERRIDE"),
+    ):
+        run = _run(argv + ["--port", str(free_port())], **env)
+        assert run.returncode == 5, run.stderr
+        assert "no platform could be selected" in run.stderr
+        assert f"{variable}=nosuch" in run.stderr and "unset it" in run.stderr
+        assert "Traceback" not in run.stderr
+        assert "starting" not in run.stderr  # no worker was started
+
+
+def test_embedded_launcher_gets_launch_error_for_an_unknown_platform():
+    result = run_python(
+        """
+        import json
+        from launcher import LaunchError, Launcher
+        try:
+            Launcher(port=1).start()
+        except LaunchError as exc:
+            print("RESULT:" + json.dumps([exc.exit_code, str(exc)]))
+        """,
+        env=clean_env(SGLANG_PLATFORM="nosuch"),
+    )
+    assert result.returncode == 0, result
+    code, text = result.data
+    assert code == 5 and "SGLANG_PLATFORM=nosuch" in text
+
+
+def test_a_model_path_that_is_not_a_model_is_a_usage_error_before_any_worker_starts(tmp_path):
+    missing = _run(["--model-path", str(tmp_path / "nowhere"), "--port", str(free_port())])
+    not_a_model = _run(["--model-path", str(tmp_path), "--port", str(free_port())])
+    assert missing.returncode == 2 and "does not exist" in missing.stderr, missing.stderr
+    assert not_a_model.returncode == 2 and "no config.json" in not_a_model.stderr, not_a_model.stderr
+    for run in (missing, not_a_model):
+        assert "Traceback" not in run.stderr and "starting" not in run.stderr
+
+
+def test_output_cut_short_by_the_reader_is_not_an_error():
+    """``sglang-launch --help | head -1``: the reader is gone before the output is written."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has already gone away: every write meets a broken pipe
+    try:
+        run = subprocess.run(LAUNCH + ["--help"], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                             env=clean_env(PYTHONPATH=str(REPO)), cwd=str(REPO), timeout=60)
+    finally:
+        os.close(write_end)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr and "BrokenPipe" not in run.stderr, run.stderr
