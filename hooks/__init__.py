@@ -55,12 +55,14 @@ def register_plugins() -> None:
 
 
 def apply_plugin_hooks() -> None:
-    """``register_plugins()`` if needed, then apply every registered hook, once per process."""
+    """``register_plugins()`` if needed, then apply every registered hook, once per process; a
+    later call applies only the hooks registered since (logged at INFO)."""
     _SRT.apply_plugin_hooks()
 
 
 def load_plugins() -> None:
-    """Register SRT plugins and apply their hooks (both phases), once per process."""
+    """Register SRT plugins and apply their hooks (both phases), once per process; a later call
+    applies only the hooks registered since (logged at INFO)."""
     _SRT.apply_plugin_hooks()
 
 

@@ -47,5 +47,6 @@ def load_plugins() -> None:
 
 def apply_plugin_hooks() -> None:
     """``load_plugins()`` if needed, then resolve and patch every registered target, once per
-    process. Raises ``PluginError`` as ``load_plugins()`` does, also for a hook that cannot apply."""
+    process; a later call applies only the hooks registered since (logged at INFO). Raises
+    ``PluginError`` as ``load_plugins()`` does, also for a hook that cannot apply."""
     _RUNTIME.apply_plugin_hooks()
