@@ -1,11 +1,13 @@
 """dp=2 through the real CLI: a bounded load test (16 clients, 20 s, loopback), then a scheduler
 killed mid-load. The supervisor is paused (SIGSTOP) for the kill, so the test sees the HTTP
 child's own liveness signal turn ``/health`` false within a second; resumed, the supervisor tears
-everything down and reports the root cause."""
+everything down and reports the root cause. Then dp=2 over two nodes (two supervisors on
+loopback): replica 1 lives on node 1 and is reached over TCP through the address it announced."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -14,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from test_serving_support import embedding_body, report, run_load, start_server
+from test_serving_support import embedding_body, report, run_load, start_server, start_two_nodes, stop_all
 
 
 @pytest.fixture
@@ -65,3 +67,47 @@ def test_dp2_load_then_a_scheduler_dies_mid_load(server, capsys):
     assert code == 4, log  # a worker exited after the server was ready
     assert "scheduler.1 was killed by SIGKILL" in log and "every worker process is gone" in log
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(server.port) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_dp2_over_two_nodes_serves_from_both(tmp_path):
+    nodes = start_two_nodes(["--dp-size", "2"], tmp_path, "dp2-2nodes")
+    try:
+        node0, node1 = nodes
+        ready = httpx.get(node0.url + "/ready", timeout=30).json()
+        assert [s["dp_rank"] for s in ready["schedulers"]] == [0, 1]
+        on_node1 = {p.pid for p in psutil.Process(node1.proc.pid).children(recursive=True)}
+        assert ready["schedulers"][1]["pid"] in on_node1 and ready["schedulers"][0]["pid"] not in on_node1
+        stats = run_load(node0.url, embedding_body, clients=8, seconds=3)
+        assert stats["errors"] == [] and stats["requests"] > 0
+        info = httpx.get(node0.url + "/get_server_info", timeout=30).json()
+        batches = [s["batches"] for s in info["schedulers"]]
+        assert all(b > 0 for b in batches), batches  # both replicas answered
+        assert "scheduler dp=1 at tcp://127.0.0.1:" in node0.log
+        assert "node 1 ready" in node1.log
+    finally:
+        stop_all(nodes)
+    assert [n.proc.returncode for n in nodes] == [0, 0], "\n".join(n.log for n in nodes)
+
+
+def test_a_replica_node_0_cannot_reach_keeps_the_launch_from_claiming_ready(tmp_path):
+    """Node 1 never starts: node 0's scheduler is up, but /ready names the missing replica and the
+    supervisor never says ready; the start-up timeout ends the launch."""
+    from support import free_port
+    from test_serving_support import Server
+
+    node0 = Server(["--dp-size", "2", "--nnodes", "2", "--node-rank", "0", "--startup-timeout", "20",
+                    "--dist-init-addr", f"127.0.0.1:{free_port()}"], tmp_path / "lonely-node0.log")
+    try:
+        deadline = time.monotonic() + 60
+        while not re.search(r"scheduler\.0 \(pid \d+\) ready ", node0.log):
+            assert node0.proc.poll() is None and time.monotonic() < deadline, node0.log
+            time.sleep(0.2)
+        time.sleep(1.0)  # the HTTP child has had time to ping dp=0
+        r = httpx.get(node0.url + "/ready", timeout=30)
+        assert r.status_code == 503 and "dp=[1]" in r.json()["reason"], r.text
+        assert "not announced" in r.json()["reason"], r.text
+        assert node0.wait_exit(timeout=60) == 3, node0.log  # start-up timeout
+        assert "sglang-launch: ready at" not in node0.log and "start-up did not finish" in node0.log
+        assert "http.0" in node0.log.split("start-up did not finish", 1)[1]
+    finally:
+        node0.stop()

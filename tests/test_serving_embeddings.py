@@ -81,6 +81,7 @@ BAD = [
     ("unpaired surrogate", b'{"input": "\\ud800"}', 400, "Unicode"),
     ("unsupported encoding", b'{"input": "x", "encoding_format": "base64"}', 400, "encoding_format"),
     ("unknown model", b'{"input": "x", "model": "gpt-4"}', 404, "not served here"),
+    ("dimensions", b'{"input": "x", "dimensions": 128}', 400, "dimensions is not supported"),
     ("too many tokens", json.dumps({"input": "word " * 400}).encode(), 400, "limit of 256"),
     ("too many inputs", json.dumps({"input": ["x"] * 3000}).encode(), 400, "at most 2048"),
     ("too many bytes", json.dumps({"input": "a" * 1_100_000}).encode(), 413, "--max-request-bytes"),

@@ -1,7 +1,7 @@
 """End to end through the real CLI with a tiny causal LM built at test time (random weights, a
 real tokenizer): exact token counts, greedy determinism, streaming, the API key, client
 disconnects, and tensor parallelism (tp=2 gives tp=1's greedy tokens; a model with no plan is
-refused at start-up)."""
+refused at start-up; tp=2 over two nodes, one rank each, also gives tp=1's tokens)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from test_serving_support import Server, build_tiny_llama, post, start_server
+from test_serving_support import Server, build_tiny_llama, post, server_env, start_server, start_two_nodes, stop_all
 
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -163,6 +163,21 @@ def test_tp2_gives_the_same_greedy_tokens_as_tp1(server, tiny_path, tmp_path):
     finally:
         tp2.stop()
     assert got == want
+
+
+def test_tp2_over_two_nodes_gives_the_same_greedy_tokens_as_tp1(server, tiny_path, tmp_path):
+    prompts = ["hello world", "the quick brown fox"]
+    want = [generate(server.url, p, max_new_tokens=12, temperature=0, ignore_eos=True)["text"] for p in prompts]
+    nodes = start_two_nodes(["--model-path", str(tiny_path), "--tp-size", "2"], tmp_path, "tp2-2nodes",
+                            env=server_env(GLOO_SOCKET_IFNAME="lo"))
+    try:
+        got = [generate(nodes[0].url, p, headers={}, max_new_tokens=12, temperature=0, ignore_eos=True)["text"]
+               for p in prompts]
+        assert "tp_group_joined" in nodes[1].log
+    finally:
+        stop_all(nodes)
+    assert got == want
+    assert [n.proc.returncode for n in nodes] == [0, 0], "\n".join(n.log for n in nodes)
 
 
 def test_model_without_tp_plan_fails_start_up_clearly(tmp_path):

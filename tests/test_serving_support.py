@@ -104,6 +104,45 @@ def start_server(args: list[str], tmp: Path, name: str, headers: dict | None = N
     return server
 
 
+def start_two_nodes(args: list[str], tmp: Path, name: str, env: dict[str, str] | None = None,
+                    timeout: float = 180.0) -> list[Server]:
+    """One launch over two "nodes" on loopback: two ``sglang-launch`` processes with ``--nnodes 2``,
+    ``--node-rank 0/1`` and one ``--dist-init-addr``. Returns once node 0's supervisor says ready;
+    at that moment ``/ready`` must already be 200 (checked once, no retry: the supervisor's ready
+    and the HTTP child's must agree). On any failure both trees are stopped before raising."""
+    import httpx
+
+    common = [*args, "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}"]
+    nodes: list[Server] = []
+    try:
+        for rank in (0, 1):
+            nodes.append(Server([*common, "--node-rank", str(rank)], tmp / f"{name}-node{rank}.log", env))
+        deadline = time.monotonic() + timeout
+        while "sglang-launch: ready at http" not in nodes[0].log:
+            for node in nodes:
+                if node.proc.poll() is not None:
+                    raise AssertionError(f"a node exited with {node.proc.returncode} before ready:\n"
+                                         + "\n".join(n.log for n in nodes))
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not ready within {timeout}s:\n" + "\n".join(n.log for n in nodes))
+            time.sleep(0.2)
+        r = httpx.get(nodes[0].url + "/ready", timeout=30)
+        assert r.status_code == 200, f"the supervisor said ready but /ready is {r.status_code}: {r.text}"
+    except BaseException:
+        stop_all(nodes)
+        raise
+    return nodes
+
+
+def stop_all(servers: list[Server]) -> None:
+    """SIGTERM every server first (so that no node waits on another's stop), then stop each."""
+    for srv in servers:
+        if srv.proc.poll() is None:
+            srv.proc.send_signal(signal.SIGTERM)
+    for srv in servers:
+        srv.stop()
+
+
 def build_tiny_llama(path: Path, tokenizer_dir: Path) -> Path:
     """A tiny Llama with random weights and a real tokenizer (BERT's, from ``tokenizer_dir``),
     saved as a Hugging Face model directory."""

@@ -265,7 +265,8 @@ def create_app(state: AppState) -> FastAPI:
         pongs = await client.ping_all(timeout=1.0)
         missing = [i for i, p in enumerate(pongs) if p is None]
         if missing:
-            return json_response({"ready": False, "reason": f"scheduler(s) dp={missing} not answering yet"}, 503)
+            return json_response({"ready": False, "reason": f"scheduler(s) dp={missing} not answering yet: "
+                                                            f"{client.unanswered_reason(missing)}"}, 503)
         return json_response({"ready": True, "schedulers": [
             {"dp_rank": p.dp_rank, "pid": p.pid, "queue_depth": p.queue_depth} for p in pongs]})
 
@@ -278,6 +279,9 @@ def create_app(state: AppState) -> FastAPI:
     @app.post("/v1/embeddings", summary="embeddings (OpenAI shape)")
     async def embeddings(body: EmbeddingRequest, request: Request):
         check_model(body.model)
+        if body.dimensions is not None:
+            raise SchedulerError(400, f"dimensions is not supported by model {state.served_name!r}: it "
+                                      f"returns its native embedding size; leave dimensions out")
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
         reply = await _unless_disconnected(request, client.one(lambda rid: m.EmbedRequest(rid, texts)))
         if reply is None:

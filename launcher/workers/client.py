@@ -1,8 +1,11 @@
 """The HTTP child's side of the scheduler sockets: routing, results, and liveness.
 
-One DEALER socket per data-parallel replica connects to the scheduler's ROUTER (no round trip:
-both sides compute the address from ``ctx.endpoint``). A request goes to the live replica with the
-fewest unanswered requests; its results come back by ``rid`` to the waiting handler.
+One DEALER socket per data-parallel replica connects to the scheduler's ROUTER. On one node both
+sides compute the address from ``ctx.endpoint`` (no round trip); on several nodes a replica whose
+rank 0 runs on another node announces its TCP address in the launch's store, and ``resolve`` (a
+thread polls it) supplies it, after which the replica is connected like any other. A request
+goes to the live, connected replica with the fewest unanswered requests; its results come back by
+``rid`` to the waiting handler.
 
 Liveness has two sources, so ``healthy`` turns false within a second of a scheduler dying:
 - direct: a ZeroMQ socket monitor on each connection; a replica that was connected and
@@ -19,6 +22,7 @@ import itertools
 import json
 import logging
 import os
+import threading
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -48,18 +52,28 @@ class Replica:
         self.inflight: set[str] = set()
         self.connected = False
         self.dead_reason: str | None = None
+        self.unreachable: str | None = None  # why its address could not be learned
+
+    @property
+    def where(self) -> str:
+        return self.endpoint or "address not announced yet"
 
 
 class SchedulerClient:
     """Talks to every scheduler replica from the HTTP child's event loop.
 
-    ``endpoints[i]`` is replica ``i``'s request address; ``ops_endpoint`` (optional) the
-    supervisor's PUB socket; ``tp_size`` maps a scheduler rank in an ops topic to its replica.
+    ``endpoints[i]`` is replica ``i``'s request address, or None when it is announced later:
+    ``resolve(i)`` (blocking, run in a thread of its own) returns it once known, else None, and
+    may raise when it can never be learned. ``ops_endpoint`` (optional) is the supervisor's PUB
+    socket; ``tp_size`` maps a scheduler rank in an ops topic to its replica.
     """
 
-    def __init__(self, endpoints: list[str], ops_endpoint: str | None = None, tp_size: int = 1,
-                 metrics=None) -> None:
+    def __init__(self, endpoints: list[str | None], ops_endpoint: str | None = None, tp_size: int = 1,
+                 metrics=None, resolve=None) -> None:
         self.replicas = [Replica(i, ep) for i, ep in enumerate(endpoints)]
+        self.resolve = resolve
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
         self.ops_endpoint = ops_endpoint or None
         self.tp_size = max(tp_size, 1)
         self.metrics = metrics
@@ -77,15 +91,18 @@ class SchedulerClient:
         import zmq
         import zmq.asyncio
 
+        self.loop = asyncio.get_running_loop()
         self._zctx = zmq.asyncio.Context()
         for rep in self.replicas:
-            sock = self._zctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-            sock.connect(rep.endpoint)
-            rep.sock = sock
-            self._tasks.append(asyncio.create_task(self._receive(rep)))
-            self._tasks.append(asyncio.create_task(self._watch(rep, monitor)))
+            if rep.endpoint:
+                self._connect(rep, rep.endpoint)
+        pending = [r for r in self.replicas if not r.endpoint]
+        if pending:
+            if self.resolve is None:
+                raise ValueError(f"scheduler dp={[r.dp_rank for r in pending]} have no address and "
+                                 f"no resolver was given")
+            threading.Thread(target=self._resolve_all, args=(pending,), name="resolve-schedulers",
+                             daemon=True).start()
         if self.ops_endpoint:
             sub = self._zctx.socket(zmq.SUB)
             sub.setsockopt(zmq.LINGER, 0)
@@ -94,7 +111,53 @@ class SchedulerClient:
             sub.connect(self.ops_endpoint)
             self._tasks.append(asyncio.create_task(self._follow_ops(sub)))
 
+    def _connect(self, rep: Replica, endpoint: str) -> None:
+        import zmq
+
+        if self._closing or self._zctx is None:
+            return
+        sock = self._zctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if endpoint.startswith("tcp://["):
+            sock.setsockopt(zmq.IPV6, 1)
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sock.connect(endpoint)
+        rep.endpoint, rep.sock = endpoint, sock
+        log.info("scheduler dp=%d at %s", rep.dp_rank, endpoint)
+        self._tasks.append(asyncio.create_task(self._receive(rep)))
+        self._tasks.append(asyncio.create_task(self._watch(rep, monitor)))
+
+    def _resolve_all(self, pending: list[Replica]) -> None:
+        """Poll ``resolve`` for each replica without an address until all are known (thread)."""
+        import time
+
+        def deliver(fn, *args) -> bool:
+            try:
+                self.loop.call_soon_threadsafe(fn, *args)
+                return True
+            except RuntimeError:  # the loop is closed: the server is gone
+                return False
+
+        while pending and not self._closing:
+            for rep in list(pending):
+                try:
+                    endpoint = self.resolve(rep.dp_rank)
+                except Exception as exc:  # noqa: BLE001 - reported through /ready and start-up
+                    reason = f"{type(exc).__name__}: {exc}"
+                    for r in pending:
+                        deliver(setattr, r, "unreachable", reason)
+                    log.error("cannot learn the address of scheduler(s) dp=%s: %s",
+                              [r.dp_rank for r in pending], reason)
+                    return
+                if endpoint:
+                    pending.remove(rep)
+                    if not deliver(self._connect, rep, endpoint):
+                        return
+            if pending:
+                time.sleep(0.2)
+
     async def close(self) -> None:
+        self._closing = True
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -183,9 +246,10 @@ class SchedulerClient:
 
     def pick(self) -> Replica:
         """The live replica with the fewest unanswered requests (ties: lowest dp rank)."""
-        live = [r for r in self.replicas if not r.dead_reason]
+        live = [r for r in self.replicas if not r.dead_reason and r.sock is not None]
         if not live or self.server_failure:
-            raise SchedulerError(503, self.unhealthy_reason or "no scheduler is running")
+            raise SchedulerError(503, self.unhealthy_reason or "no scheduler is reachable yet: "
+                                 + self.unanswered_reason([r.dp_rank for r in self.replicas]))
         return min(live, key=lambda r: (len(r.inflight), not r.connected, r.dp_rank))
 
     async def call(self, make, rep: Replica | None = None) -> AsyncIterator:
@@ -243,7 +307,7 @@ class SchedulerClient:
         """Each replica's ``Pong`` (None for one that did not answer within ``timeout``)."""
 
         async def ping(rep: Replica):
-            if rep.dead_reason:
+            if rep.dead_reason or rep.sock is None:
                 return None
             try:
                 return await asyncio.wait_for(self.one(lambda rid: m.Ping(rid), rep), timeout)
@@ -251,6 +315,14 @@ class SchedulerClient:
                 return None
 
         return list(await asyncio.gather(*(ping(r) for r in self.replicas)))
+
+    def unanswered_reason(self, dp_ranks: list[int]) -> str:
+        """Which replicas did not answer, and where they are (or why their address is unknown)."""
+        parts = []
+        for dp in dp_ranks:
+            rep = self.replicas[dp]
+            parts.append(f"dp={dp} ({rep.unreachable or rep.where})")
+        return ", ".join(parts)
 
     async def _receive(self, rep: Replica) -> None:
         try:

@@ -1,29 +1,129 @@
-"""The tensor-parallel group of one data-parallel replica, and rank 0's broadcasts to it.
+"""The tensor-parallel group of one data-parallel replica, the launch's rendezvous store, and rank
+0's broadcasts to its group.
 
-The ``tp_size`` ranks of replica ``dp_rank`` form their own ``torch.distributed`` world (transformers'
-tensor parallelism shards over the default group), rendezvousing through a file store in the
-launch's private runtime directory: no port to pick, nothing reachable from outside. Rank 0 takes
-requests and broadcasts each unit of work as bytes; the other ranks follow in lockstep.
+On one node the ``tp_size`` ranks of replica ``dp_rank`` form their own ``torch.distributed``
+world (transformers' tensor parallelism shards over the default group), rendezvousing through a
+file store in the launch's private runtime directory: no port to pick, nothing reachable from
+outside. Scheduler request sockets are ``ipc://`` paths in that directory too.
+
+On several nodes (``nnodes > 1``) the rendezvous is node 0's ``--dist-init-addr`` (``MASTER_ADDR``,
+``MASTER_PORT``): global scheduler rank 0 hosts one ``torch.distributed.TCPStore`` there for the
+whole launch, and every process that needs it connects as a client. Each replica's tp group
+initialises on a ``PrefixStore`` ``sglang-launch/tp/<dp>/`` of it (one port for every group, so
+no two groups can collide), and a replica whose rank 0 runs on a node other than 0 binds its
+request socket on TCP and announces the address under ``sglang-launch/scheduler/<dp>``, where
+node 0's HTTP child reads it. Replicas whose rank 0 is on node 0 keep their ``ipc://`` socket.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from datetime import timedelta
 from pathlib import Path
 
+STORE_PREFIX = "sglang-launch/"
+
+_store = None
+_store_lock = threading.Lock()
+
+
+def nnodes_of(server_args) -> int:
+    return max(int(getattr(server_args, "nnodes", 1) or 1), 1)
+
+
+def replica_node(dp_rank: int, tp_size: int, dp_size: int, nnodes: int) -> int:
+    """The node that runs rank 0 of replica ``dp_rank`` (ranks are split evenly, in order)."""
+    local = max(tp_size * dp_size // max(nnodes, 1), 1)
+    return (dp_rank * tp_size) // local
+
+
+def scheduler_key(dp_rank: int) -> str:
+    """The store key under which a remote replica announces its request address."""
+    return f"{STORE_PREFIX}scheduler/{dp_rank}"
+
+
+def rendezvous_address(server_args) -> tuple[str, int]:
+    """``(MASTER_ADDR, MASTER_PORT)``: a scheduler's environment, else ``--dist-init-addr``."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if addr and port and port.isdigit():
+        return addr, int(port)
+    from launcher._plan import rendezvous
+
+    return rendezvous(getattr(server_args, "dist_init_addr", None), nnodes_of(server_args))
+
+
+def launch_store(server_args, *, host: bool, timeout_s: float = 300.0):
+    """This process's handle on the launch's ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT`` (only
+    with ``nnodes > 1``). ``host=True`` (global scheduler rank 0) serves it; the others connect,
+    waiting up to ``timeout_s`` for the host to be up."""
+    global _store
+    with _store_lock:
+        if _store is not None:
+            return _store
+        from torch.distributed import TCPStore
+
+        addr, port = rendezvous_address(server_args)
+        try:
+            _store = TCPStore(addr, port, is_master=host, timeout=timedelta(seconds=timeout_s),
+                              wait_for_workers=False)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the fix
+            what = (f"cannot serve the launch's rendezvous store on port {port} (--dist-init-addr "
+                    f"{addr}:{port}): is the port free on node 0?") if host else (
+                    f"cannot reach the launch's rendezvous store at {addr}:{port} (--dist-init-addr) "
+                    f"within {timeout_s:.0f} s: is node 0 running and the address reachable from here?")
+            raise RuntimeError(f"{what} ({type(exc).__name__}: {exc})") from exc
+        return _store
+
+
+def advertised_host(master_addr: str, master_port: int) -> str:
+    """This node's address on the route to node 0 (the interface node 0 can reach us through)."""
+    infos = socket.getaddrinfo(master_addr, master_port, type=socket.SOCK_DGRAM)
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(sockaddr)  # UDP: picks the route, sends nothing
+        return probe.getsockname()[0]
+
+
+class EndpointDirectory:
+    """Node 0's HTTP child's view of the replicas' announced addresses (``lookup`` never blocks
+    once connected; the first call connects to the store, waiting for its host)."""
+
+    def __init__(self, server_args, timeout_s: float = 300.0) -> None:
+        self.server_args = server_args
+        self.timeout_s = timeout_s
+
+    def lookup(self, dp_rank: int) -> str | None:
+        store = launch_store(self.server_args, host=False, timeout_s=self.timeout_s)
+        key = scheduler_key(dp_rank)
+        if not store.check([key]):
+            return None
+        return store.get(key).decode()
+
 
 def init_tp_group(backend: str, runtime_dir: str, dp_rank: int, tp_rank: int, tp_size: int,
-                  timeout_s: float = 300.0) -> None:
-    """Join replica ``dp_rank``'s group on ``backend`` (the platform's distributed backend)."""
+                  timeout_s: float = 300.0, store=None) -> None:
+    """Join replica ``dp_rank``'s group on ``backend`` (the platform's distributed backend):
+    through ``store`` (the launch's ``TCPStore``, several nodes) or a file store in
+    ``runtime_dir`` (one node)."""
     import torch.distributed as dist
 
-    store = Path(runtime_dir) / f"tp-store-{dp_rank}"
     # transformers reads these when it builds its device mesh.
     os.environ.update(RANK=str(tp_rank), LOCAL_RANK=str(tp_rank), WORLD_SIZE=str(tp_size))
+    if store is not None:
+        dist.init_process_group(
+            backend=backend,
+            store=dist.PrefixStore(f"{STORE_PREFIX}tp/{dp_rank}/", store),
+            rank=tp_rank,
+            world_size=tp_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        return
+    path = Path(runtime_dir) / f"tp-store-{dp_rank}"
     dist.init_process_group(
         backend=backend,
-        init_method=f"file://{store}",
+        init_method=f"file://{path}",
         rank=tp_rank,
         world_size=tp_size,
         timeout=timedelta(seconds=timeout_s),

@@ -2,17 +2,23 @@
 
 The listening socket is bound here first (``ServerArgs.host``, loopback by default, and
 ``ServerArgs.port``), so a taken port is a clear start-up error rather than a log line from a
-thread. uvicorn runs in a thread of its own and leaves signal handling to the bootstrap: the main
-thread reports ready once uvicorn has started, waits for ``ctx.stopping`` (SIGTERM), then lets
-uvicorn finish the requests in flight and returns.
+thread. uvicorn runs in a thread of its own and leaves signal handling to the bootstrap. Once uvicorn has
+started, the main thread waits (at most ``startup_timeout``) until every scheduler replica answers
+a ping through its socket and only then reports ready, so the launch never claims ready with a
+replica the HTTP child cannot reach; it then waits for ``ctx.stopping`` (SIGTERM), lets uvicorn
+finish the requests in flight and returns. On several nodes a replica whose rank 0 runs on another
+node is found through the launch's rendezvous store (``distributed.EndpointDirectory``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
+import time
 
+from launcher.workers.distributed import EndpointDirectory, nnodes_of, replica_node
 from launcher.workers.messages import scheduler_endpoint_name
 from launcher.workers.model_source import resolve_model
 
@@ -62,11 +68,21 @@ def build_app(server_args, ctx, metrics=None):
     dp_size = max(int(getattr(ctx, "dp_size", 0) or getattr(server_args, "dp_size", 1) or 1), 1)
     tp_size = max(int(getattr(ctx, "tp_size", 0) or getattr(server_args, "tp_size", 1) or 1), 1)
     metrics = metrics or Metrics()
+    nnodes = nnodes_of(server_args)
+    # A replica whose rank 0 runs on node 0 (this node) has its private ipc:// socket; one on
+    # another node announces a TCP address in the launch's store.
+    endpoints = [ctx.endpoint(scheduler_endpoint_name(i))
+                 if nnodes == 1 or replica_node(i, tp_size, dp_size, nnodes) == 0 else None
+                 for i in range(dp_size)]
+    directory = None
+    if None in endpoints:
+        directory = EndpointDirectory(server_args, timeout_s=float(getattr(server_args, "startup_timeout", 300.0)))
     client = SchedulerClient(
-        [ctx.endpoint(scheduler_endpoint_name(i)) for i in range(dp_size)],
+        endpoints,
         ops_endpoint=getattr(ctx, "ops_endpoint", None),
         tp_size=tp_size,
         metrics=metrics,
+        resolve=directory.lookup if directory else None,
     )
     state = AppState(
         client=client,
@@ -87,6 +103,7 @@ def run_http_server(server_args, ctx) -> None:
 
     host = getattr(server_args, "host", "127.0.0.1") or "127.0.0.1"
     port = int(getattr(server_args, "port", 30000))
+    started = time.monotonic()
     sock = bind_socket(host, port)
     app = build_app(server_args, ctx)
     config = uvicorn.Config(
@@ -120,6 +137,12 @@ def run_http_server(server_args, ctx) -> None:
     url_host = f"[{host}]" if ":" in host else host
     url = f"http://{url_host}:{port}"
     log.info("HTTP server listening on %s", url)
+    deadline = started + float(getattr(server_args, "startup_timeout", 300.0))
+    if not wait_for_schedulers(app.state.client, ctx, thread, deadline):
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+        return
     ctx.ready(url=url, host=host, port=port)
     while not ctx.stopping.is_set() and thread.is_alive():
         ctx.stopping.wait(timeout=0.2)
@@ -129,3 +152,32 @@ def run_http_server(server_args, ctx) -> None:
     if not ctx.stopping.is_set():
         raise RuntimeError(f"the HTTP server on {url} stopped unexpectedly: "
                            f"{failure[0] if failure else 'uvicorn exited'}")
+
+
+def wait_for_schedulers(client, ctx, thread: threading.Thread, deadline: float) -> bool:
+    """Wait until every replica answers a ping (True), or the stop request (False); raise when
+    ``deadline`` passes or uvicorn stops first, naming the replicas that never answered."""
+    last_log = time.monotonic()
+    while not ctx.stopping.is_set():
+        if not thread.is_alive():
+            raise RuntimeError("the HTTP server stopped while waiting for the schedulers")
+        missing = list(range(len(client.replicas)))
+        if client.loop is not None:
+            try:
+                pongs = asyncio.run_coroutine_threadsafe(client.ping_all(timeout=1.0),
+                                                         client.loop).result(timeout=10)
+                missing = [i for i, p in enumerate(pongs) if p is None]
+            except Exception as exc:  # noqa: BLE001 - the loop is stopping; seen above next time
+                log.debug("ping of the schedulers failed: %s", exc)
+        if not missing:
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            raise RuntimeError(f"scheduler replica(s) did not answer the HTTP child before the start-up "
+                               f"timeout: {client.unanswered_reason(missing)}; check that node 0 can "
+                               f"reach every node (--dist-init-addr, firewalls) and the nodes' logs")
+        if now - last_log > 15:
+            last_log = now
+            log.info("waiting for scheduler(s) to answer: %s", client.unanswered_reason(missing))
+        ctx.stopping.wait(timeout=0.2)
+    return False

@@ -3,7 +3,9 @@
 ``run_scheduler_process(server_args, ctx)``: join the replica's tensor-parallel group when
 ``ctx.tp_size > 1`` (the platform's distributed backend), load the model (``model_runner``), run one
 warm-up batch, then report ready. Rank 0 binds a ROUTER socket at
-``ctx.endpoint(scheduler_endpoint_name(dp_rank))`` and serves the HTTP child: requests are
+``ctx.endpoint(scheduler_endpoint_name(dp_rank))`` (on several nodes, a replica whose rank 0 is not
+on node 0 binds TCP and announces it in the launch's store; see ``distributed``) and serves the
+HTTP child: requests are
 validated on arrival (a bad one gets a 400 ``Failed`` at once and never joins a batch), queued,
 and run in batches of up to ``max_batch_size`` requests, collected for at most ``batch_wait_ms``
 after the first one arrived, and no longer than until every request the HTTP child has
@@ -38,15 +40,22 @@ def run_scheduler_process(server_args, ctx) -> None:
     """The bootstrap's scheduler target: load, warm up, report ready, serve until stopping."""
     from platforms import current_platform
 
-    from launcher.workers.distributed import close_tp_group, init_tp_group
+    from launcher.workers.distributed import (close_tp_group, init_tp_group, launch_store, nnodes_of,
+                                              replica_node)
 
     tp_size = max(int(getattr(ctx, "tp_size", 1) or 1), 1)
+    dp_size = max(int(getattr(ctx, "dp_size", 1) or 1), 1)
+    nnodes = nnodes_of(server_args)
+    timeout_s = float(getattr(server_args, "startup_timeout", 300.0))
     if current_platform.is_cpu():
-        share_cpu_threads(ranks_on_node=tp_size * max(int(getattr(ctx, "dp_size", 1) or 1), 1))
+        share_cpu_threads(ranks_on_node=tp_size * dp_size // nnodes)
+    # Several nodes: global rank 0 serves the launch's rendezvous store at --dist-init-addr, the
+    # other ranks connect to it (tp groups meet there, remote replicas announce their address).
+    store = launch_store(server_args, host=ctx.rank == 0, timeout_s=timeout_s) if nnodes > 1 else None
+    remote = nnodes > 1 and replica_node(ctx.dp_rank, tp_size, dp_size, nnodes) != 0
     if tp_size > 1:
         init_tp_group(current_platform.get_torch_distributed_backend_str(), ctx.runtime_dir,
-                      ctx.dp_rank, ctx.tp_rank, tp_size,
-                      timeout_s=float(getattr(server_args, "startup_timeout", 300.0)))
+                      ctx.dp_rank, ctx.tp_rank, tp_size, timeout_s=timeout_s, store=store)
         ctx.phase("tp_group_joined")
     try:
         runner = load_runner(server_args, current_platform, local_rank=ctx.local_rank, tp_size=tp_size)
@@ -54,7 +63,7 @@ def run_scheduler_process(server_args, ctx) -> None:
         runner.warm_up()
         ctx.phase("warmed_up")
         if ctx.tp_rank == 0:
-            Scheduler(runner, server_args, ctx).serve()
+            Scheduler(runner, server_args, ctx, store=store if remote else None).serve()
         else:
             ctx.ready(dp_rank=ctx.dp_rank, tp_rank=ctx.tp_rank, pid=os.getpid())
             follow(runner, ctx)
@@ -112,7 +121,9 @@ class _Queued:
 class Scheduler:
     """Rank 0 of a replica: the request socket, the queue, and the batches."""
 
-    def __init__(self, runner: ModelRunner, server_args, ctx) -> None:
+    def __init__(self, runner: ModelRunner, server_args, ctx, store=None) -> None:
+        """``store`` (the launch's rendezvous store) is given to a replica whose rank 0 runs on a
+        node other than 0: it binds on TCP and announces the address there."""
         import zmq
 
         self.runner = runner
@@ -130,13 +141,15 @@ class Scheduler:
         self._zctx = zmq.Context()
         self.sock = self._zctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.endpoint = ctx.endpoint(m.scheduler_endpoint_name(self.dp_rank))
+        self.server_args = server_args
+        self.store = store
+        self.endpoint = None if store is not None else ctx.endpoint(m.scheduler_endpoint_name(self.dp_rank))
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     def serve(self) -> None:
         try:
-            self.sock.bind(self.endpoint)
+            self.bind()
             self.ctx.ready(dp_rank=self.dp_rank, endpoint=self.endpoint, pid=os.getpid(),
                            model=self.runner.describe(), memory=self.runner.memory_info())
             log.info("scheduler dp=%d serving %s (%s) at %s", self.dp_rank,
@@ -148,6 +161,22 @@ class Scheduler:
                 self._broadcast(m.Stop())
             self.sock.close(0)
             self._zctx.term()
+
+    def bind(self) -> None:
+        """One node: the private ``ipc://`` path. A remote replica: TCP on this node's address on
+        the route to node 0 (a free port), announced in the launch's store for the HTTP child."""
+        if self.store is None:
+            self.sock.bind(self.endpoint)
+            return
+        from launcher.workers.distributed import advertised_host, rendezvous_address, scheduler_key
+
+        host = advertised_host(*rendezvous_address(self.server_args))
+        if ":" in host:
+            self.sock.setsockopt(self._zmq.IPV6, 1)
+            host = f"[{host}]"
+        self.sock.bind(f"tcp://{host}:*")
+        self.endpoint = self.sock.getsockopt_string(self._zmq.LAST_ENDPOINT)
+        self.store.set(scheduler_key(self.dp_rank), self.endpoint)
 
     def step(self) -> None:
         """Receive what arrived (waiting at most until the oldest request's batch is due), then

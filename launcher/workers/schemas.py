@@ -49,6 +49,8 @@ class EmbeddingRequest(_Body):
     input: str | list[str] = Field(description="a text, or a list of texts (at most 2048)")
     model: str | None = Field(None, description="must name the served model when given")
     encoding_format: Literal["float"] = "float"
+    dimensions: int | None = Field(None, description="not supported: the model returns its native "
+                                                     "size, and a request that sets this is refused (400)")
     user: str | None = None
 
     @field_validator("input")
