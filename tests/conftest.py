@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from support import PRODUCT_ENV, descendants, kill_tree  # noqa: E402
 
+pytest_plugins = ("plugin_fixtures",)  # the demo_site fixture: the demo plugin, pip-installed once
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

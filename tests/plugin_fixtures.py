@@ -1,7 +1,7 @@
 """Plugin fixtures for platform (and hook) tests: the demo package installed by real pip, once.
 
-Import the fixture into a test module (``from plugin_fixtures import demo_site``). The install
-runs at most once per test session however many modules import it: pip installs a copy of
+conftest.py registers this module as a pytest plugin, so any test can ask for ``demo_site``. The
+install runs at most once per test session: pip installs a copy of
 ``examples/demo-platform-plugin`` with ``--target`` into a session folder (about a second; no
 network: ``--no-deps --no-build-isolation``), and every test that needs the package puts that
 folder on ``PYTHONPATH`` (``run_python(..., sites=[demo_site])``) or ``sys.path``.

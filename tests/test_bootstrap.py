@@ -9,7 +9,6 @@ it saw as ``RESULT:<json>``. Several children share one harness run to keep the 
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -28,22 +27,6 @@ TESTS = Path(__file__).resolve().parent
 # Entry points that the fault-injection children select (via ProcessSpec.platform_key).
 SRT_PLATFORMS = "sglang.srt.platforms"
 SRT_PLUGINS = "sglang.srt.plugins"
-
-
-def _require(module: str, *names: str) -> None:
-    """Skip (with the reason) while a sibling package's API this test needs is not there yet."""
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
-        pytest.skip(f"{module} is not available yet ({exc})")
-    missing = [n for n in names if not hasattr(mod, n)]
-    if missing:
-        pytest.skip(f"{module} lacks {', '.join(missing)} (not written yet)")
-
-
-def require_runtime_apis() -> None:
-    _require("platforms", "pin_selection", "initialize_current_platform", "current_selection")
-    _require("hooks", "register_plugins", "apply_plugin_hooks", "HookRegistry", "HookType")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,7 +215,6 @@ def test_import_bootstrap_adds_only_stdlib_and_itself():
 # A healthy start, both runtimes, and a stop request.
 # ---------------------------------------------------------------------------------------------
 def test_children_report_every_phase_ready_and_stop_cleanly_on_sigterm():
-    require_runtime_apis()
     children, _ = run_harness(
         {
             "args": {"tp_size": 2, "port": 31234, "model_path": "/models/demo"},
@@ -318,7 +300,6 @@ def platform_dist(site: Path, name: str, *, init_backend: str = "pass", plugin: 
 
 
 def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site, tmp_path):
-    require_runtime_apis()
     platform_dist(site, "boom", init_backend='raise RuntimeError("the boom driver is missing")')
     platform_dist(
         site,
@@ -422,7 +403,6 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
 # The spec's early-import warning.
 # ---------------------------------------------------------------------------------------------
 def test_child_names_runtime_modules_the_launching_script_imported_at_module_scope(tmp_path):
-    require_runtime_apis()
     # spawn re-runs this script's module scope in the child, importing the worker module there
     # before the bootstrap starts: the child must say so.
     script = tmp_path / "launch_app.py"
@@ -479,7 +459,6 @@ REPLACING_PLUGIN = """
 
 @pytest.mark.parametrize("runtime", ["srt", "diffusion"])
 def test_replace_hooks_reach_the_server_args_class_and_the_worker_target(site, runtime):
-    require_runtime_apis()
     group = "sglang.srt.plugins" if runtime == "srt" else "sglang.multimodal_gen.plugins"
     api = "hooks" if runtime == "srt" else "hooks.diffusion"
     make_dist(

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from plugin_fixtures import DEMO_DISTRIBUTION, demo_site  # noqa: F401 - pytest fixture
+from plugin_fixtures import DEMO_DISTRIBUTION
 from support import clean_env, make_dist, run_python
 
 # Runs ``check-platform`` once per scenario ``(argv, env)`` in this one interpreter.

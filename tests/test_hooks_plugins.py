@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugin_fixtures import DEMO_DISTRIBUTION, demo_site  # noqa: F401 - a fixture
+from plugin_fixtures import DEMO_DISTRIBUTION
 from support import clean_env, make_dist, run_python
 
 SRT_PLUGINS = "sglang.srt.plugins"

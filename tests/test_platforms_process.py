@@ -8,11 +8,7 @@ threads, terminal failure, fork), ``pin_selection``, and the pip-installed demo 
 
 from __future__ import annotations
 
-import sys
-
-import pytest
-
-from plugin_fixtures import DEMO_DISTRIBUTION, demo_site, platform_plugin  # noqa: F401 (fixture)
+from plugin_fixtures import DEMO_DISTRIBUTION, platform_plugin
 from support import clean_env, run_python
 
 HEAVY = ("torch", "numpy", "transformers", "fastapi", "uvicorn")

@@ -8,7 +8,6 @@ in-process on plain dataclasses, which touch no platform.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import msgspec
 import pytest
@@ -17,21 +16,10 @@ from bootstrap.payload import FORMAT, VERSION, PayloadError, decode_payload, enc
 from support import make_dist, run_python
 
 
-def _require(module: str, *names: str) -> None:
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as exc:
-        pytest.skip(f"{module} is not available yet ({exc})")
-    missing = [n for n in names if not hasattr(mod, n)]
-    if missing:
-        pytest.skip(f"{module} lacks {', '.join(missing)} (not written yet)")
-
-
 # ---------------------------------------------------------------------------------------------
 # Command line and checks (fresh interpreter: ServerArgs resolves the platform).
 # ---------------------------------------------------------------------------------------------
 def test_command_line_round_trip_help_and_bad_values():
-    _require("platforms", "current_platform")
     result = run_python(
         """
         import argparse, contextlib, dataclasses, io, json
@@ -80,7 +68,6 @@ def test_command_line_round_trip_help_and_bad_values():
 
 
 def test_check_server_args_lists_every_problem_with_what_to_change():
-    _require("platforms", "current_platform")
     result = run_python(
         """
         import json
@@ -121,7 +108,6 @@ def test_check_server_args_lists_every_problem_with_what_to_change():
 
 
 def test_post_init_applies_the_selected_platforms_defaults_for_each_runtime(site):
-    _require("platforms", "current_platform")
     make_dist(
         site,
         "tidy-platform",
@@ -184,8 +170,6 @@ def test_post_init_applies_the_selected_platforms_defaults_for_each_runtime(site
 
 
 def test_server_args_hooks_add_options_change_defaults_and_relax_checks(site):
-    _require("platforms", "current_platform")
-    _require("hooks", "load_plugins", "HookRegistry", "HookType")
     make_dist(
         site,
         "args-tweaks",
