@@ -28,7 +28,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # The CLI server helpers and the load generator the tests use (one copy of each).
-from test_serving_support import Server, embedding_body, run_load  # noqa: E402
+from test_serving_support import embedding_body, run_load, start_server  # noqa: E402
 
 TEXT = "a cat sits on the mat"
 
@@ -70,16 +70,6 @@ def over_http(url: str, requests: int) -> list[float]:
     return times
 
 
-def serve(args: list[str], tmp: Path, name: str) -> Server:
-    server = Server(args, tmp / f"{name}.log")
-    try:
-        server.wait_ready()
-    except BaseException:
-        server.stop()
-        raise
-    return server
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="batch-1 requests per side")
@@ -89,13 +79,13 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="sglang-bench-"))
 
     local, threads = in_process(opts.requests)
-    server = serve([], tmp, "dp1")
+    server = start_server([], tmp, "dp1")
     try:
         http = over_http(server.url, opts.requests)
         dp1 = run_load(server.url, embedding_body, clients=opts.clients, seconds=opts.seconds)
     finally:
         server.stop()
-    server = serve(["--dp-size", "2"], tmp, "dp2")
+    server = start_server(["--dp-size", "2"], tmp, "dp2")
     try:
         dp2 = run_load(server.url, embedding_body, clients=opts.clients, seconds=opts.seconds)
     finally:
