@@ -4,6 +4,7 @@ schemathesis fuzz pass over the app's own OpenAPI schema, and a bounded load tes
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -85,6 +86,8 @@ BAD = [
     ("too many tokens", json.dumps({"input": "word " * 400}).encode(), 400, "limit of 256"),
     ("too many inputs", json.dumps({"input": ["x"] * 3000}).encode(), 400, "at most 2048"),
     ("too many bytes", json.dumps({"input": "a" * 1_100_000}).encode(), 413, "--max-request-bytes"),
+    ("not UTF-8", b'{"input": "\xff"}', 400, "not valid JSON"),
+    ("nested too deep", b'{"input": ' + b"[" * 200_000 + b"}", 400, "not valid JSON"),
 ]
 
 
@@ -95,6 +98,38 @@ def test_bad_input_is_a_4xx_with_a_clear_message(server, case):
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert words in error["message"] and error["code"] == status
+
+
+# Refused before anything reaches a scheduler, by the body's schema (or the model name).
+SCHEMA_BAD = [c for c in BAD if c[0] not in ("too many tokens", "too many bytes", "not UTF-8",
+                                             "nested too deep")]
+
+
+@pytest.mark.parametrize("case", SCHEMA_BAD, ids=[c[0] for c in SCHEMA_BAD])
+def test_guard_dispatch_and_fastapi_endpoint_refuse_alike(case):
+    """The Guard answers POST routes itself; FastAPI's endpoint for the same route (what
+    /openapi.json documents) must refuse the same input with the same status and message."""
+    from launcher.workers.app import AppState, create_app
+    from launcher.workers.client import SchedulerClient
+    from launcher.workers.metrics import Metrics
+
+    guard = create_app(AppState(client=SchedulerClient([]), metrics=Metrics(), server_args=None,
+                                served_name="all-MiniLM-L6-v2", model_path="builtin", platform={}))
+    _, body, status, words = case
+
+    async def answers():
+        out = []
+        for app in (guard, guard.app):  # the Guard's dispatch, then FastAPI's own endpoint
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+                r = await client.post("/v1/embeddings", content=body,
+                                      headers={"content-type": "application/json"})
+                out.append((r.status_code, r.json()["error"]["message"]))
+        return out
+
+    by_guard, by_fastapi = asyncio.run(answers())
+    assert by_guard == by_fastapi
+    assert by_guard[0] == status and words in by_guard[1]
 
 
 def test_wrong_route_method_and_model_kind_are_4xx(server):
