@@ -39,7 +39,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # The CLI server helpers and the load generator the tests use (one copy of each).
-from test_serving_support import embedding_body, run_load, start_server  # noqa: E402
+from test_serving_support import Server, embedding_body, run_load, server_env  # noqa: E402
 
 TEXT = "a cat sits on the mat"
 
@@ -79,19 +79,25 @@ class KeepAliveClient:
         self.sock.close()
 
 
-def batch_one(url: str, requests: int, rounds: int) -> tuple[dict[str, list[float]], int]:
+def batch_one(url: str, model_path: str | None, requests: int, rounds: int
+              ) -> tuple[dict[str, list[float]], str]:
     """Batch-1 times of three sides, alternating in ``rounds`` blocks: ``ModelRunner.embed``
-    in-process, HTTP with the lean client, HTTP with httpx. Returns the times and torch's threads."""
+    in-process, HTTP with the lean client, HTTP with httpx. Returns the times and where the
+    in-process model ran."""
     import httpx
     import torch
-    from platforms.builtin.cpu import CpuSRTPlatform
+    from platforms import current_platform, current_selection
 
     from launcher.workers.model_runner import ModelRunner
     from launcher.workers.model_source import resolve_model
     from launcher.workers.scheduler import share_cpu_threads
 
-    share_cpu_threads(ranks_on_node=1)  # what the dp=1 server's scheduler does
-    runner = ModelRunner(resolve_model(None), platform=CpuSRTPlatform())
+    if current_platform.is_cpu():
+        share_cpu_threads(ranks_on_node=1)  # what the dp=1 server's scheduler does
+        where = f"cpu, torch threads: {torch.get_num_threads()}, as the server's scheduler"
+    else:
+        where = current_selection().key
+    runner = ModelRunner(resolve_model(model_path), platform=current_platform)
     runner.warm_up()
     body = json.dumps({"input": TEXT}).encode()
     lean = KeepAliveClient(url, "/v1/embeddings", body)
@@ -120,7 +126,7 @@ def batch_one(url: str, requests: int, rounds: int) -> tuple[dict[str, list[floa
     finally:
         lean.close()
         library.close()
-    return times, torch.get_num_threads()
+    return times, f"{where}; device {runner.describe().get('device')}"
 
 
 def main() -> int:
@@ -129,30 +135,55 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6, help="blocks the batch-1 sides alternate in")
     parser.add_argument("--seconds", type=float, default=15.0, help="load duration per dp size")
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--skip-dp", action="store_true",
+                        help="measure batch 1 only (a node with one accelerator cannot run dp=2)")
+    parser.add_argument("--model-path", help="an embedding model directory (default: the embedded one)")
+    parser.add_argument("--platform", choices=("cpu", "auto"), default="cpu",
+                        help="cpu: SGLANG_USE_CPU_ENGINE=1 on both sides; auto: the platform a launch "
+                             "selects (an accelerator where there is one)")
     opts = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sglang-bench-"))
+    engine = "1" if opts.platform == "cpu" else None
+    env = server_env(SGLANG_USE_CPU_ENGINE=engine)
+    os.environ.pop("SGLANG_USE_CPU_ENGINE", None)
+    if engine:
+        os.environ["SGLANG_USE_CPU_ENGINE"] = engine  # the in-process side selects as the server does
+    model = ["--model-path", opts.model_path] if opts.model_path else []
 
-    server = start_server([], tmp, "dp1")
+    def start(args: list[str], name: str) -> Server:
+        server = Server([*model, *args], tmp / f"{name}.log", env=env)
+        try:
+            server.wait_ready()
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    server = start([], "dp1")
     try:
-        times, threads = batch_one(server.url, opts.requests, opts.rounds)
-        dp1 = run_load(server.url, embedding_body, clients=opts.clients, seconds=opts.seconds)
+        times, threads = batch_one(server.url, opts.model_path, opts.requests, opts.rounds)
+        if not opts.skip_dp:
+            dp1 = run_load(server.url, embedding_body, clients=opts.clients, seconds=opts.seconds)
     finally:
         server.stop()
-    server = start_server(["--dp-size", "2"], tmp, "dp2")
-    try:
-        dp2 = run_load(server.url, embedding_body, clients=opts.clients, seconds=opts.seconds)
-    finally:
-        server.stop()
+    if not opts.skip_dp:
+        server = start(["--dp-size", "2"], "dp2")
+        try:
+            dp2 = run_load(server.url, embedding_body, clients=opts.clients, seconds=opts.seconds)
+        finally:
+            server.stop()
 
     med = {name: statistics.median(t) * 1000 for name, t in times.items()}
     local = med["in-process"]
     print(f"cores: {len(os.sched_getaffinity(0))}")
     print(f"1) embedding, batch 1, median of {len(times['http'])} requests per side in {opts.rounds} rounds")
-    print(f"   in-process ModelRunner.embed : {local:8.2f} ms  (torch threads: {threads}, as the server's scheduler)")
+    print(f"   in-process ModelRunner.embed : {local:8.2f} ms  ({threads})")
     print(f"   HTTP /v1/embeddings          : {med['http']:8.2f} ms  (lean keep-alive client)")
     print(f"   ratio HTTP / in-process      : {med['http'] / local:8.2f}x  (target <= 1.2x)")
     print(f"   HTTP through httpx           : {med['http (httpx)']:8.2f} ms  "
           f"({med['http (httpx)'] / local:.2f}x; the client library's own cost included)")
+    if opts.skip_dp:
+        return 0
     print(f"2) throughput, {opts.clients} clients, {opts.seconds:.0f} s each")
     for name, s in (("dp=1", dp1), ("dp=2", dp2)):
         print(f"   {name}: {s['throughput_rps']:8.1f} req/s  p50 {s['p50_ms']:7.1f} ms  "

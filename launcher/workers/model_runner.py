@@ -62,6 +62,26 @@ def attention_implementation(platform_backend: str | None, requested: str | None
     return _ATTENTION_ALIASES.get(name, "sdpa")
 
 
+def check_device_visible(device) -> None:
+    """``ModelLoadError`` when ``device`` (an accelerator with an index) is not among the devices
+    torch sees on this node, which happens when a node runs more ranks than it has devices."""
+    import torch
+
+    if device.type in ("cpu", "meta") or device.index is None:
+        return
+    module = getattr(torch, device.type, None)
+    count = getattr(module, "device_count", None)
+    if count is None:
+        return
+    visible = int(count())
+    if device.index >= visible:
+        raise ModelLoadError(
+            f"this rank would run on {device}, but torch sees {visible} {device.type} device(s) on this "
+            f"node; each scheduler rank on a node takes its own device, so run at most {visible} rank(s) "
+            f"per node (--dp-size x --tp-size / --nnodes), or make more devices visible "
+            f"(CUDA_VISIBLE_DEVICES or your platform's equivalent)")
+
+
 class ModelRunner:
     """One loaded model on one rank. ``kind`` is ``"embedding"`` or ``"generation"``.
 
@@ -99,6 +119,7 @@ class ModelRunner:
         try:
             platform.seed_everything(seed)
             self.device = torch.device(device) if device else torch.device(platform.get_device(local_rank))
+            check_device_visible(self.device)
             platform_attention = platform.get_default_attention_backend()
         except NotImplementedError as exc:
             raise ModelLoadError(
