@@ -50,6 +50,22 @@ def test_first_request_with_the_default_model(server):
     assert cosine(single, cat) > 0.9999
 
 
+def test_served_vectors_are_the_models_own(server):
+    """What reaches the client (float32 bytes from the scheduler, JSON from the HTTP child) is the
+    model's output as ModelRunner computes it in-process, for each text of a batch."""
+    from platforms.builtin.cpu import CpuSRTPlatform
+
+    from launcher.workers.model_runner import ModelRunner
+    from launcher.workers.model_source import resolve_model
+
+    texts = ["a cat sits on the mat", "stock prices fell sharply", "x"]
+    served = [d["embedding"] for d in embed(server, texts)["data"]]
+    local = ModelRunner(resolve_model(None), platform=CpuSRTPlatform()).embed(texts)
+    assert [len(v) for v in served] == [384, 384, 384]
+    for got, want in zip(served, local):
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
+
+
 def test_read_only_routes(server):
     get = lambda path: httpx.get(server.url + path, timeout=30)  # noqa: E731
     assert get("/health").json() == {"healthy": True}

@@ -374,7 +374,8 @@ def create_app(state: AppState) -> FastAPI:
         metrics.observe_result(reply.batch_size, reply.prompt_tokens)
         return json_response({
             "object": "list",
-            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(reply.vectors)],
+            "data": [{"object": "embedding", "index": i, "embedding": v}
+                     for i, v in enumerate(m.unpack_vectors(reply.vectors, reply.dim))],
             "model": state.served_name,
             "usage": {"prompt_tokens": reply.prompt_tokens, "total_tokens": reply.prompt_tokens},
         })

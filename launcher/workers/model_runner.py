@@ -308,10 +308,15 @@ class ModelRunner:
 
     def embed_ids(self, inputs: list[list[int]]) -> list[list[float]]:
         """``embed`` of inputs already tokenised (``encode_embedding_input``), right-padded."""
+        return self.embed_matrix(inputs).tolist()
+
+    def embed_matrix(self, inputs: list[list[int]]):
+        """``embed_ids`` as one float32 tensor on the CPU, a row per input (the scheduler sends its
+        bytes: no Python float per value on the scheduler's side)."""
         import torch
 
         pad = self.tokenizer.pad_token_id or 0
-        vectors: list[list[float]] = []
+        rows = []
         for start in range(0, len(inputs), self.max_batch_size):
             chunk = inputs[start:start + self.max_batch_size]
             width = max(len(ids) for ids in chunk)
@@ -324,8 +329,8 @@ class ModelRunner:
                 hidden = self.model(**enc).last_hidden_state
                 pooled = pool(hidden, enc["attention_mask"], self.pooling)
             self.platform.synchronize()
-            vectors.extend(pooled.to(torch.float32).cpu().tolist())
-        return vectors
+            rows.append(pooled.to(torch.float32).cpu())
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
 
     def generate(
         self,

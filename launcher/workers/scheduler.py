@@ -295,13 +295,14 @@ class Scheduler:
 
     def _run_embeddings(self, batch: list[_Queued]) -> None:
         inputs = [ids for item in batch for ids in item.input_ids]
-        vectors = self.runner.embed_ids(inputs)
+        matrix = self.runner.embed_matrix(inputs)
+        dim = int(matrix.shape[1])
         at = 0
         for item in batch:
             n = len(item.request.texts)
             if item.request.rid not in self.cancelled:
-                self.send(item.identity, m.Embeddings(item.request.rid, vectors[at:at + n],
-                                                      item.prompt_tokens, batch_size=len(inputs)))
+                self.send(item.identity, m.Embeddings(item.request.rid, m.pack_vectors(matrix[at:at + n]),
+                                                      dim, item.prompt_tokens, batch_size=len(inputs)))
             at += n
 
     def _run_generation(self, batch: list[_Queued]) -> None:
