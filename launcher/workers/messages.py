@@ -80,8 +80,10 @@ class Embeddings(msgspec.Struct, tag="embeddings"):
 
 
 def pack_vectors(matrix) -> bytes:
-    """The bytes of ``Embeddings.vectors`` from a 2-D float32 CPU tensor."""
-    return matrix.contiguous().numpy().astype("<f4", copy=False).tobytes()
+    """The bytes of ``Embeddings.vectors`` from a 2-D float32 CPU tensor (rows ``i..j`` of it are
+    bytes ``i * dim * 4 .. j * dim * 4`` of the result)."""
+    rows = matrix.contiguous().numpy()
+    return (rows if sys.byteorder == "little" else rows.astype("<f4")).tobytes()
 
 
 def unpack_vectors(data: bytes, dim: int) -> list[list[float]]:

@@ -297,11 +297,12 @@ class Scheduler:
         inputs = [ids for item in batch for ids in item.input_ids]
         matrix = self.runner.embed_matrix(inputs)
         dim = int(matrix.shape[1])
+        packed, row = m.pack_vectors(matrix), dim * 4
         at = 0
         for item in batch:
             n = len(item.request.texts)
             if item.request.rid not in self.cancelled:
-                self.send(item.identity, m.Embeddings(item.request.rid, m.pack_vectors(matrix[at:at + n]),
+                self.send(item.identity, m.Embeddings(item.request.rid, packed[at * row:(at + n) * row],
                                                       dim, item.prompt_tokens, batch_size=len(inputs)))
             at += n
 
