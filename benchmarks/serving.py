@@ -39,7 +39,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # The CLI server helpers and the load generator the tests use (one copy of each).
-from test_serving_support import Server, embedding_body, run_load, server_env  # noqa: E402
+from test_serving_support import embedding_body, run_load, server_env, start_server  # noqa: E402
 
 TEXT = "a cat sits on the mat"
 
@@ -150,16 +150,7 @@ def main() -> int:
         os.environ["SGLANG_USE_CPU_ENGINE"] = engine  # the in-process side selects as the server does
     model = ["--model-path", opts.model_path] if opts.model_path else []
 
-    def start(args: list[str], name: str) -> Server:
-        server = Server([*model, *args], tmp / f"{name}.log", env=env)
-        try:
-            server.wait_ready()
-        except BaseException:
-            server.stop()
-            raise
-        return server
-
-    server = start([], "dp1")
+    server = start_server(model, tmp, "dp1", env=env)
     try:
         times, threads = batch_one(server.url, opts.model_path, opts.requests, opts.rounds)
         if not opts.skip_dp:
@@ -167,7 +158,7 @@ def main() -> int:
     finally:
         server.stop()
     if not opts.skip_dp:
-        server = start(["--dp-size", "2"], "dp2")
+        server = start_server([*model, "--dp-size", "2"], tmp, "dp2", env=env)
         try:
             dp2 = run_load(server.url, embedding_body, clients=opts.clients, seconds=opts.seconds)
         finally:

@@ -96,8 +96,10 @@ class Server:
         self._log.close()
 
 
-def start_server(args: list[str], tmp: Path, name: str, headers: dict | None = None) -> Server:
-    server = Server(args, tmp / f"{name}.log")
+def start_server(args: list[str], tmp: Path, name: str, headers: dict | None = None,
+                 env: dict[str, str] | None = None) -> Server:
+    """A ready ``Server`` (stopped again if it never becomes ready)."""
+    server = Server(args, tmp / f"{name}.log", env=env)
     try:
         server.wait_ready()
     except BaseException:
