@@ -4,22 +4,24 @@
    client, one request at a time) against the same model call made in-process
    (``ModelRunner.embed`` on one text: tokenising and the model, as the scheduler does), with
    torch's thread count set the way a dp=1 scheduler sets it (``share_cpu_threads``), so both
-   sides run the same model call on the same threads. The sides alternate in ``--rounds`` blocks
-   against one server, so a drift in the machine's speed falls on both. Target: HTTP at most 1.2x
+   sides run the same model call on the same threads. The sides alternate in ``--rounds`` short
+   blocks against one server (30 blocks of 10 requests by default), so a drift in the machine's
+   speed falls on both: with 6 blocks of 50 the ratio moved between 1.12x and 1.33x from run to
+   run on a 2-core machine, with 30 blocks of 10 between 1.13x and 1.17x. Target: HTTP at most 1.2x
    the in-process time.
 
    The target is measured with a lean client: one keep-alive connection that sends a prepared
    request and reads the response up to its Content-Length, as a load generator does, so that
    the figure is the server's overhead (HTTP parsing, validation, the ZeroMQ round trip to the
    scheduler, the JSON answer). The same requests through httpx are shown beside it: a Python
-   HTTP library adds its own cost per request (about 0.7 ms on a 2-core machine), which is the
+   HTTP library adds its own cost per request (about 1 ms on a 2-core machine), which is the
    client's, not the server's.
 2. Throughput of 16 concurrent clients against ``--dp-size 2`` and ``--dp-size 1``.
 
 Nothing else runs while a side is timed (the other side waits), and the script prints the
 ratios. Loopback only.
 
-    .venv/bin/python benchmarks/serving.py [--requests 300] [--rounds 6] [--seconds 15] [--clients 16]
+    .venv/bin/python benchmarks/serving.py [--requests 300] [--rounds 30] [--seconds 15] [--clients 16]
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def batch_one(url: str, model_path: str | None, requests: int, rounds: int
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="batch-1 requests per side")
-    parser.add_argument("--rounds", type=int, default=6, help="blocks the batch-1 sides alternate in")
+    parser.add_argument("--rounds", type=int, default=30, help="blocks the batch-1 sides alternate in")
     parser.add_argument("--seconds", type=float, default=15.0, help="load duration per dp size")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--skip-dp", action="store_true",
