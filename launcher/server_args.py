@@ -91,7 +91,8 @@ class ServerArgs:
     )
     http_target: str = _opt(
         "launcher.workers.http_server.run_http_server",
-        "dotted path of the HTTP worker function",
+        "dotted path of the HTTP worker function ('' for none: the schedulers are reached some "
+        "other way, and the launch is ready when they are)",
         metavar="MODULE.FUNC",
     )
     # Serving runtime
@@ -199,8 +200,9 @@ class ServerArgs:
         for name in ("scheduler_target", "http_target"):
             value = getattr(self, name)
             need(
-                bool(_DOTTED.match(value)),
-                f"{_flag(name)} {value!r} is not a dotted path; use package.module.function",
+                bool(_DOTTED.match(value)) or (name == "http_target" and value == ""),
+                f"{_flag(name)} {value!r} is not a dotted path; use package.module.function"
+                + (" (or '' for no HTTP worker)" if name == "http_target" else ""),
             )
         if self.scheduler_target == _SERVING_SCHEDULER:
             # The serving runtime's model must be on disk: say so now, before any worker starts.

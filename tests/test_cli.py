@@ -98,3 +98,16 @@ def test_diffusion_runtime_launches_with_its_own_platform_selection():
         os.kill(run.pid, signal.SIGTERM)
         assert run.wait(60) == 0, run
         run.assert_nothing_left()
+
+
+def test_an_empty_http_target_launches_the_schedulers_alone():
+    args = [*FAST, "--tp-size", "2", "--port", str(free_port()),
+            "--scheduler-target", READY_WAIT, "--http-target", ""]
+    with Run(args, env={"SGLANG_USE_CPU_ENGINE": "1"}) as run:
+        snap = run.wait_ready()
+        assert [w["role"] for w in snap["workers"]] == ["scheduler", "scheduler"]
+        assert snap["url"] is None
+        os.kill(run.pid, signal.SIGTERM)
+        assert run.wait(60) == 0, run
+        assert "sglang-launch: node 0 ready (2 workers" in run.stderr, run
+        run.assert_nothing_left()

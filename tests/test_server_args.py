@@ -76,9 +76,10 @@ def test_check_server_args_lists_every_problem_with_what_to_change():
         out = {}
         ServerArgs().check_server_args()  # the defaults are valid
         ServerArgs(nnodes=2, tp_size=2, dist_init_addr="10.0.0.1:5000", node_rank=1).check_server_args()
+        ServerArgs(http_target="").check_server_args()  # no HTTP worker
         cases = {
             "many": dict(port=70000, tp_size=0, nnodes=2, node_rank=3, max_total_tokens=10,
-                         stop_grace_period=-1, scheduler_target="not a path"),
+                         stop_grace_period=-1, scheduler_target="not a path", http_target="x y"),
             "addr": dict(dist_init_addr="nohost"),
             "types": dict(port="8000", trust_remote_code="yes"),
         }
@@ -99,7 +100,8 @@ def test_check_server_args_lists_every_problem_with_what_to_change():
     for needle in ("--port 70000", "1..65535", "--tp-size 0 must be at least 1",
                    "--node-rank 3 must be in 0..1", "--nnodes 2 needs --dist-init-addr HOST:PORT",
                    "--max-total-tokens 10 is below --max-input-tokens",
-                   "--stop-grace-period -1", "--scheduler-target 'not a path'"):
+                   "--stop-grace-period -1", "--scheduler-target 'not a path'",
+                   "--http-target 'x y' is not a dotted path; use package.module.function (or '' for no HTTP worker)"):
         assert needle in text, needle
     assert "HOST:PORT" in result.data["addr"]["text"]
     types = result.data["types"]["text"]
