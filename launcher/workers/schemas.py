@@ -30,6 +30,18 @@ def _check_text(value: str, what: str) -> str:
     return value
 
 
+def _check_texts(value, field: str):
+    """``value`` (one text or a list of them) for ``field``: 1 to ``MAX_INPUTS`` non-empty texts."""
+    texts = [value] if isinstance(value, str) else value
+    if not texts:
+        raise ValueError(f"{field} must hold at least one text")
+    if len(texts) > MAX_INPUTS:
+        raise ValueError(f"{field} holds {len(texts)} texts; at most {MAX_INPUTS} per request")
+    for i, text in enumerate(texts):
+        _check_text(text, field if isinstance(value, str) else f"{field}[{i}]")
+    return value
+
+
 def _check_stop(value):
     if value is None:
         return ()
@@ -56,14 +68,7 @@ class EmbeddingRequest(_Body):
     @field_validator("input")
     @classmethod
     def _input(cls, value):
-        texts = [value] if isinstance(value, str) else value
-        if not texts:
-            raise ValueError("input must hold at least one text")
-        if len(texts) > MAX_INPUTS:
-            raise ValueError(f"input holds {len(texts)} texts; at most {MAX_INPUTS} per request")
-        for i, text in enumerate(texts):
-            _check_text(text, "input" if isinstance(value, str) else f"input[{i}]")
-        return value
+        return _check_texts(value, "input")
 
 
 class _Sampling(_Body):
@@ -93,14 +98,7 @@ class CompletionRequest(_Sampling):
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, value):
-        prompts = [value] if isinstance(value, str) else value
-        if not prompts:
-            raise ValueError("prompt must hold at least one text")
-        if len(prompts) > MAX_INPUTS:
-            raise ValueError(f"prompt holds {len(prompts)} texts; at most {MAX_INPUTS} per request")
-        for i, text in enumerate(prompts):
-            _check_text(text, "prompt" if isinstance(value, str) else f"prompt[{i}]")
-        return value
+        return _check_texts(value, "prompt")
 
 
 class NativeSamplingParams(_Sampling):
