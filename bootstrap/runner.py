@@ -37,6 +37,7 @@ from bootstrap.context import WorkerContext
 from bootstrap.early_imports import early_imports, warning_text
 from bootstrap.spec import ProcessSpec
 from bootstrap.targets import resolve
+from platforms.runtimes import RUNTIMES
 
 log = logging.getLogger("bootstrap")
 
@@ -51,10 +52,8 @@ class RuntimeSteps:
 
 
 RUNTIME_STEPS = {
-    "srt": RuntimeSteps("platforms", "hooks:register_plugins", "hooks:apply_plugin_hooks"),
-    "diffusion": RuntimeSteps(
-        "platforms.diffusion", "hooks.diffusion:load_plugins", "hooks.diffusion:apply_plugin_hooks"
-    ),
+    name: RuntimeSteps(spec.platform_module, spec.register_plugins, spec.apply_hooks)
+    for name, spec in RUNTIMES.items()
 }
 
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import importlib
 
 from launcher._failure import ExitCode, LaunchError, RootCause
-
-RUNTIMES = ("srt", "diffusion")
+from platforms.runtimes import RUNTIMES, runtime_spec
 
 
 def peek_runtime(argv: list[str]) -> str:
@@ -48,10 +47,8 @@ def load_plugins(runtime: str) -> None:
     check_runtime(runtime)
     prefer_cpu_over_base(runtime)
     try:
-        if runtime == "diffusion":
-            importlib.import_module("hooks.diffusion").apply_plugin_hooks()
-        else:
-            importlib.import_module("hooks").load_plugins()
+        module, _, function = runtime_spec(runtime).apply_hooks.partition(":")
+        getattr(importlib.import_module(module), function)()
     except Exception as exc:  # noqa: BLE001 - any plugin failure is reported the same way
         raise _setup_error("a required plugin failed to load in the launcher process", exc) from exc
     select_platform(runtime)
@@ -72,7 +69,7 @@ def prefer_cpu_over_base(runtime: str) -> None:
     """Serve on the CPU platform where SRT selection would end at the bare base platform, which
     cannot run a model (``platforms.use_serving_fallback``); every other branch of the spec's
     chart is unchanged."""
-    importlib.import_module("platforms.diffusion" if runtime == "diffusion" else "platforms").use_serving_fallback()
+    importlib.import_module(runtime_spec(runtime).platform_module).use_serving_fallback()
 
 
 def server_args_class():
@@ -112,9 +109,8 @@ def usage_error(exc: BaseException) -> LaunchError:
 
 def select_platform(runtime: str):
     """Resolve ``runtime``'s platform once and return its ``Selection``."""
-    module = "platforms.diffusion" if runtime == "diffusion" else "platforms"
     try:
-        return importlib.import_module(module).current_selection()
+        return importlib.import_module(runtime_spec(runtime).platform_module).current_selection()
     except Exception as exc:  # noqa: BLE001 - selection errors already name their fix
         plain = type(exc).__name__ == "PlatformSelectionError" and exc.__cause__ is None
         raise _setup_error("no platform could be selected", exc, plain=plain) from exc

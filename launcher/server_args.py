@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import re
 import typing
 from dataclasses import dataclass, field
 
 from bootstrap.payload import PayloadError, decode_payload, encode_payload
+from platforms.runtimes import RUNTIMES as _RUNTIME_SPECS
+from platforms.runtimes import runtime_spec
 
-RUNTIMES = ("srt", "diffusion")
+RUNTIMES = tuple(_RUNTIME_SPECS)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
@@ -35,8 +38,6 @@ def _opt(default, help: str, **meta):
     """A field with its command-line help (and optional ``choices``, ``metavar``)."""
     return field(default=default, metadata={"help": help, **meta})
 
-
-_SERVING_SCHEDULER = "launcher.workers.scheduler.run_scheduler_process"
 
 class ServerArgsError(ValueError):
     """One or more bad settings; ``problems`` lists each with what to change."""
@@ -84,9 +85,10 @@ class ServerArgs:
         10.0, "seconds workers get to exit after SIGTERM before they are killed"
     )
     runtime: str = _opt("srt", "which runtime's platforms and plugins the workers use", choices=RUNTIMES)
-    scheduler_target: str = _opt(
-        _SERVING_SCHEDULER,
-        "dotted path of the scheduler worker function",
+    scheduler_target: str | None = _opt(
+        None,
+        "dotted path of the worker function started once per rank (default: the runtime's own, "
+        "the text scheduler for srt, the image worker for diffusion)",
         metavar="MODULE.FUNC",
     )
     http_target: str = _opt(
@@ -102,16 +104,24 @@ class ServerArgs:
     max_total_tokens: int = _opt(2048, "longest prompt plus completion, in tokens")
     max_request_bytes: int = _opt(1048576, "largest HTTP request body accepted, in bytes")
     trust_remote_code: bool = _opt(False, "allow model code shipped with the model directory")
+    # Diffusion runtime
+    enable_torch_compile: bool = _opt(
+        False, "compile the denoiser with torch.compile (backend and options from the platform)"
+    )
+    dit_layerwise_offload: bool | None = _opt(
+        None, "keep the denoiser's weights on the host and move one block at a time to the device "
+              "(default: the diffusion platform's enable_dit_layerwise_offload_by_default())"
+    )
 
     def __post_init__(self) -> None:
-        """Let the selected platform of this runtime set its defaults (the spec's lifecycle hook)."""
-        if self.runtime == "diffusion":
-            from platforms.diffusion import current_platform
-        elif self.runtime == "srt":
-            from platforms import current_platform
-        else:
+        """Fill in the runtime's worker target, then let the runtime's selected platform set its
+        defaults (the spec's lifecycle hook)."""
+        if self.runtime not in _RUNTIME_SPECS:
             return  # check_server_args names the bad runtime
-        current_platform.apply_server_args_defaults(self)
+        spec = runtime_spec(self.runtime)
+        if self.scheduler_target is None:
+            self.scheduler_target = spec.worker_target
+        importlib.import_module(spec.platform_module).current_platform.apply_server_args_defaults(self)
 
     # -- command line ----------------------------------------------------------------------------
     @classmethod
@@ -198,20 +208,23 @@ class ServerArgs:
             value = getattr(self, name)
             need(value in choices, f"{_flag(name)} {value!r} is not one of {', '.join(choices)}")
         for name in ("scheduler_target", "http_target"):
-            value = getattr(self, name)
+            value = getattr(self, name) or ""
             need(
                 bool(_DOTTED.match(value)) or (name == "http_target" and value == ""),
                 f"{_flag(name)} {value!r} is not a dotted path; use package.module.function"
                 + (" (or '' for no HTTP worker)" if name == "http_target" else ""),
             )
-        if self.scheduler_target == _SERVING_SCHEDULER:
-            # The serving runtime's model must be on disk: say so now, before any worker starts.
-            # (model_source is standard library only; another engine's target checks its own.)
-            from launcher.workers.model_source import ModelSourceError, resolve_model
-
+        spec = _RUNTIME_SPECS.get(self.runtime)
+        if spec is not None and not spec.tensor_parallel and self.tp_size > 1:
+            problems.append(f"--runtime {self.runtime} runs one rank per replica, not --tp-size "
+                            f"{self.tp_size}; use --tp-size 1 and --dp-size for more replicas")
+        if spec is not None and self.scheduler_target == spec.worker_target:
+            # The runtime's own worker needs its model on disk: say so now, before any worker
+            # starts (the check is standard library only; another engine's target checks its own).
+            module, _, function = spec.model_check.partition(":")
             try:
-                resolve_model(self.model_path, self.served_model_name)
-            except ModelSourceError as exc:
+                getattr(importlib.import_module(module), function)(self.model_path, self.served_model_name)
+            except ValueError as exc:
                 problems.append(str(exc))
         if problems:
             raise ServerArgsError(problems)

@@ -1,9 +1,14 @@
-"""The two runtimes, described once as data; ``platforms._selection`` runs over these records.
+"""The two runtimes, described once as data; every layer reads these records.
 
-Everything that differs between SRT and diffusion platform selection lives here: entry-point
-groups, the selector variable, which built-in names the selector accepts directly, reserved names,
-whether automatic discovery honours ``SGLANG_PLUGINS`` or rejects duplicate names, the built-in
-fallback chain and the base class every selected platform must derive from.
+Everything that differs between SRT and diffusion lives here: entry-point groups, the selector
+variable, which built-in names the selector accepts directly, reserved names, whether automatic
+discovery honours ``SGLANG_PLUGINS`` or rejects duplicate names, the built-in fallback chain and
+the base class every selected platform must derive from (read by ``platforms._selection``); the
+module holding the runtime's ``current_platform`` and its plugin steps (read by the launcher and
+the bootstrap); and the serving side (read by ``ServerArgs`` and the HTTP child): the default
+worker target, the check that turns ``--model-path`` into a served model, and the function that
+adds the runtime's API routes. Those are dotted-path strings, resolved only where they are used,
+so this module stays free of imports.
 """
 
 from __future__ import annotations
@@ -44,6 +49,21 @@ class RuntimeSpec(NamedTuple):
     # The built-in a *server* uses where the fallback chain ends at a platform that cannot run a
     # model (SRT's bare base class); only in processes that called ``use_serving_fallback()``.
     serving_fallback: str | None = None
+    # Where the runtime's ``current_platform`` lives, and its plugin steps ("module:function"):
+    # registration only, registration plus hook application (what a launcher calls).
+    platform_module: str = "platforms"
+    register_plugins: str = "hooks:register_plugins"
+    apply_hooks: str = "hooks:apply_plugin_hooks"
+    # Serving: the default worker target ("module.function", started once per rank), the check of
+    # ``--model-path`` ("module:function(model_path, served_model_name) -> ModelSource", standard
+    # library only, run by ``check_server_args`` before any worker starts and by the HTTP child),
+    # the API routes the HTTP child adds ("module:function(kit)"; None: the text routes only),
+    # and the file that marks a model directory of this runtime.
+    worker_target: str = "launcher.workers.scheduler.run_scheduler_process"
+    model_check: str = "launcher.workers.model_source:resolve_model"
+    api_routes: str | None = None
+    model_marker: str = "config.json"
+    tensor_parallel: bool = True  # whether a replica may span several ranks (--tp-size > 1)
 
     def builtin(self, name: str) -> Builtin | None:
         for entry in self.builtins:
@@ -99,6 +119,14 @@ DIFFUSION = RuntimeSpec(
     explicit_builtins=frozenset({"cpu", "cuda", "rocm", "mps", "npu", "musa"}),  # XPU: automatic only
     reserved_names=frozenset(b.name for b in _DIFFUSION_BUILTINS),
     reject_duplicate_names=True,
+    platform_module="platforms.diffusion",
+    register_plugins="hooks.diffusion:load_plugins",
+    apply_hooks="hooks.diffusion:apply_plugin_hooks",
+    worker_target="launcher.workers.diffusion.worker.run_diffusion_worker",
+    model_check="launcher.workers.diffusion.source:resolve_pipeline",
+    api_routes="launcher.workers.diffusion.routes:add_image_routes",
+    model_marker="model_index.json",
+    tensor_parallel=False,
 )
 
 RUNTIMES = {spec.name: spec for spec in (SRT, DIFFUSION)}

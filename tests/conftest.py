@@ -61,3 +61,12 @@ def site(tmp_path: Path) -> Path:
     path = tmp_path / "site"
     path.mkdir()
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory) -> Path:
+    """A tiny diffusers text-to-image pipeline saved on disk once per session
+    (``diffusion_support.build_tiny_pipeline``); default size 32x32."""
+    from diffusion_support import build_tiny_pipeline
+
+    return build_tiny_pipeline(tmp_path_factory.mktemp("diffusion") / "tiny-sd")

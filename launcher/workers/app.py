@@ -126,6 +126,24 @@ class AppState:
     api_key: str | None = None
     max_request_bytes: int = 1 << 20
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    # The runtime's own API routes (``platforms.runtimes`` ``api_routes``), added by
+    # ``create_app`` through a ``RouteKit``; None: the text routes only.
+    api_routes: Callable[["RouteKit"], None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteKit:
+    """What a runtime's route function gets to add its routes to the app: ``json_post(path,
+    model, summary)`` registers a POST JSON handler ``handler(body, receive)`` exactly as the text
+    routes are (Guard dispatch, API key, body limit, metrics, OpenAPI), ``check_model(name)``
+    refuses a ``model`` that is not the served one, and ``unless_disconnected(receive, awaitable)``
+    cancels the request at the worker when the client goes away (None then)."""
+
+    app: FastAPI
+    state: AppState
+    json_post: Callable
+    check_model: Callable[[str | None], None]
+    unless_disconnected: Callable = None
 
 
 class Guard:
@@ -145,7 +163,7 @@ class Guard:
             return await self.app(scope, receive, send)
         started = time.monotonic()
         path = scope.get("path", "")
-        route = path if path in ROUTES else "other"
+        route = path if path in ROUTES or path in self.json_routes else "other"
         status_box = [500]
 
         async def send_counted(message):
@@ -467,6 +485,8 @@ def create_app(state: AppState) -> FastAPI:
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    if state.api_routes is not None:
+        state.api_routes(RouteKit(app, state, json_post, check_model, _unless_disconnected))
     return Guard(app, state, json_routes)
 
 

@@ -271,7 +271,7 @@ class SchedulerClient:
                 if isinstance(reply, m.Failed):
                     finished = True
                     raise SchedulerError(reply.status, reply.message)
-                done = not isinstance(reply, m.Generated) or reply.finished
+                done = getattr(reply, "finished", True)
                 finished = done
                 yield reply
                 if done:

@@ -18,9 +18,11 @@ import socket
 import threading
 import time
 
+import importlib
+
 from launcher.workers.distributed import EndpointDirectory, nnodes_of, replica_node
 from launcher.workers.messages import scheduler_endpoint_name
-from launcher.workers.model_source import resolve_model
+from platforms.runtimes import runtime_spec
 
 log = logging.getLogger("sglang_launch.http")
 
@@ -41,13 +43,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def platform_summary(ctx) -> dict:
-    """The platform as the HTTP child sees it: what was selected, why, and its device."""
+def platform_summary(ctx, platform_module: str = "platforms") -> dict:
+    """The platform as the HTTP child sees it (the one ``platform_module`` selected): what was
+    selected, why, and its device."""
     summary: dict = {"key": getattr(ctx, "platform", None)}
     try:
-        from platforms import current_platform, current_selection
-
-        selection = current_selection()
+        module = importlib.import_module(platform_module)
+        current_platform, selection = module.current_platform, module.current_selection()
         summary.update(key=selection.key, platform_class=selection.qualname,
                        distribution=selection.distribution, reason=selection.reason,
                        device_type=getattr(current_platform, "device_type", None))
@@ -63,8 +65,9 @@ def build_app(server_args, ctx, metrics=None):
     from launcher.workers.client import SchedulerClient
     from launcher.workers.metrics import Metrics
 
-    source = resolve_model(getattr(server_args, "model_path", None),
-                           getattr(server_args, "served_model_name", None))
+    spec = runtime_spec(getattr(server_args, "runtime", "srt"))
+    source = _resolve(spec.model_check)(getattr(server_args, "model_path", None),
+                                        getattr(server_args, "served_model_name", None))
     dp_size = max(int(getattr(ctx, "dp_size", 0) or getattr(server_args, "dp_size", 1) or 1), 1)
     tp_size = max(int(getattr(ctx, "tp_size", 0) or getattr(server_args, "tp_size", 1) or 1), 1)
     metrics = metrics or Metrics()
@@ -90,11 +93,18 @@ def build_app(server_args, ctx, metrics=None):
         served_name=source.served_name,
         model_path=str(source.path),
         server_args=server_args,
-        platform=platform_summary(ctx),
+        platform=platform_summary(ctx, spec.platform_module),
         api_key=getattr(server_args, "api_key", None) or None,
         max_request_bytes=int(getattr(server_args, "max_request_bytes", 1 << 20)),
+        api_routes=_resolve(spec.api_routes) if spec.api_routes else None,
     )
     return create_app(state)
+
+
+def _resolve(path: str):
+    """The function a ``"module:function"`` path of the runtime table names."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def run_http_server(server_args, ctx) -> None:

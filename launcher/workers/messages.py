@@ -52,6 +52,27 @@ class GenerateRequest(msgspec.Struct, tag="generate"):
     inflight: int = 1
 
 
+class ImageRequest(msgspec.Struct, tag="image"):
+    """Generate ``n`` images of ``width`` x ``height`` for ``prompt`` (diffusion runtime).
+
+    ``None`` for ``width``, ``height``, ``steps`` or ``guidance_scale`` means the pipeline's own
+    default; ``seed=None`` means the worker draws one (and reports it). Image ``i`` of the
+    request is generated from seed ``seed + i``, so a seed gives the same images whatever else
+    shares the batch. ``output_format`` is ``png``, ``jpeg`` or ``webp``."""
+
+    rid: str
+    prompt: str
+    n: int = 1
+    negative_prompt: str | None = None
+    width: int | None = None
+    height: int | None = None
+    steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    output_format: str = "png"
+    inflight: int = 1
+
+
 class Cancel(msgspec.Struct, tag="cancel"):
     """The client went away: drop ``rid`` if queued, stop it at the next step if running."""
 
@@ -113,6 +134,19 @@ class Generated(msgspec.Struct, tag="generated"):
     batch_size: int = 1
 
 
+class Images(msgspec.Struct, tag="images"):
+    """The encoded images answering an ``ImageRequest`` (``output_format`` bytes each), with the
+    seed and size they were made with and how many images shared their pipeline batch."""
+
+    rid: str
+    images: list[bytes]
+    seed: int
+    width: int
+    height: int
+    steps: int
+    batch_size: int = 1
+
+
 class Failed(msgspec.Struct, tag="failed"):
     """The request could not run. ``status`` is the HTTP status the client gets (4xx for input
     the model rejects, 503 for an unavailable scheduler); ``message`` says what to change."""
@@ -159,8 +193,8 @@ class Stop(msgspec.Struct, tag="stop"):
 
 ToFollower = Batch | Tick | Stop
 
-ToScheduler = EmbedRequest | GenerateRequest | Cancel | Ping
-FromScheduler = Embeddings | Generated | Failed | Pong
+ToScheduler = EmbedRequest | GenerateRequest | ImageRequest | Cancel | Ping
+FromScheduler = Embeddings | Generated | Images | Failed | Pong
 
 _encoder = msgspec.msgpack.Encoder()
 _to_scheduler = msgspec.msgpack.Decoder(ToScheduler)

@@ -60,6 +60,11 @@ def resolve_model(model_path: str | os.PathLike | None, served_model_name: str |
             f"--model-path {str(model_path)!r} does not exist; pass a local Hugging Face model "
             f"directory (this server loads models from disk only, it never downloads)"
         )
+    if path.is_dir() and not (path / "config.json").is_file() and (path / "model_index.json").is_file():
+        raise ModelSourceError(
+            f"--model-path {str(model_path)!r} is a diffusers pipeline (it has model_index.json), "
+            f"which the text runtime cannot serve; serve it with --runtime diffusion"
+        )
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ModelSourceError(
             f"--model-path {str(model_path)!r} is not a Hugging Face model directory (no config.json "

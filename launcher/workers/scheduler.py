@@ -34,6 +34,9 @@ from launcher.workers.sampling import Sequence
 log = logging.getLogger("sglang_launch.scheduler")
 
 _TICK_SECONDS = 1.0
+_REQUEST_KINDS = {m.EmbedRequest: "embedding", m.GenerateRequest: "generation", m.ImageRequest: "image"}
+_KIND_ROUTES = {"embedding": "/v1/embeddings", "generation": "/v1/completions or /generate",
+                "image": "/v1/images/generations"}
 
 
 def run_scheduler_process(server_args, ctx) -> None:
@@ -234,10 +237,10 @@ class Scheduler:
             self.enqueue(identity, msg)
 
     def enqueue(self, identity: bytes, req) -> None:
-        kind = "embedding" if isinstance(req, m.EmbedRequest) else "generation"
+        kind = _REQUEST_KINDS.get(type(req), "generation")
         runner = self.runner
         if kind != runner.kind:
-            route = "/v1/embeddings" if runner.kind == "embedding" else "/v1/completions or /generate"
+            route = _KIND_ROUTES.get(runner.kind, "/v1/models to see what is served")
             self.send(identity, m.Failed(req.rid, 400, (
                 f"model {runner.source.served_name!r} serves {runner.kind}, not {kind}; use {route}")))
             return

@@ -1,0 +1,341 @@
+"""``DiffusionWorker``: one diffusers pipeline on one rank, set up through the diffusion platform.
+
+Every device and execution decision is a call of ``platforms.diffusion.current_platform``:
+
+- ``init_device_and_model()`` (the counterpart of the spec's ``GPUWorker.init_device_and_model()``,
+  where rank-aware hooks go): ``get_device(local_rank)``, ``set_device()``,
+  ``get_local_torch_device()``, ``seed_everything()``, then ``load_pipeline()``;
+- ``load_pipeline()``: ``verify_model_arch()`` with the pipeline class of ``model_index.json``
+  before anything is loaded; the denoiser's norms become ``CustomOp``s (``layers``); the
+  attention that runs is the one ``get_attn_backend_cls_str()`` names; ``optimize_vae()``;
+  ``enable_dit_layerwise_offload_by_default()`` unless ``--dit-layerwise-offload`` says otherwise;
+  ``get_compile_backend()`` / ``get_compile_options()`` under ``--enable-torch-compile``;
+- ``denoise()``: the pipeline call, inside ``inference_mode()``, with one generator per image
+  seeded from the request (image ``i`` of a request seeded ``s`` uses ``s + i``);
+- ``memory_info()``: ``get_device_total_memory()`` and ``get_available_gpu_memory()``.
+
+``load_pipeline``, ``denoise`` and ``generate`` are hook targets too. Errors: ``ModelLoadError``
+at start-up (names the fix); ``InputError`` for one request's values (a 400 for its client).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+
+from launcher.workers.diffusion.source import DIFFUSION_EXTRA, pipeline_class_name, resolve_pipeline
+
+log = logging.getLogger("sglang_launch.diffusion")
+
+OUTPUT_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
+MAX_SIDE = 4096
+_GIB = float(1 << 30)
+_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+class ModelLoadError(RuntimeError):
+    """The pipeline cannot be served as configured; the message names the fix."""
+
+
+class InputError(ValueError):
+    """One request's values cannot run on this pipeline; the message names the field and limit."""
+
+
+@dataclass
+class ImageJob:
+    """One request's share of a pipeline batch."""
+
+    rid: str
+    prompt: str
+    n: int
+    negative_prompt: str | None
+    seed: int
+    output_format: str
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What requests must share to run in one pipeline call."""
+
+    width: int
+    height: int
+    steps: int
+    guidance_scale: float
+
+
+class DiffusionWorker:
+    """A diffusers pipeline on this rank's device. Construct, then ``init_device_and_model()``."""
+
+    kind = "image"
+    tp_size = 1
+
+    def __init__(self, server_args, platform=None, local_rank: int = 0) -> None:
+        if platform is None:
+            from platforms.diffusion import current_platform as platform
+        self.server_args = server_args
+        self.platform = platform
+        self.local_rank = local_rank
+        self.source = resolve_pipeline(getattr(server_args, "model_path", None),
+                                       getattr(server_args, "served_model_name", None))
+        self.pipeline = None
+        self.denoiser_name = None
+        self.device = None
+        self.dtype = None
+        self.attention: dict = {}
+        self.custom_ops: dict = {}
+        self.offload = False
+        self.compiled: dict | None = None
+        self.pipeline_class = pipeline_class_name(self.source.path)
+        self.load_seconds = 0.0
+
+    # ---- set-up ---------------------------------------------------------------------------
+
+    def init_device_and_model(self) -> None:
+        """Bind this rank's device and load the pipeline onto it (a hook target for rank-aware
+        set-up, the counterpart of the spec's ``GPUWorker.init_device_and_model()``)."""
+        platform = self.platform
+        device = platform.get_device(self.local_rank)
+        platform.set_device(device)
+        self.device = platform.get_local_torch_device()
+        if getattr(self.server_args, "device", None):
+            import torch
+
+            self.device = torch.device(self.server_args.device)
+        platform.seed_everything(int(getattr(self.server_args, "seed", 0) or 0))
+        started = time.monotonic()
+        self.pipeline = self.load_pipeline()
+        self.load_seconds = time.monotonic() - started
+
+    def resolve_dtype(self):
+        import torch
+
+        name = str(getattr(self.server_args, "dtype", "auto") or "auto")
+        if name == "auto":
+            return torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        if name not in _DTYPES:
+            raise ModelLoadError(f"--dtype {name!r} is not one of auto, {', '.join(_DTYPES)}")
+        return getattr(torch, _DTYPES[name])
+
+    def load_pipeline(self):
+        """Load ``--model-path`` with diffusers and prepare it on the device (a hook target)."""
+        platform = self.platform
+        try:
+            platform.verify_model_arch(self.pipeline_class)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"the platform {type(platform).__qualname__} refuses the pipeline {self.pipeline_class} "
+                f"of {self.source.path}: {exc}; serve another pipeline or select another platform "
+                f"(SGLANG_DIFFUSION_PLATFORM_OVERRIDE)") from exc
+        try:
+            import diffusers
+        except ImportError as exc:
+            raise ModelLoadError(f"the diffusion runtime needs 'diffusers' ({exc}); install the "
+                                 f"diffusion extra ({DIFFUSION_EXTRA})") from exc
+        from launcher.workers.diffusion.layers import adopt_custom_ops, custom_op_report
+
+        self.dtype = self.resolve_dtype()
+        try:
+            pipe = diffusers.DiffusionPipeline.from_pretrained(
+                str(self.source.path), torch_dtype=self.dtype, local_files_only=True)
+        except Exception as exc:
+            raise ModelLoadError(f"diffusers could not load the pipeline in {self.source.path}: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        pipe.set_progress_bar_config(disable=True)
+        self.denoiser_name = "transformer" if getattr(pipe, "transformer", None) is not None else "unet"
+        denoiser = getattr(pipe, self.denoiser_name, None)
+        if denoiser is None or not hasattr(pipe, "vae"):
+            raise ModelLoadError(f"{self.pipeline_class} in {self.source.path} has no unet or transformer "
+                                 f"and vae; the diffusion runtime serves text-to-image pipelines")
+        adopt_custom_ops(denoiser)
+        self.custom_ops = custom_op_report(denoiser)
+        self.set_attention(denoiser)
+        pipe.vae = platform.optimize_vae(pipe.vae)
+        offload = getattr(self.server_args, "dit_layerwise_offload", None)
+        self.offload = bool(platform.enable_dit_layerwise_offload_by_default() if offload is None else offload)
+        pipe.to(self.device)
+        if self.offload:
+            layerwise_offload(denoiser, self.device)
+        if getattr(self.server_args, "enable_torch_compile", False):
+            import torch
+
+            backend, options = platform.get_compile_backend(), platform.get_compile_options()
+            setattr(pipe, self.denoiser_name,
+                    torch.compile(denoiser, backend=backend, options=dict(options) or None))
+            self.compiled = {"backend": backend, "options": {k: str(v) for k, v in dict(options).items()}}
+        return pipe
+
+    def set_attention(self, denoiser) -> None:
+        """Run the attention ``get_attn_backend_cls_str()`` names in every attention layer."""
+        import importlib
+
+        import torch.nn.functional as F
+
+        requested = getattr(self.server_args, "attention_backend", None)
+        heads = getattr(denoiser.config, "attention_head_dim", 0)
+        head_size = heads[0] if isinstance(heads, (list, tuple)) else int(heads or 0)
+        name = self.platform.get_attn_backend_cls_str(requested, head_size, self.dtype)
+        module, _, attr = str(name).replace(":", ".").rpartition(".")
+        try:
+            target = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ModelLoadError(f"the platform's attention backend {name!r} cannot be imported ({exc}); "
+                                 f"fix get_attn_backend_cls_str() or pass --attention-backend") from exc
+        if target is F.scaled_dot_product_attention:
+            from diffusers.models.attention_processor import AttnProcessor2_0
+
+            processor = AttnProcessor2_0()
+        elif isinstance(target, type):
+            processor = target()
+        else:
+            raise ModelLoadError(f"the attention backend {name!r} is neither torch's "
+                                 f"scaled_dot_product_attention nor an attention processor class")
+        if hasattr(denoiser, "set_attn_processor") and getattr(denoiser, "attn_processors", None):
+            denoiser.set_attn_processor(processor)
+            used = sorted({type(p).__name__ for p in denoiser.attn_processors.values()})
+        else:
+            used = []
+        self.attention = {"backend": str(name), "processors": used, "requested": requested}
+
+    # ---- requests -------------------------------------------------------------------------
+
+    @property
+    def size_multiple(self) -> int:
+        """Widths and heights must be multiples of this: the VAE's scale factor times the
+        denoiser's own downsampling, and at least 8 (the pipelines' own check)."""
+        pipe = self.pipeline
+        factor = int(getattr(pipe, "vae_scale_factor", 8) or 8)
+        config = getattr(pipe, self.denoiser_name).config
+        blocks = getattr(config, "block_out_channels", None)
+        down = 2 ** (len(blocks) - 1) if blocks else int(getattr(config, "patch_size", 1) or 1)
+        need = factor * down
+        return need * 8 // math.gcd(need, 8)
+
+    def default_size(self) -> int:
+        config = getattr(self.pipeline, self.denoiser_name).config
+        sample = getattr(config, "sample_size", 64)
+        sample = sample[0] if isinstance(sample, (list, tuple)) else int(sample or 64)
+        size = sample * int(getattr(self.pipeline, "vae_scale_factor", 8) or 8)
+        multiple = self.size_multiple
+        return max(multiple, size // multiple * multiple)
+
+    def shape_of(self, width, height, steps, guidance_scale) -> Shape:
+        """The checked ``Shape`` of a request (``None``: the pipeline's default); ``InputError``
+        names the field and its limit."""
+        default = self.default_size()
+        multiple = self.size_multiple
+        width = default if width is None else int(width)
+        height = default if height is None else int(height)
+        for field, value in (("width", width), ("height", height)):
+            if not multiple <= value <= MAX_SIDE or value % multiple:
+                raise InputError(f"{field} {value} must be a multiple of {multiple} (the VAE scale factor "
+                                 f"times the denoiser's downsampling) between {multiple} and {MAX_SIDE}; "
+                                 f"for example {default}")
+        steps = 50 if steps is None else int(steps)
+        guidance = 7.5 if guidance_scale is None else float(guidance_scale)
+        return Shape(width, height, steps, guidance)
+
+    def generate(self, shape: Shape, jobs: list[ImageJob], step_callback=None) -> list[list[bytes]]:
+        """Run ``jobs`` as one pipeline batch of ``shape``; each job's images, encoded (a hook
+        target). ``step_callback(step)`` runs after each denoising step; returning True stops."""
+        images = self.denoise(shape, jobs, step_callback)
+        out, at = [], 0
+        for job in jobs:
+            out.append([encode_image(img, job.output_format) for img in images[at:at + job.n]])
+            at += job.n
+        return out
+
+    def denoise(self, shape: Shape, jobs: list[ImageJob], step_callback=None) -> list:
+        """The pipeline call for ``jobs``: PIL images, ``sum(job.n)`` of them, in job order."""
+        import torch
+
+        prompts, negatives, generators = [], [], []
+        for job in jobs:
+            for i in range(job.n):
+                prompts.append(job.prompt)
+                negatives.append(job.negative_prompt or "")
+                generators.append(torch.Generator("cpu").manual_seed(job.seed + i))
+        pipe = self.pipeline
+        kwargs = {}
+        if step_callback is not None:
+            def on_step_end(pipeline, step, timestep, tensors):
+                if step_callback(step):
+                    pipeline._interrupt = True
+                return tensors
+
+            kwargs["callback_on_step_end"] = on_step_end
+        with self.platform.inference_mode():
+            result = pipe(prompt=prompts, negative_prompt=negatives, width=shape.width, height=shape.height,
+                          num_inference_steps=shape.steps, guidance_scale=shape.guidance_scale,
+                          generator=generators, output_type="pil", **kwargs)
+        return list(result.images)
+
+    # ---- reporting ------------------------------------------------------------------------
+
+    def device_index(self) -> int:
+        return self.device.index if self.device is not None and self.device.index is not None else self.local_rank
+
+    def memory_info(self) -> dict:
+        """The device's total and free memory in GiB, from the platform."""
+        idx = self.device_index()
+        info: dict = {}
+        try:
+            info["total_gib"] = round(self.platform.get_device_total_memory(idx) / _GIB, 3)
+            info["available_gib"] = round(float(self.platform.get_available_gpu_memory(idx, empty_cache=False)), 3)
+        except Exception as exc:  # noqa: BLE001 - informative only
+            info["error"] = f"{type(exc).__name__}: {exc}"
+        return info
+
+    def describe(self) -> dict:
+        """What is served and how: for ``/get_server_info`` and the ready report."""
+        return {
+            "name": self.source.served_name,
+            "path": str(self.source.path),
+            "kind": self.kind,
+            "pipeline_class": self.pipeline_class,
+            "denoiser": self.denoiser_name,
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "attention": self.attention,
+            "custom_ops": self.custom_ops,
+            "layerwise_offload": self.offload,
+            "torch_compile": self.compiled,
+            "size_multiple": self.size_multiple if self.pipeline is not None else None,
+            "default_size": self.default_size() if self.pipeline is not None else None,
+            "load_seconds": round(self.load_seconds, 3),
+            "pid": os.getpid(),
+        }
+
+
+def encode_image(image, output_format: str) -> bytes:
+    """``image`` (PIL) as ``png``, ``jpeg`` or ``webp`` bytes (the same bytes for the same pixels)."""
+    fmt = OUTPUT_FORMATS.get(output_format)
+    if fmt is None:
+        raise InputError(f"output_format {output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}")
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def layerwise_offload(model, device) -> None:
+    """Keep ``model``'s top-level blocks on the host and move each to ``device`` only while it runs."""
+    import torch
+
+    host = torch.device("cpu")
+    blocks = []
+    for child in model.children():
+        blocks.extend(child if isinstance(child, torch.nn.ModuleList) else [child])
+    for block in blocks:
+        block.to(host)
+
+        def to_device(module, args, _device=device):
+            module.to(_device)
+
+        def to_host(module, args, output, _host=host):
+            module.to(_host)
+
+        block.register_forward_pre_hook(to_device)
+        block.register_forward_hook(to_host)

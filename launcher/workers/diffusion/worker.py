@@ -1,0 +1,127 @@
+"""The diffusion runtime's worker target: ``run_diffusion_worker(server_args, ctx)``.
+
+One process per data-parallel replica (the diffusion runtime has no tensor parallelism). It sets
+the device up and loads the pipeline through ``DiffusionWorker`` (every decision a call of
+``platforms.diffusion.current_platform``), then serves the HTTP child on the same socket and
+with the same queue as the text scheduler (``launcher.workers.scheduler.Scheduler``): requests
+are checked on arrival (a bad one gets a 400 naming the field and the limit at once), queued,
+and those of the same size, step count and guidance scale that arrive together run as one
+pipeline batch of at most ``--max-batch-size`` images. A cancelled request is dropped from the
+queue, or, when every request of the running batch is cancelled, the denoising loop stops at
+the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+
+from launcher.workers import messages as m
+from launcher.workers.diffusion.runner import OUTPUT_FORMATS, DiffusionWorker, ImageJob, InputError
+from launcher.workers.scheduler import Scheduler, _Queued
+
+log = logging.getLogger("sglang_launch.diffusion")
+
+
+def run_diffusion_worker(server_args, ctx) -> None:
+    """The bootstrap's diffusion target: set up, load, report ready, serve until stopping."""
+    from platforms.diffusion import current_platform
+
+    from launcher.workers.scheduler import share_cpu_threads
+
+    if current_platform.is_cpu():
+        share_cpu_threads(ranks_on_node=max(int(getattr(ctx, "dp_size", 1) or 1), 1))
+    worker = DiffusionWorker(server_args, current_platform, local_rank=ctx.local_rank)
+    worker.init_device_and_model()
+    ctx.phase("model_loaded")
+    ImageScheduler(worker, server_args, ctx).serve()
+
+
+class ImageScheduler(Scheduler):
+    """The text scheduler's socket, queue and batching rules, running image requests."""
+
+    def __init__(self, worker: DiffusionWorker, server_args, ctx, store=None) -> None:
+        super().__init__(worker, server_args, ctx, store=store)
+        self.images_made = 0
+
+    def enqueue(self, identity: bytes, req) -> None:
+        if not isinstance(req, m.ImageRequest):
+            return super().enqueue(identity, req)  # answers that this server serves images
+        try:
+            problem = self.check(req)
+            if problem:
+                raise InputError(problem)
+            shape = self.runner.shape_of(req.width, req.height, req.steps, req.guidance_scale)
+        except InputError as exc:
+            self.send(identity, m.Failed(req.rid, 400, str(exc)))
+            return
+        item = _Queued(identity, req, time.monotonic())
+        item.shape = shape
+        item.seed = req.seed if req.seed is not None else random.getrandbits(31)
+        self.queue.append(item)
+
+    def check(self, req: m.ImageRequest) -> str | None:
+        """What is wrong with ``req`` that the pipeline does not check itself, if anything."""
+        if not req.prompt.strip():
+            return "prompt is empty; send the text to draw"
+        if not 1 <= req.n <= self.max_batch_size:
+            return f"n {req.n} must be between 1 and {self.max_batch_size} (--max-batch-size)"
+        if req.output_format not in OUTPUT_FORMATS:
+            return f"output_format {req.output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}"
+        if req.seed is not None and not 0 <= req.seed < 2**63 - req.n:
+            return f"seed {req.seed} must be between 0 and 2**63 - n"
+        return None
+
+    def take_batch(self) -> list[_Queued]:
+        """The oldest request and the queued ones of its shape, at most ``max_batch_size``
+        images in all; the others keep their places."""
+        first = self.queue.popleft()
+        batch, images, rest = [first], first.request.n, []
+        while self.queue:
+            item = self.queue.popleft()
+            if item.shape == first.shape and images + item.request.n <= self.max_batch_size:
+                batch.append(item)
+                images += item.request.n
+            else:
+                rest.append(item)
+        self.queue.extendleft(reversed(rest))
+        return batch
+
+    def run_batch(self) -> None:
+        batch = self.take_batch()
+        self.batches += 1
+        rids = {item.request.rid for item in batch}
+        jobs = [ImageJob(q.request.rid, q.request.prompt, q.request.n, q.request.negative_prompt, q.seed,
+                         q.request.output_format) for q in batch]
+
+        def every_step(step: int) -> bool:
+            self.drain()  # take in cancellations (and queue new requests) between steps
+            return rids <= self.cancelled
+
+        try:
+            encoded = self.runner.generate(batch[0].shape, jobs, every_step)
+            images = sum(j.n for j in jobs)
+            for item, job, blobs in zip(batch, jobs, encoded):
+                if job.rid in self.cancelled:
+                    self.aborted += 1
+                    continue
+                shape = item.shape
+                self.send(item.identity, m.Images(job.rid, blobs, job.seed, shape.width, shape.height,
+                                                  shape.steps, batch_size=images))
+                self.images_made += job.n
+        except Exception as exc:  # noqa: BLE001 - one failed batch must not end the worker
+            log.exception("image batch of %d request(s) failed", len(batch))
+            for item in batch:
+                self.send(item.identity, m.Failed(item.request.rid, 500, (
+                    f"the pipeline failed on this batch: {type(exc).__name__}: {exc}")))
+            self.runner.platform.empty_cache()
+        finally:
+            self.cancelled.clear()
+
+    def pong(self, rid: str) -> m.Pong:
+        pong = super().pong(rid)
+        pong.info["images"] = self.images_made
+        pong.info["pid"] = os.getpid()
+        return pong
