@@ -1,13 +1,15 @@
-"""sglang-launch's launcher: the supervisor, its CLI and the embedded ``Launcher``.
+"""sglang-launch's launcher: the supervisor, its CLI, the embedded ``Launcher`` and the offline
+``DiffGenerator``.
 
-A lazy facade: ``from launcher import Launcher`` (or ``LaunchError``) imports only the standard
-library, because ``spawn`` children re-run an embedding application's module scope before their
-platform is initialized. The supervisor and its dependencies load when ``Launcher.start()`` runs.
+A lazy facade: ``from launcher import Launcher`` (or ``DiffGenerator``, ``LaunchError``) imports
+only the standard library, because ``spawn`` children re-run an embedding application's module
+scope before their platform is initialized. The supervisor and its dependencies load when
+``Launcher.start()`` (or ``DiffGenerator.from_pretrained()``) runs.
 """
 
 from __future__ import annotations
 
-__all__ = ["LaunchError", "Launcher"]
+__all__ = ["DiffGenerator", "LaunchError", "Launcher"]
 
 
 def __getattr__(name: str):
@@ -15,6 +17,10 @@ def __getattr__(name: str):
         from launcher._embedded import Launcher
 
         return Launcher
+    if name == "DiffGenerator":
+        from launcher._diffgen import DiffGenerator
+
+        return DiffGenerator
     if name == "LaunchError":
         from launcher._failure import LaunchError
 

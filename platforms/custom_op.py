@@ -37,6 +37,12 @@ class CustomOp(torch.nn.Module):
     def forward(self, *args, **kwargs):
         return self._forward_method(*args, **kwargs)
 
+    @property
+    def forward_method(self) -> Callable[..., Any]:
+        """The implementation chosen at construction (a bound method, or the registered
+        function as a ``functools.partial`` over this op)."""
+        return self._forward_method
+
     def forward_native(self, *args, **kwargs):
         """The portable implementation every op must provide."""
         raise NotImplementedError(f"{type(self).__qualname__} must implement forward_native()")

@@ -57,8 +57,8 @@ class ImageRequest(msgspec.Struct, tag="image"):
 
     ``None`` for ``width``, ``height``, ``steps`` or ``guidance_scale`` means the pipeline's own
     default; ``seed=None`` means the worker draws one (and reports it). Image ``i`` of the
-    request is generated from seed ``seed + i``, so a seed gives the same images whatever else
-    shares the batch. ``output_format`` is ``png``, ``jpeg`` or ``webp``."""
+    request starts from the noise of seed ``seed + i`` (its own generator, whatever else shares
+    the batch). ``output_format`` is ``png``, ``jpeg`` or ``webp``."""
 
     rid: str
     prompt: str

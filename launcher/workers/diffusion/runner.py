@@ -6,7 +6,7 @@ Every device and execution decision is a call of ``platforms.diffusion.current_p
   where rank-aware hooks go): ``get_device(local_rank)``, ``set_device()``,
   ``get_local_torch_device()``, ``seed_everything()``, then ``load_pipeline()``;
 - ``load_pipeline()``: ``verify_model_arch()`` with the pipeline class of ``model_index.json``
-  before anything is loaded; the denoiser's norms become ``CustomOp``s (``layers``); the
+  before anything is loaded; the denoiser's norms become ``CustomOp``s (``platforms.diffusion.layers``); the
   attention that runs is the one ``get_attn_backend_cls_str()`` names; ``optimize_vae()``;
   ``enable_dit_layerwise_offload_by_default()`` unless ``--dit-layerwise-offload`` says otherwise;
   ``get_compile_backend()`` / ``get_compile_options()`` under ``--enable-torch-compile``;
@@ -135,7 +135,7 @@ class DiffusionWorker:
         except ImportError as exc:
             raise ModelLoadError(f"the diffusion runtime needs 'diffusers' ({exc}); install the "
                                  f"diffusion extra ({DIFFUSION_EXTRA})") from exc
-        from launcher.workers.diffusion.layers import adopt_custom_ops, custom_op_report
+        from platforms.diffusion.layers import adopt_custom_ops, custom_op_report
 
         self.dtype = self.resolve_dtype()
         try:

@@ -7,7 +7,10 @@ whose norms are swapped for them (``adopt_custom_ops``) gives the same outputs. 
 platform's ``init_backend()``, which the bootstrap runs before this module is imported): a
 forward registered with ``CustomOp.register_oot_forward(op_cls, fn, platform_key)``, then
 ``forward_<key>``, then ``forward_oot``, then ``forward_native``. A plugin registers for these
-classes (``launcher.workers.diffusion.layers.RMSNorm`` and so on).
+classes (``platforms.diffusion.layers.RMSNorm`` and so on) from its ``init_backend()``.
+
+Public API for plugin authors (the spec's ``runtime.layers.layernorm``). Importing this module
+imports torch; ``import platforms.diffusion`` does not import it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from platforms.custom_op import CustomOp
+from ..custom_op import CustomOp
 
 
 class LayerNorm(CustomOp):
@@ -100,7 +103,7 @@ def adopt_custom_ops(model: torch.nn.Module) -> int:
 
 def resolved_forward(op: CustomOp) -> str:
     """How ``op`` resolved: ``registered <module>.<function>`` or the method's name."""
-    chosen = op._forward_method
+    chosen = op.forward_method
     if isinstance(chosen, functools.partial):
         fn = chosen.func
         return f"registered {getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

@@ -1,0 +1,187 @@
+"""The diffusion runtime end to end through the real CLI on the tiny pipeline
+(``diffusion_support``): OpenAI's images API, its refusals, the server's reports, batching,
+a disconnect that cancels, dp=2 with least-loaded routing, and SIGINT leaving nothing behind."""
+
+from __future__ import annotations
+
+import base64
+import io
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+from PIL import Image
+
+from diffusion_support import SIZE
+from test_serving_support import start_server
+
+pytestmark = pytest.mark.e2e
+
+KEY = "sk-diffusion-test"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+ROUTE = "/v1/images/generations"
+
+
+def body(**extra) -> dict:
+    return {"prompt": "a photo of a cat", "size": f"{SIZE}x{SIZE}", "num_inference_steps": 2, **extra}
+
+
+def images_of(reply: httpx.Response) -> list[bytes]:
+    assert reply.status_code == 200, reply.text
+    return [base64.b64decode(item["b64_json"]) for item in reply.json()["data"]]
+
+
+def wait_for(condition, timeout: float = 120.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not met within {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_pipeline, tmp_path_factory):
+    srv = start_server(["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--api-key", KEY],
+                       tmp_path_factory.mktemp("diffusion-serving"), "diffusion")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def leak_ok(request):
+    """The module-scoped server outlives each test: its processes are not a leak."""
+    request.node._leak_ok = True
+
+
+def post(server, **extra) -> httpx.Response:
+    return httpx.post(server.url + ROUTE, json=body(**extra), headers=AUTH, timeout=120)
+
+
+def test_two_images_of_the_requested_size_and_seeds_are_reproducible(server, leak_ok):
+    first = images_of(post(server, n=2, seed=7))
+    assert len(first) == 2 and first[0] != first[1]  # image i uses seed + i
+    for blob in first:
+        with Image.open(io.BytesIO(blob)) as img:
+            assert img.format == "PNG" and img.size == (SIZE, SIZE)
+    assert images_of(post(server, n=2, seed=7)) == first  # same seed: the same bytes
+    assert images_of(post(server, seed=123))[0] not in first  # another seed: another image
+    tall = images_of(post(server, size=None, width=SIZE, height=2 * SIZE, seed=1))
+    with Image.open(io.BytesIO(tall[0])) as img:
+        assert img.size == (SIZE, 2 * SIZE)
+
+
+@pytest.mark.parametrize("fmt, pil", [("jpeg", "JPEG"), ("webp", "WEBP"), ("png", "PNG")])
+def test_output_formats(server, leak_ok, fmt, pil):
+    reply = post(server, output_format=fmt, seed=3)
+    with Image.open(io.BytesIO(images_of(reply)[0])) as img:
+        assert img.format == pil and img.size == (SIZE, SIZE)
+    assert reply.json()["output_format"] == fmt
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"response_format": "url"}, ["response_format", "b64_json"]),
+    ({"size": "36x32"}, ["width 36", "multiple of 8"]),
+    ({"size": None, "width": 32, "height": 20}, ["height 20", "multiple of 8"]),
+    ({"size": "big"}, ["size", "WIDTHxHEIGHT"]),
+    ({"n": 0}, ["n", "greater than or equal to 1"]),
+    ({"n": 11}, ["n", "less than or equal to 10"]),
+    ({"num_inference_steps": 0}, ["num_inference_steps", "greater than or equal to 1"]),
+    ({"num_inference_steps": 5000}, ["num_inference_steps", "1000"]),
+    ({"prompt": "   "}, ["prompt", "empty"]),
+    ({"output_format": "gif"}, ["output_format", "png"]),
+    ({"seed": -1}, ["seed", "greater than or equal to 0"]),
+    ({"model": "other"}, ["'other'", "/v1/models"]),
+])
+def test_bad_input_is_a_json_4xx_naming_field_and_limit(server, leak_ok, extra, words):
+    reply = post(server, **extra)
+    assert 400 <= reply.status_code < 500, reply.text
+    message = reply.json()["error"]["message"]
+    for word in words:
+        assert word in message, message
+
+
+def test_api_key_and_the_text_routes_refuse_clearly(server, leak_ok):
+    assert httpx.post(server.url + ROUTE, json=body(), timeout=30).status_code == 401
+    assert httpx.get(server.url + "/health", timeout=30).status_code == 200  # public
+    reply = httpx.post(server.url + "/v1/completions", json={"prompt": "hi"}, headers=AUTH, timeout=30)
+    assert reply.status_code == 400 and "/v1/images/generations" in reply.json()["error"]["message"]
+
+
+def test_models_ready_info_and_metrics(server, leak_ok, tiny_pipeline):
+    models = httpx.get(server.url + "/v1/models", headers=AUTH, timeout=30).json()
+    assert models["data"][0]["id"] == tiny_pipeline.name
+    assert httpx.get(server.url + "/ready", timeout=30).json()["ready"] is True
+    info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    assert info["platform"]["platform_class"] == "platforms.builtin.cpu.CpuPlatform"
+    model = info["model"]
+    assert model["pipeline_class"] == "StableDiffusionPipeline" and model["dtype"] == "float32"
+    assert model["device"] == "cpu" and info["device"] == "cpu"
+    assert model["attention"]["backend"] == "torch.nn.functional.scaled_dot_product_attention"
+    assert model["attention"]["processors"] == ["AttnProcessor2_0"]
+    # The CPU platform's key is "native": each norm resolved to forward_native, once.
+    assert model["custom_ops"]["GroupNorm"]["forward"] == {"forward_native": model["custom_ops"]["GroupNorm"]["count"]}
+    assert model["custom_ops"]["LayerNorm"]["count"] > 0
+    memory = info["schedulers"][0]["memory"]
+    assert memory["total_gib"] > 0 and memory["available_gib"] > 0
+    post(server, seed=1)
+    metrics = httpx.get(server.url + "/metrics", headers=AUTH, timeout=30).text
+    assert f'route="{ROUTE}"' in metrics
+
+
+def test_same_shape_requests_that_arrive_together_share_a_batch(server, leak_ok):
+    def batches() -> int:
+        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+        return info["schedulers"][0]["batches"]
+
+    before = batches()
+    replies: list[httpx.Response] = []
+    threads = [threading.Thread(target=lambda i=i: replies.append(post(server, seed=100 + i)))
+               for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.status_code for r in replies] == [200] * 6
+    assert batches() - before < 6  # at least two requests ran in one pipeline call
+
+
+def test_a_client_that_disconnects_cancels_its_request(server, leak_ok):
+    def aborted() -> int:
+        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+        return info["schedulers"][0]["aborted"]
+
+    before = aborted()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + ROUTE, json=body(num_inference_steps=1000), headers=AUTH, timeout=3)
+    wait_for(lambda: aborted() > before, what="the cancelled request counted as aborted")
+    assert len(images_of(post(server, seed=2))) == 1  # and the server goes on serving
+
+
+def test_dp2_serves_on_both_replicas_and_sigint_leaves_nothing(tiny_pipeline, tmp_path):
+    srv = start_server(["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--dp-size", "2"],
+                       tmp_path, "diffusion-dp2")
+    try:
+        tree = [psutil.Process(srv.proc.pid), *psutil.Process(srv.proc.pid).children(recursive=True)]
+        assert len(tree) >= 4  # supervisor, HTTP child, two workers
+        replies: list[httpx.Response] = []
+        threads = [threading.Thread(target=lambda i=i: replies.append(
+            httpx.post(srv.url + ROUTE, json=body(seed=i, num_inference_steps=3), timeout=120)))
+            for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [r.status_code for r in replies] == [200] * 6, [r.text for r in replies]
+        info = httpx.get(srv.url + "/get_server_info", timeout=30).json()
+        assert [s["batches"] > 0 for s in info["schedulers"]] == [True, True]  # least-loaded routing
+        srv.proc.send_signal(signal.SIGINT)
+        assert srv.wait_exit(timeout=60) == 0, srv.log
+        wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
+                 timeout=30, what="every process of the launch gone")
+    finally:
+        srv.stop()
