@@ -218,7 +218,7 @@ class ServerArgs:
         if spec is not None and not spec.tensor_parallel and self.tp_size > 1:
             problems.append(f"--runtime {self.runtime} runs one rank per replica, not --tp-size "
                             f"{self.tp_size}; use --tp-size 1 and --dp-size for more replicas")
-        if spec is not None and self.scheduler_target == spec.worker_target:
+        if spec is not None and self.scheduler_target in (None, spec.worker_target):
             # The runtime's own worker needs its model on disk: say so now, before any worker
             # starts (the check is standard library only; another engine's target checks its own).
             module, _, function = spec.model_check.partition(":")

@@ -70,3 +70,11 @@ def tiny_pipeline(tmp_path_factory) -> Path:
     from diffusion_support import build_tiny_pipeline
 
     return build_tiny_pipeline(tmp_path_factory.mktemp("diffusion") / "tiny-sd")
+
+
+@pytest.fixture(scope="session")
+def tiny_dit_pipeline(tmp_path_factory) -> Path:
+    """A tiny diffusers DiT pipeline (SD3 layout, RMSNorm in its attention) saved once per session."""
+    from diffusion_support import build_tiny_dit_pipeline
+
+    return build_tiny_dit_pipeline(tmp_path_factory.mktemp("diffusion-dit") / "tiny-sd3")

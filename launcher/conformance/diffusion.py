@@ -116,3 +116,72 @@ def communicator(probe) -> str:
             raise CheckFailed(f"{value!r} cannot be imported: {type(exc).__name__}: {exc}") from None
     how = "overridden" if overridden else f"via the fallback get_device_communicator_cls() = {legacy!r}"
     return f"{value!r} ({how})" if value is not None else f"None: the default all_to_all_4D path ({how})"
+
+
+def _tiny_denoising_parts(torch):
+    """A seeded, randomly initialised UNet, VAE and DDIM scheduler small enough for one step on
+    any device in well under a second (diffusers' real classes; nothing is downloaded)."""
+    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 32),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8)
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
+        layers_per_block=1, norm_num_groups=8)
+    scheduler = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
+                              clip_sample=False, steps_offset=1)
+    return unet.eval(), vae.eval(), scheduler
+
+
+@check(
+    "diffusion.workload",
+    "one denoising step of a tiny pipeline with the runtime's custom ops",
+    "a UNet whose norms are the runtime's CustomOps (platforms.diffusion.layers, resolved after "
+    "init_backend()) runs one denoising step and a VAE decode on get_device(0) inside "
+    "inference_mode(), with optimize_vae() applied, and matches the same step on the CPU",
+    runtimes=DIFFUSION,
+    needs=("device.get_device",),
+)
+def workload(probe) -> str:
+    from .rows import Skip
+
+    torch, platform, device = probe.torch, probe.platform, probe.device
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        raise Skip("diffusers is not installed; install the diffusion extra "
+                   "(pip install 'sglang-launch[diffusion]')") from None
+    from platforms.diffusion.layers import adopt_custom_ops, custom_op_report
+
+    unet, vae, scheduler = _tiny_denoising_parts(torch)
+    adopt_custom_ops(unet)
+    ops = custom_op_report(unet)
+    scheduler.set_timesteps(2)
+    step = scheduler.timesteps[0]
+    generator = torch.Generator("cpu").manual_seed(0)
+    latents = torch.randn(1, 4, 16, 16, generator=generator)
+    context = torch.randn(1, 8, 32, generator=generator)
+
+    def run(where, decoder):
+        with platform.inference_mode():
+            noise = unet.to(where)(latents.to(where), step, encoder_hidden_states=context.to(where)).sample
+            prev = scheduler.step(noise, step, latents.to(where)).prev_sample
+            image = decoder.to(where).decode(prev / decoder.config.scaling_factor).sample
+        platform.synchronize()
+        return image.float().cpu()
+
+    reference = run(torch.device("cpu"), vae)
+    image = run(device, platform.optimize_vae(vae))
+    if tuple(image.shape) != (1, 3, 32, 32):
+        raise CheckFailed(f"the decoded image has shape {tuple(image.shape)}, expected (1, 3, 32, 32)")
+    if not bool(torch.isfinite(image).all()):
+        raise CheckFailed("the denoising step produced NaN or infinite values on the device")
+    diff = float((image - reference).abs().max())
+    if diff > 1e-2:
+        raise CheckFailed(f"the step on {device} differs from the CPU by up to {diff:.3g} (allowed 0.01)")
+    how = ", ".join(f"{name} x{entry['count']}: {'/'.join(entry['forward'])}" for name, entry in sorted(ops.items()))
+    return f"1 step + VAE decode on {device}, max |diff| vs CPU {diff:.2g}; custom ops {how}"

@@ -2,7 +2,11 @@
 
 Each registers an AFTER hook on ``launcher.server_args.ServerArgs.__post_init__`` that changes
 nothing: it appends ``"<runtime> <pid>"`` to ``CALLS`` and, when ``DEMO_PLATFORM_HOOK_LOG`` names
-a file, appends the line ``post_init <runtime> <pid>`` to it. ``DEMO_PLATFORM_FAIL_HOOKS=1`` makes
+a file, appends the line ``post_init <runtime> <pid>`` to it. The diffusion callback also puts a
+BEFORE hook on the diffusion worker's device-and-model set-up
+(``launcher.workers.diffusion.runner.DiffusionWorker.init_device_and_model``, the spec's
+``GPUWorker.init_device_and_model()``), the place for rank-aware set-up: it appends
+``init_device_and_model <pid> <local_rank>`` to the log. ``DEMO_PLATFORM_FAIL_HOOKS=1`` makes
 the callbacks raise instead (to exercise plugin-failure handling).
 """
 
@@ -11,6 +15,15 @@ import os
 TARGET = "launcher.server_args.ServerArgs.__post_init__"
 
 CALLS: list = []
+
+WORKER_SETUP = "launcher.workers.diffusion.runner.DiffusionWorker.init_device_and_model"
+
+
+def _before_worker_setup(worker, *args, **kwargs):
+    log = os.environ.get("DEMO_PLATFORM_HOOK_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"init_device_and_model {os.getpid()} {worker.local_rank}\n")
 
 
 def _observer(runtime: str):
@@ -44,3 +57,4 @@ def register_diffusion() -> None:
     from hooks.diffusion import HookRegistry, HookType
 
     HookRegistry.register(TARGET, _observer("diffusion"), HookType.AFTER)
+    HookRegistry.register(WORKER_SETUP, _before_worker_setup, HookType.BEFORE)

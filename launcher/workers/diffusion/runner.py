@@ -140,7 +140,8 @@ class DiffusionWorker:
         self.dtype = self.resolve_dtype()
         try:
             pipe = diffusers.DiffusionPipeline.from_pretrained(
-                str(self.source.path), torch_dtype=self.dtype, local_files_only=True)
+                str(self.source.path), torch_dtype=self.dtype, local_files_only=True,
+                **absent_components(self.source.path))
         except Exception as exc:
             raise ModelLoadError(f"diffusers could not load the pipeline in {self.source.path}: "
                                  f"{type(exc).__name__}: {exc}") from exc
@@ -184,20 +185,24 @@ class DiffusionWorker:
         except (ImportError, AttributeError, ValueError) as exc:
             raise ModelLoadError(f"the platform's attention backend {name!r} cannot be imported ({exc}); "
                                  f"fix get_attn_backend_cls_str() or pass --attention-backend") from exc
+        processors = getattr(denoiser, "attn_processors", None) or {}
         if target is F.scaled_dot_product_attention:
-            from diffusers.models.attention_processor import AttnProcessor2_0
+            # diffusers' own processors for this model call torch's SDPA: check, keep them.
+            import inspect
 
-            processor = AttnProcessor2_0()
+            for proc in {type(p) for p in processors.values()}:
+                if "scaled_dot_product_attention" not in inspect.getsource(proc.__call__):
+                    raise ModelLoadError(
+                        f"the platform asks for torch's scaled_dot_product_attention, but this pipeline's "
+                        f"attention processor {proc.__name__} does not use it; name an attention "
+                        f"processor class in get_attn_backend_cls_str() or --attention-backend")
         elif isinstance(target, type):
-            processor = target()
+            if processors:
+                denoiser.set_attn_processor(target())
         else:
             raise ModelLoadError(f"the attention backend {name!r} is neither torch's "
                                  f"scaled_dot_product_attention nor an attention processor class")
-        if hasattr(denoiser, "set_attn_processor") and getattr(denoiser, "attn_processors", None):
-            denoiser.set_attn_processor(processor)
-            used = sorted({type(p).__name__ for p in denoiser.attn_processors.values()})
-        else:
-            used = []
+        used = sorted({type(p).__name__ for p in (getattr(denoiser, "attn_processors", None) or {}).values()})
         self.attention = {"backend": str(name), "processors": used, "requested": requested}
 
     # ---- requests -------------------------------------------------------------------------
@@ -308,6 +313,18 @@ class DiffusionWorker:
             "load_seconds": round(self.load_seconds, 3),
             "pid": os.getpid(),
         }
+
+
+def absent_components(path) -> dict:
+    """``{name: None}`` for each component ``model_index.json`` records as saved without one
+    (``[null, null]``, such as a pipeline saved without its third text encoder): diffusers wants
+    those passed explicitly when loading."""
+    import json
+
+    with open(path / "model_index.json", encoding="utf-8") as f:
+        index = json.load(f)
+    return {name: None for name, value in index.items()
+            if not name.startswith("_") and isinstance(value, list) and value[:2] == [None, None]}
 
 
 def encode_image(image, output_format: str) -> bytes:
