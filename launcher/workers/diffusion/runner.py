@@ -219,6 +219,13 @@ class DiffusionWorker:
         need = factor * down
         return need * 8 // math.gcd(need, 8)
 
+    def max_steps(self) -> int:
+        """The most denoising steps the pipeline's scheduler can take: its training timesteps
+        less its ``steps_offset`` (beyond that its timestep schedule runs off its table)."""
+        config = getattr(self.pipeline.scheduler, "config", {})
+        train = int(config.get("num_train_timesteps", 1000) or 1000)
+        return max(1, train - int(config.get("steps_offset", 0) or 0))
+
     def default_size(self) -> int:
         config = getattr(self.pipeline, self.denoiser_name).config
         sample = getattr(config, "sample_size", 64)
@@ -240,6 +247,10 @@ class DiffusionWorker:
                                  f"times the denoiser's downsampling) between {multiple} and {MAX_SIDE}; "
                                  f"for example {default}")
         steps = 50 if steps is None else int(steps)
+        most = self.max_steps()
+        if not 1 <= steps <= most:
+            raise InputError(f"num_inference_steps {steps} must be between 1 and {most} (this pipeline's "
+                             f"scheduler has {most} usable training timesteps)")
         guidance = 7.5 if guidance_scale is None else float(guidance_scale)
         return Shape(width, height, steps, guidance)
 
