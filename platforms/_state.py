@@ -15,9 +15,9 @@ import weakref
 from typing import Any
 
 from . import _selection
-from ._once import ProcessOnce
-from ._runtimes import RuntimeSpec
 from ._selection import PlatformSelectionError, Selection
+from .once import ProcessOnce
+from .runtimes import RuntimeSpec
 
 _slots: weakref.WeakSet[PlatformSlot] = weakref.WeakSet()
 
