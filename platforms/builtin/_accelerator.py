@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from ..device_mixin import DeviceCapability, DeviceMixin
+from ..device_mixin import DeviceCapability, DeviceMixin, targets_cpu
 
 
 def torch_api(module_name: str, extension: str | None = None):
@@ -85,7 +85,8 @@ class TorchAccelerator(DeviceMixin):
         return float(self.api.max_memory_allocated(device))
 
     def is_pin_memory_available(self, device=None) -> bool:
-        return True
+        """True for transfers to this accelerator; False when ``device`` is the CPU."""
+        return not targets_cpu(device)
 
     def get_torch_distributed_backend_str(self) -> str:
         return self.distributed_backend
