@@ -53,9 +53,9 @@ def rendezvous(dist_init_addr: str | None, nnodes: int) -> tuple[str, int]:
 def plan_children(args, *, payload: bytes, platform_key: str, runtime: str, endpoints: Endpoints):
     """The ``ProcessSpec`` of every child of this node, HTTP first when there is one."""
     from bootstrap import ProcessSpec
-    from platforms import _entrypoints
+    from platforms import entrypoints
 
-    entry_points = _entrypoints.snapshot()  # read once here, adopted by every child
+    entry_points = entrypoints.snapshot()  # read once here, adopted by every child
 
     world = args.tp_size * args.dp_size
     if world < 1 or args.nnodes < 1 or world % args.nnodes:
@@ -77,6 +77,8 @@ def plan_children(args, *, payload: bytes, platform_key: str, runtime: str, endp
             rank=rank,
             local_rank=local_rank,
             world_size=world,
+            tp_size=args.tp_size,
+            dp_size=args.dp_size,
             runtime=runtime,
             platform_key=platform_key,
             runtime_dir=endpoints.runtime_dir,
