@@ -35,7 +35,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._core import HookError, PluginError, PluginSource, Registry, plugin_source
 
@@ -235,7 +235,7 @@ class PluginRuntime:
             loaded.append((source, callback))
         return loaded
 
-    def _reject_duplicates(self, admitted) -> None:
+    def _reject_duplicates(self, admitted: list[Any]) -> None:
         """Two admitted plugins of one name: ``DuplicatePluginError`` naming both distributions,
         before either is imported (as SGLang does for diffusion)."""
         by_name: dict[str, list] = {}

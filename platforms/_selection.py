@@ -347,12 +347,13 @@ def instantiate(spec: RuntimeSpec, selection: Selection) -> Any:
 _PLACEHOLDER = "unspecified"  # DeviceMixin's value for a class that never set its identity
 
 
-def _check_plugin_identity(spec: RuntimeSpec, cls: type, enum_type, source: str) -> None:
+def _check_plugin_identity(spec: RuntimeSpec, cls: type, enum_type: Any, source: str) -> None:
     """A plugin's class must say it is out of tree and name its device; raise naming the fix."""
     name = f"{cls.__module__}.{cls.__qualname__}"
-    if cls._enum is not enum_type.OOT:
+    enum = getattr(cls, "_enum", None)
+    if enum is not enum_type.OOT:
         raise PlatformSelectionError(
-            f"{spec.name} platform {source} selected {name}, whose _enum is {cls._enum!r}, not "
+            f"{spec.name} platform {source} selected {name}, whose _enum is {enum!r}, not "
             f"{enum_type.__qualname__}.OOT; a plugin's activate() must return its own class with "
             f"_enum = PlatformEnum.OOT (from {enum_type.__module__}), not a built-in platform "
             f"(to use a built-in, unset {spec.selector_env} and uninstall or disable the plugin)"

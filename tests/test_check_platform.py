@@ -15,7 +15,6 @@ import os
 import re
 
 import pytest
-
 from plugin_fixtures import DEMO_DISTRIBUTION
 from support import clean_env, make_dist, run_python
 

@@ -12,7 +12,6 @@ once-per-process phase rules with threads, re-entrant calls and ``fork``.
 from __future__ import annotations
 
 import pytest
-
 from plugin_fixtures import DEMO_DISTRIBUTION
 from support import clean_env, make_dist, run_python
 

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import importlib
 import os
+from typing import TYPE_CHECKING, Any
 
 from .catalog import check
 from .rows import CheckFailed, Skip
+
+if TYPE_CHECKING:
+    from .probe import Probe
 
 _VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "launch", "will", "work", "on", "this",
           "platform", "check", "##s", "the", "model"]
@@ -56,7 +60,7 @@ def build_tiny_encoder(folder: str) -> str:
     runtimes=("srt",),
     needs=("device.get_device", "subsystems.get_default_attention_backend"),
 )
-def srt_forward(probe) -> str:
+def srt_forward(probe: Probe) -> str:
     try:
         import transformers  # noqa: F401 - the serving runtime's model library
     except ImportError as exc:
@@ -84,7 +88,7 @@ def srt_forward(probe) -> str:
             f"1 x {runner.dimensions} vector, cosine {cosine:.4f} to the CPU float32 result")
 
 
-def _cpu_reference(folder: str, ids: list[int], runner):
+def _cpu_reference(folder: str, ids: list[int], runner: Any) -> Any:
     """The same model and input, computed plainly on the CPU in float32, pooled the runner's way."""
     import torch
     import transformers

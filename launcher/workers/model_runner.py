@@ -19,6 +19,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from launcher.workers.messages import SamplingParams
 from launcher.workers.model_source import ModelSource
@@ -62,7 +63,7 @@ def attention_implementation(platform_backend: str | None, requested: str | None
     return _ATTENTION_ALIASES.get(name, "sdpa")
 
 
-def cannot_run_message(platform, exc: BaseException) -> str:
+def cannot_run_message(platform: Any, exc: BaseException) -> str:
     """Why ``platform`` cannot run a model (it raised ``exc``, a ``NotImplementedError``), and the
     fix. A plugin platform won selection over the built-ins, so the fix is in the plugin: no
     variable that selection ignores while a plugin activates (``SGLANG_USE_CPU_ENGINE``) is
