@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
-from bootstrap import messages, phases
+from bootstrap import messages, orphan, phases
 from launcher import _proctree
 from launcher._failure import ExitCode, LaunchError, RootCause, signal_name
 from launcher._notify import SystemdNotifier
@@ -90,6 +90,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._children: list[_Child] = []
         self._rundir: RuntimeDir | None = None
+        self._subreaper = False  # adopts the orphans of workers that die (the CLI's process only)
         self.state: LaunchState | None = None
         self.ops: OpsChannel | None = None
         # Set once ``state`` exists and the loop takes requests (or the launch ended before).
@@ -128,6 +129,7 @@ class Supervisor:
             reader = asyncio.create_task(self._read_status(pull))
             if handle_signals:
                 self.install_signal_handlers()
+                self._subreaper = orphan.become_subreaper()
             self.opened.set()
 
             self._emit_starting()
@@ -360,6 +362,7 @@ class Supervisor:
     async def _exit_cause(self, child: _Child) -> RootCause:
         """A child exited on its own: record how, wait for its report if it sent one, explain."""
         code = await self._reap(child)
+        await self._sweep_adopted()
         await self._settle_status()
         if child.failure is None and phases.phase_of_exit_code(code) not in (None, "parent_gone"):
             # The exit status says the child reported a failure; let the report arrive.
@@ -483,7 +486,16 @@ class Supervisor:
             for child in group:
                 child.process.join(timeout=5)
                 await self._reap(child)
+        await self._sweep_adopted()
         return time.monotonic() - started
+
+    async def _sweep_adopted(self) -> None:
+        """As a subreaper, end and reap what a dead worker left behind (re-parented to us)."""
+        if self._subreaper:
+            workers = {c.process.pid for c in self._children if c.process is not None}
+            swept = await _proctree.sweep_adopted(workers)
+            if swept:
+                log.debug("ended %d process(es) left behind by exited workers: %s", len(swept), swept)
 
     # ----------------------------------------------------------------- events
     def _emit_starting(self) -> None:
