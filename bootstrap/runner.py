@@ -131,7 +131,7 @@ class _Child:
         import importlib
 
         if self.spec.entry_points is not None:
-            importlib.import_module("platforms._entrypoints").seed(self.spec.entry_points)
+            importlib.import_module("platforms.entrypoints").seed(self.spec.entry_points)
         platforms = importlib.import_module(steps.platforms)
         if self.spec.platform_key:
             platforms.pin_selection(self.spec.platform_key)

@@ -35,7 +35,7 @@ class ProcessSpec:
     - ``args_class``: dotted path of the ServerArgs class, looked up after hooks (a REPLACE of the
       class applies).
     - ``heartbeat_interval``: seconds between heartbeats; 0 sends none.
-    - ``entry_points``: the supervisor's ``platforms._entrypoints.snapshot()``; the child adopts it
+    - ``entry_points``: the supervisor's ``platforms.entrypoints.snapshot()``; the child adopts it
       instead of reading entry-point metadata again. ``None``: the child reads it itself.
     - ``serving_fallback``: a child that selects on its own (no ``platform_key``) resolves as a
       server does (``platforms.use_serving_fallback``).

@@ -2,7 +2,7 @@
 
 A ``PluginRuntime`` owns a hook registry and two once-per-process phases:
 
-* **register**: read the runtime's hook entry points (``platforms._entrypoints``; sorted by
+* **register**: read the runtime's hook entry points (``platforms.entrypoints``; sorted by
   entry-point name, then distribution, so hook order is the same on every machine), keep those
   that ``SGLANG_PLUGINS`` allows, skip those shipped by an installed platform distribution other
   than the selected one, then import each plugin and run its callback with the plugin recorded
@@ -14,7 +14,7 @@ contract, so failing to import it, to run its callback or to apply a hook it reg
 ``PluginError`` naming it, chained to the cause. Any other plugin's failure is logged at WARNING
 with its name and traceback, its hooks are discarded, and the rest proceed.
 
-Phases: each runs at most once per process (``platforms._once.ProcessOnce``): another thread waits
+Phases: each runs at most once per process (``platforms.once.ProcessOnce``): another thread waits
 for the running call, a failure is terminal and re-raised to later callers, a forked child starts
 over. Before a plugin's callback runs again (in a forked child, whose registry holds what the
 parent's run registered and applied), the hooks that callback registered last time are discarded
@@ -91,7 +91,7 @@ class PluginRuntime:
 
     def _phase(self, which: str):
         if self._phases is None:
-            from platforms._once import ProcessOnce  # lazily: hooks imports no platforms at import
+            from platforms.once import ProcessOnce  # lazily: hooks imports no platforms at import
 
             with self._phases_lock:
                 if self._phases is None:
@@ -138,19 +138,19 @@ class PluginRuntime:
 
     # -- discovery and filtering --------------------------------------------------------------
     def entry_points(self, group: str | None = None):
-        from platforms import _entrypoints
+        from platforms import entrypoints
 
-        eps = _entrypoints.entry_points(group or self.plugin_group)
+        eps = entrypoints.entry_points(group or self.plugin_group)
         return sorted(eps, key=lambda ep: (ep.name, ep.distribution or ""))
 
     def allowlist(self) -> frozenset[str] | None:
-        from platforms import _entrypoints
+        from platforms import entrypoints
 
-        return _entrypoints.allowlist("SGLANG_PLUGINS")
+        return entrypoints.allowlist("SGLANG_PLUGINS")
 
     def selector_env(self) -> str:
         """The variable that selects this runtime's platform."""
-        from platforms._runtimes import runtime_spec
+        from platforms.runtimes import runtime_spec
 
         return runtime_spec(self.name).selector_env
 
@@ -215,9 +215,9 @@ class PluginRuntime:
     def _warn_unknown_allowlist(self, allowed: frozenset[str] | None) -> None:
         if not allowed:
             return
-        from platforms import _entrypoints
+        from platforms import entrypoints
 
-        known = {ep.name for group in _entrypoints.GROUPS for ep in _entrypoints.entry_points(group)}
+        known = {ep.name for group in entrypoints.GROUPS for ep in entrypoints.entry_points(group)}
         unknown = sorted(allowed - known)
         if unknown:
             logger.warning("SGLANG_PLUGINS names %s, which no installed plugin provides; installed: %s",

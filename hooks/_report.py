@@ -34,9 +34,9 @@ def _replace(record, **changes):
 def _probe_free_selection(runtime: PluginRuntime):
     """The selection as start-up would make it, up to the first built-in that needs a hardware
     probe; from there the stand-in built-in ``_PROBING`` is selected. Returns (selection, probed)."""
-    from platforms import _runtimes, _selection
+    from platforms import runtimes, _selection
 
-    spec = _runtimes.runtime_spec(runtime.name)
+    spec = runtimes.runtime_spec(runtime.name)
     first = next((i for i, b in enumerate(spec.builtins) if b.probe is not None), len(spec.builtins))
     probed = [b.name for b in spec.builtins[first:]]
     if probed and spec.serving_fallback:  # what a launch does at the chain's end
@@ -44,7 +44,7 @@ def _probe_free_selection(runtime: PluginRuntime):
     # Built-ins from the first probed one on stay known (explicit selection names them) but are
     # never available; the stand-in before them is.
     unreachable = tuple(_replace(b, probe=None, env_flag=_NEVER_SET) for b in spec.builtins[first:])
-    stand_in = (_runtimes.Builtin(_PROBING, "", why="probing"),) if probed else ()
+    stand_in = (runtimes.Builtin(_PROBING, "", why="probing"),) if probed else ()
     dry = _replace(spec, builtins=spec.builtins[:first] + stand_in + unreachable)
     return _selection.resolve(dry, {k: v for k, v in os.environ.items() if k != _NEVER_SET}), probed
 
@@ -71,9 +71,9 @@ def _selection(runtime: PluginRuntime, probe: bool) -> tuple[dict, object]:
 def _platform_filter(runtime: PluginRuntime) -> dict | None:
     """The variable that narrows automatic platform selection (SRT: ``SGLANG_PLUGINS``) and whether
     it applies now (not while the selector variable names a platform); None for a runtime without."""
-    from platforms import _runtimes
+    from platforms import runtimes
 
-    spec = _runtimes.runtime_spec(runtime.name)
+    spec = runtimes.runtime_spec(runtime.name)
     if not spec.auto_allowlist_env:
         return None
     return {"variable": spec.auto_allowlist_env, "applies": not os.environ.get(spec.selector_env, "").strip()}
@@ -95,10 +95,10 @@ def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
         except Exception as exc:  # noqa: BLE001
             registration_error = _error_text(exc)
 
-    from platforms import _entrypoints
+    from platforms import entrypoints
 
     platform_filter = _platform_filter(runtime)
-    auto_allowed = _entrypoints.allowlist(platform_filter["variable"]) if platform_filter else None
+    auto_allowed = entrypoints.allowlist(platform_filter["variable"]) if platform_filter else None
     selected_ep = getattr(sel, "entry_point", None)
     platforms = [
         {

@@ -53,9 +53,9 @@ def rendezvous(dist_init_addr: str | None, nnodes: int) -> tuple[str, int]:
 def plan_children(args, *, payload: bytes, platform_key: str, runtime: str, endpoints: Endpoints):
     """The ``ProcessSpec`` of every child of this node, HTTP first when there is one."""
     from bootstrap import ProcessSpec
-    from platforms import _entrypoints
+    from platforms import entrypoints
 
-    entry_points = _entrypoints.snapshot()  # read once here, adopted by every child
+    entry_points = entrypoints.snapshot()  # read once here, adopted by every child
 
     world = args.tp_size * args.dp_size
     if world < 1 or args.nnodes < 1 or world % args.nnodes:

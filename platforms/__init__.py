@@ -10,7 +10,7 @@ Importing this package imports no torch and no plugin.
 
 from __future__ import annotations
 
-from ._runtimes import SRT
+from .runtimes import SRT
 from ._selection import PlatformSelectionError, Selection
 from ._state import LazyPlatform, PlatformSlot
 from .device_mixin import CpuArchEnum, DeviceCapability, DeviceMixin, PlatformEnum

@@ -20,9 +20,9 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from . import _entrypoints
-from ._entrypoints import EntryPoint
-from ._runtimes import Builtin, RuntimeSpec
+from . import entrypoints
+from .entrypoints import EntryPoint
+from .runtimes import Builtin, RuntimeSpec
 
 
 
@@ -47,7 +47,7 @@ class Selection(NamedTuple):
 
     ``key`` is ``"plugin:<entry-point name>"`` or ``"builtin:<name>"`` (stable: a supervisor hands
     it to children for ``pin_selection``); ``qualname`` the platform class; ``entry_point`` the
-    ``_entrypoints.EntryPoint`` that supplied it (None for a built-in) and ``distribution`` the
+    ``entrypoints.EntryPoint`` that supplied it (None for a built-in) and ``distribution`` the
     distribution that shipped that entry point; ``reason`` one sentence saying why.
     """
 
@@ -144,7 +144,7 @@ def _explicit(spec: RuntimeSpec, value: str) -> Selection:
 def _activate_named(spec: RuntimeSpec, name: str, reason: str, how: str) -> Selection:
     """Select the one entry point called ``name``: import and call only its callback."""
     var = spec.selector_env
-    installed = _entrypoints.entry_points(spec.platform_group)
+    installed = entrypoints.entry_points(spec.platform_group)
     matches = [ep for ep in installed if ep.name == name]
     if not matches:
         raise PlatformSelectionError(
@@ -170,8 +170,8 @@ def _activate_named(spec: RuntimeSpec, name: str, reason: str, how: str) -> Sele
 
 def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool = False) -> Selection:
     var = spec.selector_env
-    candidates = list(_entrypoints.entry_points(spec.platform_group))
-    allowed = _entrypoints.allowlist(spec.auto_allowlist_env, environ) if spec.auto_allowlist_env else None
+    candidates = list(entrypoints.entry_points(spec.platform_group))
+    allowed = entrypoints.allowlist(spec.auto_allowlist_env, environ) if spec.auto_allowlist_env else None
     skipped = [ep for ep in candidates if allowed is not None and ep.name not in allowed]
     if skipped:
         _log("info", "%s leaves out platform plugins: %s", spec.auto_allowlist_env, _listing(skipped))
@@ -275,7 +275,7 @@ def _builtin_available(entry: Builtin, environ: Mapping[str, str]) -> bool:
     if entry.probe is None:
         return True
     try:
-        return bool(_entrypoints.import_object(entry.probe)())
+        return bool(entrypoints.import_object(entry.probe)())
     except Exception as exc:  # a probe that cannot run means that device is not usable here
         _log("debug", "probe %s failed: %r", entry.probe, exc)
         return False
@@ -298,20 +298,20 @@ def instantiate(spec: RuntimeSpec, selection: Selection):
         f"{spec.selector_env} to select another platform"
     )
     try:
-        cls = _entrypoints.import_object(selection.qualname)
+        cls = entrypoints.import_object(selection.qualname)
     except Exception as exc:
         raise PlatformSelectionError(
             f"{spec.name} platform {source} selected {selection.qualname!r}, which cannot be imported: "
             f"{type(exc).__name__}: {exc}; {fix}"
         ) from exc
-    base = _entrypoints.import_object(spec.base_class)
+    base = entrypoints.import_object(spec.base_class)
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise PlatformSelectionError(
             f"{spec.name} platform {source} selected {selection.qualname!r}, which is not a subclass "
             f"of {base.__module__}.{base.__qualname__}; every {spec.name} platform class must derive "
             f"from it (SRT: platforms.SRTPlatform, diffusion: platforms.diffusion.Platform)"
         )
-    enum_type = _entrypoints.import_object(spec.enum_class)
+    enum_type = entrypoints.import_object(spec.enum_class)
     if not isinstance(cls._enum, enum_type):
         raise PlatformSelectionError(
             f"{spec.name} platform class {selection.qualname!r} sets _enum = {cls._enum!r}, which is "

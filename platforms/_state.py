@@ -14,8 +14,8 @@ import threading
 import weakref
 
 from . import _selection
-from ._once import ProcessOnce
-from ._runtimes import RuntimeSpec
+from .once import ProcessOnce
+from .runtimes import RuntimeSpec
 from ._selection import PlatformSelectionError, Selection
 
 _slots: "weakref.WeakSet[PlatformSlot]" = weakref.WeakSet()

@@ -19,7 +19,7 @@ import torch
 import platforms
 import platforms.diffusion
 from platforms import CpuArchEnum, DeviceCapability, DeviceMixin, PlatformEnum, SRTPlatform
-from platforms._entrypoints import allowlist, import_object
+from platforms.entrypoints import allowlist, import_object
 from platforms.builtin import cpu, cuda, mps, npu, rocm, xpu
 from platforms.device_mixin import host_cpu_architecture
 from platforms.diffusion import Platform

@@ -76,7 +76,7 @@ def test_threads_resolve_once_reentry_is_an_error_and_metadata_is_read_once(site
             return real_distributions(*a, **k)
         metadata.distributions = counted
         import platforms, platforms.diffusion
-        from platforms import _entrypoints
+        from platforms import entrypoints
         barrier = threading.Barrier(8)
         seen = []
         def touch():
@@ -90,8 +90,8 @@ def test_threads_resolve_once_reentry_is_an_error_and_metadata_is_read_once(site
             reentry = "no error"
         except platforms.PlatformSelectionError as exc:
             reentry = str(exc)
-        for group in _entrypoints.GROUPS:
-            _entrypoints.entry_points(group)
+        for group in entrypoints.GROUPS:
+            entrypoints.entry_points(group)
         print("RESULT:" + json.dumps(dict(
             distinct=len(set(seen)), count=len(seen), calls=len(sys.modules["plg_alpha_t"].CALLS),
             reentry=reentry, scans=len(scans))))
@@ -333,7 +333,7 @@ def test_children_adopt_the_parents_entry_point_reading(site):
     result = run_python(
         """
         import json
-        from platforms import _entrypoints as e
+        from platforms import entrypoints as e
         rows = e.snapshot()
         e.reset()
         e.seed(rows + (("sglang.srt.plugins", "only-in-snapshot", "x:y", "ghost"),))

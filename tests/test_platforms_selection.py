@@ -18,8 +18,8 @@ import pytest
 
 from plugin_fixtures import platform_plugin
 from support import make_dist
-from platforms import _entrypoints
-from platforms._runtimes import DIFFUSION, SRT, runtime_spec
+from platforms import entrypoints
+from platforms.runtimes import DIFFUSION, SRT, runtime_spec
 from platforms._selection import PlatformSelectionError, instantiate, resolve
 
 
@@ -27,17 +27,17 @@ from platforms._selection import PlatformSelectionError, instantiate, resolve
 def plugins(site, monkeypatch):
     """Write plugins with ``plugins(name, ...)``; their site is on ``sys.path`` for the test."""
     monkeypatch.syspath_prepend(str(site))
-    _entrypoints.reset()
+    entrypoints.reset()
     written: list[str] = []
 
     def make(name: str, **kwargs) -> str:
         package = platform_plugin(site, name, **kwargs)
         written.append(package)
-        _entrypoints.reset()
+        entrypoints.reset()
         return package
 
     yield make
-    _entrypoints.reset()
+    entrypoints.reset()
     for mod in [m for m in sys.modules if m.split(".")[0] in written]:
         del sys.modules[mod]
 
@@ -115,7 +115,7 @@ def test_srt_explicit_name_of_two_distributions_is_an_error(plugins):
 def test_platform_entry_point_at_a_non_callable(plugins, site):
     package = plugins("alpha")
     make_dist(site, "acme-broken", {"sglang.srt.platforms": {"broken": f"{package}:CALLS"}})
-    _entrypoints.reset()
+    entrypoints.reset()
     for environ in ({"SGLANG_PLATFORM": "broken"}, {"SGLANG_PLUGINS": "broken"}):
         with pytest.raises(PlatformSelectionError, match=r"broken = .*:CALLS \(from acme-broken\) points at "
                                                           r"a list, not a zero-argument activate\(\) function"):
@@ -369,7 +369,7 @@ def test_entry_point_that_cannot_be_imported(plugins, site):
     from support import make_dist
 
     make_dist(site, "ghost-vendor", entry_points={"sglang.srt.platforms": {"ghost": "ghost_pkg_missing:activate"}})
-    _entrypoints.reset()
+    entrypoints.reset()
     with pytest.raises(PlatformSelectionError, match="cannot import the activation callback .*ghost-vendor"):
         resolve(SRT, {})
 

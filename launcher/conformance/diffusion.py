@@ -78,7 +78,7 @@ def custom_op(probe) -> str:
     optional=True,
 )
 def attn_backend(probe) -> str:
-    from platforms._entrypoints import import_object
+    from platforms.entrypoints import import_object
 
     path = probe.platform.get_attn_backend_cls_str()
     if not isinstance(path, str) or not path.strip():
@@ -98,7 +98,7 @@ def attn_backend(probe) -> str:
     runtimes=DIFFUSION,
 )
 def communicator(probe) -> str:
-    from platforms._entrypoints import import_object
+    from platforms.entrypoints import import_object
 
     p = probe.platform
     base = probe.platforms.Platform
