@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from support import REPO, clean_env, free_port, run_python
-from test_supervisor_support import FAST, READY_WAIT, TESTS, Run, short_runtime_dir
+from supervisor_support import FAST, READY_WAIT, TESTS, Run, short_runtime_dir
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ import sys
 import textwrap
 
 from support import REPO, clean_env, free_port
-from test_supervisor_support import TESTS, short_runtime_dir
+from supervisor_support import TESTS, short_runtime_dir
 
 APP = '''
 import json, multiprocessing, os, sys

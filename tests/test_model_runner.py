@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from test_serving_support import build_tiny_llama, cosine
+from serving_support import build_tiny_llama, cosine
 
 pytest.importorskip("transformers")
 

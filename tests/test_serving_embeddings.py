@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_serving_support import (
+from serving_support import (
     REPO,
     cosine,
     embedding_body,

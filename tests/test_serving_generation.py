@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from test_serving_support import Server, build_tiny_llama, post, server_env, start_server, start_two_nodes, stop_all
+from serving_support import Server, build_tiny_llama, post, server_env, start_server, start_two_nodes, stop_all
 
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from support import REPO, free_port
-from test_supervisor_support import FAST, READY_WAIT, Run, wait_for
+from supervisor_support import FAST, READY_WAIT, Run, wait_for
 
 W = "workers_for_tests."
 
