@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from support import free_port
-from test_supervisor_support import FAST, READY_WAIT, Run, wait_for
+from supervisor_support import FAST, READY_WAIT, Run, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
