@@ -14,7 +14,8 @@ that apply to ``"srt"`` or ``"diffusion"``, in the order rows are shown.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 # The areas of the contract, in display order; one module each.
 GROUPS = ("selection", "device", "distributed", "execution", "lifecycle", "subsystems", "diffusion")
@@ -46,7 +47,7 @@ def check(
     runtimes: tuple[str, ...] = RUNTIMES,
     optional: bool = False,
     needs: tuple[str, ...] = (),
-):
+) -> Callable[[Callable], Callable]:
     """Register the decorated function as check ``id`` (``"<group>.<name>"``)."""
     group = id.partition(".")[0]
     if group not in GROUPS:
