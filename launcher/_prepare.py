@@ -117,10 +117,14 @@ def usage_error(exc: BaseException) -> LaunchError:
 
 
 def select_platform(runtime: str) -> Selection:
-    """Resolve ``runtime``'s platform once and return its ``Selection``."""
-    module = "platforms.diffusion" if runtime == "diffusion" else "platforms"
+    """Resolve ``runtime``'s platform once, construct it (so a plugin class that is not ``OOT``,
+    names no device or cannot be built fails here, before any worker starts), and return its
+    ``Selection``."""
+    module = importlib.import_module("platforms.diffusion" if runtime == "diffusion" else "platforms")
     try:
-        return importlib.import_module(module).current_selection()
+        selection = module.current_selection()
+        module.current_platform.device_type  # noqa: B018 - constructs the selected class once
+        return selection
     except Exception as exc:  # noqa: BLE001 - selection errors already name their fix
         plain = type(exc).__name__ == "PlatformSelectionError" and exc.__cause__ is None
         raise _setup_error("no platform could be selected", exc, plain=plain) from exc

@@ -22,10 +22,12 @@ import pytest
 
 from support import REPO, clean_env
 
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
+
 TESTS = Path(__file__).resolve().parent
 
 # A parent that spawns bootstrap.run (a ready_then_wait worker) and prints the child's pid once
-# it reported ready, so PR_SET_PDEATHSIG and the watch thread are both armed.
+# it reported ready, so its guard process and the watch thread are both armed.
 SPAWNING_PARENT = """
 import multiprocessing, os, sys, tempfile, time
 import zmq
@@ -60,8 +62,8 @@ child = subprocess.Popen(
     [sys.executable, "-c",
      "import os, sys, time\\n"
      "from bootstrap import orphan\\n"
-     "armed = orphan.arm(int(sys.argv[1]), death_signal=False)\\n"
-     "assert armed == {'death_signal': False, 'watch_thread': True}, armed\\n"
+     "armed = orphan.arm(int(sys.argv[1]), death_signal=False, guard=False)\\n"
+     "assert armed['watch_thread'] and not armed['death_signal'] and not armed['guard'], armed\\n"
      "print('armed', flush=True)\\n"
      "time.sleep(600)\\n",
      str(os.getpid())],

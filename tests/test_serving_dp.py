@@ -18,6 +18,8 @@ import pytest
 
 from serving_support import embedding_body, report, run_load, start_server, start_two_nodes, stop_all
 
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
+
 
 @pytest.fixture
 def server(tmp_path):

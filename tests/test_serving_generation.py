@@ -13,6 +13,8 @@ import pytest
 
 from serving_support import Server, build_tiny_llama, post, server_env, start_server, start_two_nodes, stop_all
 
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
+
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 

@@ -27,6 +27,8 @@ Targets:
 - ``kill_self``: sends itself ``TESTWORKER_SIGNAL`` before ready.
 - ``import_torch``: imports torch, reports ready with its version, waits for stop.
 - ``spawn_grandchild``: starts a ``sleep``-like grandchild process, ready (info: its pid), waits.
+- ``spawn_descendants``: starts a plain child and a double-forked ``setsid`` grandchild (whose
+  parent exits at once) and does not stop them itself; ready (info: ``child``, ``detached``).
 - ``custom_phases``: reports phases ``model_loaded`` and ``warmed_up``, then ready, waits.
 """
 
@@ -165,4 +167,21 @@ def custom_phases(server_args, ctx) -> None:
     ctx.phase("model_loaded")
     ctx.phase("warmed_up")
     ctx.ready(**_identity(ctx))
+    _wait_for_stop(ctx)
+
+
+_DETACH = """
+import subprocess, sys
+p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(p.pid, flush=True)
+"""
+
+
+def spawn_descendants(server_args, ctx) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    # The intermediate starts a setsid grandchild and exits: the grandchild is orphaned at once.
+    middle = subprocess.run([sys.executable, "-c", _DETACH], capture_output=True, text=True, check=True)
+    ctx.ready(**_identity(ctx), child=child.pid, detached=int(middle.stdout.split()[0]))
+    _marker()
     _wait_for_stop(ctx)

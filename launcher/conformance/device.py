@@ -29,7 +29,7 @@ def _is_number(value: Any) -> bool:
     "device.get_device",
     "get_device(0) is a torch.device of device_type",
     "get_device(local_rank) returns a torch.device whose .type is the platform's device_type",
-    optional=True,
+    required=("get_device", "every scheduler worker loads the model onto get_device(local_rank)"),
 )
 def get_device(probe: Probe) -> str:
     torch = probe.torch

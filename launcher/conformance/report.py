@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, NamedTuple, TextIO
 
 from bootstrap import DOING, PHASES
 
-from .catalog import Check, checks_for
+from .catalog import WORKLOAD, Check, checks_for
 from .rows import FAIL, MISSING, PASS, SKIPPED, Row, counts
 
 if TYPE_CHECKING:
@@ -48,17 +48,29 @@ class Report(NamedTuple):
 
     @property
     def ok(self) -> bool:
-        return self.counts[FAIL] == 0
+        """The platform conforms: no row failed and every workload row passed."""
+        return not self.failed
 
     @property
     def failed(self) -> list[str]:
-        return [row.id for row in self.rows if row.status == FAIL]
+        """Rows that keep the platform from conforming: failed ones, and workload rows that did
+        not pass (a launch is only known to work when they ran)."""
+        return [row.id for row in self.rows
+                if row.status == FAIL or (row.group == WORKLOAD and row.status != PASS)]
+
+    @property
+    def missing_required(self) -> list[str]:
+        """Required contract methods the platform does not implement, in row order."""
+        return list(dict.fromkeys(row.missing for row in self.rows if row.missing))
 
     def summary(self) -> str:
         c = self.counts
         where = (self.platform or {}).get("key") or "an unreported platform"
         tally = ", ".join(f"{c[s]} {s}" for s in (PASS, FAIL, MISSING, SKIPPED))
         verdict = "conforms" if self.ok else "FAILED: " + ", ".join(self.failed)
+        if self.missing_required:
+            verdict += " (a launch needs, and the platform lacks: " + ", ".join(
+                f"{m}()" for m in self.missing_required) + ")"
         return f"check-platform {self.runtime} on {where}: {len(self.rows)} checks, {tally} - {verdict}"
 
     def to_dict(self) -> dict:
@@ -67,6 +79,7 @@ class Report(NamedTuple):
             "platform": self.platform,
             "ok": self.ok,
             "counts": self.counts,
+            "missing_required": self.missing_required,
             "summary": self.summary(),
             "rows": [row.to_dict() for row in self.rows],
         }

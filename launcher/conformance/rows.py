@@ -4,8 +4,8 @@ Statuses:
 
 - ``pass``: the platform did what the contract says;
 - ``fail``: it did something else; ``expected`` says what the contract expects;
-- ``missing``: a method whose contract default raises ``NotImplementedError`` is not
-  implemented (shown, never a failure);
+- ``missing``: an optional method whose contract default raises ``NotImplementedError`` is not
+  implemented (shown, never a failure; a *required* method that is not implemented fails);
 - ``skipped``: the check could not run here; ``detail`` says why.
 """
 
@@ -22,7 +22,8 @@ STATUSES = (PASS, FAIL, MISSING, SKIPPED)
 
 
 class Row(NamedTuple):
-    """One check's result. ``expected`` is the contract's wording, set on failures."""
+    """One check's result. ``expected`` is the contract's wording, set on failures; ``missing``
+    names the required method a failed row found not implemented."""
 
     id: str
     group: str
@@ -30,6 +31,7 @@ class Row(NamedTuple):
     status: str
     detail: str
     expected: str | None = None
+    missing: str | None = None  # a required contract method this row found not implemented
 
     def to_dict(self) -> dict:
         return self._asdict()

@@ -1,7 +1,8 @@
 """SRT subsystem factories and capability flags, listed with their values.
 
 A factory whose contract default raises ``NotImplementedError`` shows as missing when the
-platform does not override it; that is never a failure. A flag must answer a bool.
+platform does not override it, except ``get_default_attention_backend``, which every launch
+calls (required: missing fails). A flag must answer a bool.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def _factory(method: str, what: str) -> None:
     "get_default_attention_backend() returns the name of the attention backend used when the "
     "operator names none",
     runtimes=SRT,
-    optional=True,
+    required=("get_default_attention_backend",
+              "every scheduler worker picks the model's attention from it unless --attention-backend is given"),
 )
 def default_attention_backend(probe: Probe) -> str:
     value = probe.platform.get_default_attention_backend()
