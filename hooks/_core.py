@@ -249,6 +249,23 @@ class Registry:
                 out.append({"target": target, "plugins": names, "winner": names[-1]})
         return out
 
+    def adopt(self, module: str, source: PluginSource) -> list[Hook]:
+        """Attribute to ``source`` the hooks registered outside any plugin by functions (or
+        classes) of ``module`` or its submodules; returns them.
+
+        The plugin loader calls it for each plugin it loads: when something else imported the
+        plugin's module first (a platform entry point in the same package, the application), the
+        module's ``@plugin_hook`` decorators ran then, with no plugin recorded, and importing it
+        again runs nothing. Adopting them makes them the plugin's, as a first import would have."""
+        prefix = module + "."
+        with self._lock:
+            adopted = [h for h in self._hooks if h.source is None
+                       and _defined_in(h.func) is not None
+                       and (_defined_in(h.func) == module or _defined_in(h.func).startswith(prefix))]
+            for hook in adopted:
+                hook.source = source
+            return adopted
+
     # -- removal ------------------------------------------------------------------------------
     @property
     def last_seq(self) -> int:
@@ -404,6 +421,14 @@ class Registry:
                     replaces[-1],
                 )
         _warn_stale_bindings([p for p in fresh if isinstance(p.owner, ModuleType)])
+
+
+def _defined_in(func: object) -> str | None:
+    """The module a hook function or class was defined in (None when it does not say)."""
+    if isinstance(func, (staticmethod, classmethod)):
+        func = func.__func__
+    module = getattr(func, "__module__", None)
+    return module if isinstance(module, str) else None
 
 
 def _current(owner: object, name: str) -> tuple[bool, object]:

@@ -232,6 +232,8 @@ class PluginRuntime:
                 except Exception as exc:  # noqa: BLE001 - a plugin's failure is judged below
                     self._failed(source, "load", exc)
                     continue
+            # Hooks its module registered when something else imported it first are its own.
+            self.registry.adopt(ep.module, source)
             loaded.append((source, callback))
         return loaded
 
