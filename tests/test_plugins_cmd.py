@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from support import REPO, clean_env, make_dist, run_python
 
 SRT_PLUGINS = "sglang.srt.plugins"
@@ -156,6 +158,7 @@ def _cli(args, site, **env):
                           env=environ, cwd=str(REPO), timeout=60)
 
 
+@pytest.mark.e2e  # runs the CLI as its own process
 def test_selection_error_is_reported_with_exit_status_1_and_bad_options_are_usage_errors(site):
     _site(site)
     human = _cli(["plugins", "--runtime", "srt"], site, SGLANG_PLATFORM="missing")
