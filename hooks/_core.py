@@ -260,8 +260,8 @@ class Registry:
         prefix = module + "."
         with self._lock:
             adopted = [h for h in self._hooks if h.source is None
-                       and _defined_in(h.func) is not None
-                       and (_defined_in(h.func) == module or _defined_in(h.func).startswith(prefix))]
+                       and (home := _defined_in(h.func)) is not None
+                       and (home == module or home.startswith(prefix))]
             for hook in adopted:
                 hook.source = source
             return adopted

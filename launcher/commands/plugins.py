@@ -44,9 +44,9 @@ def _table(rows: list[list[str]], header: list[str], indent: str = "    ") -> li
     if not rows:
         return [f"{indent}(none installed)"]
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    lines = [indent + "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    lines = [indent + "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
     for row in rows:
-        lines.append(indent + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines.append(indent + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return lines
 
 

@@ -57,7 +57,7 @@ def check(
     optional: bool = False,
     needs: tuple[str, ...] = (),
     required: tuple[str, str] | None = None,
-):
+) -> Callable[[Callable], Callable]:
     """Register the decorated function as check ``id`` (``"<group>.<name>"``); ``required`` is
     ``(method, where a launch calls it)`` for a method a launch cannot do without."""
     group = id.partition(".")[0]

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from .catalog import check
 from .rows import CheckFailed
+
+if TYPE_CHECKING:
+    from .probe import Probe
 
 _GROUP_TIMEOUT_S = 60
 
@@ -39,7 +43,7 @@ def unavailable(name: str) -> str | None:
     required=("get_torch_distributed_backend_str",
               "a launch with --tp-size > 1 joins each replica's ranks in a process group on it"),
 )
-def backend(probe) -> str:
+def backend(probe: Probe) -> str:
     value = probe.platform.get_torch_distributed_backend_str()
     if not isinstance(value, str) or not value.strip():
         raise CheckFailed(f"returned {value!r}, not a backend name")
@@ -57,7 +61,7 @@ def backend(probe) -> str:
     "get_device(0) returns it unchanged",
     needs=("distributed.backend", "device.get_device"),
 )
-def process_group(probe) -> str:
+def process_group(probe: Probe) -> str:
     import datetime
 
     import torch.distributed as dist

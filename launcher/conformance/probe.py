@@ -31,13 +31,13 @@ class Probe:
         self.values: dict[str, Any] = {}
 
     @property
-    def torch(self):
+    def torch(self) -> Any:
         import torch
 
         return torch
 
     @property
-    def device(self):
+    def device(self) -> Any:
         """The device ``get_device(0)`` returned (checks that use it declare that need)."""
         return self.values["device"]
 
@@ -47,7 +47,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _not_implemented(exc: NotImplementedError, platform) -> str:
+def _not_implemented(exc: NotImplementedError, platform: object) -> str:
     text = str(exc).strip()
     if not text or text.startswith(f"{type(platform).__qualname__} does not implement"):
         return "not implemented (the contract's default raises NotImplementedError)"

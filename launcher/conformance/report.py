@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import NamedTuple, TextIO
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple, TextIO
 
 from bootstrap import DOING, PHASES
 
 from .catalog import WORKLOAD, Check, checks_for
 from .rows import FAIL, MISSING, PASS, SKIPPED, Row, counts
+
+if TYPE_CHECKING:
+    from .parent import ChildResult
 
 PROCESS_ROW = ("process.check", "the check process ran to the end",
                "the check process starts through the bootstrap, runs every check and stops when asked")
@@ -85,7 +89,7 @@ class Report(NamedTuple):
 
 
 # -- building ----------------------------------------------------------------------------------
-def _ended(result) -> str:
+def _ended(result: ChildResult) -> str:
     if result.timed_out:
         return f"did not finish within {result.timeout:g}s and was stopped"
     code = result.exitcode
@@ -117,7 +121,7 @@ def _row_for_phase(phase: str, failure: dict | None) -> str:
     return PROCESS_ROW[0]
 
 
-def blame(result) -> Blame | None:
+def blame(result: ChildResult) -> Blame | None:
     """The row that carries the child's failure, or None when it finished."""
     if result.ready:
         return None
@@ -137,7 +141,7 @@ def blame(result) -> Blame | None:
     )
 
 
-def build(runtime: str, result, checks: list[Check] | None = None) -> Report:
+def build(runtime: str, result: ChildResult, checks: list[Check] | None = None) -> Report:
     """Every check's row for ``runtime``, from the child's journal and how it ended."""
     checks = checks_for(runtime) if checks is None else checks
     finished = result.journal.rows
@@ -160,7 +164,7 @@ def build(runtime: str, result, checks: list[Check] | None = None) -> Report:
 _COLOURS = {PASS: "32", FAIL: "1;31", MISSING: "33", SKIPPED: "2"}
 
 
-def use_colour(stream: TextIO, environ=None) -> bool:
+def use_colour(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
     """Colour only on a terminal, and never when ``NO_COLOR`` is set to anything non-empty."""
     environ = os.environ if environ is None else environ
     if environ.get("NO_COLOR"):

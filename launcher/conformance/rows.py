@@ -11,7 +11,8 @@ Statuses:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 PASS = "pass"
 FAIL = "fail"
@@ -37,7 +38,8 @@ class Row(NamedTuple):
 
     @classmethod
     def from_dict(cls, data: dict) -> Row:
-        return cls(**{name: data.get(name) for name in cls._fields})
+        fields: dict[str, Any] = {name: data.get(name) for name in cls._fields}
+        return cls(**fields)
 
 
 class CheckFailed(Exception):
@@ -52,7 +54,7 @@ class Skip(Exception):
     """Raised by a check: it cannot run on this machine; the message says why."""
 
 
-def counts(rows) -> dict[str, int]:
+def counts(rows: Iterable[Row]) -> dict[str, int]:
     """``{status: number of rows}`` for every status, zeros included."""
     result = {status: 0 for status in STATUSES}
     for row in rows:
