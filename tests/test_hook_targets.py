@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from serving_support import REPO, build_tiny_llama, post, server_env, start_server
 from support import make_dist
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO, clean_env, make_dist, run_python
 
 SRT_PLUGINS = "sglang.srt.plugins"
