@@ -52,13 +52,27 @@ class KeepAliveClient:
 
     def __init__(self, url: str, path: str, body: bytes) -> None:
         host, port = url.split("//", 1)[1].rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.address = (host, int(port))
+        self.sock = self._connect()
         self.request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                         ).encode() + body
 
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection(self.address)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
     def post(self) -> bytes:
+        """One request; a connection the server closed while idle is opened again once."""
+        try:
+            return self._post()
+        except (ConnectionError, EOFError):
+            self.sock.close()
+            self.sock = self._connect()
+            return self._post()
+
+    def _post(self) -> bytes:
         self.sock.sendall(self.request)
         data = bytearray()
         while (end := data.find(b"\r\n\r\n")) < 0:
@@ -74,7 +88,7 @@ class KeepAliveClient:
     def _recv(self) -> bytes:
         chunk = self.sock.recv(65536)
         if not chunk:
-            raise RuntimeError("the server closed the connection")
+            raise EOFError("the server closed the connection")
         return chunk
 
     def close(self) -> None:
