@@ -5,8 +5,10 @@ schemathesis fuzz pass over the app's own OpenAPI schema, and a bounded load tes
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -151,7 +153,7 @@ def test_wrong_route_method_and_model_kind_are_4xx(server):
 
 
 def test_schemathesis_fuzz_finds_no_server_error(server, tmp_path):
-    st = shutil.which("st", path=str(REPO / ".venv" / "bin"))
+    st = shutil.which("st", path=os.pathsep.join([str(REPO / ".venv" / "bin"), str(Path(sys.executable).parent)]))
     assert st, "schemathesis is part of the test extra"
     run = subprocess.run(
         [st, "run", server.url + "/openapi.json", "--checks", "not_a_server_error",
