@@ -66,9 +66,9 @@ def floor_child(endpoint: str, name: str, scan: bool = False) -> None:
     for module in WORKER_MODULES:
         importlib.import_module(module)
     if scan:
-        from platforms import _entrypoints
+        from platforms import entrypoints
 
-        _entrypoints.entry_points(_entrypoints.SRT_PLUGINS)
+        entrypoints.entry_points(entrypoints.SRT_PLUGINS)
     import zmq
 
     zctx = zmq.Context()

@@ -15,8 +15,7 @@ import subprocess
 import httpx
 import openai
 import pytest
-
-from test_serving_support import build_tiny_llama, post, start_server
+from serving_support import build_tiny_llama, post, start_server
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from test_serving_support import (
+from serving_support import (
     REPO,
     cosine,
     embedding_body,
@@ -39,6 +38,7 @@ def embed(server, texts, **extra):
     return r.json()
 
 
+@pytest.mark.e2e
 def test_first_request_with_the_default_model(server):
     body = embed(server, ["a cat sits on the mat", "a kitten rests on a rug", "stock prices fell sharply"],
                  model="all-MiniLM-L6-v2")
@@ -51,22 +51,23 @@ def test_first_request_with_the_default_model(server):
     assert cosine(single, cat) > 0.9999
 
 
+@pytest.mark.e2e
 def test_served_vectors_are_the_models_own(server):
     """What reaches the client (float32 bytes from the scheduler, JSON from the HTTP child) is the
     model's output as ModelRunner computes it in-process, for each text of a batch."""
-    from platforms.builtin.cpu import CpuSRTPlatform
-
     from launcher.workers.model_runner import ModelRunner
     from launcher.workers.model_source import resolve_model
+    from platforms.builtin.cpu import CpuSRTPlatform
 
     texts = ["a cat sits on the mat", "stock prices fell sharply", "x"]
     served = [d["embedding"] for d in embed(server, texts)["data"]]
     local = ModelRunner(resolve_model(None), platform=CpuSRTPlatform()).embed(texts)
     assert [len(v) for v in served] == [384, 384, 384]
-    for got, want in zip(served, local):
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
+    for got, want in zip(served, local, strict=True):
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
 
 
+@pytest.mark.e2e
 def test_read_only_routes(server):
     get = lambda path: httpx.get(server.url + path, timeout=30)  # noqa: E731
     assert get("/health").json() == {"healthy": True}
@@ -121,6 +122,7 @@ BAD = [  # (name, body, status, words in the message, param)
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_bad_input_is_a_4xx_naming_the_field(server, case):
     _, body, status, words, param = case
@@ -132,6 +134,7 @@ def test_bad_input_is_a_4xx_naming_the_field(server, case):
     assert "Value error" not in error["message"] and "at at" not in error["message"]
 
 
+@pytest.mark.e2e
 def test_too_long_input_leaves_no_tokenizer_warning_in_the_log(server):
     r = post(server.url + "/v1/embeddings", {"input": "word " * 2000})
     assert r.status_code == 400 and "input has 2002 tokens" in r.json()["error"]["message"], r.text
@@ -140,6 +143,7 @@ def test_too_long_input_leaves_no_tokenizer_warning_in_the_log(server):
     assert "2002 >" not in server.log
 
 
+@pytest.mark.e2e
 def test_wrong_route_method_and_model_kind_are_4xx(server):
     r = post(server.url + "/v1/completions", {"prompt": "hello"})
     assert r.status_code == 400 and "serves embedding" in r.json()["error"]["message"]
@@ -152,6 +156,7 @@ def test_wrong_route_method_and_model_kind_are_4xx(server):
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+@pytest.mark.e2e
 def test_schemathesis_fuzz_finds_no_server_error(server, tmp_path):
     st = shutil.which("st", path=os.pathsep.join([str(REPO / ".venv" / "bin"), str(Path(sys.executable).parent)]))
     assert st, "schemathesis is part of the test extra"
@@ -166,6 +171,7 @@ def test_schemathesis_fuzz_finds_no_server_error(server, tmp_path):
     assert httpx.get(server.url + "/health").json() == {"healthy": True}
 
 
+@pytest.mark.e2e
 def test_load_dp1_sixteen_clients_twenty_seconds(server, capsys):
     stats = run_load(server.url, embedding_body, clients=16, seconds=20)
     report(capsys, f"load dp=1: {stats['requests']} requests, {len(stats['errors'])} errors, "

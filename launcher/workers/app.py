@@ -24,7 +24,14 @@ import importlib.metadata
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    MutableMapping,
+)
 from typing import Any
 
 import msgspec
@@ -40,6 +47,7 @@ from launcher.workers.schemas import (
     EmbeddingRequest,
     ErrorBody,
     GenerateRequest,
+    SamplingFields,
     decode_body,
 )
 
@@ -58,7 +66,9 @@ def _version() -> str:
 
 VERSION = _version()
 
-Receive = Callable[[], Awaitable[dict]]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
 Handler = Callable[[Any, Receive], Awaitable[Response]]
 
 
@@ -125,7 +135,7 @@ class App:
         for route in routes:
             self.routes.setdefault(route.path, {})[route.method] = route
 
-    async def __call__(self, scope: dict, receive: Receive, send: Callable[[dict], Awaitable[None]]) -> None:
+    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             return await self._lifespan(receive, send)
         if scope["type"] != "http":
@@ -134,7 +144,7 @@ class App:
         path = scope["path"]
         status_box = [500]
 
-        async def send_counted(message: dict) -> None:
+        async def send_counted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status_box[0] = message["status"]
             await send(message)
@@ -146,7 +156,7 @@ class App:
             self.state.metrics.observe_request(route, status_box[0], time.monotonic() - started)
         return None
 
-    async def _dispatch(self, scope: dict, receive: Receive, send, path: str) -> None:
+    async def _dispatch(self, scope: dict, receive: Receive, send: Send, path: str) -> None:
         state = self.state
         by_method = self.routes.get(path)
         public = by_method is not None and any(r.public for r in by_method.values())
@@ -180,7 +190,7 @@ class App:
         await response(scope, receive, send)
         return None
 
-    async def _read_body(self, scope: dict, receive: Receive, send) -> bytes | None:
+    async def _read_body(self, scope: dict, receive: Receive, send: Send) -> bytes | None:
         """The request body, at most ``max_request_bytes``; None once answered (413) or when the
         client went away."""
         limit = self.state.max_request_bytes
@@ -209,7 +219,7 @@ class App:
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _authorised(self, scope: dict) -> bool:
-        expected = self.state.api_key.encode()
+        expected = (self.state.api_key or "").encode()
         for name, value in scope.get("headers") or ():
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 return hmac.compare_digest(value[7:].strip(), expected)
@@ -217,7 +227,7 @@ class App:
                 return hmac.compare_digest(value.strip(), expected)
         return False
 
-    async def _lifespan(self, receive: Receive, send) -> None:
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
         client = self.state.client
         while True:
             message = await receive()
@@ -245,17 +255,18 @@ class App:
                  "content": {"application/json": {"schema": {"$ref": ref.format(name="ErrorBody")}}}}
         paths: dict[str, dict] = {}
         for r in routes:
-            operation: dict = {"summary": r.summary, "operationId": f"{r.handler.__name__}_{r.method.lower()}",
-                               "responses": {"200": {"description": "success"}}}
+            responses: dict[str, dict] = {"200": {"description": "success"}}
+            operation: dict[str, Any] = {"summary": r.summary, "responses": responses,
+                                         "operationId": f"{r.handler.__name__}_{r.method.lower()}"}
             if r.body is not None:
                 operation["requestBody"] = {"required": True, "content": {"application/json": {
                     "schema": {"$ref": ref.format(name=r.body.__name__)}}}}
-                operation["responses"].update({"400": error, "404": error, "413": error})
+                responses.update({"400": error, "404": error, "413": error})
             if self.state.api_key and not r.public:
                 operation["security"] = [{"bearer": []}]
-                operation["responses"]["401"] = error
+                responses["401"] = error
             paths.setdefault(r.path, {})[r.method.lower()] = operation
-        document = {
+        document: dict[str, Any] = {
             "openapi": "3.1.0",
             "info": {"title": "sglang-launch", "version": VERSION,
                      "description": "OpenAI-compatible and SGLang-native serving of one model."},
@@ -272,7 +283,7 @@ def _too_large(size: int, limit: int) -> str:
             f"(--max-request-bytes); send fewer or shorter inputs per request")
 
 
-async def _send_error(send, status: int, message: str, headers: list | None = None,
+async def _send_error(send: Send, status: int, message: str, headers: list | None = None,
                       param: str | None = None) -> None:
     body = error_body(status, message, param)
     await send({"type": "http.response.start", "status": status,
@@ -286,12 +297,13 @@ async def _client_gone(receive: Receive) -> None:
         pass
 
 
-async def _unless_disconnected(receive: Receive, awaitable):
+async def _unless_disconnected(receive: Receive, awaitable: Awaitable[Any]) -> Any:
     """Await ``awaitable`` in this task; if the client disconnects first, a watcher cancels this
     task (which cancels the request at the scheduler) and the result is None. The watcher is
     parked before the request goes out, so the HTTP child has nothing left to run while the
     scheduler computes, and the answer wakes this task directly."""
     task = asyncio.current_task()
+    assert task is not None, "called from a task"
     gone = False
 
     async def watch() -> None:
@@ -312,7 +324,7 @@ async def _unless_disconnected(receive: Receive, awaitable):
         watcher.cancel()
 
 
-def _sampling(params, max_new_tokens: int) -> m.SamplingParams:
+def _sampling(params: SamplingFields, max_new_tokens: int) -> m.SamplingParams:
     return m.SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=params.temperature,
@@ -324,8 +336,8 @@ def _sampling(params, max_new_tokens: int) -> m.SamplingParams:
     )
 
 
-def _args_dict(server_args) -> dict:
-    if dataclasses.is_dataclass(server_args):
+def _args_dict(server_args: object) -> dict:
+    if dataclasses.is_dataclass(server_args) and not isinstance(server_args, type):
         data = dataclasses.asdict(server_args)
     else:
         data = dict(vars(server_args)) if server_args is not None else {}
@@ -380,7 +392,7 @@ def create_app(state: AppState) -> App:
             return json_response({"ready": False, "reason": f"scheduler(s) dp={missing} not answering yet: "
                                                             f"{client.unanswered_reason(missing)}"}, 503)
         return json_response({"ready": True, "schedulers": [
-            {"dp_rank": p.dp_rank, "pid": p.pid, "queue_depth": p.queue_depth} for p in pongs]})
+            {"dp_rank": p.dp_rank, "pid": p.pid, "queue_depth": p.queue_depth} for p in pongs if p]})
 
     async def models(body: None, receive: Receive) -> Response:
         return json_response({"object": "list", "data": [{
@@ -526,7 +538,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-async def _stream(replies: AsyncIterator, chunk: Callable[[m.Generated], dict], metrics: Metrics,
+async def _stream(replies: AsyncGenerator[Any, None], chunk: Callable[[m.Generated], dict], metrics: Metrics,
                   last: Callable[[m.Generated], dict | None] | None = None) -> Response:
     """Server-sent events of ``chunk(reply)`` (and ``last(final reply)`` when it gives one); the
     first reply is awaited before the response starts, so a rejected request is still a plain
@@ -540,7 +552,7 @@ async def _stream(replies: AsyncIterator, chunk: Callable[[m.Generated], dict], 
         await replies.aclose()
         raise
 
-    async def events():
+    async def events() -> AsyncIterator[bytes]:
         try:
             reply = first
             while reply is not None:

@@ -280,7 +280,7 @@ def not_json_message(problem: str) -> str:
 def _validation_error(text: str) -> BodyError:
     """msgspec's validation message (``Expected `int`, got `str` - at `$.n```) in our words."""
     match = _AT.match(text)
-    what, path = match["what"], match["path"]
+    what, path = (match["what"], match["path"]) if match else (text, None)
     param = path.lstrip(".") or None if path is not None else None
     missing = re.match(r"Object missing required field `(.+)`", what)
     if missing:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import _entrypoints
+from . import entrypoints
 
 
 class Builtin(NamedTuple):
@@ -54,8 +54,8 @@ class RuntimeSpec(NamedTuple):
 
 SRT = RuntimeSpec(
     name="srt",
-    platform_group=_entrypoints.SRT_PLATFORMS,
-    plugin_group=_entrypoints.SRT_PLUGINS,
+    platform_group=entrypoints.SRT_PLATFORMS,
+    plugin_group=entrypoints.SRT_PLUGINS,
     selector_env="SGLANG_PLATFORM",
     builtins=(
         Builtin("cpu", "platforms.builtin.cpu.CpuSRTPlatform", env_flag="SGLANG_USE_CPU_ENGINE",
@@ -90,8 +90,8 @@ _DIFFUSION_BUILTINS = tuple(
 
 DIFFUSION = RuntimeSpec(
     name="diffusion",
-    platform_group=_entrypoints.DIFFUSION_PLATFORMS,
-    plugin_group=_entrypoints.DIFFUSION_PLUGINS,
+    platform_group=entrypoints.DIFFUSION_PLATFORMS,
+    plugin_group=entrypoints.DIFFUSION_PLUGINS,
     selector_env="SGLANG_DIFFUSION_PLATFORM_OVERRIDE",
     builtins=_DIFFUSION_BUILTINS,
     base_class="platforms.diffusion.interface:Platform",
