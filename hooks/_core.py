@@ -3,7 +3,7 @@ SRT, ``hooks.diffusion`` for diffusion), so a hook registered through one never 
 
 Contract of ``Registry``:
 
-* ``register(target, hook, type)`` records a hook; it resolves nothing and imports nothing. Only
+* ``register(target, hook, hook_type=AFTER)`` records a hook; it resolves nothing and imports nothing. Only
   ``REPLACE`` accepts a class (``TypeError`` otherwise); a malformed target is a ``ValueError``.
   Registering the same function for the same target, type and plugin again is a no-op.
 * ``apply_hooks()`` patches every target that has hooks not applied yet, and only those. It is
@@ -33,10 +33,11 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import FunctionType, ModuleType
-from typing import Callable, Iterator
+from typing import Any
 
 from . import _wrappers
 from ._targets import TargetPath, lookup_raw, parse_target, resolve_owner
@@ -53,7 +54,7 @@ class HookType(enum.Enum):
     REPLACE = "replace"  # fn(*args, **kwargs) -> result, or a class
 
     @classmethod
-    def coerce(cls, value: object) -> "HookType":
+    def coerce(cls, value: object) -> HookType:
         """A ``HookType`` from itself or its name/value ("around", "AROUND"); ``TypeError`` else."""
         if isinstance(value, cls):
             return value
@@ -163,7 +164,7 @@ def _not_required(source: PluginSource) -> bool:
     return False
 
 
-_registries: "weakref.WeakSet[Registry]" = weakref.WeakSet()
+_registries: weakref.WeakSet[Registry] = weakref.WeakSet()
 
 
 class Registry:
@@ -186,9 +187,10 @@ class Registry:
         return f"<HookRegistry runtime={self.runtime!r} hooks={len(self._hooks)}>"
 
     # -- registration -------------------------------------------------------------------------
-    def register(self, target: str, hook: Callable, type: HookType | str) -> Callable:
-        """Register ``hook`` on ``target`` as ``type``; returns ``hook``. Resolves nothing."""
-        hook_type = HookType.coerce(type)
+    def register(self, target: str, hook: Callable, hook_type: HookType | str = HookType.AFTER) -> Callable:
+        """Register ``hook`` on ``target`` as ``hook_type`` (default ``AFTER``, as in SGLang);
+        returns ``hook``. Resolves nothing."""
+        hook_type = HookType.coerce(hook_type)
         if isinstance(hook, builtins.type):
             if hook_type is not HookType.REPLACE:
                 raise TypeError(
@@ -211,9 +213,9 @@ class Registry:
                              "apply_hooks() (or load_plugins() / apply_plugin_hooks())", self._hooks[-1])
         return hook
 
-    def decorator(self, target: str, type: HookType | str) -> Callable[[Callable], Callable]:
-        """``@plugin_hook(target, type=...)``: registers the decorated function or class and
-        returns it unchanged."""
+    def decorator(self, target: str, type: HookType | str = HookType.AFTER) -> Callable[[Callable], Callable]:
+        """``@plugin_hook(target, type=...)`` (default ``AFTER``): registers the decorated
+        function or class and returns it unchanged."""
         HookType.coerce(type)
         parse_target(target)
 
@@ -247,6 +249,23 @@ class Registry:
                 out.append({"target": target, "plugins": names, "winner": names[-1]})
         return out
 
+    def adopt(self, module: str, source: PluginSource) -> list[Hook]:
+        """Attribute to ``source`` the hooks registered outside any plugin by functions (or
+        classes) of ``module`` or its submodules; returns them.
+
+        The plugin loader calls it for each plugin it loads: when something else imported the
+        plugin's module first (a platform entry point in the same package, the application), the
+        module's ``@plugin_hook`` decorators ran then, with no plugin recorded, and importing it
+        again runs nothing. Adopting them makes them the plugin's, as a first import would have."""
+        prefix = module + "."
+        with self._lock:
+            adopted = [h for h in self._hooks if h.source is None
+                       and (home := _defined_in(h.func)) is not None
+                       and (home == module or home.startswith(prefix))]
+            for hook in adopted:
+                hook.source = source
+            return adopted
+
     # -- removal ------------------------------------------------------------------------------
     @property
     def last_seq(self) -> int:
@@ -269,7 +288,7 @@ class Registry:
             self._run_rounds(include_pending=False)
             self._applied = False
 
-    def _forget(self, predicate) -> list[Hook]:
+    def _forget(self, predicate: Callable[[Hook], bool]) -> list[Hook]:
         removed = [h for h in self._hooks if predicate(h)]
         if removed:
             self._hooks = [h for h in self._hooks if not predicate(h)]
@@ -334,7 +353,7 @@ class Registry:
                 touched: dict[tuple, _Patch] = {}
                 for hook in (h for h in pending if h.path.depth == depth):
                     patch = self._locate(hook, fresh)
-                    touched[hook.location] = patch
+                    touched[(id(patch.owner), patch.name)] = patch
                 for patch in touched.values():
                     self._rebuild(patch, journal)
         except _Failure:
@@ -404,8 +423,16 @@ class Registry:
         _warn_stale_bindings([p for p in fresh if isinstance(p.owner, ModuleType)])
 
 
+def _defined_in(func: object) -> str | None:
+    """The module a hook function or class was defined in (None when it does not say)."""
+    if isinstance(func, (staticmethod, classmethod)):
+        func = func.__func__
+    module = getattr(func, "__module__", None)
+    return module if isinstance(module, str) else None
+
+
 def _current(owner: object, name: str) -> tuple[bool, object]:
-    namespace = getattr(owner, "__dict__", None)
+    namespace: Any = getattr(owner, "__dict__", None)
     try:
         if name in namespace:
             return True, namespace[name]
@@ -422,8 +449,8 @@ def _restore(owner: object, name: str, had: bool, value: object) -> None:
             delattr(owner, name)
 
 
-def _unpacker(hook: Hook):
-    def unpack(returned):
+def _unpacker(hook: Hook) -> Callable[[object], tuple[tuple, dict]]:
+    def unpack(returned: Any) -> tuple[tuple, dict]:
         try:
             args, kwargs = returned
             return tuple(args), dict(kwargs)
@@ -452,8 +479,8 @@ def build(patch: _Patch, hooks: list[Hook]) -> object:
                            "issubclass() against the original class fail for its instances",
                            patch.label, replacement.__qualname__)
         return replacement
-    rewrap = None
-    func = original
+    rewrap: Any = None  # staticmethod or classmethod, to wrap the result in again
+    func: Any = original
     if isinstance(original, (staticmethod, classmethod)):
         rewrap, func = type(original), original.__func__
     if not callable(func):
@@ -475,7 +502,7 @@ def build(patch: _Patch, hooks: list[Hook]) -> object:
     wrapper = core
     if target_async and not _wrappers.is_async(core):
         wrapper = _wrappers.layer("adapt", None, core, sig, True)
-    for hook in reversed([h for h in others if h.type is HookType.AROUND]):
+    for hook in (h for h in others if h.type is HookType.AROUND):  # the last registered outermost
         wrapper = _wrappers.layer("around", hook.func, wrapper, sig, target_async)
     for hook in (h for h in others if h.type is HookType.AFTER):
         wrapper = _wrappers.layer("after", hook.func, wrapper, sig, target_async)
@@ -527,12 +554,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def make_plugin_hook(registry: Registry):
+def make_plugin_hook(registry: Registry) -> Callable[..., Callable[[Callable], Callable]]:
     """The ``plugin_hook(target, type=...)`` decorator of ``registry``."""
 
-    def plugin_hook(target: str, type: HookType | str) -> Callable[[Callable], Callable]:
-        """Register the decorated function (or, for REPLACE, class) on ``target``; the decorated
-        object is returned unchanged."""
+    def plugin_hook(target: str, type: HookType | str = HookType.AFTER) -> Callable[[Callable], Callable]:
+        """Register the decorated function (or, for REPLACE, class) on ``target`` as ``type``
+        (default ``AFTER``, as in SGLang); the decorated object is returned unchanged."""
         return registry.decorator(target, type)
 
     return plugin_hook

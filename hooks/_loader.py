@@ -33,17 +33,33 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from ._core import PluginError, PluginSource, Registry, plugin_source
+from ._core import HookError, PluginError, PluginSource, Registry, plugin_source
+
+if TYPE_CHECKING:
+    from platforms import Selection
+    from platforms.entrypoints import EntryPoint
+    from platforms.once import ProcessOnce
 
 logger = logging.getLogger("hooks")
 
-RUNTIMES: dict[str, "PluginRuntime"] = {}
+RUNTIMES: dict[str, PluginRuntime] = {}
 
 
 def _norm(distribution: str | None) -> str | None:
     return re.sub(r"[-_.]+", "_", distribution).lower() if distribution else None
+
+
+class DuplicatePluginError(HookError):
+    """Two admitted plugins of one runtime share an entry-point name (diffusion forbids it);
+    ``names`` lists the clashing names. Raised before any plugin is imported."""
+
+    def __init__(self, message: str, *, names: list[str]) -> None:
+        super().__init__(message)
+        self.names = names
 
 
 @dataclass
@@ -64,8 +80,9 @@ class PluginRuntime:
     """
 
     def __init__(self, name: str, plugin_group: str, platform_group: str, selection_module: str,
-                 exclusion_selector: str | None, registry: Registry) -> None:
+                 exclusion_selector: str | None, registry: Registry, unique_names: bool = False) -> None:
         self.name = name
+        self.unique_names = unique_names  # two admitted plugins of one name stop loading (diffusion)
         self.plugin_group = plugin_group
         self.platform_group = platform_group
         self.selection_module = selection_module
@@ -73,10 +90,10 @@ class PluginRuntime:
         self.registry = registry
         registry.required_policy = self.is_required
         self.outcomes: dict[tuple[str, str | None], Outcome] = {}
-        self._phases = None
+        self._phases: dict[str, ProcessOnce] | None = None
         self._phases_lock = threading.Lock()
         self._inside = threading.local()
-        self._assumed_selection = None
+        self._assumed_selection: Selection | None = None
         self._callback_marks: dict[PluginSource, int] = {}  # registry.last_seq before each callback
         RUNTIMES[name] = self
 
@@ -89,7 +106,7 @@ class PluginRuntime:
         """Register plugins if that has not happened, then apply every hook, once per process."""
         self._enter("apply", self._apply)
 
-    def _phase(self, which: str):
+    def _phase(self, which: str) -> ProcessOnce:
         if self._phases is None:
             from platforms.once import ProcessOnce  # lazily: hooks imports no platforms at import
 
@@ -99,9 +116,10 @@ class PluginRuntime:
                         "register": ProcessOnce(f"{self.name} plugin registration"),
                         "apply": ProcessOnce(f"{self.name} hook application"),
                     }
-        return self._phases[which]
+        phases: dict[str, ProcessOnce] = self._phases
+        return phases[which]
 
-    def _enter(self, which: str, body) -> None:
+    def _enter(self, which: str, body: Callable[[], None]) -> None:
         if getattr(self._inside, "depth", 0):
             return  # re-entrant: called from a callback; the outer phase finishes the work
         self._inside.depth = 1
@@ -137,7 +155,7 @@ class PluginRuntime:
             self.outcomes[(source.name, source.distribution)] = Outcome("loaded")
 
     # -- discovery and filtering --------------------------------------------------------------
-    def entry_points(self, group: str | None = None):
+    def entry_points(self, group: str | None = None) -> list[EntryPoint]:
         from platforms import entrypoints
 
         eps = entrypoints.entry_points(group or self.plugin_group)
@@ -154,14 +172,14 @@ class PluginRuntime:
 
         return runtime_spec(self.name).selector_env
 
-    def selection(self):
+    def selection(self) -> Selection:
         """The runtime's platform selection (resolving it if nothing has yet)."""
         if self._assumed_selection is not None:
             return self._assumed_selection
         return importlib.import_module(self.selection_module).current_selection()
 
     @contextlib.contextmanager
-    def assume_selection(self, selection):
+    def assume_selection(self, selection: Selection) -> Iterator[None]:
         """Use ``selection`` instead of resolving one (``describe`` without hardware probes)."""
         self._assumed_selection = selection
         try:
@@ -169,7 +187,7 @@ class PluginRuntime:
         finally:
             self._assumed_selection = None
 
-    def _excluded(self) -> set[str]:
+    def _excluded(self) -> set[str | None]:
         """Normalised names of the platform distributions whose plugins are skipped."""
         providers = {_norm(ep.distribution) for ep in self.entry_points(self.platform_group) if ep.distribution}
         if not providers:
@@ -183,11 +201,11 @@ class PluginRuntime:
             selected = {_norm(self.selection().distribution)}
         return providers - selected
 
-    def _load(self, excluded: set[str]) -> list[tuple[PluginSource, object]]:
+    def _load(self, excluded: set[str | None]) -> list[tuple[PluginSource, Callable[[], object]]]:
         """Import every admitted plugin; returns ``(source, callback)`` pairs, in order."""
         allowed = self.allowlist()
         self._warn_unknown_allowlist(allowed)
-        loaded = []
+        admitted = []
         for ep in self.entry_points():
             key = (ep.name, ep.distribution)
             if allowed is not None and ep.name not in allowed:
@@ -199,6 +217,11 @@ class PluginRuntime:
                 logger.info("plugin %r skipped: %s ships a %s platform that is not the selected one",
                             ep.name, ep.distribution, self.name)
                 continue
+            admitted.append(ep)
+        if self.unique_names:
+            self._reject_duplicates(admitted)
+        loaded = []
+        for ep in admitted:
             source = PluginSource(ep.name, ep.distribution, ep.group, ep.value)
             with plugin_source(source):
                 try:
@@ -209,8 +232,32 @@ class PluginRuntime:
                 except Exception as exc:  # noqa: BLE001 - a plugin's failure is judged below
                     self._failed(source, "load", exc)
                     continue
+            # Hooks its module registered when something else imported it first are its own.
+            self.registry.adopt(ep.module, source)
             loaded.append((source, callback))
         return loaded
+
+    def _reject_duplicates(self, admitted: list[Any]) -> None:
+        """Two admitted plugins of one name: ``DuplicatePluginError`` naming both distributions,
+        before either is imported (as SGLang does for diffusion)."""
+        by_name: dict[str, list] = {}
+        for ep in admitted:
+            by_name.setdefault(ep.name, []).append(ep)
+        clashes = {name: eps for name, eps in by_name.items() if len(eps) > 1}
+        if not clashes:
+            return
+        for eps in clashes.values():
+            for ep in eps:
+                self.outcomes[(ep.name, ep.distribution)] = Outcome(
+                    "failed", "another installed distribution uses the same plugin name; none of them loaded")
+        parts = [f"{name!r} is shipped by " + " and ".join(repr(ep.distribution or "an unknown distribution")
+                                                        for ep in eps) for name, eps in clashes.items()]
+        raise DuplicatePluginError(
+            f"{self.name} plugin names must be unique in {self.plugin_group!r}: {'; '.join(parts)}. No "
+            f"plugin was imported; uninstall all but one of those distributions, or leave the name out "
+            f"of SGLANG_PLUGINS",
+            names=sorted(clashes),
+        )
 
     def _warn_unknown_allowlist(self, allowed: frozenset[str] | None) -> None:
         if not allowed:
@@ -254,7 +301,7 @@ class PluginRuntime:
                        source, stage, exc_info=error)
 
     # -- the public load_plugins_by_group -----------------------------------------------------
-    def load_group(self, excluded_dists=None) -> dict[str, object]:
+    def load_group(self, excluded_dists: Iterable[str] | None = None) -> dict[str, object]:
         """Import this runtime's admitted plugins without running them: ``{name: callback}``.
 
         ``excluded_dists`` overrides the computed set of skipped distributions. A plugin whose

@@ -12,7 +12,7 @@ from __future__ import annotations
 __all__ = ["DiffGenerator", "LaunchError", "Launcher"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name == "Launcher":
         from launcher._embedded import Launcher
 

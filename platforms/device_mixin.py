@@ -12,7 +12,12 @@ from __future__ import annotations
 import enum
 import os
 import random
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    import torch
 
 
 class PlatformEnum(enum.Enum):
@@ -55,6 +60,17 @@ class DeviceCapability(NamedTuple):
 
 _X86_MACHINES = {"x86_64", "amd64", "i386", "i686", "x86"}
 _ARM_MACHINES = {"aarch64", "arm64", "armv7l", "armv8l", "arm"}
+
+
+def targets_cpu(device: object) -> bool:
+    """Whether ``device`` (a ``torch.device``, a string such as ``"cpu"`` or ``"cpu:0"``, or None)
+    names the host CPU; None means "this platform's own device", so it is not the CPU here."""
+    if device is None:
+        return False
+    kind = getattr(device, "type", None)
+    if not isinstance(kind, str):
+        kind = str(device).partition(":")[0]
+    return kind.strip().lower() == "cpu"
 
 
 def host_cpu_architecture(machine: str | None = None) -> CpuArchEnum:
@@ -118,17 +134,17 @@ class DeviceMixin:
         return self._is("OOT")
 
     # -- device operations -----------------------------------------------------------------
-    def _missing(self, method: str):
+    def _missing(self, method: str) -> NotImplementedError:
         return NotImplementedError(
             f"{type(self).__qualname__} does not implement {method}(); "
             f"a platform for device {self.device_name!r} must override it"
         )
 
-    def get_device(self, local_rank: int = 0):
+    def get_device(self, local_rank: int = 0) -> torch.device:
         """The ``torch.device`` a worker of ``local_rank`` uses."""
         raise self._missing("get_device")
 
-    def set_device(self, device) -> None:
+    def set_device(self, device: torch.device) -> None:
         """Make ``device`` the current device of this process."""
         raise self._missing("set_device")
 
@@ -158,30 +174,37 @@ class DeviceMixin:
         """``(free_bytes, total_bytes)`` of device ``device_id``."""
         raise self._missing("get_available_memory")
 
-    def get_current_memory_usage(self, device=None) -> float:
+    def get_current_memory_usage(self, device: torch.device | None = None) -> float:
         """Peak memory used on ``device`` so far, in bytes."""
         raise self._missing("get_current_memory_usage")
 
-    def is_pin_memory_available(self, device=None) -> bool:
-        """Whether pinned host memory can be used for transfers to ``device`` (default False)."""
+    def is_pin_memory_available(self, device: torch.device | str | None = None) -> bool:
+        """Whether pinned host memory can be used for transfers to ``device`` (default False).
+
+        ``device`` is the transfer's target (a ``torch.device``, a device string, or None for this
+        platform's device); pinned memory only helps copies to an accelerator, so a CPU target
+        answers False on every platform."""
         return False
 
     def get_torch_distributed_backend_str(self) -> str:
         """The ``torch.distributed`` backend name for this device ("nccl", "gloo", ...)."""
         raise self._missing("get_torch_distributed_backend_str")
 
-    def get_communicator_class(self):
+    def get_communicator_class(self) -> type | None:
         """A platform-specific communicator class, or None for the default (default None)."""
         return None
 
-    def inference_mode(self):
+    def inference_mode(self) -> AbstractContextManager[Any]:
         """A context manager for inference (default ``torch.inference_mode(True)``)."""
         import torch
 
         return torch.inference_mode(True)
 
-    def seed_everything(self, seed: int | None = None) -> None:
-        """Seed Python's ``random``, numpy (when installed) and torch; None leaves them alone."""
+    @classmethod
+    def seed_everything(cls, seed: int | None = None) -> None:
+        """Seed Python's ``random``, numpy (when installed) and torch; None leaves them alone.
+
+        A classmethod (as in SGLang): ``Platform.seed_everything(123)`` on the class seeds too."""
         if seed is None:
             return
         random.seed(seed)
@@ -198,8 +221,10 @@ class DeviceMixin:
     def verify_quantization(self, quant: str) -> None:
         """Raise if quantization method ``quant`` is unsupported here (default: accept all)."""
 
-    def get_cpu_architecture(self) -> CpuArchEnum:
-        """The host CPU architecture, detected from ``platform.machine()``."""
+    @classmethod
+    def get_cpu_architecture(cls) -> CpuArchEnum:
+        """The host CPU architecture, detected from ``platform.machine()`` (a classmethod, as in
+        SGLang: callable on the class)."""
         return host_cpu_architecture()
 
     def __repr__(self) -> str:

@@ -83,24 +83,25 @@ def test_output_formats(server, leak_ok, fmt, pil):
     assert reply.json()["output_format"] == fmt
 
 
-@pytest.mark.parametrize("extra, words", [
-    ({"response_format": "url"}, ["response_format", "b64_json"]),
-    ({"size": "36x32"}, ["width 36", "multiple of 8"]),
-    ({"size": None, "width": 32, "height": 20}, ["height 20", "multiple of 8"]),
-    ({"size": "big"}, ["size", "WIDTHxHEIGHT"]),
-    ({"n": 0}, ["n", "greater than or equal to 1"]),
-    ({"n": 11}, ["n", "less than or equal to 10"]),
-    ({"num_inference_steps": 0}, ["num_inference_steps", "greater than or equal to 1"]),
-    ({"num_inference_steps": 5000}, ["num_inference_steps", "1000"]),
-    ({"num_inference_steps": 1000}, ["num_inference_steps 1000", "between 1 and 999"]),
-    ({"prompt": "   "}, ["prompt", "empty"]),
-    ({"output_format": "gif"}, ["output_format", "png"]),
-    ({"seed": -1}, ["seed", "greater than or equal to 0"]),
-    ({"model": "other"}, ["'other'", "/v1/models"]),
+@pytest.mark.parametrize("extra, param, words", [
+    ({"response_format": "url"}, "response_format", ["b64_json"]),
+    ({"size": "36x32"}, "width", ["width 36", "multiple of 8"]),
+    ({"size": None, "width": 32, "height": 20}, "height", ["height 20", "multiple of 8"]),
+    ({"size": "big"}, "size", ["WIDTHxHEIGHT"]),
+    ({"n": 0}, "n", ["n must be between 1 and 10"]),
+    ({"n": 11}, "n", ["n must be between 1 and 10"]),
+    ({"num_inference_steps": 0}, "num_inference_steps", ["between 1 and 1000"]),
+    ({"num_inference_steps": 5000}, "num_inference_steps", ["between 1 and 1000"]),
+    ({"num_inference_steps": 1000}, "num_inference_steps", ["num_inference_steps 1000", "between 1 and 999"]),
+    ({"prompt": "   "}, "prompt", ["prompt must not be empty"]),
+    ({"output_format": "gif"}, "output_format", ["png, jpeg, webp"]),
+    ({"seed": -1}, "seed", ["seed must be between 0"]),
+    ({"model": "other"}, "model", ["'other'", "/v1/models"]),
 ])
-def test_bad_input_is_a_json_4xx_naming_field_and_limit(server, leak_ok, extra, words):
+def test_bad_input_is_a_json_4xx_naming_field_and_limit(server, leak_ok, extra, param, words):
     reply = post(server, **extra)
     assert 400 <= reply.status_code < 500, reply.text
+    assert reply.json()["error"]["param"] == param, reply.text
     message = reply.json()["error"]["message"]
     for word in words:
         assert word in message, message

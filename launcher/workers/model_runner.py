@@ -19,6 +19,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from launcher.workers.messages import SamplingParams
 from launcher.workers.model_source import ModelSource
@@ -51,7 +52,12 @@ class ModelLoadError(RuntimeError):
 
 
 class InputError(ValueError):
-    """One request's input is unusable (too long, empty after tokenising): a 400 for its client."""
+    """One request's input is unusable (too long, empty after tokenising): a 400 for its client.
+    ``field`` is what the client must change: ``"input"`` (the text) or ``"max_new_tokens"``."""
+
+    def __init__(self, message: str, field: str = "input") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def attention_implementation(platform_backend: str | None, requested: str | None) -> str:
@@ -60,6 +66,26 @@ def attention_implementation(platform_backend: str | None, requested: str | None
     if name in _HF_ATTENTION:
         return name
     return _ATTENTION_ALIASES.get(name, "sdpa")
+
+
+def cannot_run_message(platform: Any, exc: BaseException) -> str:
+    """Why ``platform`` cannot run a model (it raised ``exc``, a ``NotImplementedError``), and the
+    fix. A plugin platform won selection over the built-ins, so the fix is in the plugin: no
+    variable that selection ignores while a plugin activates (``SGLANG_USE_CPU_ENGINE``) is
+    suggested for it."""
+    name = type(platform).__name__
+    if platform.is_out_of_tree():
+        return (
+            f"the selected platform plugin {name} cannot run a model ({exc}); implement that method in "
+            f"the plugin (sglang-launch check-platform lists every method a launch needs and fails "
+            f"while one is missing), or turn the plugin off or uninstall it to use another platform"
+        )
+    return (
+        f"the selected platform {name} cannot run a model ({exc}); on a machine without an "
+        f"accelerator set SGLANG_USE_CPU_ENGINE=1 to serve on the CPU, otherwise install the platform "
+        f"plugin for this hardware (sglang-launch plugins shows what is installed and why it did not "
+        f"activate)"
+    )
 
 
 def check_device_visible(device) -> None:
@@ -122,12 +148,7 @@ class ModelRunner:
             check_device_visible(self.device)
             platform_attention = platform.get_default_attention_backend()
         except NotImplementedError as exc:
-            raise ModelLoadError(
-                f"the selected platform {platform.__class__.__name__} cannot run a model ({exc}); on a "
-                f"machine without an accelerator set SGLANG_USE_CPU_ENGINE=1 to serve on the CPU, "
-                f"otherwise install the platform plugin for this hardware (sglang-launch plugins "
-                f"shows what is installed and why it did not activate)"
-            ) from exc
+            raise ModelLoadError(cannot_run_message(platform, exc)) from exc
         try:
             config = transformers.AutoConfig.from_pretrained(
                 source.path, local_files_only=True, trust_remote_code=trust_remote_code
@@ -269,7 +290,8 @@ class ModelRunner:
     def encode_embedding_input(self, text: str) -> list[int]:
         """Token ids of ``text`` (with special tokens), for ``embed_ids``; ``InputError`` if over
         the limit."""
-        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        # verbose=False: an over-long text is refused here, not warned about by the tokenizer.
+        ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
         if len(ids) > self.max_input_tokens:
             raise InputError(
                 f"input has {len(ids)} tokens, more than this model's limit of {self.max_input_tokens}; "
@@ -283,7 +305,7 @@ class ModelRunner:
 
     def encode_prompt(self, text: str, max_new_tokens: int) -> list[int]:
         """Prompt token ids; ``InputError`` if the prompt or prompt + completion is too long."""
-        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
         if not ids:
             raise InputError("the prompt is empty after tokenisation; send some text")
         if len(ids) > self.max_input_tokens:
@@ -294,7 +316,8 @@ class ModelRunner:
         if len(ids) + max_new_tokens > self.max_total_tokens:
             raise InputError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the limit "
-                f"of {self.max_total_tokens} tokens (--max-total-tokens); ask for fewer tokens"
+                f"of {self.max_total_tokens} tokens (--max-total-tokens); ask for fewer tokens",
+                field="max_new_tokens",
             )
         return list(ids)
 

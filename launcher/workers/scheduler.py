@@ -78,10 +78,9 @@ def run_scheduler_process(server_args, ctx) -> None:
 def share_cpu_threads(ranks_on_node: int) -> None:
     """Size torch's intra-op thread pool for a scheduler rank computing on the CPU: the cores are
     shared among this node's ``ranks_on_node`` ranks. Without this every rank starts one spinning
-    thread per core, and the ranks slow each other down several times over. No core is kept back
-    for the HTTP child: on 2 cores at dp=1, 2 threads served batch-1 embeddings faster (9.7-10.9
-    ms vs 11.1-12.0) and 16 clients a third more requests (301-313/s vs 227-236) than 1 thread.
-    An explicit ``OMP_NUM_THREADS`` wins (set it lower when other work shares the cores)."""
+    thread per core, and the ranks slow each other down. No core is kept back for the HTTP child,
+    whose work per request is small beside the model's. An explicit ``OMP_NUM_THREADS`` wins (set
+    it lower when other work shares the cores)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return
     import torch
@@ -242,7 +241,8 @@ class Scheduler:
         if kind != runner.kind:
             route = _KIND_ROUTES.get(runner.kind, "/v1/models to see what is served")
             self.send(identity, m.Failed(req.rid, 400, (
-                f"model {runner.source.served_name!r} serves {runner.kind}, not {kind}; use {route}")))
+                f"model {runner.source.served_name!r} serves {runner.kind}, not {kind}; use {route}"),
+                "model"))
             return
         item = _Queued(identity, req, time.monotonic())
         try:
@@ -253,14 +253,14 @@ class Scheduler:
                         item.input_ids.append(runner.encode_embedding_input(text))
                     except InputError as exc:
                         where = f"input[{i}]: " if len(req.texts) > 1 else ""
-                        raise InputError(where + str(exc)) from None
+                        raise InputError(where + str(exc), f"input[{i}]" if where else "input") from None
                 item.prompt_tokens = sum(map(len, item.input_ids))
             else:
                 item.prompt_ids = runner.encode_prompt(req.text, req.params.max_new_tokens)
                 item.prompt_tokens = len(item.prompt_ids)
                 item.seed = req.params.seed if req.params.seed is not None else random.getrandbits(31)
         except InputError as exc:
-            self.send(identity, m.Failed(req.rid, 400, str(exc)))
+            self.send(identity, m.Failed(req.rid, 400, str(exc), exc.field))
             return
         self.queue.append(item)
 

@@ -1,12 +1,14 @@
 """The diffusion runtime's API route: OpenAI's ``POST /v1/images/generations``.
 
-``add_image_routes(kit)`` is the runtime table's ``api_routes`` for diffusion; the HTTP child
-calls it with a ``launcher.workers.app.RouteKit``, so the route shares the text routes' server:
-API key, body limit, JSON errors, metrics, disconnect handling and least-loaded routing over
-the ``--dp-size`` replicas. Images come back as ``b64_json`` (``response_format: "url"`` is a
-400 that names ``b64_json``: this server keeps no files). Bounds a client can break without the
-pipeline are checked here (empty prompt, ``n``, steps, size format); what needs the pipeline
-(a size that is not a multiple of its VAE factor) is checked by the worker, also as a 400.
+``add_image_routes(kit)`` is the runtime table's ``api_routes`` for diffusion; the HTTP child's
+``create_app`` calls it with a ``launcher.workers.app.RouteKit`` and serves the ``Route`` it
+returns like every other: API key, body limit, JSON errors naming the field (``param``),
+metrics, ``/openapi.json``, disconnect handling and least-loaded routing over the ``--dp-size``
+replicas. Images come back as ``b64_json`` (``response_format: "url"`` is a 400 that names
+``b64_json``: this server keeps no files). Bounds a client can break without the pipeline are
+checked here (an empty prompt, ``n``, steps, the size's form); what needs the pipeline (a size
+that is not a multiple of its VAE factor, more steps than its scheduler has) is checked by the
+worker, also as a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -14,91 +16,104 @@ from __future__ import annotations
 import base64
 import re
 import time
-from typing import Literal
+from typing import Annotated, Any
 
-from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import msgspec
 
 from launcher.workers import messages as m
-from launcher.workers.client import SchedulerError
+from launcher.workers.app import Receive, Route, RouteKit, error_response, json_response
+from launcher.workers.schemas import Body, BodyError
 
 MAX_IMAGES = 10
 MAX_STEPS = 1000
 MAX_SIDE = 4096
+MAX_GUIDANCE = 100.0
 MAX_SEED = (1 << 63) - 1 - MAX_IMAGES
+OUTPUT_FORMATS = ("png", "jpeg", "webp")
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
-class ImageGenerationRequest(BaseModel):
+def _doc(description: str, **constraints: Any) -> msgspec.Meta:
+    return msgspec.Meta(description=description, extra_json_schema=constraints or None)
+
+
+def _bound(value: float, param: str, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise BodyError(f"{param} must be between {low} and {high}, not {value}", param)
+
+
+class ImageGenerationRequest(Body, kw_only=True):
     """OpenAI ``POST /v1/images/generations`` plus the diffusion knobs SGLang accepts."""
 
-    model_config = ConfigDict(extra="ignore")
+    prompt: Annotated[str, _doc("what to draw", minLength=1)]
+    negative_prompt: Annotated[str | None, _doc("what to steer away from")] = None
+    model: Annotated[str | None, _doc("must name the served model when given")] = None
+    n: Annotated[int, _doc("how many images", minimum=1, maximum=MAX_IMAGES)] = 1
+    size: Annotated[str | None, _doc("WIDTHxHEIGHT, e.g. 512x512 (or width and height)")] = None
+    width: Annotated[int | None, _doc("image width in pixels", minimum=1, maximum=MAX_SIDE)] = None
+    height: Annotated[int | None, _doc("image height in pixels", minimum=1, maximum=MAX_SIDE)] = None
+    num_inference_steps: Annotated[int | None, _doc("denoising steps", minimum=1, maximum=MAX_STEPS)] = None
+    guidance_scale: Annotated[float | None, _doc("classifier-free guidance", minimum=0,
+                                                 maximum=MAX_GUIDANCE)] = None
+    seed: Annotated[int | None, _doc("image i starts from the noise of seed + i", minimum=0,
+                                     maximum=MAX_SEED)] = None
+    response_format: Annotated[str, _doc("only b64_json", enum=["b64_json"])] = "b64_json"
+    output_format: Annotated[str, _doc("image encoding", enum=list(OUTPUT_FORMATS))] = "png"
+    user: Annotated[str | None, _doc("accepted and ignored")] = None
 
-    prompt: str = Field(description="what to draw")
-    negative_prompt: str | None = Field(None, description="what to steer away from")
-    model: str | None = None
-    n: int = Field(1, ge=1, le=MAX_IMAGES, description="how many images")
-    size: str | None = Field(None, description="WIDTHxHEIGHT, e.g. 512x512 (or width and height)")
-    width: int | None = Field(None, ge=1, le=MAX_SIDE)
-    height: int | None = Field(None, ge=1, le=MAX_SIDE)
-    num_inference_steps: int | None = Field(None, ge=1, le=MAX_STEPS)
-    guidance_scale: float | None = Field(None, ge=0.0, le=100.0)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    response_format: str = Field("b64_json", description="only b64_json")
-    output_format: Literal["png", "jpeg", "webp"] = "png"
-    user: str | None = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("prompt must not be empty; send the text to draw")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _format(cls, value: str) -> str:
-        if value != "b64_json":
-            raise ValueError(f"response_format {value!r} is not supported; use \"b64_json\" (this "
-                             f"server returns images inline and keeps no files to link to)")
-        return value
-
-    @model_validator(mode="after")
-    def _size(self):
+    def check(self, prefix: str = "") -> None:
+        if not self.prompt.strip():
+            raise BodyError("prompt must not be empty; send the text to draw", "prompt")
+        if self.response_format != "b64_json":
+            raise BodyError(f"response_format {self.response_format!r} is not supported; use \"b64_json\" "
+                            f"(this server returns images inline and keeps no files to link to)",
+                            "response_format")
+        if self.output_format not in OUTPUT_FORMATS:
+            raise BodyError(f"output_format must be one of {', '.join(OUTPUT_FORMATS)}, not "
+                            f"{self.output_format!r}", "output_format")
+        _bound(self.n, "n", 1, MAX_IMAGES)
+        if self.num_inference_steps is not None:
+            _bound(self.num_inference_steps, "num_inference_steps", 1, MAX_STEPS)
+        if self.guidance_scale is not None:
+            _bound(self.guidance_scale, "guidance_scale", 0.0, MAX_GUIDANCE)
+        if self.seed is not None:
+            _bound(self.seed, "seed", 0, MAX_SEED)
+        for name in ("width", "height"):
+            value = getattr(self, name)
+            if value is not None:
+                _bound(value, name, 1, MAX_SIDE)
         if self.size is not None:
             match = _SIZE.match(self.size)
             if not match:
-                raise ValueError(f"size {self.size!r} is not WIDTHxHEIGHT; send e.g. \"512x512\"")
-            width, height = int(match.group(1)), int(match.group(2))
-            for name, value, given in (("width", width, self.width), ("height", height, self.height)):
+                raise BodyError(f"size {self.size!r} is not WIDTHxHEIGHT; send e.g. \"512x512\"", "size")
+            for name, value in (("width", int(match.group(1))), ("height", int(match.group(2)))):
+                given = getattr(self, name)
                 if given is not None and given != value:
-                    raise ValueError(f"size {self.size!r} and {name} {given} disagree; send one of them")
+                    raise BodyError(f"size {self.size!r} and {name} {given} disagree; send one of them", "size")
                 if not 1 <= value <= MAX_SIDE:
-                    raise ValueError(f"size {self.size!r}: {name} must be between 1 and {MAX_SIDE}")
-            self.width, self.height = width, height
-        return self
+                    raise BodyError(f"size {self.size!r}: {name} must be between 1 and {MAX_SIDE}", "size")
+                setattr(self, name, value)
 
 
-def add_image_routes(kit) -> None:
-    """Add ``POST /v1/images/generations`` to the HTTP child's app (see the module docstring)."""
+def add_image_routes(kit: RouteKit) -> list[Route]:
+    """The diffusion runtime's routes for the HTTP child's app (see the module docstring)."""
     state, client, metrics = kit.state, kit.state.client, kit.state.metrics
 
-    @kit.json_post("/v1/images/generations", ImageGenerationRequest,
-                   "text-to-image generation (OpenAI shape; images as b64_json)")
-    async def images(body: ImageGenerationRequest, receive) -> Response:
-        kit.check_model(body.model)
-        request = lambda rid: m.ImageRequest(  # noqa: E731
-            rid, body.prompt, n=body.n, negative_prompt=body.negative_prompt, width=body.width,
-            height=body.height, steps=body.num_inference_steps, guidance_scale=body.guidance_scale,
-            seed=body.seed, output_format=body.output_format)
+    async def images(body: ImageGenerationRequest, receive: Receive):
+        refused = kit.wrong_model(body.model)
+        if refused:
+            return refused
+
+        def request(rid: str) -> m.ImageRequest:
+            return m.ImageRequest(
+                rid, body.prompt, n=body.n, negative_prompt=body.negative_prompt, width=body.width,
+                height=body.height, steps=body.num_inference_steps, guidance_scale=body.guidance_scale,
+                seed=body.seed, output_format=body.output_format)
+
         reply = await kit.unless_disconnected(receive, client.one(request))
         if reply is None:
-            return Response(status_code=499)
-        if not isinstance(reply, m.Images):
-            raise SchedulerError(500, f"the worker answered {type(reply).__name__} to an image request")
+            return error_response(499, "the client went away")
         metrics.observe_result(reply.batch_size, 0)
-        from launcher.workers.app import json_response
-
         return json_response({
             "created": int(time.time()),
             "model": state.served_name,
@@ -108,3 +123,6 @@ def add_image_routes(kit) -> None:
             "size": f"{reply.width}x{reply.height}",
             "num_inference_steps": reply.steps,
         })
+
+    return [Route("POST", "/v1/images/generations", images,
+                  "text-to-image generation (OpenAI shape; images as b64_json)", ImageGenerationRequest)]

@@ -42,7 +42,12 @@ class ModelLoadError(RuntimeError):
 
 
 class InputError(ValueError):
-    """One request's values cannot run on this pipeline; the message names the field and limit."""
+    """One request's values cannot run on this pipeline; the message names the field and limit,
+    ``param`` the request field to change."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -245,12 +250,12 @@ class DiffusionWorker:
             if not multiple <= value <= MAX_SIDE or value % multiple:
                 raise InputError(f"{field} {value} must be a multiple of {multiple} (the VAE scale factor "
                                  f"times the denoiser's downsampling) between {multiple} and {MAX_SIDE}; "
-                                 f"for example {default}")
+                                 f"for example {default}", field)
         steps = 50 if steps is None else int(steps)
         most = self.max_steps()
         if not 1 <= steps <= most:
             raise InputError(f"num_inference_steps {steps} must be between 1 and {most} (this pipeline's "
-                             f"scheduler has {most} usable training timesteps)")
+                             f"scheduler has {most} usable training timesteps)", "num_inference_steps")
         guidance = 7.5 if guidance_scale is None else float(guidance_scale)
         return Shape(width, height, steps, guidance)
 
@@ -342,7 +347,8 @@ def encode_image(image, output_format: str) -> bytes:
     """``image`` (PIL) as ``png``, ``jpeg`` or ``webp`` bytes (the same bytes for the same pixels)."""
     fmt = OUTPUT_FORMATS.get(output_format)
     if fmt is None:
-        raise InputError(f"output_format {output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}")
+        raise InputError(f"output_format {output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}",
+                         "output_format")
     buf = io.BytesIO()
     image.convert("RGB").save(buf, format=fmt)
     return buf.getvalue()

@@ -50,29 +50,27 @@ class ImageScheduler(Scheduler):
         if not isinstance(req, m.ImageRequest):
             return super().enqueue(identity, req)  # answers that this server serves images
         try:
-            problem = self.check(req)
-            if problem:
-                raise InputError(problem)
+            self.check(req)
             shape = self.runner.shape_of(req.width, req.height, req.steps, req.guidance_scale)
         except InputError as exc:
-            self.send(identity, m.Failed(req.rid, 400, str(exc)))
+            self.send(identity, m.Failed(req.rid, 400, str(exc), exc.param))
             return
         item = _Queued(identity, req, time.monotonic())
         item.shape = shape
         item.seed = req.seed if req.seed is not None else random.getrandbits(31)
         self.queue.append(item)
 
-    def check(self, req: m.ImageRequest) -> str | None:
-        """What is wrong with ``req`` that the pipeline does not check itself, if anything."""
+    def check(self, req: m.ImageRequest) -> None:
+        """Raise ``InputError`` for what is wrong with ``req`` that the pipeline does not check."""
         if not req.prompt.strip():
-            return "prompt is empty; send the text to draw"
+            raise InputError("prompt is empty; send the text to draw", "prompt")
         if not 1 <= req.n <= self.max_batch_size:
-            return f"n {req.n} must be between 1 and {self.max_batch_size} (--max-batch-size)"
+            raise InputError(f"n {req.n} must be between 1 and {self.max_batch_size} (--max-batch-size)", "n")
         if req.output_format not in OUTPUT_FORMATS:
-            return f"output_format {req.output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}"
+            raise InputError(f"output_format {req.output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}",
+                             "output_format")
         if req.seed is not None and not 0 <= req.seed < 2**63 - req.n:
-            return f"seed {req.seed} must be between 0 and 2**63 - n"
-        return None
+            raise InputError(f"seed {req.seed} must be between 0 and 2**63 - n", "seed")
 
     def take_batch(self) -> list[_Queued]:
         """The oldest request and the queued ones of its shape, at most ``max_batch_size``
