@@ -17,11 +17,11 @@ def test_workload_row_runs_a_denoising_step_on_cpu_and_on_the_demo_platform(demo
          (["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "demo",
                                                  "DEMO_PLATFORM_ENABLE": "1"})],
         sites=[demo_site], timeout=600)
-    on_cpu = row(cpu["report"], "diffusion.workload")
+    on_cpu = row(cpu["report"], "workload.diffusion_step")
     assert on_cpu["status"] == "pass", on_cpu
     assert "1 step + VAE decode on cpu" in on_cpu["detail"]
     assert "GroupNorm x21: forward_native" in on_cpu["detail"]  # the CPU platform's key is native
-    on_demo = row(demo["report"], "diffusion.workload")
+    on_demo = row(demo["report"], "workload.diffusion_step")
     assert on_demo["status"] == "pass", on_demo
     assert "GroupNorm x21: forward_oot" in on_demo["detail"]  # key "demo": no forward_demo, so oot
 
@@ -44,6 +44,6 @@ def test_workload_row_is_skipped_without_diffusers(tmp_path):
     (site / "sitecustomize.py").write_text(HIDE_DIFFUSERS)
     (cpu,), result = check_platform([(["--json", "--runtime", "diffusion"],
                                       {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"})], sites=[site], timeout=600)
-    skipped = row(cpu["report"], "diffusion.workload")
+    skipped = row(cpu["report"], "workload.diffusion_step")
     assert skipped["status"] == "skipped", skipped
     assert "sglang-launch[diffusion]" in skipped["detail"]

@@ -12,6 +12,12 @@ and matches the same model computed on the CPU in float32.
 This runs in the check process, which is a worker process started through the bootstrap, so it
 imports the serving runtime (``launcher.workers``) there; the launcher process never does. More
 runtimes add their own ``workload.*`` rows here; every one must pass for "conforms".
+
+``workload.diffusion_step`` is the diffusion runtime's: a tiny UNet and VAE (diffusers' classes,
+random weights seeded, built in memory) whose norms are the runtime's custom ops
+(``platforms.diffusion.layers``, resolved after ``init_backend()``), one denoising step and a VAE
+decode on the platform's device inside ``inference_mode()`` after ``optimize_vae()``, checked
+against the same step on the CPU.
 """
 
 from __future__ import annotations
@@ -102,3 +108,70 @@ def _cpu_reference(folder: str, ids: list[int], runner: Any) -> Any:
     with torch.inference_mode():
         hidden = model(**enc).last_hidden_state
         return pooling.pool(hidden, enc["attention_mask"], runner.pooling).float()
+
+
+def _tiny_denoising_parts(torch):
+    """A seeded, randomly initialised UNet, VAE and DDIM scheduler small enough for one step on
+    any device in well under a second (diffusers' real classes; nothing is downloaded)."""
+    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 32),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8)
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
+        layers_per_block=1, norm_num_groups=8)
+    scheduler = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
+                              clip_sample=False, steps_offset=1)
+    return unet.eval(), vae.eval(), scheduler
+
+
+@check(
+    "workload.diffusion_step",
+    "one denoising step of a tiny pipeline with the runtime's custom ops",
+    "a UNet whose norms are the runtime's CustomOps (platforms.diffusion.layers, resolved after "
+    "init_backend()) runs one denoising step and a VAE decode on get_device(0) inside "
+    "inference_mode(), with optimize_vae() applied, and matches the same step on the CPU",
+    runtimes=("diffusion",),
+    needs=("device.get_device",),
+)
+def diffusion_step(probe: Probe) -> str:
+    torch, platform, device = probe.torch, probe.platform, probe.device
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        raise Skip("diffusers is not installed; install the diffusion extra "
+                   "(pip install 'sglang-launch[diffusion]')") from None
+    from platforms.diffusion.layers import adopt_custom_ops, custom_op_report
+
+    unet, vae, scheduler = _tiny_denoising_parts(torch)
+    adopt_custom_ops(unet)
+    ops = custom_op_report(unet)
+    scheduler.set_timesteps(2)
+    step = scheduler.timesteps[0]
+    generator = torch.Generator("cpu").manual_seed(0)
+    latents = torch.randn(1, 4, 16, 16, generator=generator)
+    context = torch.randn(1, 8, 32, generator=generator)
+
+    def run(where, decoder):
+        with platform.inference_mode():
+            noise = unet.to(where)(latents.to(where), step, encoder_hidden_states=context.to(where)).sample
+            prev = scheduler.step(noise, step, latents.to(where)).prev_sample
+            image = decoder.to(where).decode(prev / decoder.config.scaling_factor).sample
+        platform.synchronize()
+        return image.float().cpu()
+
+    reference = run(torch.device("cpu"), vae)
+    image = run(device, platform.optimize_vae(vae))
+    if tuple(image.shape) != (1, 3, 32, 32):
+        raise CheckFailed(f"the decoded image has shape {tuple(image.shape)}, expected (1, 3, 32, 32)")
+    if not bool(torch.isfinite(image).all()):
+        raise CheckFailed("the denoising step produced NaN or infinite values on the device")
+    diff = float((image - reference).abs().max())
+    if diff > 1e-2:
+        raise CheckFailed(f"the step on {device} differs from the CPU by up to {diff:.3g} (allowed 0.01)")
+    how = ", ".join(f"{name} x{entry['count']}: {'/'.join(entry['forward'])}" for name, entry in sorted(ops.items()))
+    return f"1 step + VAE decode on {device}, max |diff| vs CPU {diff:.2g}; custom ops {how}"
