@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from test_serving_support import server_env, start_server  # noqa: E402
+from serving_support import server_env, start_server  # noqa: E402
 
 
 def body(opts, seed: int) -> dict:

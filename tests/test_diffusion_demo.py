@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from diffusion_support import SIZE
-from test_serving_support import server_env, start_server
+from serving_support import server_env, start_server
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from test_serving_support import cli_command, server_env
+from serving_support import cli_command, server_env
 
 pytestmark = pytest.mark.e2e
 

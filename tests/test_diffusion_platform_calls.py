@@ -15,7 +15,7 @@ import pytest
 
 from diffusion_support import SIZE
 from support import make_dist
-from test_serving_support import Server, server_env, start_server
+from serving_support import Server, server_env, start_server
 
 pytestmark = pytest.mark.e2e
 
