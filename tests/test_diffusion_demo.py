@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_demo_platform_serves_with_its_op_and_its_hook(demo_site, tiny_dit_pipeline, tmp_path):
-    log = tmp_path / "demo.log"
+    log = tmp_path / "demo-hooks.log"
     env = server_env(DEMO_PLATFORM_ENABLE="1", SGLANG_DIFFUSION_PLATFORM_OVERRIDE="demo",
                      DEMO_PLATFORM_HOOK_LOG=str(log))
     env["PYTHONPATH"] = f"{demo_site}:{env['PYTHONPATH']}"
