@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Iterable
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 class _Histogram:
-    def __init__(self, buckets) -> None:
+    def __init__(self, buckets: Iterable[float]) -> None:
         self.buckets = tuple(buckets)
         self.counts = [0] * len(self.buckets)
         self.count = 0
@@ -93,7 +94,7 @@ class Metrics:
     @staticmethod
     def _histogram(name: str, hist: _Histogram, labels: dict[str, str]) -> list[str]:
         lines = []
-        for bound, n in zip(hist.buckets, hist.counts):
+        for bound, n in zip(hist.buckets, hist.counts, strict=True):
             lines.append(f"{name}_bucket{_labels({**labels, 'le': str(bound)})} {n}")
         lines.append(f"{name}_bucket{_labels({**labels, 'le': '+Inf'})} {hist.count}")
         lines.append(f"{name}_sum{_labels(labels)} {hist.total}")

@@ -30,7 +30,7 @@ def _check_text(value: str, what: str) -> str:
     return value
 
 
-def _check_texts(value, field: str):
+def _check_texts(value: str | list[str], field: str) -> str | list[str]:
     """``value`` (one text or a list of them) for ``field``: 1 to ``MAX_INPUTS`` non-empty texts."""
     texts = [value] if isinstance(value, str) else value
     if not texts:
@@ -42,7 +42,7 @@ def _check_texts(value, field: str):
     return value
 
 
-def _check_stop(value):
+def _check_stop(value: str | list[str] | None) -> tuple[str, ...]:
     if value is None:
         return ()
     stops = [value] if isinstance(value, str) else list(value)
@@ -67,7 +67,7 @@ class EmbeddingRequest(_Body):
 
     @field_validator("input")
     @classmethod
-    def _input(cls, value):
+    def _input(cls, value: str | list[str]) -> str | list[str]:
         return _check_texts(value, "input")
 
 
@@ -81,7 +81,7 @@ class _Sampling(_Body):
 
     @field_validator("stop")
     @classmethod
-    def _stop(cls, value):
+    def _stop(cls, value: str | list[str] | None) -> list[str]:
         return list(_check_stop(value))
 
 
@@ -97,7 +97,7 @@ class CompletionRequest(_Sampling):
 
     @field_validator("prompt")
     @classmethod
-    def _prompt(cls, value):
+    def _prompt(cls, value: str | list[str]) -> str | list[str]:
         return _check_texts(value, "prompt")
 
 
@@ -117,5 +117,5 @@ class GenerateRequest(_Body):
 
     @field_validator("text")
     @classmethod
-    def _text(cls, value):
+    def _text(cls, value: str) -> str:
         return _check_text(value, "text")
