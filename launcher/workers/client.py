@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -272,7 +272,9 @@ class SchedulerClient:
                                  + self.unanswered_reason([r.dp_rank for r in self.replicas]))
         return min(live, key=lambda r: (len(r.inflight), not r.connected, r.dp_rank))
 
-    async def call(self, make: MakeRequest, rep: Replica | None = None) -> AsyncIterator[Any]:
+    async def call(
+        self, make: MakeRequest, rep: Replica | None = None
+    ) -> AsyncGenerator[Any, None]:
         """Send ``make(rid)`` and yield every message answering it until a final one.
 
         Raises ``SchedulerError`` for a ``Failed`` answer. Leaving the iteration early (the
