@@ -123,7 +123,7 @@ class Launcher:
         if self._thread is None:
             raise RuntimeError("call start() before status()")
         supervisor = self._started()
-        snapshot = self._in_loop(lambda: supervisor.state.snapshot())
+        snapshot = self._in_loop(lambda: _snapshot_of(supervisor))
         return snapshot if snapshot is not None else self._final_snapshot()
 
     def events(self, follow: bool = True, timeout: float | None = None) -> Iterator[dict]:
@@ -139,7 +139,7 @@ class Launcher:
         supervisor = self._started()
 
         def subscribe() -> dict:  # in the loop thread: no event falls between snapshot and subscription
-            snapshot = supervisor.state.snapshot()
+            snapshot = _snapshot_of(supervisor)
             with self._lock:
                 self._subscribers.append(inbox)
             return snapshot
@@ -242,6 +242,12 @@ class Launcher:
         if self._thread is not None:
             self._thread.join()
         return self._outcome.snapshot if self._outcome is not None else {}
+
+
+def _snapshot_of(supervisor: Supervisor) -> dict:
+    """The supervisor's ops snapshot (empty before it made its state)."""
+    state = supervisor.state
+    return state.snapshot() if state is not None else {}
 
 
 def _snapshot_event(snapshot: dict) -> dict:

@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import zmq.asyncio
 
@@ -43,6 +44,13 @@ from launcher._plan import Endpoints, PlanError, plan_children
 from launcher._prepare import is_cpu_fallback
 from launcher._rundir import RuntimeDir, RuntimeDirError
 from launcher._state import FAILED, READY, STOPPED, STOPPING, LaunchState, WorkerState
+
+if TYPE_CHECKING:
+    import multiprocessing.process
+
+    from bootstrap import ProcessSpec
+    from launcher.server_args import ServerArgs
+    from platforms import Selection
 
 log = logging.getLogger("launcher")
 
@@ -65,11 +73,11 @@ class _Worker:
     state: WorkerState
 
     @property
-    def spec(self):
+    def spec(self) -> ProcessSpec:
         return self.child.spec
 
     @property
-    def process(self):
+    def process(self) -> multiprocessing.process.BaseProcess | None:
         return self.child.process
 
     @property
@@ -80,12 +88,19 @@ class _Worker:
 class Supervisor:
     """Runs one node's launch. ``args`` is a checked ``ServerArgs``; ``selection`` the platform's."""
 
-    def __init__(self, args, selection, *, payload: bytes, listeners: tuple[Listener, ...] = ()) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        selection: Selection,
+        *,
+        payload: bytes,
+        listeners: tuple[Listener, ...] = (),
+    ) -> None:
         self.args = args
         self.selection = selection
-        self.runtime = getattr(args, "runtime", "srt")
+        self.runtime = args.runtime
         self._payload = payload
-        self._listeners = [*listeners, SystemdNotifier()]
+        self._listeners: list[Listener] = [*listeners, SystemdNotifier()]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue | None = None
         self._stop_reason: str | None = None
@@ -99,6 +114,35 @@ class Supervisor:
         self.ops: OpsChannel | None = None
         # Set once ``state`` exists and the loop takes requests (or the launch ended before).
         self.opened = threading.Event()
+
+    # ----------------------------------------------------------------- what ``run`` set up
+    @property
+    def _launch(self) -> LaunchState:
+        """``state``, which ``_open`` made (everything that reads it runs after that)."""
+        if self.state is None:
+            raise RuntimeError("the supervisor has no launch state yet (run() opens it)")
+        return self.state
+
+    @property
+    def _channel(self) -> OpsChannel:
+        """``ops``, which ``_open`` made."""
+        if self.ops is None:
+            raise RuntimeError("the supervisor has no ops channel yet (run() opens it)")
+        return self.ops
+
+    @property
+    def _watcher(self) -> Children:
+        """The ``Children`` that ``_open`` made."""
+        if self._kids is None:
+            raise RuntimeError("the supervisor watches no children yet (run() opens it)")
+        return self._kids
+
+    @property
+    def _queue(self) -> asyncio.Queue:
+        """The inbox ``run`` made on its loop."""
+        if self._inbox is None:
+            raise RuntimeError("the supervisor is not running (run() makes its inbox)")
+        return self._inbox
 
     # ----------------------------------------------------------------- requests from outside
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -115,8 +159,11 @@ class Supervisor:
 
     def install_signal_handlers(self) -> None:
         """SIGINT and SIGTERM stop gracefully (call from ``run``'s thread, the main thread)."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("install_signal_handlers() is called from run(), on its loop")
         for sig in (signal.SIGINT, signal.SIGTERM):
-            self._loop.add_signal_handler(sig, self._post, "stop", f"received {signal.Signals(sig).name}")
+            loop.add_signal_handler(sig, self._post, "stop", f"received {signal.Signals(sig).name}")
 
     # ----------------------------------------------------------------- the launch
     async def run(self, *, handle_signals: bool = False) -> Outcome:
@@ -171,16 +218,16 @@ class Supervisor:
                 return await self._exit_cause(item)
 
     async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> Outcome:
-        state = self.state
+        state = self._launch
         if cause is not None:
             state.phase = FAILED
             state.root_cause = cause.to_dict()
-            self.ops.emit("server.failed", root_cause=cause.to_dict(), root_cause_text=cause.format())
+            self._channel.emit("server.failed", root_cause=cause.to_dict(), root_cause_text=cause.format())
             reason = cause.summary
         else:
             reason = self._stop_reason or "stop requested"
         state.phase = STOPPING
-        self.ops.emit("server.stopping", reason=reason)
+        self._channel.emit("server.stopping", reason=reason)
         teardown = await self._stop_children()
         for child in self._children:
             failure = child.failure
@@ -191,7 +238,7 @@ class Supervisor:
         if cause is None:
             state.phase = STOPPED
         exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
-        self.ops.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
+        self._channel.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
         return Outcome(exit_code, cause, state.snapshot(), was_ready)
 
     # ----------------------------------------------------------------- set-up and release
@@ -218,7 +265,7 @@ class Supervisor:
 
         args = self.args
         url = f"http://{_url_host(args.host)}:{args.port}" if any(s.role == "http" for s in specs) else None
-        self.state = LaunchState(
+        state = self.state = LaunchState(
             runtime=self.runtime,
             platform=self.selection.key,
             platform_reason=self.selection.reason,
@@ -227,16 +274,16 @@ class Supervisor:
             nnodes=args.nnodes,
             workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank) for s in specs],
         )
-        self._kids = Children(zctx, endpoints.status, self._on_message, self._on_sentinel)
-        self._children = [_Worker(self._kids.add(spec), ws) for spec, ws in zip(specs, self.state.workers)]
-        self.ops = OpsChannel(zctx, self.state, endpoints.ops, endpoints.query)
+        kids = self._kids = Children(zctx, endpoints.status, self._on_message, self._on_sentinel)
+        self._children = [_Worker(kids.add(spec), ws) for spec, ws in zip(specs, state.workers, strict=True)]
+        ops = self.ops = OpsChannel(zctx, state, endpoints.ops, endpoints.query)
         for listener in self._listeners:
-            self.ops.add_listener(listener)
-        self.ops.start()
+            ops.add_listener(listener)
+        ops.start()
         self._rundir.write_state(
             {
                 "pid": os.getpid(),
-                "started_at": self.state.started_at,
+                "started_at": state.started_at,
                 "url": url,
                 "node_rank": args.node_rank,
                 "runtime_dir": endpoints.runtime_dir,
@@ -248,7 +295,7 @@ class Supervisor:
 
     def _close(self, zctx: zmq.asyncio.Context, handle_signals: bool) -> None:
         """Release everything ``_open`` made; the launch is over (or never started)."""
-        if handle_signals:
+        if handle_signals and self._loop is not None:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._loop.remove_signal_handler(sig)
         if self._kids is not None:
@@ -264,29 +311,29 @@ class Supervisor:
 
     def _spawn_all(self) -> None:
         for worker in self._children:
-            self._kids.spawn(worker.child)
-            worker.state.pid = worker.process.pid
+            self._watcher.spawn(worker.child)
+            worker.state.pid = worker.child.pid
 
     # ----------------------------------------------------------------- inputs
-    def _post(self, kind: str, item=None) -> None:
+    def _post(self, kind: str, item: Any = None) -> None:
         if kind == "stop" and self._stop_reason is None:
             self._stop_reason = item
             log.debug("stopping: %s", item)
-        self._inbox.put_nowait((kind, item))
+        self._queue.put_nowait((kind, item))
 
-    async def _next(self, deadline: float | None):
+    async def _next(self, deadline: float | None) -> tuple[str, Any]:
         if deadline is None:
-            return await self._inbox.get()
+            return await self._queue.get()
         try:
-            return await asyncio.wait_for(self._inbox.get(), max(0.0, deadline - time.monotonic()))
+            return await asyncio.wait_for(self._queue.get(), max(0.0, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             return "timeout", None
 
     def _on_sentinel(self, child: Child) -> None:
         self._post("exit", self._worker_of(child))
 
-    def _on_message(self, child: Child, message) -> None:
-        child = self._worker_of(child)
+    def _on_message(self, kid: Child, message: messages.Message) -> None:
+        child = self._worker_of(kid)
         ws = child.state
         if isinstance(message, messages.Phase):
             ws.phase = message.phase
@@ -299,7 +346,7 @@ class Supervisor:
             self._emit_worker(child, phases.READY, duration=message.duration, info=ws.info)
             if message.platform != self.selection.key:
                 self._post("failed", self._mismatch_cause(child, message.platform))
-            elif self.state.all_ready():
+            elif self._launch.all_ready():
                 self._post("all_ready")
         elif isinstance(message, messages.Failed):
             ws.error = {
@@ -322,7 +369,7 @@ class Supervisor:
     async def _exit_cause(self, child: _Worker) -> RootCause:
         """A child exited on its own: record how, wait for its report if it sent one, explain."""
         code = await self._reap(child)
-        await self._kids.settle(child.child)
+        await self._watcher.settle(child.child)
         await self._sweep_adopted()
         if child.failure is not None:
             return self._failure_cause(child, code)
@@ -351,6 +398,8 @@ class Supervisor:
 
     def _failure_cause(self, child: _Worker, code: int | None) -> RootCause:
         failure, ws = child.failure, child.state
+        if failure is None:  # called once the child's ``failed`` report arrived
+            raise RuntimeError(f"{ws.name} sent no failure report")
         after_ready = failure.phase in (phases.SERVING, phases.STOPPING)
         return RootCause(
             summary=f"{ws.name} failed while {phases.DOING.get(failure.phase, failure.phase)}",
@@ -397,7 +446,7 @@ class Supervisor:
     async def _reap(self, child: _Worker) -> int | None:
         """The exit code of a child whose sentinel fired; its ``exited`` event the first time."""
         if not child.child.exit_seen:
-            await self._kids.reap(child.child)
+            await self._watcher.reap(child.child)
         self._emit_exited(child)
         return child.child.exitcode
 
@@ -423,7 +472,7 @@ class Supervisor:
                 c for c in self._children
                 if c.process is not None and not c.child.exit_seen and (roles is None or c.spec.role in roles)
             ]
-            await self._kids.stop([c.child for c in group], grace)
+            await self._watcher.stop([c.child for c in group], grace)
             for child in group:
                 self._emit_exited(child)
         await self._sweep_adopted()
@@ -432,29 +481,29 @@ class Supervisor:
     async def _sweep_adopted(self) -> None:
         """As a subreaper, end and reap what a dead worker left behind (re-parented to us)."""
         if self._subreaper:
-            workers = {c.process.pid for c in self._children if c.process is not None}
+            workers = {c.child.pid for c in self._children if c.child.pid is not None}
             swept = await _proctree.sweep_adopted(workers)
             if swept:
                 log.debug("ended %d process(es) left behind by exited workers: %s", len(swept), swept)
 
     # ----------------------------------------------------------------- events
     def _emit_starting(self) -> None:
-        self.ops.emit(
+        self._channel.emit(
             "server.starting",
             platform=self.selection.key,
             platform_reason=self.selection.reason,
             cpu_fallback=is_cpu_fallback(self.selection),
             runtime=self.runtime,
-            url=self.state.url,
-            node_rank=self.state.node_rank,
-            nnodes=self.state.nnodes,
-            workers=[w.name for w in self.state.workers],
+            url=self._launch.url,
+            node_rank=self._launch.node_rank,
+            nnodes=self._launch.nnodes,
+            workers=[w.name for w in self._launch.workers],
         )
 
-    def _emit_worker(self, child: _Worker, phase: str, **extra) -> None:
+    def _emit_worker(self, child: _Worker, phase: str, **extra: object) -> None:
         ws = child.state
-        ready = sum(w.ready for w in self.state.workers)
-        self.ops.emit(
+        ready = sum(w.ready for w in self._launch.workers)
+        self._channel.emit(
             f"worker.{ws.role}.{ws.rank}.{phase}",
             worker=ws.name,
             role=ws.role,
@@ -462,18 +511,18 @@ class Supervisor:
             pid=ws.pid,
             phase=phase,
             ready_count=ready,
-            worker_count=len(self.state.workers),
+            worker_count=len(self._launch.workers),
             **extra,
         )
 
     def _emit_ready(self, startup_s: float) -> None:
-        self.state.phase = READY
-        self.state.ready_at = time.time()
-        self.ops.emit(
+        self._launch.phase = READY
+        self._launch.ready_at = time.time()
+        self._channel.emit(
             "server.ready",
-            url=self.state.url,
-            node_rank=self.state.node_rank,
-            worker_count=len(self.state.workers),
+            url=self._launch.url,
+            node_rank=self._launch.node_rank,
+            worker_count=len(self._launch.workers),
             startup_s=startup_s,
         )
 
@@ -508,7 +557,7 @@ def run_supervisor(supervisor: Supervisor, *, handle_signals: bool = False) -> O
     try:
         import uvloop
 
-        loop = uvloop.new_event_loop()
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     except ImportError:  # uvloop does not exist on Windows
         loop = asyncio.new_event_loop()
     try:
