@@ -12,7 +12,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from serving_support import (
     REPO,
     cosine,
@@ -55,17 +54,16 @@ def test_first_request_with_the_default_model(server):
 def test_served_vectors_are_the_models_own(server):
     """What reaches the client (float32 bytes from the scheduler, JSON from the HTTP child) is the
     model's output as ModelRunner computes it in-process, for each text of a batch."""
-    from platforms.builtin.cpu import CpuSRTPlatform
-
     from launcher.workers.model_runner import ModelRunner
     from launcher.workers.model_source import resolve_model
+    from platforms.builtin.cpu import CpuSRTPlatform
 
     texts = ["a cat sits on the mat", "stock prices fell sharply", "x"]
     served = [d["embedding"] for d in embed(server, texts)["data"]]
     local = ModelRunner(resolve_model(None), platform=CpuSRTPlatform()).embed(texts)
     assert [len(v) for v in served] == [384, 384, 384]
-    for got, want in zip(served, local):
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
+    for got, want in zip(served, local, strict=True):
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
 
 
 @pytest.mark.e2e
