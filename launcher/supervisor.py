@@ -88,6 +88,10 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue | None = None
         self._stop_reason: str | None = None
+        # The worker whose failure or exit is the root cause, from the moment it is known: what
+        # other workers report after it is a consequence (they are reported as stopped).
+        self._blamed: str | None = None
+        self._stopping = False
         self._early_stop: str | None = None  # a stop requested before the loop ran
         self._lock = threading.Lock()
         self._children: list[_Worker] = []
@@ -169,7 +173,9 @@ class Supervisor:
 
     async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> Outcome:
         state = self.state
+        self._stopping = True
         if cause is not None:
+            self._blamed = self._blamed or cause.worker
             state.phase = FAILED
             state.root_cause = cause.to_dict()
             self.ops.emit("server.failed", root_cause=cause.to_dict(), root_cause_text=cause.format())
@@ -178,7 +184,7 @@ class Supervisor:
             reason = self._stop_reason or "stop requested"
         state.phase = STOPPING
         self.ops.emit("server.stopping", reason=reason)
-        teardown = await self._stop_children()
+        teardown = await self._stop_children(fail_fast=cause is not None)
         for child in self._children:
             failure = child.failure
             if cause is None and failure is not None and failure.phase == phases.STOPPING:
@@ -225,7 +231,7 @@ class Supervisor:
             workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank) for s in specs],
         )
         self._kids = Children(zctx, endpoints.status, self._on_message, self._on_sentinel)
-        self._children = [_Worker(self._kids.add(spec), ws) for spec, ws in zip(specs, self.state.workers)]
+        self._children = [_Worker(self._kids.add(spec), ws) for spec, ws in zip(specs, self.state.workers, strict=True)]
         self.ops = OpsChannel(zctx, self.state, endpoints.ops, endpoints.query)
         for listener in self._listeners:
             self.ops.add_listener(listener)
@@ -280,7 +286,10 @@ class Supervisor:
             return "timeout", None
 
     def _on_sentinel(self, child: Child) -> None:
-        self._post("exit", self._worker_of(child))
+        worker = self._worker_of(child)
+        if self._blamed is None and not self._stopping and self._stop_reason is None:
+            self._blamed = worker.state.name
+        self._post("exit", worker)
 
     def _on_message(self, child: Child, message) -> None:
         child = self._worker_of(child)
@@ -295,6 +304,7 @@ class Supervisor:
             ws.platform, ws.info = message.platform, dict(message.info)
             self._emit_worker(child, phases.READY, duration=message.duration, info=ws.info)
             if message.platform != self.selection.key:
+                self._blamed = self._blamed or ws.name
                 self._post("failed", self._mismatch_cause(child, message.platform))
             elif self.state.all_ready():
                 self._post("all_ready")
@@ -305,6 +315,14 @@ class Supervisor:
                 "message": message.message,
                 "traceback": message.traceback,
             }
+            if self._blamed is not None and self._blamed != ws.name:
+                # A consequence of the root cause (a peer gone, a stop on the way): its report
+                # is kept in the snapshot, and the worker counts as stopped, not failed.
+                ws.phase = "stopped"
+                self._emit_worker(child, "stopped", error=ws.error, because_of=self._blamed)
+                return
+            if self._stop_reason is None and not self._stopping:
+                self._blamed = ws.name
             self._emit_worker(child, "failed", error=ws.error)
             self._post("failed", self._failure_cause(child, message.exit_code))
         elif isinstance(message, messages.Stopped):
@@ -407,13 +425,24 @@ class Supervisor:
         self._emit_worker(child, "exited", exitcode=code, signal=ws.signal)
 
     # ----------------------------------------------------------------- stopping
-    async def _stop_children(self) -> float:
+    async def _stop_children(self, fail_fast: bool) -> float:
         """HTTP first, then schedulers: SIGTERM, grace period, SIGKILL of what remains of each tree.
 
         Each group is gone (and reaped, its ``exited`` events out) before the next is signalled.
+        With ``fail_fast`` (the launch failed), every worker still starting other than the root
+        cause's is first killed at once, with no grace period: it holds nothing to drain.
         """
         started = time.monotonic()
         grace = float(self.args.stop_grace_period)
+        if fail_fast:
+            starting = [w for w in self._children
+                        if w.child.running and not w.state.ready and w.state.name != self._blamed]
+            for worker in starting:
+                worker.state.phase = "stopped"
+                self._emit_worker(worker, "stopped", because_of=self._blamed, at_once=True)
+            await self._kids.stop([w.child for w in starting], 0)
+            for worker in starting:
+                self._emit_exited(worker)
         for roles in (("http",), ("scheduler",), None):
             group = [
                 c for c in self._children
