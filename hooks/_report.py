@@ -13,8 +13,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from typing import TYPE_CHECKING, Any
 
 from ._loader import PluginRuntime, _norm
+
+if TYPE_CHECKING:
+    from platforms import Selection
 
 _PROBING = "probing"  # the stand-in built-in that marks "from here on, start-up probes hardware"
 _NEVER_SET = "SGLANG_LAUNCH_REPORT_NEVER_SET"
@@ -24,17 +28,17 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _replace(record, **changes):
+def _replace(record: Any, **changes: Any) -> Any:
     """A copy of a platforms record (a NamedTuple or a dataclass) with ``changes``."""
     if hasattr(record, "_replace"):
         return record._replace(**changes)
     return dataclasses.replace(record, **changes)
 
 
-def _probe_free_selection(runtime: PluginRuntime):
+def _probe_free_selection(runtime: PluginRuntime) -> tuple[Selection, list[str]]:
     """The selection as start-up would make it, up to the first built-in that needs a hardware
     probe; from there the stand-in built-in ``_PROBING`` is selected. Returns (selection, probed)."""
-    from platforms import runtimes, _selection
+    from platforms import _selection, runtimes
 
     spec = runtimes.runtime_spec(runtime.name)
     first = next((i for i, b in enumerate(spec.builtins) if b.probe is not None), len(spec.builtins))
@@ -49,7 +53,7 @@ def _probe_free_selection(runtime: PluginRuntime):
     return _selection.resolve(dry, {k: v for k, v in os.environ.items() if k != _NEVER_SET}), probed
 
 
-def _selection(runtime: PluginRuntime, probe: bool) -> tuple[dict, object]:
+def _selection(runtime: PluginRuntime, probe: bool) -> tuple[dict, Selection | None]:
     try:
         if probe:
             sel = runtime.selection()

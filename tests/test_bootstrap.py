@@ -82,6 +82,8 @@ def _harness(config: dict) -> dict:
             rank=child.get("rank", index),
             local_rank=child.get("rank", index),
             world_size=child.get("world_size", 1),
+            tp_size=args.tp_size,  # as the supervisor's plan does
+            dp_size=args.dp_size,
             target=child["target"],
             payload=payload,
             status_endpoint=status if child.get("status") != "bad" else "nonsense://nowhere",
