@@ -36,9 +36,12 @@ def main(argv: list[str]) -> int:
     from launcher import _prepare
 
     try:
-        _prepare.load_plugins(_prepare.peek_runtime(argv))
+        runtime = _prepare.peek_runtime(argv)
+        _prepare.load_plugins(runtime, select=False)
         server_args_class = _prepare.server_args_class()
+        # --help (and a command-line error) ends here: no platform is selected, no torch imported.
         ns = build_parser(server_args_class).parse_args(argv)
+        _prepare.select_platform(runtime)  # before ServerArgs, whose __post_init__ applies its defaults
         _configure_logging(getattr(ns, "log_level", "info"))
         args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns))
         selection, payload = _prepare.finish(args)
