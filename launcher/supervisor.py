@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq.asyncio
@@ -77,10 +78,27 @@ class _Worker:
 
 
 class Supervisor:
-    """Runs one node's launch. ``args`` is a checked ``ServerArgs``; ``selection`` the platform's."""
+    """Runs one node's launch. ``args`` is a checked ``ServerArgs``; ``selection`` the platform's.
 
-    def __init__(self, args, selection, *, payload: bytes, listeners: tuple[Listener, ...] = ()) -> None:
+    ``worker_output``: when given, each worker's stdout and stderr go to a pipe of its own that
+    the supervisor reads, and every line is passed to ``worker_output(line)`` (the live terminal
+    display draws it above its table); otherwise workers write to this process's stdout and
+    stderr directly. Only for a supervisor in the main thread: the workers' output is set up by
+    pointing this process's fds 1 and 2 at the pipe while each is spawned.
+    """
+
+    def __init__(
+        self,
+        args,
+        selection,
+        *,
+        payload: bytes,
+        listeners: tuple[Listener, ...] = (),
+        worker_output: Callable[[str], None] | None = None,
+    ) -> None:
         self.args = args
+        self._worker_output = worker_output
+        self._pipes: dict[int, bytearray] = {}  # read end of a worker's output pipe -> partial line
         self.selection = selection
         self.runtime = getattr(args, "runtime", "srt")
         self._payload = payload
@@ -194,6 +212,7 @@ class Supervisor:
         if cause is None:
             state.phase = STOPPED
         exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
+        self._drain_pipes()
         self.ops.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
         return Outcome(exit_code, cause, state.snapshot(), was_ready)
 
@@ -256,6 +275,7 @@ class Supervisor:
                 self._loop.remove_signal_handler(sig)
         if self._kids is not None:
             self._kids.close()  # kills leftovers only after an unexpected error: normally all are gone
+        self._drain_pipes()
         if self.ops is not None:
             self.ops.close()
         zctx.destroy(linger=500)
@@ -266,9 +286,61 @@ class Supervisor:
         self.opened.set()
 
     def _spawn_all(self) -> None:
+        if self._worker_output is not None:
+            os.environ["PYTHONUNBUFFERED"] = "1"  # a worker's prints reach its pipe line by line
         for worker in self._children:
-            self._kids.spawn(worker.child)
+            if self._worker_output is None:
+                self._kids.spawn(worker.child)
+            else:
+                read_end, write_end = os.pipe()
+                try:
+                    self._kids.spawn(worker.child, output=write_end)
+                finally:
+                    os.close(write_end)
+                os.set_blocking(read_end, False)
+                self._pipes[read_end] = bytearray()
+                self._loop.add_reader(read_end, self._read_output, read_end)
             worker.state.pid = worker.process.pid
+
+    def _read_output(self, fd: int) -> None:
+        """Pass the complete lines a worker wrote to ``worker_output``; at the end of its output
+        (every process holding the pipe is gone) the rest, and close the pipe."""
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        pending = self._pipes[fd]
+        pending += data
+        *lines, rest = pending.split(b"\n")
+        self._pipes[fd] = bytearray(rest)
+        for line in lines:
+            self._worker_output(line.decode(errors="replace"))
+        if not data:
+            self._close_pipe(fd)
+
+    def _close_pipe(self, fd: int) -> None:
+        self._loop.remove_reader(fd)
+        rest = self._pipes.pop(fd)
+        if rest:
+            self._worker_output(rest.decode(errors="replace"))
+        os.close(fd)
+
+    def _drain_pipes(self) -> None:
+        """Pass on what the workers wrote last (their pipes hold it after they are gone)."""
+        for fd in list(self._pipes):
+            while fd in self._pipes:
+                before = len(self._pipes[fd])
+                self._read_output(fd)
+                if fd in self._pipes and len(self._pipes[fd]) == before and not self._readable(fd):
+                    self._close_pipe(fd)
+
+    @staticmethod
+    def _readable(fd: int) -> bool:
+        import select
+
+        return bool(select.select([fd], [], [], 0)[0])
 
     # ----------------------------------------------------------------- inputs
     def _post(self, kind: str, item=None) -> None:

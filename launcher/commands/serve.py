@@ -52,7 +52,10 @@ def main(argv: list[str]) -> int:
     from launcher._display import TerminalDisplay
     from launcher.supervisor import Supervisor, run_supervisor
 
-    supervisor = Supervisor(args, selection, payload=payload, listeners=(TerminalDisplay(),))
+    display = TerminalDisplay()
+    # On a terminal the workers' lines go through the display, above its live table.
+    supervisor = Supervisor(args, selection, payload=payload, listeners=(display,),
+                            worker_output=display.worker_output if display.live else None)
     try:
         outcome = run_supervisor(supervisor, handle_signals=True)
     except LaunchError as exc:  # set-up failed before any worker was started
