@@ -63,6 +63,7 @@ class _Worker:
 
     child: Child
     state: WorkerState
+    stopped_at_once: bool = False  # killed with no grace period: it was starting when the launch failed
 
     @property
     def spec(self):
@@ -366,6 +367,8 @@ class Supervisor:
     def _on_message(self, child: Child, message) -> None:
         child = self._worker_of(child)
         ws = child.state
+        if child.stopped_at_once and isinstance(message, (messages.Phase, messages.Ready)):
+            return  # sent before it was killed, read after: old news about a stopped worker
         if isinstance(message, messages.Phase):
             ws.phase = message.phase
             ws.phases[message.phase] = message.duration
@@ -390,8 +393,9 @@ class Supervisor:
             if self._blamed is not None and self._blamed != ws.name:
                 # A consequence of the root cause (a peer gone, a stop on the way): its report
                 # is kept in the snapshot, and the worker counts as stopped, not failed.
-                ws.phase = "stopped"
-                self._emit_worker(child, "stopped", error=ws.error, because_of=self._blamed)
+                if ws.phase != "stopped":
+                    ws.phase = "stopped"
+                    self._emit_worker(child, "stopped", error=ws.error, because_of=self._blamed)
                 return
             if self._stop_reason is None and not self._stopping:
                 self._blamed = ws.name
@@ -510,6 +514,7 @@ class Supervisor:
             starting = [w for w in self._children
                         if w.child.running and not w.state.ready and w.state.name != self._blamed]
             for worker in starting:
+                worker.stopped_at_once = True
                 worker.state.phase = "stopped"
                 self._emit_worker(worker, "stopped", because_of=self._blamed, at_once=True)
             await self._kids.stop([w.child for w in starting], 0)
