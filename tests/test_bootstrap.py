@@ -216,6 +216,7 @@ def test_import_bootstrap_adds_only_stdlib_and_itself():
 # ---------------------------------------------------------------------------------------------
 # A healthy start, both runtimes, and a stop request.
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.e2e
 def test_children_report_every_phase_ready_and_stop_cleanly_on_sigterm():
     children, _ = run_harness(
         {
@@ -301,6 +302,7 @@ def platform_dist(site: Path, name: str, *, init_backend: str = "pass", plugin: 
     make_dist(site, f"{name}-platform", entry_points, modules)
 
 
+@pytest.mark.e2e
 def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site, tmp_path):
     platform_dist(site, "boom", init_backend='raise RuntimeError("the boom driver is missing")')
     platform_dist(
@@ -408,6 +410,7 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
 # ---------------------------------------------------------------------------------------------
 # The spec's early-import warning.
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.e2e
 def test_child_names_runtime_modules_the_launching_script_imported_at_module_scope(tmp_path):
     # spawn re-runs this script's module scope in the child, importing the worker module there
     # before the bootstrap starts: the child must say so.
@@ -463,6 +466,7 @@ REPLACING_PLUGIN = """
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("runtime", ["srt", "diffusion"])
 def test_replace_hooks_reach_the_server_args_class_and_the_worker_target(site, runtime):
     group = "sglang.srt.plugins" if runtime == "srt" else "sglang.multimodal_gen.plugins"

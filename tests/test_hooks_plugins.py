@@ -12,7 +12,6 @@ once-per-process phase rules with threads, re-entrant calls and ``fork``.
 from __future__ import annotations
 
 import pytest
-
 from plugin_fixtures import DEMO_DISTRIBUTION
 from support import clean_env, make_dist, run_python
 
@@ -352,6 +351,32 @@ def test_diffusion_selected_platform_plugin_failure_aborts(site, stage, message,
     assert "dvendor" not in f  # its hooks are discarded
 
 
+def test_diffusion_rejects_two_plugins_of_one_name_before_importing_either(site):
+    for dist, module in (("first-vendor", "first_dup"), ("second-vendor", "second_dup")):
+        make_dist(site, dist, {DIFF_PLUGINS: {"twin": f"{module}:register"}, SRT_PLUGINS: {"twin": f"{module}:register"}},
+                  {f"{module}.py": "import sys\nIMPORTED = True\ndef register():\n    pass\n"})
+    res = run_python("""
+        import json, sys
+        import hooks, hooks.diffusion as d
+        out = {}
+        try:
+            d.load_plugins()
+        except d.HookError as exc:
+            out["error"] = [type(exc).__name__, str(exc), exc.names]
+        out["imported"] = sorted(m for m in ("first_dup", "second_dup") if m in sys.modules)
+        hooks.load_plugins()  # SRT loads both: the rule is diffusion's
+        out["srt_imported"] = sorted(m for m in ("first_dup", "second_dup") if m in sys.modules)
+        print("RESULT:" + json.dumps(out))
+    """, sites=[site])
+    assert res.returncode == 0, res
+    kind, text, names = res.data["error"]
+    assert kind == "DuplicatePluginError" and names == ["twin"]
+    assert "'twin' is shipped by 'first-vendor' and 'second-vendor'" in text
+    assert "uninstall all but one" in text
+    assert res.data["imported"] == []
+    assert res.data["srt_imported"] == ["first_dup", "second_dup"]
+
+
 # -- once per process: threads, re-entrant calls, fork -----------------------------------------------
 def test_phases_run_once_with_threads_reentrancy_and_fork(site):
     make_dist(site, "ptarget-module", modules={"ptarget.py": "def f(x):\n    return [x]\n"})
@@ -518,12 +543,13 @@ def test_a_plugin_adds_an_option_and_a_check_to_server_args(site):
         except ValueError as exc:
             error = str(exc)
         print("RESULT:" + json.dumps({"level": ns.my_plugin_level, "error": error}))
-    """, sites=[site])
+    """, sites=[site], env=clean_env(SGLANG_USE_CPU_ENGINE="1"))  # CPU: no accelerator probe (torch)
     assert res.returncode == 0, res
     assert res.data == {"level": 3, "error": "args_plugin supports --max-batch-size up to 64"}
 
 
 # -- the demo platform package, installed by pip ------------------------------------------------------
+@pytest.mark.e2e  # pip-installs the demo plugin
 def test_pip_installed_demo_platform_plugin_is_required_when_selected(demo_site):
     code = """
         import json, hooks
@@ -548,6 +574,7 @@ def test_pip_installed_demo_platform_plugin_is_required_when_selected(demo_site)
     assert other.data == {"hooks": []} and "plugin 'demo' (sglang-launch-demo-platform) failed to run its callback" in other.stderr
 
 
+@pytest.mark.e2e  # pip-installs the demo plugin
 def test_demo_plugin_hook_runs_once_in_a_forked_child(demo_site):
     # The demo's callback registers a fresh closure each call; a forked child re-runs the callback.
     res = run_python("""

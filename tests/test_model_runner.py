@@ -10,6 +10,8 @@ import pytest
 
 from serving_support import build_tiny_llama, cosine
 
+pytestmark = pytest.mark.e2e  # loads real models through transformers (seconds each)
+
 pytest.importorskip("transformers")
 
 from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402

@@ -12,6 +12,8 @@ import pytest
 
 from supervisor_support import FAST, READY_WAIT, Run, fault_site
 
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
+
 W = "workers_for_tests."
 
 # id: (extra args, env, fault plugin?, exit code, worker, phase, texts the block must contain)

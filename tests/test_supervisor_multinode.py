@@ -11,8 +11,12 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from support import free_port
 from supervisor_support import FAST, READY_WAIT, Run, short_runtime_dir
+
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 
 
 def test_two_nodes_form_one_process_group():
