@@ -45,8 +45,9 @@ def read_model_facts(path: str | Path) -> ModelFacts | None:
         return None
     architectures = config.get("architectures")
     architecture = (
-        architectures[0] if isinstance(architectures, list) and architectures
-        and isinstance(architectures[0], str) else None
+        architectures[0]
+        if isinstance(architectures, list) and architectures and isinstance(architectures[0], str)
+        else None
     )
     heads = config.get("num_key_value_heads") or config.get("num_attention_heads")
     return ModelFacts(folder, architecture, heads if isinstance(heads, int) and heads > 0 else None)

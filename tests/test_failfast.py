@@ -28,9 +28,8 @@ import sys
 
 import psutil
 import pytest
-
-from support import REPO, clean_env, free_port, run_python, wait_for
 from supervisor_support import FAST, READY_WAIT, TESTS, Run, short_runtime_dir
+from support import REPO, clean_env, free_port, run_python, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -66,7 +65,9 @@ def test_address_of_another_machine_exits_2_naming_the_host():
 
 def test_encoder_with_tp_size_2_exits_2_from_its_config_before_any_worker():
     # No --model-path: the embedded default model, a BERT encoder installed by the serve extra.
-    with Run([*FAST, "--tp-size", "2", "--port", str(free_port())], env={"SGLANG_USE_CPU_ENGINE": "1"}) as run:
+    with Run(
+        [*FAST, "--tp-size", "2", "--port", str(free_port())], env={"SGLANG_USE_CPU_ENGINE": "1"}
+    ) as run:
         assert run.wait(60) == 2, run
         err = run.stderr
         assert "--tp-size 2 needs a causal LM" in err and "BertModel encoder" in err, run
@@ -80,8 +81,18 @@ def test_a_failure_stops_workers_still_starting_at_once_and_prints_one_traceback
     markers = tmp_path / "markers"
     markers.mkdir()
     # scheduler.0 never gets ready and ignores SIGTERM; a grace period would keep it for 600 s.
-    args = ["--startup-timeout", "120", "--stop-grace-period", "600", "--tp-size", "2",
-            "--scheduler-target", "workers_for_tests.fail_on_last_rank", "--http-target", READY_WAIT]
+    args = [
+        "--startup-timeout",
+        "120",
+        "--stop-grace-period",
+        "600",
+        "--tp-size",
+        "2",
+        "--scheduler-target",
+        "workers_for_tests.fail_on_last_rank",
+        "--http-target",
+        READY_WAIT,
+    ]
     with Run(args, env={"TESTWORKER_MARKER": str(markers)}) as run:
         assert run.wait(120) == 1, run
         err = run.stderr
@@ -109,10 +120,19 @@ print("RESULT:" + json.dumps({"heavy": heavy, "help": len(out.getvalue())}))
 """
 
 
-@pytest.mark.parametrize("argv", [
-    ["--help"], ["-h"], ["serve", "--help"], ["--runtime", "diffusion", "--help"],
-    ["plugins", "--help"], ["status", "--help"], ["events", "--help"], ["check-platform", "--help"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["-h"],
+        ["serve", "--help"],
+        ["--runtime", "diffusion", "--help"],
+        ["plugins", "--help"],
+        ["status", "--help"],
+        ["events", "--help"],
+        ["check-platform", "--help"],
+    ],
+)
 def test_help_imports_no_torch(argv):
     # No SGLANG_USE_CPU_ENGINE: a platform selection here would probe CUDA through torch.
     result = run_python(HELP_DRIVER, args=[json.dumps(argv)])
@@ -135,8 +155,17 @@ def _launch_env(tag_dir: str) -> dict[str, str]:
 
 
 def _chatty_args() -> list[str]:
-    return [*FAST, "--tp-size", "2", "--port", str(free_port()),
-            "--scheduler-target", CHATTY, "--http-target", CHATTY]
+    return [
+        *FAST,
+        "--tp-size",
+        "2",
+        "--port",
+        str(free_port()),
+        "--scheduler-target",
+        CHATTY,
+        "--http-target",
+        CHATTY,
+    ]
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -163,9 +192,15 @@ def test_on_a_terminal_worker_lines_go_above_the_live_table():
     import termios
 
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 200, width, 0, 0))
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", *_chatty_args()],
-                            stdin=secondary, stdout=secondary, stderr=secondary,
-                            env=_launch_env(short_runtime_dir()), cwd=str(REPO), start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", *_chatty_args()],
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        env=_launch_env(short_runtime_dir()),
+        cwd=str(REPO),
+        start_new_session=True,
+    )
     os.close(secondary)
     stream = bytearray()
 
@@ -183,8 +218,11 @@ def test_on_a_terminal_worker_lines_go_above_the_live_table():
         def check() -> bool:
             read()
             if proc.poll() is not None and text not in stream:
-                raise AssertionError(f"the launcher exited ({proc.returncode}):\n{stream.decode(errors='replace')}")
+                raise AssertionError(
+                    f"the launcher exited ({proc.returncode}):\n{stream.decode(errors='replace')}"
+                )
             return text in stream
+
         return check
 
     try:
@@ -200,7 +238,9 @@ def test_on_a_terminal_worker_lines_go_above_the_live_table():
 
     screen = pyte.Screen(width, 400)
     byte_stream = pyte.ByteStream(screen)
-    byte_stream.feed(bytes(stream).replace(b"\n", b"\r\n") if b"\r\n" not in stream else bytes(stream))
+    byte_stream.feed(
+        bytes(stream).replace(b"\n", b"\r\n") if b"\r\n" not in stream else bytes(stream)
+    )
     shown = [line.rstrip() for line in screen.display]
     text = "\n".join(shown)
     for worker in ("http.0", "scheduler.0", "scheduler.1"):
@@ -217,7 +257,9 @@ def test_on_a_terminal_worker_lines_go_above_the_live_table():
 
 
 def test_without_a_terminal_lines_are_plain():
-    with Run([*_chatty_args(), "--stop-grace-period", "5"], env={"TESTWORKER_LINES": str(LINES)}) as run:
+    with Run(
+        [*_chatty_args(), "--stop-grace-period", "5"], env={"TESTWORKER_LINES": str(LINES)}
+    ) as run:
         run.wait_ready(120)
         run.proc.send_signal(signal.SIGTERM)
         assert run.wait(60) == 0, run
@@ -259,8 +301,12 @@ def test_embedded_launcher_errors_name_keyword_arguments():
     data = result.data
     for name in ("missing", "encoder", "busy"):
         assert data[name]["code"] == 2, result
-        assert "--" not in data[name]["text"].replace("=" * 72, ""), f"CLI spelling in {name}\n{result}"
+        assert "--" not in data[name]["text"].replace("=" * 72, ""), (
+            f"CLI spelling in {name}\n{result}"
+        )
     assert "model_path='/no/such/model/dir' does not exist" in data["missing"]["text"], result
     assert "tp_size=2 needs a causal LM" in data["encoder"]["text"], result
     assert "tp_size=1 and scale out with dp_size=2" in data["encoder"]["text"], result
-    assert "is already in use" in data["busy"]["text"] and "pass port=N" in data["busy"]["text"], result
+    assert "is already in use" in data["busy"]["text"] and "pass port=N" in data["busy"]["text"], (
+        result
+    )

@@ -10,12 +10,16 @@ from launcher.model_config import read_model_facts, tp_problems
 
 def write_config(folder, config) -> None:
     folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config) if not isinstance(config, str) else config)
+    (folder / "config.json").write_text(
+        json.dumps(config) if not isinstance(config, str) else config
+    )
 
 
 def test_a_causal_lm_whose_heads_the_tp_size_divides_passes(tmp_path):
-    write_config(tmp_path, {"architectures": ["LlamaForCausalLM"], "num_attention_heads": 8,
-                            "num_key_value_heads": 4})
+    write_config(
+        tmp_path,
+        {"architectures": ["LlamaForCausalLM"], "num_attention_heads": 8, "num_key_value_heads": 4},
+    )
     facts = read_model_facts(tmp_path)
     assert (facts.architecture, facts.kv_heads) == ("LlamaForCausalLM", 4)
     assert tp_problems(facts, 2, 1) == [] and tp_problems(facts, 4, 2) == []
