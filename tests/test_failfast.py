@@ -93,7 +93,7 @@ def test_a_failure_stops_workers_still_starting_at_once_and_prints_one_traceback
         "--http-target",
         READY_WAIT,
     ]
-    with Run(args, env={"TESTWORKER_MARKER": str(markers)}) as run:
+    with Run(args, env={"TESTWORKER_RANKS_DIR": str(markers)}) as run:
         assert run.wait(120) == 1, run
         err = run.stderr
         block = err.split("=" * 72)[1]

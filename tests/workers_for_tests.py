@@ -28,6 +28,9 @@ Targets:
 - ``spawn_descendants``: starts a plain child and a double-forked ``setsid`` grandchild (whose
   parent exits at once) and does not stop them itself; ready (info: ``child``, ``detached``).
 - ``custom_phases``: reports phases ``model_loaded`` and ``warmed_up``, then ready, waits.
+- ``chatty_ready``: writes ``TESTWORKER_LINES`` numbered lines to stdout and stderr, then ready.
+- ``fail_on_last_rank``: the last scheduler rank raises once the others run; the others never
+  get ready and ignore SIGTERM (``TESTWORKER_RANKS_DIR``: a folder for their marker files).
 """
 
 from __future__ import annotations
@@ -179,9 +182,9 @@ def chatty_ready(server_args, ctx) -> None:
 def fail_on_last_rank(server_args, ctx) -> None:
     """The last scheduler rank raises once every other rank is running (their marker files
     exist); every other worker never reports ready and ignores SIGTERM, as a rank blocked in a
-    collective would. ``TESTWORKER_MARKER`` is a folder: each waiting worker creates
+    collective would. ``TESTWORKER_RANKS_DIR`` is a folder: each waiting worker creates
     ``<role>.<rank>`` in it."""
-    folder = os.environ["TESTWORKER_MARKER"]
+    folder = os.environ["TESTWORKER_RANKS_DIR"]
     if ctx.role == "scheduler" and ctx.rank == ctx.world_size - 1:
         others = [f"scheduler.{r}" for r in range(ctx.world_size - 1)]
         while not all(os.path.exists(os.path.join(folder, n)) for n in others):
