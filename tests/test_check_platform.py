@@ -341,6 +341,7 @@ def test_server_args_row_blames_the_platform_not_the_installation(broken_site, t
     assert "not installed" not in failed["detail"], failed
 
 
+@pytest.mark.e2e
 def test_a_plugin_lacking_a_method_a_launch_calls_fails_naming_it(broken_site):
     """Written from the bare base class, as the plugin tutorial once did: every contract method
     a launch calls is required, so a missing one fails its row and the summary names it; a

@@ -78,6 +78,7 @@ def test_output_cut_short_by_the_reader_is_not_an_error():
     assert "Traceback" not in run.stderr and "BrokenPipe" not in run.stderr, run.stderr
 
 
+@pytest.mark.e2e
 def test_a_plugin_class_posing_as_a_builtin_is_refused_before_any_worker_starts(site):
     from plugin_fixtures import platform_plugin
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO, clean_env, make_dist, run_python
 
 SRT_PLUGINS = "sglang.srt.plugins"
@@ -176,6 +175,7 @@ def test_selection_error_is_reported_with_exit_status_1_and_bad_options_are_usag
     assert bad.returncode == 2 and "unrecognized arguments: --format" in bad.stderr
 
 
+@pytest.mark.e2e  # probes the accelerators (torch) in a fresh interpreter
 def test_reports_the_platform_a_launch_would_serve_on():
     """With nothing installed or set, and no accelerator, a launch serves on the CPU platform; the
     report says so, without probing (the chain as listed) and with ``--probe`` (the selection)."""
