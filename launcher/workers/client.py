@@ -47,12 +47,15 @@ _DEAD_PHASES = {"failed", "exited", "dead", "killed", "stopped", "crashed"}
 
 
 class SchedulerError(Exception):
-    """A request could not be answered: ``status`` and ``message`` go to the client."""
+    """A request could not be answered: ``status``, ``message`` and ``param`` (the request field
+    to change, in the scheduler's terms: ``input``, ``input[i]``, ``max_new_tokens``, ``model``)
+    go to the client."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param
 
 
 class Replica:
@@ -287,7 +290,7 @@ class SchedulerClient:
                 reply = await queue.get()
                 if isinstance(reply, m.Failed):
                     finished = True
-                    raise SchedulerError(reply.status, reply.message)
+                    raise SchedulerError(reply.status, reply.message, reply.param)
                 done = not isinstance(reply, m.Generated) or reply.finished
                 finished = done
                 yield reply
@@ -311,7 +314,7 @@ class SchedulerClient:
         finally:  # a cancelled wait cancels ``answer`` too: only a result means it finished
             self._close(rid, rep, finished=answer.done() and not answer.cancelled())
         if isinstance(reply, m.Failed):
-            raise SchedulerError(reply.status, reply.message)
+            raise SchedulerError(reply.status, reply.message, reply.param)
         return reply
 
     def _open(

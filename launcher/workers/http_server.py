@@ -1,4 +1,4 @@
-"""The HTTP child: ``run_http_server(server_args, ctx)``, FastAPI on uvicorn with uvloop.
+"""The HTTP child: ``run_http_server(server_args, ctx)``, the app of ``launcher.workers.app`` on uvicorn with uvloop.
 
 The listening socket is bound here first (``ServerArgs.host``, loopback by default, and
 ``ServerArgs.port``), so a taken port is a clear start-up error rather than a log line from a
@@ -24,10 +24,9 @@ from launcher.workers.messages import scheduler_endpoint_name
 from launcher.workers.model_source import resolve_model
 
 if TYPE_CHECKING:
-    from starlette.applications import Starlette
-
     from bootstrap import WorkerContext
     from launcher.server_args import ServerArgs
+    from launcher.workers.app import App
     from launcher.workers.client import SchedulerClient
     from launcher.workers.metrics import Metrics
 
@@ -66,7 +65,7 @@ def platform_summary(ctx: WorkerContext) -> dict:
     return summary
 
 
-def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | None = None) -> Starlette:
+def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | None = None) -> App:
     """The ASGI app for ``server_args`` talking to the schedulers of ``ctx``'s launch."""
     from launcher.workers.app import AppState, create_app
     from launcher.workers.client import SchedulerClient
