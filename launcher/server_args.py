@@ -207,7 +207,7 @@ class ServerArgs:
         if self.scheduler_target == _SERVING_SCHEDULER:
             # The serving runtime's model must be on disk: say so now, before any worker starts.
             # (model_source is standard library only; another engine's target checks its own.)
-            from launcher.workers.model_source import ModelSourceError, resolve_model
+            from launcher.model_source import ModelSourceError, resolve_model
 
             try:
                 resolve_model(self.model_path, self.served_model_name)

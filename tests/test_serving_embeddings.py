@@ -56,7 +56,7 @@ def test_served_vectors_are_the_models_own(server):
     from platforms.builtin.cpu import CpuSRTPlatform
 
     from launcher.workers.model_runner import ModelRunner
-    from launcher.workers.model_source import resolve_model
+    from launcher.model_source import resolve_model
 
     texts = ["a cat sits on the mat", "stock prices fell sharply", "x"]
     served = [d["embedding"] for d in embed(server, texts)["data"]]

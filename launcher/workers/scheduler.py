@@ -28,7 +28,7 @@ import msgspec
 
 from launcher.workers import messages as m
 from launcher.workers.model_runner import InputError, ModelRunner
-from launcher.workers.model_source import resolve_model
+from launcher.model_source import resolve_model
 from launcher.workers.sampling import Sequence
 
 log = logging.getLogger("sglang_launch.scheduler")
