@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ._core import PluginError, PluginSource, Registry, plugin_source
@@ -47,7 +48,7 @@ def _norm(distribution: str | None) -> str | None:
 
 
 @dataclass
-class Outcome:
+class PluginOutcome:
     """What happened to one installed plugin entry point in this process."""
 
     status: str  # "loaded", "failed", "not allowed", "skipped"
@@ -72,11 +73,11 @@ class PluginRuntime:
         self.exclusion_selector = exclusion_selector
         self.registry = registry
         registry.required_policy = self.is_required
-        self.outcomes: dict[tuple[str, str | None], Outcome] = {}
+        self.outcomes: dict[tuple[str, str | None], PluginOutcome] = {}
         self._phases = None
         self._phases_lock = threading.Lock()
         self._inside = threading.local()
-        self._assumed_selection = None
+        self._assumed_selection: tuple[str | None] | None = None  # (distribution,) while assumed
         self._callback_marks: dict[PluginSource, int] = {}  # registry.last_seq before each callback
         RUNTIMES[name] = self
 
@@ -124,7 +125,7 @@ class PluginRuntime:
             self.registry.apply_hooks()
 
     def _register(self) -> None:
-        for source, callback in self._load(self._excluded()):
+        for source, callback in self._load(self.excluded_distributions()):
             if source in self._callback_marks:  # a forked child: drop the parent's run of this callback
                 self.registry.discard(source, after=self._callback_marks[source])
             self._callback_marks[source] = self.registry.last_seq
@@ -134,7 +135,7 @@ class PluginRuntime:
                 except Exception as exc:  # noqa: BLE001 - a plugin's failure is judged below
                     self._failed(source, "run its callback", exc)
                     continue
-            self.outcomes[(source.name, source.distribution)] = Outcome("loaded")
+            self.outcomes[(source.name, source.distribution)] = PluginOutcome("loaded")
 
     # -- discovery and filtering --------------------------------------------------------------
     def entry_points(self, group: str | None = None):
@@ -154,22 +155,29 @@ class PluginRuntime:
 
         return runtime_spec(self.name).selector_env
 
-    def selection(self):
-        """The runtime's platform selection (resolving it if nothing has yet)."""
+    def selection(self, probe: bool = True):
+        """The runtime's platform selection (resolving it if nothing has yet); ``probe=False`` as
+        in ``platforms.current_selection`` (raises ``platforms.ProbeRequired`` where only a
+        hardware probe could decide)."""
+        return importlib.import_module(self.selection_module).current_selection(probe)
+
+    def selected_distribution(self) -> str | None:
+        """The distribution that ships the selected platform (None for a built-in)."""
         if self._assumed_selection is not None:
-            return self._assumed_selection
-        return importlib.import_module(self.selection_module).current_selection()
+            return self._assumed_selection[0]
+        return self.selection().distribution
 
     @contextlib.contextmanager
-    def assume_selection(self, selection):
-        """Use ``selection`` instead of resolving one (``describe`` without hardware probes)."""
-        self._assumed_selection = selection
+    def assume_selected_distribution(self, distribution: str | None) -> Iterator[None]:
+        """Take ``distribution`` as the selected platform's (None: a built-in) instead of
+        resolving the selection (``describe`` without hardware probes)."""
+        self._assumed_selection = (distribution,)
         try:
             yield
         finally:
             self._assumed_selection = None
 
-    def _excluded(self) -> set[str]:
+    def excluded_distributions(self) -> set[str]:
         """Normalised names of the platform distributions whose plugins are skipped."""
         providers = {_norm(ep.distribution) for ep in self.entry_points(self.platform_group) if ep.distribution}
         if not providers:
@@ -180,7 +188,7 @@ class PluginRuntime:
                 return set()
             selected = {_norm(ep.distribution) for ep in self.entry_points(self.platform_group) if ep.name == chosen}
         else:
-            selected = {_norm(self.selection().distribution)}
+            selected = {_norm(self.selected_distribution())}
         return providers - selected
 
     def _load(self, excluded: set[str]) -> list[tuple[PluginSource, object]]:
@@ -191,11 +199,11 @@ class PluginRuntime:
         for ep in self.entry_points():
             key = (ep.name, ep.distribution)
             if allowed is not None and ep.name not in allowed:
-                self.outcomes[key] = Outcome("not allowed", "not named in SGLANG_PLUGINS")
+                self.outcomes[key] = PluginOutcome("not allowed", "not named in SGLANG_PLUGINS")
                 logger.debug("plugin %r (%s) is not in SGLANG_PLUGINS; skipped", ep.name, ep.distribution)
                 continue
             if _norm(ep.distribution) in excluded:
-                self.outcomes[key] = Outcome("skipped", "its distribution ships a platform that is not selected")
+                self.outcomes[key] = PluginOutcome("skipped", "its distribution ships a platform that is not selected")
                 logger.info("plugin %r skipped: %s ships a %s platform that is not the selected one",
                             ep.name, ep.distribution, self.name)
                 continue
@@ -233,7 +241,7 @@ class PluginRuntime:
         if dist not in {_norm(ep.distribution) for ep in self.entry_points(self.platform_group)}:
             return False
         try:
-            selected = self.selection().distribution
+            selected = self.selected_distribution()
         except Exception as exc:  # noqa: BLE001 - selection reports its own error where it is used
             logger.debug("cannot tell whether %s is required: platform selection failed: %s", source, exc)
             return False
@@ -241,7 +249,7 @@ class PluginRuntime:
 
     def _failed(self, source: PluginSource, stage: str, error: Exception) -> None:
         self.registry.discard(source)
-        self.outcomes[(source.name, source.distribution)] = Outcome(
+        self.outcomes[(source.name, source.distribution)] = PluginOutcome(
             "failed", f"failed to {stage}: {type(error).__name__}: {error}")
         if self.is_required(source):
             raise PluginError(
@@ -260,7 +268,7 @@ class PluginRuntime:
         ``excluded_dists`` overrides the computed set of skipped distributions. A plugin whose
         name another distribution also uses is keyed ``"name (distribution)"``.
         """
-        excluded = self._excluded() if excluded_dists is None else {_norm(d) for d in excluded_dists}
+        excluded = self.excluded_distributions() if excluded_dists is None else {_norm(d) for d in excluded_dists}
         out: dict[str, object] = {}
         for source, callback in self._load(excluded):
             key = source.name if source.name not in out else f"{source.name} ({source.distribution})"

@@ -108,7 +108,7 @@ class Launcher:
 
     @property
     def outcome(self):
-        """The ``Outcome`` once the launch ended (exit code, root cause, final snapshot), else None."""
+        """The ``LaunchOutcome`` once the launch ended (exit code, root cause, final snapshot), else None."""
         return self._outcome
 
     def status(self) -> dict:
@@ -165,12 +165,12 @@ class Launcher:
         return args
 
     def _run(self) -> None:
-        from launcher.supervisor import Outcome, run_supervisor
+        from launcher.supervisor import LaunchOutcome, run_supervisor
 
         try:
             outcome = run_supervisor(self._supervisor)
         except LaunchError as exc:  # set-up failed before any worker was started
-            outcome = Outcome(exc.exit_code, exc.root_cause, {})
+            outcome = LaunchOutcome(exc.exit_code, exc.root_cause, {})
         except BaseException as exc:  # noqa: BLE001 - delivered to the application as LaunchError
             import traceback
 
@@ -182,7 +182,7 @@ class Launcher:
                 traceback="".join(traceback.format_exception(exc)),
             )
             state = self._supervisor.state
-            outcome = Outcome(int(cause.exit_code), cause, state.snapshot() if state else {})
+            outcome = LaunchOutcome(int(cause.exit_code), cause, state.snapshot() if state else {})
         self._outcome = outcome
         self._settled.set()
 

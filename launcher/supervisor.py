@@ -55,7 +55,7 @@ _SETTLE_MAX = 0.5
 
 
 @dataclass
-class Outcome:
+class LaunchOutcome:
     """How a launch ended: ``exit_code`` (``ExitCode``), the root cause if it failed, the final state."""
 
     exit_code: int
@@ -65,7 +65,9 @@ class Outcome:
 
 
 @dataclass
-class _Child:
+class _ChildHandle:
+    """The supervisor's handle on one child it spawned (its process, state and reported failure)."""
+
     spec: object  # bootstrap.ProcessSpec
     state: WorkerState
     process: multiprocessing.process.BaseProcess | None = None
@@ -88,7 +90,7 @@ class Supervisor:
         self._stop_reason: str | None = None
         self._early_stop: str | None = None  # a stop requested before the loop ran
         self._lock = threading.Lock()
-        self._children: list[_Child] = []
+        self._children: list[_ChildHandle] = []
         self._rundir: RuntimeDir | None = None
         self.state: LaunchState | None = None
         self.ops: OpsChannel | None = None
@@ -114,7 +116,7 @@ class Supervisor:
             self._loop.add_signal_handler(sig, self._post, "stop", f"received {signal.Signals(sig).name}")
 
     # ----------------------------------------------------------------- the launch
-    async def run(self, *, handle_signals: bool = False) -> Outcome:
+    async def run(self, *, handle_signals: bool = False) -> LaunchOutcome:
         with self._lock:
             self._loop = asyncio.get_running_loop()
             self._inbox = asyncio.Queue()
@@ -167,7 +169,7 @@ class Supervisor:
             if kind == "exit":
                 return await self._exit_cause(item)
 
-    async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> Outcome:
+    async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> LaunchOutcome:
         state = self.state
         if cause is not None:
             state.phase = FAILED
@@ -189,7 +191,7 @@ class Supervisor:
             state.phase = STOPPED
         exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
         self.ops.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
-        return Outcome(exit_code, cause, state.snapshot(), was_ready)
+        return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 
     # ----------------------------------------------------------------- set-up and release
     def _open(self, zctx: zmq.asyncio.Context):
@@ -224,7 +226,7 @@ class Supervisor:
             nnodes=args.nnodes,
             workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank) for s in specs],
         )
-        self._children = [_Child(spec, ws) for spec, ws in zip(specs, self.state.workers)]
+        self._children = [_ChildHandle(spec, ws) for spec, ws in zip(specs, self.state.workers)]
 
         pull = zctx.socket(zmq.PULL)
         pull.setsockopt(zmq.LINGER, 0)
@@ -300,7 +302,7 @@ class Supervisor:
         except asyncio.TimeoutError:
             return "timeout", None
 
-    def _on_sentinel(self, child: _Child) -> None:
+    def _on_sentinel(self, child: _ChildHandle) -> None:
         self._loop.remove_reader(child.process.sentinel)
         self._post("exit", child)
 
@@ -319,7 +321,7 @@ class Supervisor:
                 continue
             self._on_message(child, message)
 
-    def _on_message(self, child: _Child, message) -> None:
+    def _on_message(self, child: _ChildHandle, message) -> None:
         ws = child.state
         if isinstance(message, messages.Phase):
             ws.phase = message.phase
@@ -350,14 +352,14 @@ class Supervisor:
             self._emit_worker(child, "stopped")
         # Heartbeats need no action: a stalled child is caught by the deadline or its sentinel.
 
-    def _child_named(self, worker: str) -> _Child | None:
+    def _child_named(self, worker: str) -> _ChildHandle | None:
         for child in self._children:
             if child.state.name == worker:
                 return child
         return None
 
     # ----------------------------------------------------------------- root causes
-    async def _exit_cause(self, child: _Child) -> RootCause:
+    async def _exit_cause(self, child: _ChildHandle) -> RootCause:
         """A child exited on its own: record how, wait for its report if it sent one, explain."""
         code = await self._reap(child)
         await self._settle_status()
@@ -392,7 +394,7 @@ class Supervisor:
             hint=_exit_hint(code),
         )
 
-    def _failure_cause(self, child: _Child, code: int | None) -> RootCause:
+    def _failure_cause(self, child: _ChildHandle, code: int | None) -> RootCause:
         failure, ws = child.failure, child.state
         after_ready = failure.phase in (phases.SERVING, phases.STOPPING)
         return RootCause(
@@ -409,7 +411,7 @@ class Supervisor:
             traceback=failure.traceback,
         )
 
-    def _mismatch_cause(self, child: _Child, platform: str) -> RootCause:
+    def _mismatch_cause(self, child: _ChildHandle, platform: str) -> RootCause:
         ws = child.state
         return RootCause(
             summary=f"{ws.name} selected platform {platform!r}, the launcher selected {self.selection.key!r}",
@@ -449,7 +451,7 @@ class Supervisor:
             except asyncio.TimeoutError:
                 return
 
-    async def _reap(self, child: _Child) -> int | None:
+    async def _reap(self, child: _ChildHandle) -> int | None:
         """The exit code of a child whose sentinel fired (it may take a moment to be reapable)."""
         process = child.process
         for _ in range(1000):
@@ -499,7 +501,7 @@ class Supervisor:
             workers=[w.name for w in self.state.workers],
         )
 
-    def _emit_worker(self, child: _Child, phase: str, **extra) -> None:
+    def _emit_worker(self, child: _ChildHandle, phase: str, **extra) -> None:
         ws = child.state
         ready = sum(w.ready for w in self.state.workers)
         self.ops.emit(
@@ -535,7 +537,7 @@ def _unfix_global_start_method() -> None:
         default._actual_context = None
 
 
-def _kill_leftovers(children: list[_Child]) -> None:
+def _kill_leftovers(children: list[_ChildHandle]) -> None:
     """SIGKILL the tree of every child still running (the supervisor is leaving abnormally)."""
     roots = [c.process.pid for c in children if c.process is not None and c.process.exitcode is None]
     if not roots:
@@ -582,7 +584,7 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def run_supervisor(supervisor: Supervisor, *, handle_signals: bool = False) -> Outcome:
+def run_supervisor(supervisor: Supervisor, *, handle_signals: bool = False) -> LaunchOutcome:
     """Run ``supervisor`` to the end on a fresh uvloop loop in the calling thread."""
     try:
         import uvloop

@@ -10,6 +10,10 @@ extras="serve"
 [[ "${1:-}" == "test" ]] && extras="serve,test"
 py="${PYTHON:-python3}"
 if [[ ! -x .venv/bin/python ]]; then
+  if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "[install] sglang-launch needs Python >= 3.11; $py is $($py --version 2>&1). Set PYTHON=python3.11 (or newer) and rerun." >&2
+    exit 1
+  fi
   echo "[install] creating .venv with $($py --version)"
   "$py" -m venv .venv
 fi

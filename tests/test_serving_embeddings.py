@@ -5,6 +5,7 @@ schemathesis fuzz pass over the app's own OpenAPI schema, and a bounded load tes
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import shutil
 import subprocess
@@ -79,6 +80,8 @@ def test_read_only_routes(server):
     memory = info["schedulers"][0]["memory"]
     assert memory["total_bytes"] > memory["available_bytes"] > 0
     assert info["server_args"]["host"] == "127.0.0.1" and info["server_args"]["model_path"] is None
+    version = importlib.metadata.version("sglang-launch")  # pyproject.toml, the one source
+    assert info["version"] == version and get("/openapi.json").json()["info"]["version"] == version
     embed(server, "count me")
     metrics = get("/metrics").text
     for name in ("sglang_requests_total{route=\"/v1/embeddings\",status=\"200\"}",

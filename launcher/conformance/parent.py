@@ -24,7 +24,6 @@ from typing import NamedTuple
 from . import journal
 
 TARGET = "launcher.conformance.child:run_checks"
-WORKER = "check.0"
 _STOP_GRACE_S = 10.0  # for the child to wind down after SIGTERM before it is killed
 _SETTLE_QUIET_S = 0.2  # a dead child's last status messages: wait until the socket is this quiet
 _SETTLE_MAX_S = 2.0

@@ -28,7 +28,8 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from launcher.workers import messages as m
+import launcher
+from launcher.workers import messages
 from launcher.workers.client import SchedulerClient, SchedulerError
 from launcher.workers.metrics import Metrics
 from launcher.workers.schemas import CompletionRequest, EmbeddingRequest, GenerateRequest
@@ -259,8 +260,8 @@ async def _unless_disconnected(receive: Receive, awaitable):
         watcher.cancel()
 
 
-def _sampling(params, max_new_tokens: int) -> m.SamplingParams:
-    return m.SamplingParams(
+def _sampling(params, max_new_tokens: int) -> messages.SamplingParams:
+    return messages.SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
@@ -293,7 +294,7 @@ def create_app(state: AppState) -> FastAPI:
         finally:
             await state.client.close()
 
-    app = FastAPI(title="sglang-launch", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="sglang-launch", version=launcher.__version__, lifespan=lifespan,
                   description="OpenAI-compatible and SGLang-native serving of one model.")
     client, metrics = state.client, state.metrics
 
@@ -370,14 +371,14 @@ def create_app(state: AppState) -> FastAPI:
             raise SchedulerError(400, f"dimensions is not supported by model {state.served_name!r}: it "
                                       f"returns its native embedding size; leave dimensions out")
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
-        reply = await _unless_disconnected(receive, client.one(lambda rid: m.EmbedRequest(rid, texts)))
+        reply = await _unless_disconnected(receive, client.one(lambda rid: messages.EmbedRequest(rid, texts)))
         if reply is None:
             return Response(status_code=499)
         metrics.observe_result(reply.batch_size, reply.prompt_tokens)
         return json_response({
             "object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": v}
-                     for i, v in enumerate(m.unpack_vectors(reply.vectors, reply.dim))],
+                     for i, v in enumerate(messages.unpack_vectors(reply.vectors, reply.dim))],
             "model": state.served_name,
             "usage": {"prompt_tokens": reply.prompt_tokens, "total_tokens": reply.prompt_tokens},
         })
@@ -393,15 +394,15 @@ def create_app(state: AppState) -> FastAPI:
             if len(prompts) != 1:
                 raise SchedulerError(400, "stream: true takes one prompt; send the prompts one per request")
 
-            def chunk(reply: m.Generated) -> dict:
+            def chunk(reply: messages.Generated) -> dict:
                 return {"id": cid, "object": "text_completion", "created": created,
                         "model": state.served_name,
                         "choices": [{"index": 0, "text": reply.text, "logprobs": None,
                                      "finish_reason": reply.finish_reason if reply.finished else None}]}
 
-            return await _stream(client.call(lambda rid: m.GenerateRequest(rid, prompts[0], params, True)),
+            return await _stream(client.call(lambda rid: messages.GenerateRequest(rid, prompts[0], params, True)),
                                  chunk, metrics)
-        calls = [client.one(lambda rid, p=p: m.GenerateRequest(rid, p, params)) for p in prompts]
+        calls = [client.one(lambda rid, p=p: messages.GenerateRequest(rid, p, params)) for p in prompts]
         replies = await _unless_disconnected(receive, asyncio.gather(*calls))
         if replies is None:
             return Response(status_code=499)
@@ -422,7 +423,7 @@ def create_app(state: AppState) -> FastAPI:
         sp = body.sampling_params
         params = _sampling(sp, sp.max_new_tokens)
 
-        def meta(reply: m.Generated, rid: str) -> dict:
+        def meta(reply: messages.Generated, rid: str) -> dict:
             return {"id": rid, "prompt_tokens": reply.prompt_tokens,
                     "completion_tokens": reply.completion_tokens,
                     "finish_reason": {"type": reply.finish_reason} if reply.finish_reason else None,
@@ -431,14 +432,14 @@ def create_app(state: AppState) -> FastAPI:
         if body.stream:
             text = [""]
 
-            def chunk(reply: m.Generated) -> dict:
+            def chunk(reply: messages.Generated) -> dict:
                 text[0] += reply.text  # the native stream carries the text so far
                 return {"text": text[0], "meta_info": meta(reply, reply.rid)}
 
-            return await _stream(client.call(lambda rid: m.GenerateRequest(rid, body.text, params, True)),
+            return await _stream(client.call(lambda rid: messages.GenerateRequest(rid, body.text, params, True)),
                                  chunk, metrics)
         reply = await _unless_disconnected(
-            receive, client.one(lambda rid: m.GenerateRequest(rid, body.text, params)))
+            receive, client.one(lambda rid: messages.GenerateRequest(rid, body.text, params)))
         if reply is None:
             return Response(status_code=499)
         metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
@@ -450,7 +451,7 @@ def create_app(state: AppState) -> FastAPI:
         live = [p for p in pongs if p is not None]
         model = live[0].info.get("model") if live else None
         return json_response({
-            "version": "0.1.0",
+            "version": launcher.__version__,
             "platform": state.platform,
             "device": (model or {}).get("device"),
             "model": model,
