@@ -12,8 +12,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 # sockaddr_un.sun_path holds 108 bytes on Linux (104 on macOS), terminator included.
 _MAX_IPC_PATH = 103

@@ -9,6 +9,7 @@ registrations created while importing them are past reach. The child names them 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 
 from bootstrap.targets import module_of
 
@@ -17,7 +18,7 @@ from bootstrap.targets import module_of
 RUNTIME_MODULES = ("launcher.workers", "torch", "transformers", "fastapi", "uvicorn")
 
 
-def early_imports(target: str | None = None, modules=None) -> list[str]:
+def early_imports(target: str | None = None, modules: Mapping[str, object] | None = None) -> list[str]:
     """Which of ``RUNTIME_MODULES`` (plus the worker target's module) are already imported."""
     loaded = sys.modules if modules is None else modules
     watched = list(RUNTIME_MODULES)

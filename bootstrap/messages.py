@@ -29,7 +29,7 @@ Kinds:
 from __future__ import annotations
 
 import time
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -40,21 +40,21 @@ class _Base(msgspec.Struct, tag_field="kind", kw_only=True, frozen=True):
     time: float = msgspec.field(default_factory=time.time)
 
 
-class Phase(_Base, tag="phase"):
+class Phase(_Base, tag="phase", frozen=True):
     phase: str
     duration: float
     elapsed: float
     early_imports: list[str] = []
 
 
-class Ready(_Base, tag="ready"):
+class Ready(_Base, tag="ready", frozen=True):
     platform: str
     duration: float
     elapsed: float
     info: dict[str, Any] = {}
 
 
-class Failed(_Base, tag="failed"):
+class Failed(_Base, tag="failed", frozen=True):
     phase: str
     exc_type: str
     message: str
@@ -63,16 +63,16 @@ class Failed(_Base, tag="failed"):
     elapsed: float
 
 
-class Heartbeat(_Base, tag="heartbeat"):
+class Heartbeat(_Base, tag="heartbeat", frozen=True):
     phase: str
     elapsed: float
 
 
-class Stopped(_Base, tag="stopped"):
+class Stopped(_Base, tag="stopped", frozen=True):
     elapsed: float
 
 
-Message = Union[Phase, Ready, Failed, Heartbeat, Stopped]
+Message = Phase | Ready | Failed | Heartbeat | Stopped
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -70,7 +70,7 @@ def _wait_pidfd(parent_pid: int) -> bool:
 
 def _wait_kqueue(parent_pid: int) -> bool:
     """Block until ``parent_pid`` exits (macOS, BSD); False if kqueue cannot watch it."""
-    if not hasattr(select, "kqueue"):
+    if sys.platform == "linux" or not hasattr(select, "kqueue"):
         return False
     try:
         kq = select.kqueue()

@@ -13,6 +13,7 @@ msgspec is imported inside the functions, so importing this module stays standar
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 FORMAT = "sglang-launch/server-args"
 VERSION = 1
@@ -26,7 +27,7 @@ def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def encode_payload(args) -> bytes:
+def encode_payload(args: Any) -> bytes:
     """``args`` (a dataclass instance) as versioned msgpack bytes."""
     import msgspec
 
@@ -50,7 +51,7 @@ def encode_payload(args) -> bytes:
         ) from None
 
 
-def decode_payload(data: bytes, cls: type):
+def decode_payload(data: bytes, cls: type) -> Any:
     """Build a ``cls`` instance from ``encode_payload`` bytes; ``PayloadError`` on bad data."""
     import msgspec
 

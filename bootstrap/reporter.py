@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 
 class Reporter:
@@ -33,7 +35,7 @@ class Reporter:
         self._socket.connect(endpoint)
         self._closed = False
 
-    def send(self, kind: str, **fields) -> None:
+    def send(self, kind: str, **fields: Any) -> None:
         """Send one message of ``kind`` (a ``bootstrap.messages`` Struct name, e.g. ``"Phase"``)."""
         message = getattr(self._messages, kind)(worker=self.worker, pid=self.pid, **fields)
         data = self._messages.encode(message)
@@ -54,7 +56,9 @@ class Reporter:
 class Heartbeat:
     """A daemon thread sending a heartbeat with the current phase every ``interval`` seconds."""
 
-    def __init__(self, reporter: Reporter, interval: float, phase, started: float) -> None:
+    def __init__(
+        self, reporter: Reporter, interval: float, phase: Callable[[], str], started: float
+    ) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._beat,
@@ -64,7 +68,9 @@ class Heartbeat:
         )
         self._thread.start()
 
-    def _beat(self, reporter: Reporter, interval: float, phase, started: float) -> None:
+    def _beat(
+        self, reporter: Reporter, interval: float, phase: Callable[[], str], started: float
+    ) -> None:
         while not self._stop.wait(interval):
             try:
                 reporter.send("Heartbeat", phase=phase(), elapsed=time.monotonic() - started)

@@ -31,12 +31,17 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from bootstrap import orphan, phases
 from bootstrap.context import WorkerContext
 from bootstrap.early_imports import early_imports, warning_text
 from bootstrap.spec import ProcessSpec
 from bootstrap.targets import resolve
+
+if TYPE_CHECKING:
+    from bootstrap.reporter import Heartbeat, Reporter
 
 log = logging.getLogger("bootstrap")
 
@@ -80,8 +85,8 @@ class _ChildState:
         self.mark = self.started
         self.working_on = phases.SPAWNED
         self.reached = "started"
-        self.reporter = None
-        self.heartbeat = None
+        self.reporter: Reporter | None = None
+        self.heartbeat: Heartbeat | None = None
         self.stopping = threading.Event()
         self.worker_running = False
         self.exiting = False
@@ -89,13 +94,13 @@ class _ChildState:
         self.ctx: WorkerContext | None = None
 
     # -- signals -------------------------------------------------------------------------------
-    def on_sigterm(self, signum, frame) -> None:
+    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self.stopping.set()
         if not self.worker_running and not self.exiting:
             raise _StopRequested()
 
     # -- reporting -----------------------------------------------------------------------------
-    def reached_phase(self, name: str, **extra) -> None:
+    def reached_phase(self, name: str, **extra: object) -> None:
         now = time.monotonic()
         duration, self.mark = now - self.mark, now
         self.reached = name
@@ -105,9 +110,13 @@ class _ChildState:
                 "Phase", phase=name, duration=duration, elapsed=now - self.started, **extra
             )
 
-    def report_from_worker(self, kind: str, name: str, duration: float, info) -> None:
+    def report_from_worker(
+        self, kind: str, name: str, duration: float, info: dict[str, Any] | None
+    ) -> None:
         self.reached = name
         elapsed = time.monotonic() - self.started
+        if self.reporter is None:  # arm() connects it before any worker code runs
+            return
         if kind == "ready":
             self.reporter.send(
                 "Ready", platform=self.platform_key, duration=duration, elapsed=elapsed, info=info
@@ -121,10 +130,10 @@ class _ChildState:
         os.environ.update({str(k): str(v) for k, v in self.spec.env.items()})
         from bootstrap.reporter import Heartbeat, Reporter
 
-        self.reporter = Reporter(self.spec.status_endpoint, self.spec.worker_id)
+        reporter = self.reporter = Reporter(self.spec.status_endpoint, self.spec.worker_id)
         if self.spec.heartbeat_interval > 0:
             self.heartbeat = Heartbeat(
-                self.reporter, self.spec.heartbeat_interval, lambda: self.reached, self.started
+                reporter, self.spec.heartbeat_interval, lambda: self.reached, self.started
             )
 
     def initialize_platform(self, steps: RuntimeSteps) -> None:
@@ -191,8 +200,8 @@ class _ChildState:
                 rank=spec.rank,
                 local_rank=spec.local_rank,
                 world_size=spec.world_size,
-                tp_size=int(getattr(server_args, "tp_size", 1) or 1),
-                dp_size=int(getattr(server_args, "dp_size", 1) or 1),
+                tp_size=spec.tp_size,
+                dp_size=spec.dp_size,
                 runtime_dir=spec.runtime_dir,
                 ops_endpoint=spec.ops_endpoint,
                 query_endpoint=spec.query_endpoint,

@@ -21,6 +21,8 @@ class ProcessSpec:
 
     - ``role``, ``rank``: the worker's identity; its id on the wire is ``"<role>.<rank>"``.
       ``rank`` is the global rank, ``local_rank`` the rank on this node.
+    - ``world_size``, ``tp_size``, ``dp_size``: the launch's ranks in all, per tensor-parallel
+      group and the number of groups (the worker's ``WorkerContext`` carries them).
     - ``target``: the worker function, ``"pkg.mod.func"`` or ``"pkg.mod:func"``, resolved in the
       child after hooks are applied and called as ``target(server_args, ctx)``.
     - ``payload``: ``launcher.server_args.encode_server_args(args)``.
@@ -48,6 +50,8 @@ class ProcessSpec:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    tp_size: int = 1
+    dp_size: int = 1
     runtime: str = "srt"
     platform_key: str | None = None
     runtime_dir: str = ""

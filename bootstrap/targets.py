@@ -9,12 +9,14 @@ module is not mistaken for a wrong path); this module adds the error that says w
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TargetError(ImportError):
     """A dotted path does not name an importable object."""
 
 
-def resolve(path: str):
+def resolve(path: str) -> Any:
     """Import and return the object ``path`` names; ``TargetError`` says what is missing."""
     if not isinstance(path, str) or not path.strip():
         raise TargetError(f"{path!r} is not a dotted path; pass package.module.function")

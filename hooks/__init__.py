@@ -19,6 +19,8 @@ this package imports no torch and no platform code; the diffusion API is ``hooks
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ._core import HookError, PluginError
 from ._loader import RUNTIMES, PluginRuntime
 from .hook_registry import HookRegistry, HookType, plugin_hook
@@ -75,7 +77,7 @@ def _runtime(name: str) -> PluginRuntime:
         raise ValueError(f"unknown runtime {name!r}; use 'srt' or 'diffusion'") from None
 
 
-def load_plugins_by_group(group: str, excluded_dists=None) -> dict:
+def load_plugins_by_group(group: str, excluded_dists: Iterable[str] | None = None) -> dict:
     """Import the plugins of hook ``group`` that ``SGLANG_PLUGINS`` admits and that no unselected
     platform distribution ships (or none of ``excluded_dists``, when given), with each plugin
     recorded as the source of hooks registered while it imports; returns ``{name: callback}``,

@@ -33,10 +33,11 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import FunctionType, ModuleType
-from typing import Callable, Iterator
+from typing import Any
 
 from . import _wrappers
 from ._targets import TargetPath, lookup_raw, parse_target, resolve_owner
@@ -53,7 +54,7 @@ class HookType(enum.Enum):
     REPLACE = "replace"  # fn(*args, **kwargs) -> result, or a class
 
     @classmethod
-    def coerce(cls, value: object) -> "HookType":
+    def coerce(cls, value: object) -> HookType:
         """A ``HookType`` from itself or its name/value ("around", "AROUND"); ``TypeError`` else."""
         if isinstance(value, cls):
             return value
@@ -163,7 +164,7 @@ def _not_required(source: PluginSource) -> bool:
     return False
 
 
-_registries: "weakref.WeakSet[Registry]" = weakref.WeakSet()
+_registries: weakref.WeakSet[Registry] = weakref.WeakSet()
 
 
 class Registry:
@@ -269,7 +270,7 @@ class Registry:
             self._run_rounds(include_pending=False)
             self._applied = False
 
-    def _forget(self, predicate) -> list[Hook]:
+    def _forget(self, predicate: Callable[[Hook], bool]) -> list[Hook]:
         removed = [h for h in self._hooks if predicate(h)]
         if removed:
             self._hooks = [h for h in self._hooks if not predicate(h)]
@@ -334,7 +335,7 @@ class Registry:
                 touched: dict[tuple, _Patch] = {}
                 for hook in (h for h in pending if h.path.depth == depth):
                     patch = self._locate(hook, fresh)
-                    touched[hook.location] = patch
+                    touched[(id(patch.owner), patch.name)] = patch
                 for patch in touched.values():
                     self._rebuild(patch, journal)
         except _Failure:
@@ -405,7 +406,7 @@ class Registry:
 
 
 def _current(owner: object, name: str) -> tuple[bool, object]:
-    namespace = getattr(owner, "__dict__", None)
+    namespace: Any = getattr(owner, "__dict__", None)
     try:
         if name in namespace:
             return True, namespace[name]
@@ -422,8 +423,8 @@ def _restore(owner: object, name: str, had: bool, value: object) -> None:
             delattr(owner, name)
 
 
-def _unpacker(hook: Hook):
-    def unpack(returned):
+def _unpacker(hook: Hook) -> Callable[[object], tuple[tuple, dict]]:
+    def unpack(returned: Any) -> tuple[tuple, dict]:
         try:
             args, kwargs = returned
             return tuple(args), dict(kwargs)
@@ -452,8 +453,8 @@ def build(patch: _Patch, hooks: list[Hook]) -> object:
                            "issubclass() against the original class fail for its instances",
                            patch.label, replacement.__qualname__)
         return replacement
-    rewrap = None
-    func = original
+    rewrap: Any = None  # staticmethod or classmethod, to wrap the result in again
+    func: Any = original
     if isinstance(original, (staticmethod, classmethod)):
         rewrap, func = type(original), original.__func__
     if not callable(func):
@@ -527,7 +528,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def make_plugin_hook(registry: Registry):
+def make_plugin_hook(registry: Registry) -> Callable[..., Callable[[Callable], Callable]]:
     """The ``plugin_hook(target, type=...)`` decorator of ``registry``."""
 
     def plugin_hook(target: str, type: HookType | str) -> Callable[[Callable], Callable]:

@@ -33,14 +33,20 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._core import PluginError, PluginSource, Registry, plugin_source
 
+if TYPE_CHECKING:
+    from platforms import Selection
+    from platforms.entrypoints import EntryPoint
+    from platforms.once import ProcessOnce
+
 logger = logging.getLogger("hooks")
 
-RUNTIMES: dict[str, "PluginRuntime"] = {}
+RUNTIMES: dict[str, PluginRuntime] = {}
 
 
 def _norm(distribution: str | None) -> str | None:
@@ -74,7 +80,7 @@ class PluginRuntime:
         self.registry = registry
         registry.required_policy = self.is_required
         self.outcomes: dict[tuple[str, str | None], PluginOutcome] = {}
-        self._phases = None
+        self._phases: dict[str, ProcessOnce] | None = None
         self._phases_lock = threading.Lock()
         self._inside = threading.local()
         self._assumed_selection: tuple[str | None] | None = None  # (distribution,) while assumed
@@ -90,7 +96,7 @@ class PluginRuntime:
         """Register plugins if that has not happened, then apply every hook, once per process."""
         self._enter("apply", self._apply)
 
-    def _phase(self, which: str):
+    def _phase(self, which: str) -> ProcessOnce:
         if self._phases is None:
             from platforms.once import ProcessOnce  # lazily: hooks imports no platforms at import
 
@@ -100,9 +106,10 @@ class PluginRuntime:
                         "register": ProcessOnce(f"{self.name} plugin registration"),
                         "apply": ProcessOnce(f"{self.name} hook application"),
                     }
-        return self._phases[which]
+        phases: dict[str, ProcessOnce] = self._phases
+        return phases[which]
 
-    def _enter(self, which: str, body) -> None:
+    def _enter(self, which: str, body: Callable[[], None]) -> None:
         if getattr(self._inside, "depth", 0):
             return  # re-entrant: called from a callback; the outer phase finishes the work
         self._inside.depth = 1
@@ -138,7 +145,7 @@ class PluginRuntime:
             self.outcomes[(source.name, source.distribution)] = PluginOutcome("loaded")
 
     # -- discovery and filtering --------------------------------------------------------------
-    def entry_points(self, group: str | None = None):
+    def entry_points(self, group: str | None = None) -> list[EntryPoint]:
         from platforms import entrypoints
 
         eps = entrypoints.entry_points(group or self.plugin_group)
@@ -155,7 +162,7 @@ class PluginRuntime:
 
         return runtime_spec(self.name).selector_env
 
-    def selection(self, probe: bool = True):
+    def selection(self, probe: bool = True) -> Selection:
         """The runtime's platform selection (resolving it if nothing has yet); ``probe=False`` as
         in ``platforms.current_selection`` (raises ``platforms.ProbeRequired`` where only a
         hardware probe could decide)."""
@@ -177,7 +184,7 @@ class PluginRuntime:
         finally:
             self._assumed_selection = None
 
-    def excluded_distributions(self) -> set[str]:
+    def excluded_distributions(self) -> set[str | None]:
         """Normalised names of the platform distributions whose plugins are skipped."""
         providers = {_norm(ep.distribution) for ep in self.entry_points(self.platform_group) if ep.distribution}
         if not providers:
@@ -191,7 +198,7 @@ class PluginRuntime:
             selected = {_norm(self.selected_distribution())}
         return providers - selected
 
-    def _load(self, excluded: set[str]) -> list[tuple[PluginSource, object]]:
+    def _load(self, excluded: set[str | None]) -> list[tuple[PluginSource, Callable[[], object]]]:
         """Import every admitted plugin; returns ``(source, callback)`` pairs, in order."""
         allowed = self.allowlist()
         self._warn_unknown_allowlist(allowed)
@@ -262,7 +269,7 @@ class PluginRuntime:
                        source, stage, exc_info=error)
 
     # -- the public load_plugins_by_group -----------------------------------------------------
-    def load_group(self, excluded_dists=None) -> dict[str, object]:
+    def load_group(self, excluded_dists: Iterable[str] | None = None) -> dict[str, object]:
         """Import this runtime's admitted plugins without running them: ``{name: callback}``.
 
         ``excluded_dists`` overrides the computed set of skipped distributions. A plugin whose

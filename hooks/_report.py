@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import TYPE_CHECKING, Any
 
 from ._loader import PluginRuntime, _norm
+
+if TYPE_CHECKING:
+    from platforms import Selection
 
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _selection(runtime: PluginRuntime, probe: bool):
+def _selection(runtime: PluginRuntime, probe: bool) -> tuple[dict[str, Any], Selection | None, bool]:
     """The report's ``selection`` entry and the ``Selection`` (None where there is none: a
     selection error, or a built-in only a hardware probe could pick), plus whether the selected
     platform's distribution is known without probing (False after an error)."""

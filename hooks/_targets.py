@@ -89,7 +89,7 @@ def resolve_owner(path: TargetPath) -> tuple[object, str]:
         owner = _import(parts[0])
         if owner is None:
             raise TargetError(f"no module named {parts[0]!r}")
-        walk = parts[1:-1]
+        walk = tuple(parts[1:-1])
     for name in walk:
         if isinstance(owner, ModuleType) and not hasattr(owner, name):
             sub = _import(f"{owner.__name__}.{name}")

@@ -25,7 +25,9 @@ may simply return ``original_fn(...)``; the wrapper awaits what it returns.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from types import CodeType, FunctionType
+from typing import Any
 
 _PREFIX = "__sgl_"
 
@@ -141,7 +143,9 @@ def _body(kind: str, sig_args: str, in_async: bool, hook_async: bool, inner_asyn
 _factories: dict[tuple, FunctionType] = {}
 
 
-def _factory(kind: str, sig: Signature, in_async: bool, hook_async: bool, inner_async: bool):
+def _factory(
+    kind: str, sig: Signature, in_async: bool, hook_async: bool, inner_async: bool
+) -> FunctionType:
     key = (kind, sig.params, sig.args, len(sig.defaults), in_async, hook_async, inner_async)
     factory = _factories.get(key)
     if factory is None:
@@ -160,7 +164,14 @@ def _factory(kind: str, sig: Signature, in_async: bool, hook_async: bool, inner_
     return factory
 
 
-def layer(kind: str, hook, inner, sig: Signature, in_async: bool, unpack=None):
+def layer(
+    kind: str,
+    hook: Callable[..., Any] | None,
+    inner: Callable[..., Any],
+    sig: Signature,
+    in_async: bool,
+    unpack: Callable[[Any], tuple[tuple, dict]] | None = None,
+) -> Any:
     """One wrapper: ``kind`` is "before", "after", "around" or "adapt"; ``inner`` the callable it
     wraps; ``unpack`` checks a BEFORE hook's ``(args, kwargs)`` (only called when it returns one)."""
     factory = _factory(kind, sig, in_async, is_async(hook), is_async(inner))
@@ -179,11 +190,12 @@ def finish(wrapper: FunctionType, original: object) -> FunctionType:
         wrapper.__dict__.update(getattr(original, "__dict__", {}))
     except (AttributeError, TypeError):
         pass
-    wrapper.__wrapped__ = original
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
     name, qualname = getattr(original, "__name__", None), getattr(original, "__qualname__", None)
     if isinstance(name, str) and isinstance(qualname, str):
-        changes = {"co_name": name}
-        if hasattr(wrapper.__code__, "co_qualname"):  # Python >= 3.11
-            changes["co_qualname"] = qualname
-        wrapper.__code__ = wrapper.__code__.replace(**changes)
+        code = wrapper.__code__
+        if hasattr(code, "co_qualname"):  # Python >= 3.11
+            wrapper.__code__ = code.replace(co_name=name, co_qualname=qualname)
+        else:
+            wrapper.__code__ = code.replace(co_name=name)
     return wrapper

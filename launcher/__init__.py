@@ -12,7 +12,7 @@ __all__ = ["LaunchError", "Launcher", "__version__"]
 _DISTRIBUTION = "sglang-launch"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name == "__version__":
         return _version()
     if name == "Launcher":

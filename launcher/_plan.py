@@ -60,6 +60,8 @@ def plan_children(args, *, payload: bytes, platform_key: str, runtime: str, endp
             rank=rank,
             local_rank=local_rank,
             world_size=world,
+            tp_size=args.tp_size,
+            dp_size=args.dp_size,
             runtime=runtime,
             platform_key=platform_key,
             runtime_dir=endpoints.runtime_dir,

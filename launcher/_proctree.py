@@ -153,3 +153,17 @@ async def stop_trees(roots: list[int], grace: float, kill_wait: float = 5.0) -> 
     finally:
         tree.close()
     return time.monotonic() - started
+
+
+async def kill_trees(roots: list[int], kill_wait: float = 5.0) -> float:
+    """SIGKILL ``roots`` and every descendant at once, with no grace period (for processes that
+    hold nothing to drain, such as workers still starting); wait up to ``kill_wait`` for them to
+    be gone. Returns the seconds it took."""
+    started = time.monotonic()
+    tree = Tree(roots)
+    try:
+        tree.signal(tree.alive(), signal.SIGKILL)
+        await tree.wait(kill_wait)
+    finally:
+        tree.close()
+    return time.monotonic() - started

@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import zmq
 import zmq.asyncio
 
 from bootstrap import messages, phases
-from launcher import _proctree
+from launcher._children import Child, Children, describe_exit
 from launcher._failure import ExitCode, LaunchError, RootCause, signal_name
 from launcher._notify import SystemdNotifier
 from launcher._ops import Listener, OpsChannel
@@ -46,12 +44,6 @@ from launcher._rundir import RuntimeDir, RuntimeDirError
 from launcher._state import FAILED, READY, STOPPED, STOPPING, LaunchState, WorkerState
 
 log = logging.getLogger("launcher")
-
-# How long to wait for a child's ``failed`` report once its exit code says it sent one.
-_REPORT_WAIT = 5.0
-# After a child exits, how long the status socket must stay quiet before its last phase counts.
-_SETTLE_QUIET = 0.025
-_SETTLE_MAX = 0.5
 
 
 @dataclass
@@ -64,16 +56,24 @@ class LaunchOutcome:
     was_ready: bool = False
 
 
-@dataclass
-class _ChildHandle:
-    """The supervisor's handle on one child it spawned (its process, state and reported failure)."""
+@dataclass(eq=False)
+class _Worker:
+    """One child of this node as the supervisor tracks it: the spawned ``Child`` and its state."""
 
-    spec: object  # bootstrap.ProcessSpec
+    child: Child
     state: WorkerState
-    process: multiprocessing.process.BaseProcess | None = None
-    failure: messages.Failed | None = None
-    reported_failure: asyncio.Event = field(default_factory=asyncio.Event)
-    exit_seen: bool = False
+
+    @property
+    def spec(self):
+        return self.child.spec
+
+    @property
+    def process(self):
+        return self.child.process
+
+    @property
+    def failure(self) -> messages.Failed | None:
+        return self.child.failure
 
 
 class Supervisor:
@@ -90,7 +90,8 @@ class Supervisor:
         self._stop_reason: str | None = None
         self._early_stop: str | None = None  # a stop requested before the loop ran
         self._lock = threading.Lock()
-        self._children: list[_ChildHandle] = []
+        self._children: list[_Worker] = []
+        self._kids: Children | None = None
         self._rundir: RuntimeDir | None = None
         self.state: LaunchState | None = None
         self.ops: OpsChannel | None = None
@@ -120,14 +121,11 @@ class Supervisor:
         with self._lock:
             self._loop = asyncio.get_running_loop()
             self._inbox = asyncio.Queue()
-            self._status_arrived = asyncio.Event()
             if self._early_stop:
                 self._post("stop", self._early_stop)
         zctx = zmq.asyncio.Context()
-        reader = None
         try:
-            pull = self._open(zctx)
-            reader = asyncio.create_task(self._read_status(pull))
+            self._open(zctx)
             if handle_signals:
                 self.install_signal_handlers()
             self.opened.set()
@@ -143,7 +141,7 @@ class Supervisor:
                 cause = await self._until_stop()
             return await self._shutdown(cause, was_ready)
         finally:
-            self._close(zctx, reader, handle_signals)
+            self._close(zctx, handle_signals)
 
     async def _until_ready(self, deadline: float) -> RootCause | None:
         """Wait for every worker's ``ready``; None when ready (or stopped), else the root cause."""
@@ -194,8 +192,8 @@ class Supervisor:
         return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 
     # ----------------------------------------------------------------- set-up and release
-    def _open(self, zctx: zmq.asyncio.Context):
-        """Runtime directory, child plan, state, state file and sockets; returns the status PULL."""
+    def _open(self, zctx: zmq.asyncio.Context) -> None:
+        """Runtime directory, child plan, state, state file, the status socket and the ops sockets."""
         try:
             self._rundir = RuntimeDir()
             endpoints = Endpoints(
@@ -226,11 +224,8 @@ class Supervisor:
             nnodes=args.nnodes,
             workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank) for s in specs],
         )
-        self._children = [_ChildHandle(spec, ws) for spec, ws in zip(specs, self.state.workers)]
-
-        pull = zctx.socket(zmq.PULL)
-        pull.setsockopt(zmq.LINGER, 0)
-        pull.bind(endpoints.status)
+        self._kids = Children(zctx, endpoints.status, self._on_message, self._on_sentinel)
+        self._children = [_Worker(self._kids.add(spec), ws) for spec, ws in zip(specs, self.state.workers)]
         self.ops = OpsChannel(zctx, self.state, endpoints.ops, endpoints.query)
         for listener in self._listeners:
             self.ops.add_listener(listener)
@@ -247,19 +242,14 @@ class Supervisor:
                 "argv": sys.argv,
             }
         )
-        return pull
 
-    def _close(self, zctx: zmq.asyncio.Context, reader: asyncio.Task | None, handle_signals: bool) -> None:
+    def _close(self, zctx: zmq.asyncio.Context, handle_signals: bool) -> None:
         """Release everything ``_open`` made; the launch is over (or never started)."""
         if handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._loop.remove_signal_handler(sig)
-        if reader is not None:
-            reader.cancel()
-        for child in self._children:
-            if child.process is not None and child.process.sentinel is not None:
-                self._loop.remove_reader(child.process.sentinel)
-        _kill_leftovers(self._children)  # only after an unexpected error: normally all are gone
+        if self._kids is not None:
+            self._kids.close()  # kills leftovers only after an unexpected error: normally all are gone
         if self.ops is not None:
             self.ops.close()
         zctx.destroy(linger=500)
@@ -270,22 +260,9 @@ class Supervisor:
         self.opened.set()
 
     def _spawn_all(self) -> None:
-        import bootstrap
-
-        context = multiprocessing.get_context("spawn")  # local: the global start method is untouched
-        global_method = multiprocessing.get_start_method(allow_none=True)
-        try:
-            for child in self._children:
-                spec = child.spec
-                child.process = context.Process(
-                    target=bootstrap.run, args=(spec,), name=f"sglang-{spec.role}-{spec.rank}", daemon=False
-                )
-                child.process.start()
-                child.state.pid = child.process.pid
-                self._loop.add_reader(child.process.sentinel, self._on_sentinel, child)
-        finally:
-            if global_method is None:
-                _unfix_global_start_method()
+        for worker in self._children:
+            self._kids.spawn(worker.child)
+            worker.state.pid = worker.process.pid
 
     # ----------------------------------------------------------------- inputs
     def _post(self, kind: str, item=None) -> None:
@@ -302,26 +279,11 @@ class Supervisor:
         except asyncio.TimeoutError:
             return "timeout", None
 
-    def _on_sentinel(self, child: _ChildHandle) -> None:
-        self._loop.remove_reader(child.process.sentinel)
-        self._post("exit", child)
+    def _on_sentinel(self, child: Child) -> None:
+        self._post("exit", self._worker_of(child))
 
-    async def _read_status(self, pull) -> None:
-        while True:
-            data = await pull.recv()
-            try:
-                message = messages.decode(data)
-            except messages.MessageError as exc:
-                log.warning("ignored a frame on the status socket: %s", exc)
-                continue
-            self._status_arrived.set()
-            child = self._child_named(message.worker)
-            if child is None:
-                log.warning("ignored a status message from unknown worker %r", message.worker)
-                continue
-            self._on_message(child, message)
-
-    def _on_message(self, child: _ChildHandle, message) -> None:
+    def _on_message(self, child: Child, message) -> None:
+        child = self._worker_of(child)
         ws = child.state
         if isinstance(message, messages.Phase):
             ws.phase = message.phase
@@ -337,7 +299,6 @@ class Supervisor:
             elif self.state.all_ready():
                 self._post("all_ready")
         elif isinstance(message, messages.Failed):
-            child.failure = message
             ws.error = {
                 "phase": message.phase,
                 "type": message.exc_type,
@@ -345,30 +306,20 @@ class Supervisor:
                 "traceback": message.traceback,
             }
             self._emit_worker(child, "failed", error=ws.error)
-            child.reported_failure.set()
             self._post("failed", self._failure_cause(child, message.exit_code))
         elif isinstance(message, messages.Stopped):
             ws.phase = "stopped"
             self._emit_worker(child, "stopped")
         # Heartbeats need no action: a stalled child is caught by the deadline or its sentinel.
 
-    def _child_named(self, worker: str) -> _ChildHandle | None:
-        for child in self._children:
-            if child.state.name == worker:
-                return child
-        return None
+    def _worker_of(self, child: Child) -> _Worker:
+        return next(w for w in self._children if w.child is child)
 
     # ----------------------------------------------------------------- root causes
-    async def _exit_cause(self, child: _ChildHandle) -> RootCause:
+    async def _exit_cause(self, child: _Worker) -> RootCause:
         """A child exited on its own: record how, wait for its report if it sent one, explain."""
         code = await self._reap(child)
-        await self._settle_status()
-        if child.failure is None and phases.phase_of_exit_code(code) not in (None, "parent_gone"):
-            # The exit status says the child reported a failure; let the report arrive.
-            try:
-                await asyncio.wait_for(child.reported_failure.wait(), _REPORT_WAIT)
-            except asyncio.TimeoutError:
-                pass
+        await self._kids.settle(child.child)
         if child.failure is not None:
             return self._failure_cause(child, code)
         ws = child.state
@@ -376,9 +327,9 @@ class Supervisor:
         phase = phases.SERVING if after_ready else _phase_in_progress(ws.phase)
         return RootCause(
             summary=(
-                f"{ws.name} {_ended(code)} after the server was ready"
+                f"{ws.name} {describe_exit(code)} after the server was ready"
                 if after_ready
-                else f"{ws.name} {_ended(code)} while {phases.DOING.get(phase, phase)}"
+                else f"{ws.name} {describe_exit(code)} while {phases.DOING.get(phase, phase)}"
             ),
             exit_code=ExitCode.WORKER_DIED if after_ready else ExitCode.WORKER_FAILED,
             worker=ws.name,
@@ -394,7 +345,7 @@ class Supervisor:
             hint=_exit_hint(code),
         )
 
-    def _failure_cause(self, child: _ChildHandle, code: int | None) -> RootCause:
+    def _failure_cause(self, child: _Worker, code: int | None) -> RootCause:
         failure, ws = child.failure, child.state
         after_ready = failure.phase in (phases.SERVING, phases.STOPPING)
         return RootCause(
@@ -411,7 +362,7 @@ class Supervisor:
             traceback=failure.traceback,
         )
 
-    def _mismatch_cause(self, child: _ChildHandle, platform: str) -> RootCause:
+    def _mismatch_cause(self, child: _Worker, platform: str) -> RootCause:
         ws = child.state
         return RootCause(
             summary=f"{ws.name} selected platform {platform!r}, the launcher selected {self.selection.key!r}",
@@ -439,32 +390,21 @@ class Supervisor:
             hint=f"raise --startup-timeout if {phase} is just slow, or look at why {first.name} hangs there",
         )
 
-    async def _settle_status(self) -> None:
-        """Let status messages a just-exited child sent before it died arrive (they travel
-        separately from its exit, which the sentinel reports at once): wait until the status
-        socket has been quiet for a moment, ``_SETTLE_QUIET``, or ``_SETTLE_MAX`` at most."""
-        deadline = time.monotonic() + _SETTLE_MAX
-        while time.monotonic() < deadline:
-            self._status_arrived.clear()
-            try:
-                await asyncio.wait_for(self._status_arrived.wait(), _SETTLE_QUIET)
-            except asyncio.TimeoutError:
-                return
+    async def _reap(self, child: _Worker) -> int | None:
+        """The exit code of a child whose sentinel fired; its ``exited`` event the first time."""
+        if not child.child.exit_seen:
+            await self._kids.reap(child.child)
+        self._emit_exited(child)
+        return child.child.exitcode
 
-    async def _reap(self, child: _ChildHandle) -> int | None:
-        """The exit code of a child whose sentinel fired (it may take a moment to be reapable)."""
-        process = child.process
-        for _ in range(1000):
-            code = process.exitcode
-            if code is not None:
-                break
-            await asyncio.sleep(0.001)
-        if not child.exit_seen:
-            child.exit_seen = True
-            ws = child.state
-            ws.exited, ws.exitcode, ws.signal = True, code, signal_name(code)
-            self._emit_worker(child, "exited", exitcode=code, signal=ws.signal)
-        return code
+    def _emit_exited(self, child: _Worker) -> None:
+        """Record how a reaped child ended and say so, once."""
+        ws = child.state
+        if ws.exited:
+            return
+        code = child.child.exitcode
+        ws.exited, ws.exitcode, ws.signal = True, code, signal_name(code)
+        self._emit_worker(child, "exited", exitcode=code, signal=ws.signal)
 
     # ----------------------------------------------------------------- stopping
     async def _stop_children(self) -> float:
@@ -477,14 +417,11 @@ class Supervisor:
         for roles in (("http",), ("scheduler",), None):
             group = [
                 c for c in self._children
-                if c.process is not None and not c.exit_seen and (roles is None or c.spec.role in roles)
+                if c.process is not None and not c.child.exit_seen and (roles is None or c.spec.role in roles)
             ]
-            roots = [c.process.pid for c in group if c.process.exitcode is None]
-            if roots:
-                await _proctree.stop_trees(roots, grace)
+            await self._kids.stop([c.child for c in group], grace)
             for child in group:
-                child.process.join(timeout=5)
-                await self._reap(child)
+                self._emit_exited(child)
         return time.monotonic() - started
 
     # ----------------------------------------------------------------- events
@@ -501,7 +438,7 @@ class Supervisor:
             workers=[w.name for w in self.state.workers],
         )
 
-    def _emit_worker(self, child: _ChildHandle, phase: str, **extra) -> None:
+    def _emit_worker(self, child: _Worker, phase: str, **extra) -> None:
         ws = child.state
         ready = sum(w.ready for w in self.state.workers)
         self.ops.emit(
@@ -528,30 +465,6 @@ class Supervisor:
         )
 
 
-def _unfix_global_start_method() -> None:
-    """Undo a side effect of the standard library: starting a ``spawn`` process calls
-    ``multiprocessing.get_start_method()``, which fixes the *global* default as if the
-    application had chosen it. An embedding application that never chose must still be free to."""
-    default = getattr(multiprocessing.context, "_default_context", None)
-    if default is not None and hasattr(default, "_actual_context"):
-        default._actual_context = None
-
-
-def _kill_leftovers(children: list[_ChildHandle]) -> None:
-    """SIGKILL the tree of every child still running (the supervisor is leaving abnormally)."""
-    roots = [c.process.pid for c in children if c.process is not None and c.process.exitcode is None]
-    if not roots:
-        return
-    tree = _proctree.Tree(roots)
-    try:
-        tree.signal(tree.alive(), signal.SIGKILL)
-    finally:
-        tree.close()
-    for child in children:
-        if child.process is not None:
-            child.process.join(timeout=5)
-
-
 def _phase_in_progress(last: str) -> str:
     """The bootstrap phase a worker was working towards, given the last one it reported."""
     if last in phases.PHASES[:-1]:
@@ -561,13 +474,6 @@ def _phase_in_progress(last: str) -> str:
     if last == "starting":
         return phases.SPAWNED
     return phases.READY  # a worker's own phase (e.g. model_loaded): still on its way to ready
-
-
-def _ended(code: int | None) -> str:
-    name = signal_name(code)
-    if name:
-        return f"was killed by {name}"
-    return f"exited with code {code}"
 
 
 def _exit_hint(code: int | None) -> str | None:

@@ -10,11 +10,11 @@ Importing this package imports no torch and no plugin.
 
 from __future__ import annotations
 
-from .runtimes import SRT
 from ._selection import PlatformSelectionError, ProbeRequired, Selection
 from ._state import LazyPlatform, PlatformSlot
 from .device_mixin import CpuArchEnum, DeviceCapability, DeviceMixin, PlatformEnum
 from .interface import SRTPlatform
+from .runtimes import SRT
 
 __all__ = [
     "CpuArchEnum",

@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from . import entrypoints
 from .entrypoints import EntryPoint
 from .runtimes import Builtin, RuntimeSpec
 
 
-
-def _log(level: str, message: str, *args) -> None:
+def _log(level: str, message: str, *args: object) -> None:
     import logging  # imported on use: it costs a fresh process more than the selection itself
 
     getattr(logging.getLogger("platforms"), level)(message, *args)
+
 
 PLUGIN_PREFIX = "plugin:"
 BUILTIN_PREFIX = "builtin:"
@@ -104,7 +104,7 @@ def env_flag(environ: Mapping[str, str], name: str) -> bool:
     raise PlatformSelectionError(f"{name}={environ.get(name)!r} is not a boolean; set it to 1 or 0")
 
 
-def _listing(eps) -> str:
+def _listing(eps: list[EntryPoint] | tuple[EntryPoint, ...]) -> str:
     return ", ".join(ep.describe() for ep in eps) or "none installed"
 
 
@@ -147,11 +147,22 @@ def parse_key(spec: RuntimeSpec, key: str) -> tuple[str, str]:
     return kind, name
 
 
+def _known_builtin(spec: RuntimeSpec, name: str) -> Builtin:
+    """The built-in ``name`` of ``spec``, which the caller has checked exists."""
+    entry = spec.builtin(name)
+    if entry is None:
+        raise PlatformSelectionError(
+            f"{spec.name} has no built-in platform {name!r}; built-ins: "
+            f"{', '.join(b.name for b in spec.builtins)}"
+        )
+    return entry
+
+
 def _pinned(spec: RuntimeSpec, key: str) -> Selection:
     kind, name = parse_key(spec, key)
     reason = f"the launching process, which pinned {key}"
     if kind == "builtin":
-        return _builtin_selection(spec, spec.builtin(name), reason)
+        return _builtin_selection(spec, _known_builtin(spec, name), reason)
     return _activate_named(spec, name, reason, how=f"the pinned key {key!r}")
 
 
@@ -159,7 +170,9 @@ def _explicit(spec: RuntimeSpec, value: str) -> Selection:
     var = spec.selector_env
     alias = value.lower()
     if alias in spec.explicit_builtins:
-        return _builtin_selection(spec, spec.builtin(alias), f"{var}={value} (built-in, not probed)")
+        return _builtin_selection(
+            spec, _known_builtin(spec, alias), f"{var}={value} (built-in, not probed)"
+        )
     if alias in spec.reserved_names:
         raise PlatformSelectionError(
             f"{var}={value} names the built-in {alias!r} platform, which is selected automatically "
@@ -201,7 +214,7 @@ def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool, pro
     candidates = list(entrypoints.entry_points(spec.platform_group))
     allowed = entrypoints.allowlist(spec.auto_allowlist_env, environ) if spec.auto_allowlist_env else None
     skipped = [ep for ep in candidates if allowed is not None and ep.name not in allowed]
-    if skipped:
+    if allowed is not None and skipped:
         _log("info", "%s leaves out platform plugins: %s", spec.auto_allowlist_env, _listing(skipped))
         candidates = [ep for ep in candidates if ep.name in allowed]
     _check_names(spec, candidates)
@@ -224,7 +237,7 @@ def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool, pro
         )
 
     lead = "no platform plugin " + ("activated" if candidates else "allowed" if skipped else "installed")
-    if skipped:
+    if skipped and spec.auto_allowlist_env:
         env = spec.auto_allowlist_env
         lead += (f" ({env}={environ[env]} leaves out {_listing(skipped)}; add their names to {env}, or "
                  f"unset it, to admit them to automatic selection, or set {var} to one to select it)")
@@ -234,7 +247,7 @@ def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool, pro
             raise ProbeRequired(spec.name, f"fallback: {lead}", tuple(b.name for b in spec.builtins[index:]), fallback)
         if _builtin_available(entry, environ):
             if serving and spec.serving_fallback and entry is spec.builtins[-1]:
-                served = spec.builtin(spec.serving_fallback)
+                served = _known_builtin(spec, spec.serving_fallback)
                 also = f" or {served.env_flag}=1" if served.env_flag else ""
                 return _builtin_selection(spec, served, (
                     f"fallback: {lead} and {entry.why}, so a server runs on the {served.name.upper()} "
@@ -321,7 +334,7 @@ def _plugin_selection(spec: RuntimeSpec, ep: EntryPoint, qualname: str, reason: 
 
 
 # -- constructing -----------------------------------------------------------------------------
-def instantiate(spec: RuntimeSpec, selection: Selection):
+def instantiate(spec: RuntimeSpec, selection: Selection) -> Any:
     """Import ``selection.qualname``, check it against ``spec`` and construct it with no arguments."""
     source = selection.entry_point.describe() if selection.entry_point else f"built-in {selection.name!r}"
     fix = (
@@ -343,9 +356,10 @@ def instantiate(spec: RuntimeSpec, selection: Selection):
             f"from it (SRT: platforms.SRTPlatform, diffusion: platforms.diffusion.Platform)"
         )
     enum_type = entrypoints.import_object(spec.enum_class)
-    if not isinstance(cls._enum, enum_type):
+    identity = getattr(cls, "_enum", None)
+    if not isinstance(identity, enum_type):
         raise PlatformSelectionError(
-            f"{spec.name} platform class {selection.qualname!r} sets _enum = {cls._enum!r}, which is "
+            f"{spec.name} platform class {selection.qualname!r} sets _enum = {identity!r}, which is "
             f"not a {enum_type.__module__}.{enum_type.__qualname__} member; use that runtime's own "
             f"PlatformEnum (OOT for a plugin)"
         )

@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from typing import Any
 
 from . import _selection
+from ._selection import PlatformSelectionError, Selection
 from .once import ProcessOnce
 from .runtimes import RuntimeSpec
-from ._selection import PlatformSelectionError, Selection
 
-_slots: "weakref.WeakSet[PlatformSlot]" = weakref.WeakSet()
+_slots: weakref.WeakSet[PlatformSlot] = weakref.WeakSet()
 
 
 class PlatformSlot:
@@ -85,7 +86,7 @@ class PlatformSlot:
                     self._busy = False
             return self._selection
 
-    def platform(self):
+    def platform(self) -> Any:
         """The selected platform instance, constructing it on first use."""
         platform = self._platform
         if platform is not None:
@@ -115,7 +116,7 @@ class PlatformSlot:
             )
 
     # -- initialization -------------------------------------------------------------------
-    def initialize(self):
+    def initialize(self) -> Any:
         """Run the selected platform's ``init_backend()`` at most once in this process."""
         platform = self.platform()
         self._init.run(platform.init_backend)
@@ -147,23 +148,23 @@ class LazyPlatform:
     def __init__(self, slot: PlatformSlot) -> None:
         object.__setattr__(self, "_slot", slot)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._slot.platform(), name)
 
-    def __setattr__(self, name: str, value) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         setattr(self._slot.platform(), name, value)
 
     @property  # type: ignore[misc]
-    def __class__(self):  # makes isinstance(current_platform, SRTPlatform) answer for the instance
+    def __class__(self) -> type:  # makes isinstance(current_platform, SRTPlatform) answer for the instance
         return type(self._slot.platform())
 
-    def __dir__(self):
+    def __dir__(self) -> list[str]:
         return dir(self._slot.platform())
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return self._slot.platform() == (other._slot.platform() if isinstance(other, LazyPlatform) else other)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self._slot.platform())
 
     def __str__(self) -> str:

@@ -34,14 +34,14 @@ class CustomOp(torch.nn.Module):
         super().__init__()
         self._forward_method = self.dispatch_forward()
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward_method(*args, **kwargs)
 
-    def forward_native(self, *args, **kwargs):
+    def forward_native(self, *args: Any, **kwargs: Any) -> Any:
         """The portable implementation every op must provide."""
         raise NotImplementedError(f"{type(self).__qualname__} must implement forward_native()")
 
-    def forward_oot(self, *args, **kwargs):
+    def forward_oot(self, *args: Any, **kwargs: Any) -> Any:
         """What an out-of-tree platform runs when nothing more specific exists."""
         return self.forward_native(*args, **kwargs)
 
@@ -70,10 +70,12 @@ class CustomOp(torch.nn.Module):
     def dispatch_key(self) -> str:
         """The current platform's ``get_dispatch_key_name()`` for this op's runtime."""
         if self.runtime == "srt":
-            from platforms import current_platform
-        else:
-            from platforms.diffusion import current_platform
-        return current_platform.get_dispatch_key_name()
+            from platforms import current_platform as srt_platform
+
+            return srt_platform.get_dispatch_key_name()
+        from platforms.diffusion import current_platform as diffusion_platform
+
+        return diffusion_platform.get_dispatch_key_name()
 
     def dispatch_forward(self) -> Callable[..., Any]:
         """Choose the implementation (see the module docstring for the order)."""

@@ -12,7 +12,12 @@ from __future__ import annotations
 import enum
 import os
 import random
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    import torch
 
 
 class PlatformEnum(enum.Enum):
@@ -118,17 +123,17 @@ class DeviceMixin:
         return self._is("OOT")
 
     # -- device operations -----------------------------------------------------------------
-    def _missing(self, method: str):
+    def _missing(self, method: str) -> NotImplementedError:
         return NotImplementedError(
             f"{type(self).__qualname__} does not implement {method}(); "
             f"a platform for device {self.device_name!r} must override it"
         )
 
-    def get_device(self, local_rank: int = 0):
+    def get_device(self, local_rank: int = 0) -> torch.device:
         """The ``torch.device`` a worker of ``local_rank`` uses."""
         raise self._missing("get_device")
 
-    def set_device(self, device) -> None:
+    def set_device(self, device: torch.device) -> None:
         """Make ``device`` the current device of this process."""
         raise self._missing("set_device")
 
@@ -158,11 +163,11 @@ class DeviceMixin:
         """``(free_bytes, total_bytes)`` of device ``device_id``."""
         raise self._missing("get_available_memory")
 
-    def get_current_memory_usage(self, device=None) -> float:
+    def get_current_memory_usage(self, device: torch.device | None = None) -> float:
         """Peak memory used on ``device`` so far, in bytes."""
         raise self._missing("get_current_memory_usage")
 
-    def is_pin_memory_available(self, device=None) -> bool:
+    def is_pin_memory_available(self, device: torch.device | None = None) -> bool:
         """Whether pinned host memory can be used for transfers to ``device`` (default False)."""
         return False
 
@@ -170,11 +175,11 @@ class DeviceMixin:
         """The ``torch.distributed`` backend name for this device ("nccl", "gloo", ...)."""
         raise self._missing("get_torch_distributed_backend_str")
 
-    def get_communicator_class(self):
+    def get_communicator_class(self) -> type | None:
         """A platform-specific communicator class, or None for the default (default None)."""
         return None
 
-    def inference_mode(self):
+    def inference_mode(self) -> AbstractContextManager[Any]:
         """A context manager for inference (default ``torch.inference_mode(True)``)."""
         import torch
 

@@ -11,7 +11,11 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-from typing import NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from importlib.metadata import Distribution
 
 SRT_PLATFORMS = "sglang.srt.platforms"
 SRT_PLUGINS = "sglang.srt.plugins"
@@ -37,7 +41,7 @@ class EntryPoint(NamedTuple):
     def module(self) -> str:
         return self.value.partition(":")[0].strip()
 
-    def load(self):
+    def load(self) -> Any:
         """Import the entry point's module and return the object it names."""
         module_name, _, attr = self.value.partition(":")
         obj = importlib.import_module(module_name.strip())
@@ -54,7 +58,7 @@ _lock = threading.Lock()
 _table: dict[str, tuple[EntryPoint, ...]] | None = None
 
 
-def _dist_name(dist) -> str | None:
+def _dist_name(dist: Distribution) -> str | None:
     """The distribution's ``Name`` header, read without the email parser when possible."""
     for filename in ("METADATA", "PKG-INFO"):
         text = dist.read_text(filename)
@@ -111,10 +115,14 @@ def snapshot() -> tuple[tuple[str, str, str, str | None], ...]:
     A launcher hands it to the children it spawns (same ``sys.path``), so that entry-point
     metadata is read once per launch rather than once per process; see ``seed``.
     """
-    return tuple(tuple(ep) for group in GROUPS for ep in entry_points(group))
+    return tuple(
+        (ep.group, ep.name, ep.value, ep.distribution)
+        for group in GROUPS
+        for ep in entry_points(group)
+    )
 
 
-def seed(rows) -> None:
+def seed(rows: Iterable[tuple[str, str, str, str | None]]) -> None:
     """Adopt a ``snapshot()`` taken by the parent process instead of scanning; a no-op if this
     process has already scanned (its own reading wins)."""
     global _table
@@ -145,7 +153,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def allowlist(variable: str = "SGLANG_PLUGINS", environ=None) -> frozenset[str] | None:
+def allowlist(
+    variable: str = "SGLANG_PLUGINS", environ: Mapping[str, str] | None = None
+) -> frozenset[str] | None:
     """The entry-point names a comma-separated allowlist variable admits; None when it is unset
     or blank (no filtering). Names are stripped; empty items are ignored."""
     raw = (os.environ if environ is None else environ).get(variable, "")
@@ -154,7 +164,7 @@ def allowlist(variable: str = "SGLANG_PLUGINS", environ=None) -> frozenset[str] 
     return frozenset(item.strip() for item in raw.split(",") if item.strip())
 
 
-def import_object(path: str):
+def import_object(path: str) -> Any:
     """Import what ``path`` names: ``"pkg.mod:Attr.sub"`` or a dotted ``"pkg.mod.Attr"``.
 
     For a dotted path the longest importable module prefix is the module; an ``ImportError``

@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 _PENDING, _RUNNING, _DONE, _FAILED = "pending", "running", "done", "failed"
 
-_instances: "weakref.WeakSet[ProcessOnce]" = weakref.WeakSet()
+_instances: weakref.WeakSet[ProcessOnce] = weakref.WeakSet()
 
 
 class ProcessOnce:
@@ -37,7 +39,7 @@ class ProcessOnce:
         """True once the phase has completed successfully in this process."""
         return self._state == _DONE
 
-    def run(self, fn, *args, **kwargs) -> bool:
+    def run(self, fn: Callable[..., object], *args: Any, **kwargs: Any) -> bool:
         """Run ``fn(*args, **kwargs)`` unless this phase already ran; True if this call ran it.
 
         Raises the phase's original exception if it failed, now or in an earlier call.

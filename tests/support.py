@@ -14,10 +14,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
+
+T = TypeVar("T")
 
 # Variables the product reads; a test starts from none of them unless it sets them.
 PRODUCT_ENV = (
@@ -145,3 +150,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+    """Poll ``predicate`` until it returns a true value, and return that value; fail the test,
+    naming ``what``, when ``timeout`` seconds pass first. Tests wait for conditions this way,
+    never for a fixed time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

@@ -82,6 +82,8 @@ def _harness(config: dict) -> dict:
             rank=child.get("rank", index),
             local_rank=child.get("rank", index),
             world_size=child.get("world_size", 1),
+            tp_size=args.tp_size,  # as the supervisor's plan does
+            dp_size=args.dp_size,
             target=child["target"],
             payload=payload,
             status_endpoint=status if child.get("status") != "bad" else "nonsense://nowhere",
@@ -214,6 +216,7 @@ def test_import_bootstrap_adds_only_stdlib_and_itself():
 # ---------------------------------------------------------------------------------------------
 # A healthy start, both runtimes, and a stop request.
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.e2e
 def test_children_report_every_phase_ready_and_stop_cleanly_on_sigterm():
     children, _ = run_harness(
         {
@@ -299,6 +302,7 @@ def platform_dist(site: Path, name: str, *, init_backend: str = "pass", plugin: 
     make_dist(site, f"{name}-platform", entry_points, modules)
 
 
+@pytest.mark.e2e
 def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site, tmp_path):
     platform_dist(site, "boom", init_backend='raise RuntimeError("the boom driver is missing")')
     platform_dist(
@@ -402,6 +406,7 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
 # ---------------------------------------------------------------------------------------------
 # The spec's early-import warning.
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.e2e
 def test_child_names_runtime_modules_the_launching_script_imported_at_module_scope(tmp_path):
     # spawn re-runs this script's module scope in the child, importing the worker module there
     # before the bootstrap starts: the child must say so.
@@ -457,6 +462,7 @@ REPLACING_PLUGIN = """
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("runtime", ["srt", "diffusion"])
 def test_replace_hooks_reach_the_server_args_class_and_the_worker_target(site, runtime):
     group = "sglang.srt.plugins" if runtime == "srt" else "sglang.multimodal_gen.plugins"

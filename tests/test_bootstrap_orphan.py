@@ -22,6 +22,8 @@ import pytest
 
 from support import REPO, clean_env
 
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
+
 TESTS = Path(__file__).resolve().parent
 
 # A parent that spawns bootstrap.run (a ready_then_wait worker) and prints the child's pid once

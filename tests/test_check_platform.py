@@ -65,6 +65,7 @@ def row(report, row_id):
     return next(r for r in report["rows"] if r["id"] == row_id)
 
 
+@pytest.mark.e2e
 def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
     (srt, diffusion, table, as_served), result = check_platform([
         (["--json"], {"SGLANG_USE_CPU_ENGINE": "1"}),
@@ -98,6 +99,7 @@ def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
     assert summary.endswith("conforms")
 
 
+@pytest.mark.e2e
 def test_pip_installed_demo_plugin_passes_both_runtimes(demo_site):  # noqa: F811
     env = {"DEMO_PLATFORM_ENABLE": "1"}
     (srt, diffusion), result = check_platform(
@@ -192,6 +194,7 @@ def broken_site(site):
     return site
 
 
+@pytest.mark.e2e
 def test_broken_plugins_yield_exactly_the_expected_failed_rows(broken_site):
     scenarios = [(["--json"], {"SGLANG_PLATFORM": name.lower()}) for name in BROKEN[:2]]
     # Generous: the child reaches init_backend in well under a second; the test waits out the rest.
@@ -299,6 +302,7 @@ def test_unusable_temp_directory_exits_3_with_the_fix_and_leaves_nothing(tmp_pat
     assert list(deep.iterdir()) == []  # its private directory is removed again
 
 
+@pytest.mark.e2e
 def test_server_args_row_blames_the_platform_not_the_installation(broken_site, tmp_path):
     """Without the embedded model's package, check_server_args() refuses a launch with no
     --model-path whatever the platform: that is not the platform's failure. A platform whose

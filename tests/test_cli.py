@@ -9,8 +9,10 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from support import REPO, clean_env, free_port, run_python
-from test_supervisor_support import FAST, READY_WAIT, TESTS, Run, short_runtime_dir
+from supervisor_support import FAST, READY_WAIT, TESTS, Run, short_runtime_dir
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -20,6 +22,7 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.e2e
 def test_help_lists_the_server_options_and_the_exit_codes():
     proc = _cli("--help")
     assert proc.returncode == 0, proc.stderr
@@ -29,6 +32,7 @@ def test_help_lists_the_server_options_and_the_exit_codes():
         assert text in proc.stdout, text
 
 
+@pytest.mark.e2e
 def test_bad_input_is_a_clear_usage_error_and_starts_nothing():
     bad = _cli("--tp-size", "0", "--port", "70000")
     assert bad.returncode == 2, bad.stderr
@@ -38,6 +42,7 @@ def test_bad_input_is_a_clear_usage_error_and_starts_nothing():
     assert runtime.returncode == 2 and "tpu" in runtime.stderr and "srt" in runtime.stderr
 
 
+@pytest.mark.e2e
 def test_status_and_events_without_a_running_launcher_say_how_to_start_one():
     for command in ("status", "events"):
         proc = _cli(command)
@@ -88,6 +93,7 @@ def test_terminal_display_live_on_a_tty_plain_lines_otherwise():
     assert "sglang-launch: scheduler.0 (pid 12) hooks_applied 0.50s" in plain
 
 
+@pytest.mark.e2e
 def test_diffusion_runtime_launches_with_its_own_platform_selection():
     args = [*FAST, "--runtime", "diffusion", "--port", str(free_port()),
             "--scheduler-target", READY_WAIT, "--http-target", READY_WAIT]
@@ -100,6 +106,7 @@ def test_diffusion_runtime_launches_with_its_own_platform_selection():
         run.assert_nothing_left()
 
 
+@pytest.mark.e2e
 def test_an_empty_http_target_launches_the_schedulers_alone():
     args = [*FAST, "--tp-size", "2", "--port", str(free_port()),
             "--scheduler-target", READY_WAIT, "--http-target", ""]

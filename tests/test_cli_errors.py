@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from support import REPO, clean_env, free_port, run_python
 
 LAUNCH = [sys.executable, "-m", "launcher"]
@@ -16,6 +18,7 @@ def _run(argv, **env):
     return subprocess.run(LAUNCH + argv, capture_output=True, text=True, env=environ, cwd=str(REPO), timeout=120)
 
 
+@pytest.mark.e2e
 def test_unknown_platform_is_a_setup_error_with_its_fix_not_a_traceback():
     for argv, env, variable in (
         ([], {"SGLANG_PLATFORM": "nosuch"}, "SGLANG_PLATFORM"),
@@ -30,6 +33,7 @@ def test_unknown_platform_is_a_setup_error_with_its_fix_not_a_traceback():
         assert "starting" not in run.stderr  # no worker was started
 
 
+@pytest.mark.e2e
 def test_embedded_launcher_gets_launch_error_for_an_unknown_platform():
     result = run_python(
         """
@@ -47,6 +51,7 @@ def test_embedded_launcher_gets_launch_error_for_an_unknown_platform():
     assert code == 5 and "SGLANG_PLATFORM=nosuch" in text
 
 
+@pytest.mark.e2e
 def test_a_model_path_that_is_not_a_model_is_a_usage_error_before_any_worker_starts(tmp_path):
     missing = _run(["--model-path", str(tmp_path / "nowhere"), "--port", str(free_port())])
     not_a_model = _run(["--model-path", str(tmp_path), "--port", str(free_port())])
@@ -56,6 +61,7 @@ def test_a_model_path_that_is_not_a_model_is_a_usage_error_before_any_worker_sta
         assert "Traceback" not in run.stderr and "starting" not in run.stderr
 
 
+@pytest.mark.e2e
 def test_output_cut_short_by_the_reader_is_not_an_error():
     """``sglang-launch --help | head -1``: the reader is gone before the output is written."""
     import os

@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from support import REPO, clean_env, descendants, free_port
+
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 
 
 def test_embedding_app_starts_uses_and_stops_a_server():

@@ -518,12 +518,13 @@ def test_a_plugin_adds_an_option_and_a_check_to_server_args(site):
         except ValueError as exc:
             error = str(exc)
         print("RESULT:" + json.dumps({"level": ns.my_plugin_level, "error": error}))
-    """, sites=[site])
+    """, sites=[site], env=clean_env(SGLANG_USE_CPU_ENGINE="1"))  # CPU: no accelerator probe (torch)
     assert res.returncode == 0, res
     assert res.data == {"level": 3, "error": "args_plugin supports --max-batch-size up to 64"}
 
 
 # -- the demo platform package, installed by pip ------------------------------------------------------
+@pytest.mark.e2e  # pip-installs the demo plugin
 def test_pip_installed_demo_platform_plugin_is_required_when_selected(demo_site):
     code = """
         import json, hooks
@@ -548,6 +549,7 @@ def test_pip_installed_demo_platform_plugin_is_required_when_selected(demo_site)
     assert other.data == {"hooks": []} and "plugin 'demo' (sglang-launch-demo-platform) failed to run its callback" in other.stderr
 
 
+@pytest.mark.e2e  # pip-installs the demo plugin
 def test_demo_plugin_hook_runs_once_in_a_forked_child(demo_site):
     # The demo's callback registers a fresh closure each call; a forked child re-runs the callback.
     res = run_python("""

@@ -16,8 +16,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from support import REPO, clean_env, free_port
-from test_supervisor_support import TESTS, short_runtime_dir
+from supervisor_support import TESTS, short_runtime_dir
+
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 
 APP = '''
 import json, multiprocessing, os, sys

@@ -8,7 +8,9 @@ import shutil
 
 import pytest
 
-from test_serving_support import build_tiny_llama, cosine
+from serving_support import build_tiny_llama, cosine
+
+pytestmark = pytest.mark.e2e  # loads real models through transformers (seconds each)
 
 pytest.importorskip("transformers")
 

@@ -8,6 +8,8 @@ threads, terminal failure, fork), ``pin_selection``, and the pip-installed demo 
 
 from __future__ import annotations
 
+import pytest
+
 from plugin_fixtures import DEMO_DISTRIBUTION, platform_plugin
 from support import clean_env, run_python
 
@@ -272,6 +274,7 @@ DEMO_CHECKS = """
 """
 
 
+@pytest.mark.e2e  # pip-installs the demo plugin
 def test_demo_plugin_installed_with_pip_disabled(demo_site):
     result = run_python(DEMO_CHECKS, sites=[demo_site])
     assert result.returncode == 0, result
@@ -280,6 +283,7 @@ def test_demo_plugin_installed_with_pip_disabled(demo_site):
     assert result.data["diff_selection"][1] is None
 
 
+@pytest.mark.e2e  # pip-installs the demo plugin
 def test_demo_plugin_installed_with_pip_end_to_end(demo_site):
     result = run_python(DEMO_CHECKS, sites=[demo_site], env=clean_env(DEMO_PLATFORM_ENABLE="1"))
     assert result.returncode == 0, result
@@ -298,6 +302,7 @@ def test_demo_plugin_installed_with_pip_end_to_end(demo_site):
     assert "must be a CustomOp subclass" in data["bad_registration"]
 
 
+@pytest.mark.e2e  # pip-installs the demo plugin
 def test_demo_plugin_init_failure_is_terminal(demo_site):
     code = """
         import json, platforms
@@ -315,6 +320,7 @@ def test_demo_plugin_init_failure_is_terminal(demo_site):
     assert result.data == ["demo platform: DEMO_PLATFORM_FAIL_INIT=1"] * 2
 
 
+@pytest.mark.e2e  # pip-installs the demo plugin
 def test_explicit_demo_when_disabled_names_the_fix(demo_site):
     result = run_python("from platforms import current_platform; print(current_platform)",
                         sites=[demo_site], env=clean_env(SGLANG_PLATFORM="demo"))

@@ -13,7 +13,11 @@ import msgspec
 import pytest
 
 from bootstrap.payload import FORMAT, VERSION, PayloadError, decode_payload, encode_payload
-from support import make_dist, run_python
+from support import clean_env, make_dist, run_python
+
+# The platform these tests' ServerArgs resolve: the CPU one, without probing for accelerators (the
+# probe imports torch, which these tests do not need; selection has tests of its own).
+CPU_ONLY = clean_env(SGLANG_USE_CPU_ENGINE="1", SGLANG_DIFFUSION_PLATFORM_OVERRIDE="cpu")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,7 +55,8 @@ def test_command_line_round_trip_help_and_bad_values():
             "bad_choice": [code, err.getvalue()],
             "repr_hides_key": "s3cret" not in repr(args),
         }))
-        """
+        """,
+        env=CPU_ONLY,
     )
     assert result.returncode == 0, str(result)
     data = result.data
@@ -90,7 +95,8 @@ def test_check_server_args_lists_every_problem_with_what_to_change():
             except ServerArgsError as exc:
                 out[name] = {"text": str(exc), "problems": exc.problems}
         print("RESULT:" + json.dumps(out))
-        """
+        """,
+        env=CPU_ONLY,
     )
     assert result.returncode == 0, str(result)
     many = result.data["many"]
@@ -220,6 +226,7 @@ def test_server_args_hooks_add_options_change_defaults_and_relax_checks(site):
         print("RESULT:" + json.dumps([ns.tweak_level, args.served_model_name, args.port, still_checked]))
         """,
         sites=[site],
+        env=CPU_ONLY,
     )
     assert result.returncode == 0, str(result)
     assert result.data == [3, "tweaked", 1, True]

@@ -16,7 +16,9 @@ import httpx
 import psutil
 import pytest
 
-from test_serving_support import embedding_body, report, run_load, start_server, start_two_nodes, stop_all
+from serving_support import embedding_body, report, run_load, start_server, start_two_nodes, stop_all
+
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 
 
 @pytest.fixture
@@ -93,7 +95,7 @@ def test_a_replica_node_0_cannot_reach_keeps_the_launch_from_claiming_ready(tmp_
     """Node 1 never starts: node 0's scheduler is up, but /ready names the missing replica and the
     supervisor never says ready; the start-up timeout ends the launch."""
     from support import free_port
-    from test_serving_support import Server
+    from serving_support import Server
 
     node0 = Server(["--dp-size", "2", "--nnodes", "2", "--node-rank", "0", "--startup-timeout", "20",
                     "--dist-init-addr", f"127.0.0.1:{free_port()}"], tmp_path / "lonely-node0.log")

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from test_serving_support import (
+from serving_support import (
     REPO,
     cosine,
     embedding_body,
@@ -39,6 +39,7 @@ def embed(server, texts, **extra):
     return r.json()
 
 
+@pytest.mark.e2e
 def test_first_request_with_the_default_model(server):
     body = embed(server, ["a cat sits on the mat", "a kitten rests on a rug", "stock prices fell sharply"],
                  model="all-MiniLM-L6-v2")
@@ -51,6 +52,7 @@ def test_first_request_with_the_default_model(server):
     assert cosine(single, cat) > 0.9999
 
 
+@pytest.mark.e2e
 def test_served_vectors_are_the_models_own(server):
     """What reaches the client (float32 bytes from the scheduler, JSON from the HTTP child) is the
     model's output as ModelRunner computes it in-process, for each text of a batch."""
@@ -67,6 +69,7 @@ def test_served_vectors_are_the_models_own(server):
         assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5
 
 
+@pytest.mark.e2e
 def test_read_only_routes(server):
     get = lambda path: httpx.get(server.url + path, timeout=30)  # noqa: E731
     assert get("/health").json() == {"healthy": True}
@@ -110,6 +113,7 @@ BAD = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_bad_input_is_a_4xx_with_a_clear_message(server, case):
     _, body, status, words = case
@@ -151,6 +155,7 @@ def test_guard_dispatch_and_fastapi_endpoint_refuse_alike(case):
     assert by_guard[0] == status and words in by_guard[1]
 
 
+@pytest.mark.e2e
 def test_wrong_route_method_and_model_kind_are_4xx(server):
     r = post(server.url + "/v1/completions", {"prompt": "hello"})
     assert r.status_code == 400 and "serves embedding" in r.json()["error"]["message"]
@@ -162,6 +167,7 @@ def test_wrong_route_method_and_model_kind_are_4xx(server):
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+@pytest.mark.e2e
 def test_schemathesis_fuzz_finds_no_server_error(server, tmp_path):
     st = shutil.which("st", path=str(REPO / ".venv" / "bin"))
     assert st, "schemathesis is part of the test extra"
@@ -176,6 +182,7 @@ def test_schemathesis_fuzz_finds_no_server_error(server, tmp_path):
     assert httpx.get(server.url + "/health").json() == {"healthy": True}
 
 
+@pytest.mark.e2e
 def test_load_dp1_sixteen_clients_twenty_seconds(server, capsys):
     stats = run_load(server.url, embedding_body, clients=16, seconds=20)
     report(capsys, f"load dp=1: {stats['requests']} requests, {len(stats['errors'])} errors, "

@@ -11,7 +11,9 @@ import time
 import httpx
 import pytest
 
-from test_serving_support import Server, build_tiny_llama, post, server_env, start_server, start_two_nodes, stop_all
+from serving_support import Server, build_tiny_llama, post, server_env, start_server, start_two_nodes, stop_all
+
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}

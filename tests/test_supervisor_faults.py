@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from test_supervisor_support import FAST, READY_WAIT, Run, fault_site
+from supervisor_support import FAST, READY_WAIT, Run, fault_site
+
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 
 W = "workers_for_tests."
 
@@ -52,7 +54,7 @@ CASES = {
         ["RuntimeError: worker failed on purpose", "exited with code 86", "Traceback"],
     ),
     "worker killed by a signal": (
-        ["--scheduler-target", "test_supervisor_support.kill_self_once_seen"], {}, False,
+        ["--scheduler-target", "supervisor_support.kill_self_once_seen"], {}, False,
         1, "scheduler.0", "ready",
         ["killed by SIGKILL", "OOM"],
     ),
@@ -62,7 +64,7 @@ CASES = {
         ["did not finish within 4s", "StartupTimeout", "scheduler.0 in ready"],
     ),
     "worker dies after ready": (
-        ["--scheduler-target", "test_supervisor_support.exit_once_seen_ready"], {}, False,
+        ["--scheduler-target", "supervisor_support.exit_once_seen_ready"], {}, False,
         4, "scheduler.0", "serving",
         ["after the server was ready", "exited with code 3"],
     ),

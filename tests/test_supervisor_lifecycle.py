@@ -21,8 +21,12 @@ from pathlib import Path
 
 import psutil
 
+import pytest
+
 from support import REPO, free_port
-from test_supervisor_support import FAST, READY_WAIT, Run, wait_for
+from supervisor_support import FAST, READY_WAIT, Run, wait_for
+
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 
 W = "workers_for_tests."
 

@@ -11,14 +11,18 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from support import free_port
-from test_supervisor_support import FAST, READY_WAIT, Run, short_runtime_dir
+from supervisor_support import FAST, READY_WAIT, Run, short_runtime_dir
+
+pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 
 
 def test_two_nodes_form_one_process_group():
     addr = f"127.0.0.1:{free_port()}"
     common = [*FAST, "--nnodes", "2", "--tp-size", "2", "--dist-init-addr", addr,
-              "--scheduler-target", "test_supervisor_support.allreduce_worker", "--http-target", READY_WAIT]
+              "--scheduler-target", "supervisor_support.allreduce_worker", "--http-target", READY_WAIT]
     env = {"SGLANG_USE_CPU_ENGINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
     runtime_dir = short_runtime_dir()
     with Run([*common, "--node-rank", "0", "--port", str(free_port())], env=env, runtime_dir=runtime_dir) as node0, \

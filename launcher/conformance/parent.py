@@ -1,32 +1,29 @@
 """Run the checks in a spawned child through the same bootstrap as workers, and collect them.
 
-``run_child(runtime, timeout)`` makes a private directory (mode 0700), binds a ZeroMQ PULL socket
-there for the bootstrap's status messages, and spawns ``bootstrap.run`` with a local ``spawn``
-context and a ``ProcessSpec`` whose target is ``child.run_checks``. Nothing is pinned: the child
-selects its platform from the same environment a launch reads, so this process never imports
-torch (built-in probing would). It waits on the status socket and the child's sentinel at once,
-under one deadline; on ``ready`` it asks the child to stop (SIGTERM), and whatever happens it
-leaves no process behind. The child's stdout is pointed at this process's stderr, so a plugin
-that prints cannot corrupt ``--json`` output.
+``run_child(runtime, timeout)`` makes a private directory (mode 0700) and starts one bootstrap
+child there whose target is ``child.run_checks``, through ``launcher._children``, the mechanism
+the supervisor starts and watches its workers with (the same status socket, sentinel, settle
+wait and process-tree stop). Nothing is pinned: the child selects its platform from the same
+environment a launch reads, so this process never imports torch (built-in probing would). It
+waits for ``ready`` or the child's exit under one deadline; on ``ready`` it stops the child
+(SIGTERM, then SIGKILL after a grace period), and whatever happens it leaves no process behind.
+The child's stdout is pointed at this process's stderr, so a plugin that prints cannot corrupt
+``--json`` output.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
+import asyncio
 import shutil
-import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import journal
 
 TARGET = "launcher.conformance.child:run_checks"
-_STOP_GRACE_S = 10.0  # for the child to wind down after SIGTERM before it is killed
-_SETTLE_QUIET_S = 0.2  # a dead child's last status messages: wait until the socket is this quiet
-_SETTLE_MAX_S = 2.0
+_STOP_GRACE_S = 10.0  # for the child to wind down after SIGTERM (once ready) before it is killed
+_FAILED_GRACE_S = 2.0  # for a child that timed out before ready
 
 
 class SetupError(RuntimeError):
@@ -55,78 +52,67 @@ class ChildResult(NamedTuple):
     timeout: float
 
 
-@contextlib.contextmanager
-def _stdout_to_stderr():
-    """While a child is started, fd 1 is this process's stderr, so the child inherits that."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 class _Status:
+    """What the check process reported, and an event set when it is ready or gone."""
+
     def __init__(self) -> None:
         self.reached = "starting"
         self.failure: dict | None = None
         self.ready = False
+        self.changed = asyncio.Event()
 
-    def take(self, frame: bytes) -> None:
+    def take(self, _child, message) -> None:
         from bootstrap import messages
 
-        try:
-            message = messages.decode(frame)
-        except messages.MessageError:
-            return  # only our child knows this private endpoint; ignore what cannot be ours
         if isinstance(message, messages.Phase):
             self.reached = message.phase
         elif isinstance(message, messages.Ready):
             self.ready = True
+            self.changed.set()
         elif isinstance(message, messages.Failed):
             self.failure = messages.to_dict(message)
 
+    def exited(self, _child) -> None:
+        self.changed.set()
 
-def _drain(socket, status: _Status) -> None:
+
+async def _watch(spec, endpoint: str, timeout: float, status: _Status):
+    """Start the check process, wait for ready or its exit, stop it; its ``Child`` and whether
+    it timed out."""
     import zmq
+    import zmq.asyncio
 
-    while True:
+    from launcher._children import Children
+
+    context = zmq.asyncio.Context()
+    try:
         try:
-            status.take(socket.recv(zmq.NOBLOCK))
-        except zmq.Again:
-            return
-
-
-def _settle(socket, status: _Status) -> None:
-    """Messages a dead child sent just before it died travel apart from its exit: take them."""
-    import zmq
-
-    poller = zmq.Poller()
-    poller.register(socket, zmq.POLLIN)
-    deadline = time.monotonic() + _SETTLE_MAX_S
-    while time.monotonic() < deadline and poller.poll(_SETTLE_QUIET_S * 1000):
-        _drain(socket, status)
-
-
-def _stop(process, grace: float) -> None:
-    """SIGTERM the child's tree, SIGKILL what is left after ``grace``; reap the child."""
-    import asyncio
-
-    from launcher import _proctree
-
-    if process.exitcode is None and process.pid:
-        asyncio.run(_proctree.stop_trees([process.pid], grace))
-    process.join(timeout=10)
+            children = Children(context, endpoint, status.take, status.exited)
+        except zmq.ZMQError as exc:
+            raise SetupError(
+                f"cannot listen on {endpoint}: {exc}; set TMPDIR to a short, writable directory"
+            ) from exc
+        child = children.add(spec)
+        timed_out = False
+        try:
+            children.spawn(child, output=2)  # the child's prints go to stderr, never to --json
+            try:
+                await asyncio.wait_for(status.changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                timed_out = True
+            # A worker runs until asked to stop: once ready the checks are done.
+            await children.stop([child], _STOP_GRACE_S if status.ready else _FAILED_GRACE_S)
+            if not timed_out:
+                await children.settle(child)
+        finally:
+            children.close()
+        return child, timed_out
+    finally:
+        context.destroy(linger=0)
 
 
 def run_child(runtime: str, timeout: float) -> ChildResult:
     """Run the checks of ``runtime`` in a spawned bootstrap child; never leaves it running."""
-    import multiprocessing
-
-    import zmq
-
     import bootstrap
 
     try:
@@ -136,20 +122,9 @@ def run_child(runtime: str, timeout: float) -> ChildResult:
             f"cannot create a private directory for the check process: {exc}; set TMPDIR to a "
             "writable directory"
         ) from exc
-    context = zmq.Context(1)
-    socket = context.socket(zmq.PULL)
-    socket.setsockopt(zmq.LINGER, 0)
-    process = None
     status = _Status()
-    timed_out = False
     try:
         endpoint = f"ipc://{workdir}/status"
-        try:
-            socket.bind(endpoint)
-        except zmq.ZMQError as exc:
-            raise SetupError(
-                f"cannot listen on {endpoint}: {exc}; set TMPDIR to a short, writable directory"
-            ) from exc
         spec = bootstrap.ProcessSpec(
             role="check",
             target=TARGET,
@@ -161,46 +136,16 @@ def run_child(runtime: str, timeout: float) -> ChildResult:
             runtime_dir=workdir,
             log_level="warning",
         )
-        process = multiprocessing.get_context("spawn").Process(
-            target=bootstrap.run, args=(spec,), name=spec.worker_id
-        )
-        with _stdout_to_stderr():
-            process.start()
-
-        poller = zmq.Poller()
-        poller.register(socket, zmq.POLLIN)
-        poller.register(process.sentinel, zmq.POLLIN)
-        deadline = time.monotonic() + timeout
-        stop_sent = False
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = not status.ready
-                break
-            events = dict(poller.poll(remaining * 1000))
-            if socket in events:
-                _drain(socket, status)
-            if status.ready and not stop_sent:
-                process.terminate()  # a worker runs until asked to stop; the checks are done
-                stop_sent = True
-                deadline = time.monotonic() + _STOP_GRACE_S
-            if process.sentinel in events:
-                break
-        if not timed_out:
-            _settle(socket, status)
-    finally:
-        if process is not None and process.pid is not None:
-            _stop(process, grace=_STOP_GRACE_S if status.ready else 2.0)
-        socket.close()
-        context.term()
+        child, timed_out = asyncio.run(_watch(spec, endpoint, timeout, status))
         reading = journal.read(workdir)
+    finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return ChildResult(
         journal=reading,
         reached=status.reached,
         failure=status.failure,
-        exitcode=process.exitcode,
+        exitcode=child.exitcode,
         ready=status.ready,
-        timed_out=timed_out,
+        timed_out=timed_out and not status.ready,
         timeout=timeout,
     )

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from typing import TYPE_CHECKING, Any
 
 from ..device_mixin import DeviceCapability, DeviceMixin
 
+if TYPE_CHECKING:
+    import torch
 
-def torch_api(module_name: str, extension: str | None = None):
+
+def torch_api(module_name: str, extension: str | None = None) -> Any:
     """``torch.<module_name>`` after importing the vendor ``extension`` (e.g. ``torch_npu``);
     None when either is missing."""
     if extension is not None:
@@ -37,19 +41,19 @@ class TorchAccelerator(DeviceMixin):
     has_capability: bool = True
 
     @property
-    def api(self):
+    def api(self) -> Any:
         api = torch_api(self.torch_module, self.extension)
         if api is None:
             needed = self.extension or "a torch build with " + self.torch_module
             raise RuntimeError(f"{type(self).__qualname__} needs torch.{self.torch_module}; install {needed}")
         return api
 
-    def get_device(self, local_rank: int = 0):
+    def get_device(self, local_rank: int = 0) -> torch.device:
         import torch
 
         return torch.device(self.device_type, local_rank)
 
-    def set_device(self, device) -> None:
+    def set_device(self, device: torch.device) -> None:
         self.api.set_device(device)
 
     def get_device_name(self, device_id: int = 0) -> str:
@@ -81,10 +85,10 @@ class TorchAccelerator(DeviceMixin):
         free, total = self.api.mem_get_info(device_id)
         return int(free), int(total)
 
-    def get_current_memory_usage(self, device=None) -> float:
+    def get_current_memory_usage(self, device: torch.device | None = None) -> float:
         return float(self.api.max_memory_allocated(device))
 
-    def is_pin_memory_available(self, device=None) -> bool:
+    def is_pin_memory_available(self, device: torch.device | None = None) -> bool:
         return True
 
     def get_torch_distributed_backend_str(self) -> str:

@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 from ..device_mixin import DeviceCapability, DeviceMixin, PlatformEnum
 from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ..interface import SRTPlatform
+
+if TYPE_CHECKING:
+    import torch
 
 
 def available() -> bool:
@@ -36,12 +40,12 @@ class CpuDevice(DeviceMixin):
     device_name = "cpu"
     device_type = "cpu"
 
-    def get_device(self, local_rank: int = 0):
+    def get_device(self, local_rank: int = 0) -> torch.device:
         import torch
 
         return torch.device("cpu")
 
-    def set_device(self, device) -> None:
+    def set_device(self, device: torch.device) -> None:
         """Nothing to switch: there is one CPU device."""
 
     def get_device_name(self, device_id: int = 0) -> str:
@@ -66,14 +70,14 @@ class CpuDevice(DeviceMixin):
         mem = psutil.virtual_memory()
         return int(mem.available), int(mem.total)
 
-    def get_current_memory_usage(self, device=None) -> float:
+    def get_current_memory_usage(self, device: torch.device | None = None) -> float:
         """Peak resident memory of this process, in bytes."""
         import resource
 
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return float(peak if sys.platform == "darwin" else peak * 1024)
 
-    def is_pin_memory_available(self, device=None) -> bool:
+    def is_pin_memory_available(self, device: torch.device | None = None) -> bool:
         """Pinned host memory only speeds up copies to an accelerator; a CPU target has none."""
         return False
 
@@ -96,5 +100,7 @@ class CpuPlatform(Platform, CpuDevice):
     _enum = DiffusionPlatformEnum.CPU
     dispatch_key = "CPU"
 
-    def get_attn_backend_cls_str(self, selected_backend=None, head_size: int = 0, dtype=None) -> str:
+    def get_attn_backend_cls_str(
+        self, selected_backend: Any = None, head_size: int = 0, dtype: Any = None
+    ) -> str:
         return "torch.nn.functional.scaled_dot_product_attention"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..device_mixin import DeviceCapability, PlatformEnum
 from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
@@ -33,7 +35,8 @@ class CudaSRTPlatform(SRTPlatform, CudaDevice):
         return True
 
     def supports_fp8(self) -> bool:
-        return self.get_device_capability() >= DeviceCapability(8, 9)
+        capability = self.get_device_capability()
+        return capability is not None and capability >= DeviceCapability(8, 9)
 
     def get_default_attention_backend(self) -> str:
         return "flashinfer"
@@ -52,5 +55,7 @@ class CudaPlatform(Platform, CudaDevice):
     def supports_distributed_device_id(self) -> bool:
         return True
 
-    def get_attn_backend_cls_str(self, selected_backend=None, head_size: int = 0, dtype=None) -> str:
+    def get_attn_backend_cls_str(
+        self, selected_backend: Any = None, head_size: int = 0, dtype: Any = None
+    ) -> str:
         return "torch.nn.functional.scaled_dot_product_attention"

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..device_mixin import DeviceCapability, DeviceMixin
 from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
+
+if TYPE_CHECKING:
+    import torch
 
 
 def available() -> bool:
@@ -18,12 +23,12 @@ class MpsDevice(DeviceMixin):
     device_name = "mps"
     device_type = "mps"
 
-    def get_device(self, local_rank: int = 0):
+    def get_device(self, local_rank: int = 0) -> torch.device:
         import torch
 
         return torch.device("mps")
 
-    def set_device(self, device) -> None:
+    def set_device(self, device: torch.device) -> None:
         """One MPS device per machine: nothing to switch."""
 
     def get_device_name(self, device_id: int = 0) -> str:
@@ -54,7 +59,7 @@ class MpsDevice(DeviceMixin):
         total = self.get_device_total_memory(device_id)
         return max(0, total - int(torch.mps.driver_allocated_memory())), total
 
-    def get_current_memory_usage(self, device=None) -> float:
+    def get_current_memory_usage(self, device: torch.device | None = None) -> float:
         import torch
 
         return float(torch.mps.driver_allocated_memory())
@@ -70,5 +75,7 @@ class MpsPlatform(Platform, MpsDevice):
     def get_dispatch_key_name(self) -> str:
         return "mps"
 
-    def get_attn_backend_cls_str(self, selected_backend=None, head_size: int = 0, dtype=None) -> str:
+    def get_attn_backend_cls_str(
+        self, selected_backend: Any = None, head_size: int = 0, dtype: Any = None
+    ) -> str:
         return "torch.nn.functional.scaled_dot_product_attention"

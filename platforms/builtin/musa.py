@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ._accelerator import TorchAccelerator, api_available
@@ -26,5 +28,7 @@ class MusaPlatform(Platform, MusaDevice):
     def get_dispatch_key_name(self) -> str:
         return "musa"
 
-    def get_attn_backend_cls_str(self, selected_backend=None, head_size: int = 0, dtype=None) -> str:
+    def get_attn_backend_cls_str(
+        self, selected_backend: Any = None, head_size: int = 0, dtype: Any = None
+    ) -> str:
         return "torch.nn.functional.scaled_dot_product_attention"

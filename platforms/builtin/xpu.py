@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..device_mixin import PlatformEnum
 from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
@@ -38,5 +40,7 @@ class XpuPlatform(Platform, XpuDevice):
     def get_dispatch_key_name(self) -> str:
         return "xpu"
 
-    def get_attn_backend_cls_str(self, selected_backend=None, head_size: int = 0, dtype=None) -> str:
+    def get_attn_backend_cls_str(
+        self, selected_backend: Any = None, head_size: int = 0, dtype: Any = None
+    ) -> str:
         return "torch.nn.functional.scaled_dot_product_attention"

@@ -11,10 +11,10 @@ distribution supplied the platform. Importing this package imports no torch and 
 
 from __future__ import annotations
 
-from ..runtimes import DIFFUSION
 from .._selection import PlatformSelectionError, ProbeRequired, Selection
 from .._state import LazyPlatform, PlatformSlot
 from ..device_mixin import CpuArchEnum, DeviceCapability
+from ..runtimes import DIFFUSION
 from .interface import Platform, PlatformEnum
 
 __all__ = [

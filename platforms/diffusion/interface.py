@@ -13,18 +13,23 @@ from __future__ import annotations
 
 import enum
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..device_mixin import DeviceMixin
 from ..device_mixin import PlatformEnum as _SRTPlatformEnum
 
+if TYPE_CHECKING:
+    import torch
+
+def _copy_enum(source: type[enum.Enum], name: str) -> Any:
+    """A new enum type called ``name`` with ``source``'s members (typed ``Any``: a type checker
+    cannot list members made at run time)."""
+    members = [(member.name, member.value) for member in source]
+    return enum.Enum(name, members, module=__name__, qualname=name)
+
+
 # The same members as SRT's enum, as a distinct type: the runtimes' identities never compare equal.
-PlatformEnum = enum.Enum(
-    "PlatformEnum",
-    [(member.name, member.value) for member in _SRTPlatformEnum],
-    module=__name__,
-    qualname="PlatformEnum",
-)
+PlatformEnum = _copy_enum(_SRTPlatformEnum, "PlatformEnum")
 PlatformEnum.__doc__ = "The diffusion runtime's platform identities. Out-of-tree platforms use ``OOT``."
 
 _GIB = float(1 << 30)
@@ -52,12 +57,16 @@ class Platform(DeviceMixin):
         """Fill platform-specific defaults into ``server_args`` (default: none)."""
 
     # -- device and memory -----------------------------------------------------------------
-    def get_local_torch_device(self):
+    def get_local_torch_device(self) -> torch.device:
         """This process's ``torch.device``: ``get_device(LOCAL_RANK)`` (``LOCAL_RANK`` default 0)."""
         return self.get_device(int(os.environ.get("LOCAL_RANK", "0") or 0))
 
     def get_available_gpu_memory(
-        self, device_id: int = 0, distributed: bool = False, empty_cache: bool = True, cpu_group=None
+        self,
+        device_id: int = 0,
+        distributed: bool = False,
+        empty_cache: bool = True,
+        cpu_group: Any = None,
     ) -> float:
         """Free memory of device ``device_id`` in GiB; with ``distributed`` the minimum over the
         ranks of ``cpu_group`` (a gloo process group)."""

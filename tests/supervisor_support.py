@@ -28,24 +28,12 @@ from pathlib import Path
 
 import psutil
 
-from support import REPO, clean_env, make_dist
+from support import REPO, clean_env, make_dist, wait_for
 
 TESTS = Path(__file__).resolve().parent
 TAG = "SGLANG_LAUNCH_TEST_TAG"
 FAST = ["--startup-timeout", "60", "--stop-grace-period", "5"]
 READY_WAIT = "workers_for_tests.ready_then_wait"
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.02):
-    """Poll ``predicate`` until it returns a true value (returned) or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def short_runtime_dir() -> str:
