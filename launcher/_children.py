@@ -170,12 +170,12 @@ class Children:
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), SETTLE_QUIET)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         if child.failure is None and phases.phase_of_exit_code(child.exitcode) not in (None, "parent_gone"):
             try:
                 await asyncio.wait_for(child.reported_failure.wait(), REPORT_WAIT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # ------------------------------------------------------------------ stopping

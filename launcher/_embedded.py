@@ -18,7 +18,7 @@ import concurrent.futures
 import queue
 import threading
 import weakref
-from typing import Iterator
+from collections.abc import Iterator
 
 from launcher._failure import ExitCode, LaunchError, RootCause
 

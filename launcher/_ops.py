@@ -25,7 +25,7 @@ import collections
 import json
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio

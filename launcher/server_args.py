@@ -23,7 +23,6 @@ import typing
 from dataclasses import dataclass, field
 
 from bootstrap.payload import PayloadError, decode_payload, encode_payload
-from launcher.rendezvous import RendezvousError, parse_dist_init_addr
 
 RUNTIMES = ("srt", "diffusion")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -168,6 +167,8 @@ class ServerArgs:
             0 <= self.node_rank < max(self.nnodes, 1),
             f"--node-rank {self.node_rank} must be in 0..{max(self.nnodes, 1) - 1} (--nnodes {self.nnodes})",
         )
+        from launcher.rendezvous import RendezvousError, parse_dist_init_addr
+
         try:
             parse_dist_init_addr(self.dist_init_addr, self.nnodes)
         except RendezvousError as exc:

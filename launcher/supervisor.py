@@ -276,7 +276,7 @@ class Supervisor:
             return await self._inbox.get()
         try:
             return await asyncio.wait_for(self._inbox.get(), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "timeout", None
 
     def _on_sentinel(self, child: Child) -> None:

@@ -15,15 +15,15 @@ import types
 import psutil
 import pytest
 import torch
+from support import clean_env, make_dist, run_python
 
 import platforms
 import platforms.diffusion
 from platforms import CpuArchEnum, DeviceCapability, DeviceMixin, PlatformEnum, SRTPlatform
-from platforms.entrypoints import allowlist, import_object
 from platforms.builtin import cpu, cuda, mps, npu, rocm, xpu
 from platforms.device_mixin import host_cpu_architecture
 from platforms.diffusion import Platform
-from support import clean_env, make_dist, run_python
+from platforms.entrypoints import allowlist, import_object
 
 
 def test_device_capability_orders_and_converts():

@@ -15,12 +15,12 @@ import re
 import sys
 
 import pytest
-
 from plugin_fixtures import platform_plugin
 from support import make_dist
+
 from platforms import entrypoints
-from platforms.runtimes import DIFFUSION, SRT, runtime_spec
 from platforms._selection import PlatformSelectionError, instantiate, resolve
+from platforms.runtimes import DIFFUSION, SRT, runtime_spec
 
 
 @pytest.fixture

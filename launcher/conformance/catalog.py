@@ -14,7 +14,8 @@ that apply to ``"srt"`` or ``"diffusion"``, in the order rows are shown.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 # The areas of the contract, in display order; one module each.
 GROUPS = ("selection", "device", "distributed", "execution", "lifecycle", "subsystems", "diffusion")

@@ -354,7 +354,7 @@ class SchedulerClient:
                 return None
             try:
                 return await asyncio.wait_for(self.one(lambda rid: messages.Ping(rid), rep), timeout)
-            except (asyncio.TimeoutError, SchedulerError):
+            except (TimeoutError, SchedulerError):
                 return None
 
         return list(await asyncio.gather(*(ping(r) for r in self.replicas)))

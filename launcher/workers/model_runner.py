@@ -20,8 +20,8 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from launcher.workers.messages import SamplingParams
 from launcher.model_source import ModelSource
+from launcher.workers.messages import SamplingParams
 from launcher.workers.pooling import PoolingConfig, pool, read_pooling_config
 from launcher.workers.sampling import Sequence, select_token
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import msgspec
 
+from launcher.model_source import resolve_model
 from launcher.workers import messages
 from launcher.workers.model_runner import InputError, ModelRunner
-from launcher.model_source import resolve_model
 from launcher.workers.sampling import Sequence
 
 log = logging.getLogger("sglang_launch.scheduler")
