@@ -1,17 +1,33 @@
-"""Orphan protection: a child must not outlive its supervisor, even a SIGKILLed one.
+"""Orphan protection: no process of a child's tree may outlive its supervisor, even a SIGKILLed one.
 
-``arm(parent_pid)`` sets up two independent lines of defence:
+A worker's own children (a compile pool, a tokenizer process, ``subprocess.Popen``) and their
+double-forked, ``setsid`` descendants are code the launcher never sees. ``arm(parent_pid)`` makes
+the worker answer for all of them:
 
-1. Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, so the kernel kills this process when its parent
-   dies. The parent may already have died before the call, so the parent pid is checked right
-   after it and the process exits at once (``EXIT_PARENT_GONE``) if it changed.
-   Caveat (kernel semantics): the signal fires when the parent *thread* that forked this process
-   ends, so a supervisor must spawn from a thread that lives as long as it does.
-2. Everywhere: a daemon thread that watches the parent and SIGKILLs this process when it goes.
-   It waits on a pidfd (Linux) or a kqueue process-exit event (macOS, BSD) without polling, and
-   falls back to checking ``os.getppid()`` twice a second elsewhere.
+1. Linux: the worker becomes a *child subreaper* (``PR_SET_CHILD_SUBREAPER``), so a descendant
+   whose own parent exits is re-parented to the worker instead of to pid 1: the worker's
+   descendants stay findable under it for as long as it lives, ``setsid`` or not.
+2. Linux: a *guard* process is forked from the worker before it starts any thread (so before any
+   runtime code runs). The guard ignores every catchable signal, dies with the worker
+   (``PR_SET_PDEATHSIG``), and waits on a pidfd of the supervisor. When the supervisor exits, the
+   guard SIGKILLs the worker's whole tree, descendants first (they stay under the worker while
+   it lives), then the worker. It needs nothing from the worker's interpreter, so a worker whose
+   main thread is stuck holding the GIL, or one stopped with SIGSTOP, is ended all the same.
+3. Everywhere: a daemon thread in the worker watches the supervisor (pidfd on Linux, a kqueue
+   process-exit event on macOS and BSD, ``os.getppid()`` polling elsewhere) and does the same
+   from inside: SIGKILL of the worker's descendants, then of the worker.
 
-Standard library only.
+The worker itself gets no ``PR_SET_PDEATHSIG`` while a guard is armed: the kernel would kill it
+the instant the supervisor dies and hand its children to pid 1 before anyone could end them.
+Without a guard (no ``fork``, or the fork failed) the worker falls back to
+``PR_SET_PDEATHSIG(SIGKILL)`` and the watch thread, as before.
+
+``end_descendants(grace)`` is the last step of a worker that exits on its own or on request:
+whatever is still running under it gets SIGTERM, then SIGKILL after ``grace`` seconds, and is
+reaped. ``become_subreaper()`` and ``adopted_children()`` let a supervisor take care of what a
+worker that died abruptly leaves behind.
+
+Standard library only; the process tree is read from ``/proc``.
 """
 
 from __future__ import annotations
@@ -23,32 +39,171 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 
 from bootstrap.phases import EXIT_PARENT_GONE
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+_PR_SET_CHILD_SUBREAPER = 36
 _POLL_SECONDS = 0.5
+_KILL_ROUNDS = 200  # a tree that keeps forking faster than it is killed is cut off here
+_GUARD_NAME = b"sglang-guard"
+
+_guard_pid: int | None = None  # the guard forked by arm() in this process, if any
+
+
+def _prctl(option: int, arg: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, arg, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _die() -> None:
-    # SIGKILL, the same end PDEATHSIG gives, so both lines look alike to anyone watching.
+    # SIGKILL, the same end the guard gives, so every line looks alike to anyone watching.
     os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
 
 
 def set_parent_death_signal() -> bool:
     """Ask the kernel to SIGKILL this process when its parent dies; False where unsupported."""
-    if not sys.platform.startswith("linux"):
-        return False
+    return _prctl(_PR_SET_PDEATHSIG, int(getattr(signal, "SIGKILL", 9)))
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux); False where unsupported.
+
+    A subreaper must reap what it adopts: see ``adopted_children`` and ``reap``.
+    """
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+# ------------------------------------------------------------------------------ the process tree
+def _process_table() -> dict[int, tuple[int, str]]:
+    """``{pid: (ppid, state)}`` of every process this one can see in ``/proc`` (Linux)."""
+    table: dict[int, tuple[int, str]] = {}
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
-        return False
-    return True
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue  # exited meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ")" ends it.
+        fields = data[data.rfind(b")") + 2 :].split()
+        if len(fields) >= 2:
+            table[int(name)] = (int(fields[1]), fields[0].decode())
+    return table
 
 
-def _wait_pidfd(parent_pid: int) -> bool:
+def children_of(pid: int, *, zombies: bool = False) -> list[int]:
+    """The direct children of ``pid`` (Linux; [] elsewhere), zombies only when asked."""
+    return [
+        child
+        for child, (ppid, state) in _process_table().items()
+        if ppid == pid and (zombies or state != "Z")
+    ]
+
+
+def descendants(root: int) -> list[int]:
+    """Every live (non-zombie) descendant of ``root``, parents before their children."""
+    table = _process_table()
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, state) in table.items():
+        if state != "Z":
+            kids.setdefault(ppid, []).append(pid)
+    found, queue = [], list(kids.get(root, ()))
+    while queue:
+        pid = queue.pop(0)
+        found.append(pid)
+        queue.extend(kids.get(pid, ()))
+    return found
+
+
+def _signal_all(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_tree(root: int, *, include_root: bool, spare: tuple[int, ...] = ()) -> None:
+    """SIGKILL every descendant of ``root`` until none is left, then ``root`` if asked.
+
+    Meant for a ``root`` that is a subreaper: what a killed process leaves behind is re-parented
+    to ``root`` and found by the next round. ``spare`` pids are left alone (the caller itself).
+    """
+    for _ in range(_KILL_ROUNDS):
+        left = [pid for pid in descendants(root) if pid not in spare]
+        if not left:
+            break
+        _signal_all(left, signal.SIGKILL)
+        time.sleep(0.001)
+    if include_root:
+        _signal_all([root], signal.SIGKILL)
+
+
+def reap(pids: Iterable[int] | None = None) -> None:
+    """Collect the exit status of exited children (``pids``, or any), without blocking."""
+    if pids is None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def end_descendants(grace: float) -> None:
+    """End whatever still runs under this process: SIGTERM, up to ``grace`` s, SIGKILL, reap.
+
+    The last step of a worker on its way out; the guard is left to die with the worker.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    me, spare = os.getpid(), (_guard_pid,) if _guard_pid else ()
+    left = [pid for pid in descendants(me) if pid not in spare]
+    if not left:
+        return
+    _signal_all(left, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not [pid for pid in descendants(me) if pid not in spare]:
+            break
+        time.sleep(0.02)
+    kill_tree(me, include_root=False, spare=spare)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        zombies = [pid for pid in children_of(me, zombies=True) if pid not in spare]
+        if not zombies:
+            break
+        reap(zombies)
+        time.sleep(0.002)
+
+
+def adopted_children(known: Iterable[int]) -> list[int]:
+    """This process's children that it did not start itself (``known`` pids aside): processes
+    re-parented to it as a subreaper, zombies included."""
+    return [pid for pid in children_of(os.getpid(), zombies=True) if pid not in set(known)]
+
+
+# ------------------------------------------------------------------------------ waiting
+def _wait_pidfd(parent_pid: int, still_parent: Callable[[], bool]) -> bool:
     """Block until ``parent_pid`` exits; False if a pidfd cannot be had."""
     if not hasattr(os, "pidfd_open"):
         return False
@@ -57,7 +212,7 @@ def _wait_pidfd(parent_pid: int) -> bool:
     except OSError:
         return False
     try:
-        if os.getppid() != parent_pid:  # died (and maybe reused) before the pidfd was opened
+        if not still_parent():  # died (and maybe reused) before the pidfd was opened
             return True
         poller = select.poll()
         poller.register(fd, select.POLLIN)
@@ -68,7 +223,7 @@ def _wait_pidfd(parent_pid: int) -> bool:
         os.close(fd)
 
 
-def _wait_kqueue(parent_pid: int) -> bool:
+def _wait_kqueue(parent_pid: int, still_parent: Callable[[], bool]) -> bool:
     """Block until ``parent_pid`` exits (macOS, BSD); False if kqueue cannot watch it."""
     if sys.platform == "linux" or not hasattr(select, "kqueue"):
         return False
@@ -84,7 +239,7 @@ def _wait_kqueue(parent_pid: int) -> bool:
     except OSError:
         return False
     try:
-        if os.getppid() != parent_pid:
+        if not still_parent():
             return True
         while not kq.control(None, 1, None):
             pass
@@ -93,39 +248,106 @@ def _wait_kqueue(parent_pid: int) -> bool:
         kq.close()
 
 
-def _wait_polling(parent_pid: int) -> bool:
-    while os.getppid() == parent_pid:
+def _wait_polling(parent_pid: int, still_parent: Callable[[], bool]) -> bool:
+    while still_parent():
         time.sleep(_POLL_SECONDS)
     return True
 
 
-def _watch(parent_pid: int) -> None:
+def _wait_for_exit(parent_pid: int, still_parent: Callable[[], bool]) -> None:
     for wait in (_wait_pidfd, _wait_kqueue, _wait_polling):
-        if wait(parent_pid):
-            _die()
+        if wait(parent_pid, still_parent):
             return
 
 
-def watch_parent(parent_pid: int) -> threading.Thread:
-    """Start the daemon thread that kills this process when ``parent_pid`` exits."""
+def _watch(parent_pid: int, subreaper: bool) -> None:
+    _wait_for_exit(parent_pid, lambda: os.getppid() == parent_pid)
+    if subreaper:
+        kill_tree(os.getpid(), include_root=False)
+    _die()
+
+
+def watch_parent(parent_pid: int, *, subreaper: bool = False) -> threading.Thread:
+    """Start the daemon thread that ends this process (and its tree, for a subreaper) when
+    ``parent_pid`` exits."""
     thread = threading.Thread(
-        target=_watch, args=(parent_pid,), name="bootstrap-parent-watch", daemon=True
+        target=_watch, args=(parent_pid, subreaper), name="bootstrap-parent-watch", daemon=True
     )
     thread.start()
     return thread
 
 
-def arm(parent_pid: int | None = None, *, death_signal: bool = True) -> dict[str, bool]:
-    """Arm both lines of orphan protection for a process whose parent is ``parent_pid``.
+# ------------------------------------------------------------------------------ the guard
+def _parent_of(pid: int) -> int | None:
+    entry = _process_table().get(pid)
+    return entry[0] if entry else None
+
+
+def _guard(worker: int, parent_pid: int) -> None:
+    """The guard's whole life (in the forked process): wait for the supervisor, end the tree."""
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != worker:
+        return
+    try:  # "sglang-guard" in ps -o comm and top; the command line stays the worker's
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(_GUARD_NAME), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            continue
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass
+    # Hold nothing of the worker's: its multiprocessing sentinel pipe, sockets, files.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    os.closerange(3, 1 << 20)
+    _wait_for_exit(parent_pid, lambda: _parent_of(worker) == parent_pid)
+    kill_tree(worker, include_root=True, spare=(os.getpid(),))
+
+
+def _start_guard(parent_pid: int) -> int | None:
+    """Fork the guard of this process; its pid, or None when it cannot be had."""
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+        return None
+    if threading.active_count() > 1:
+        return None  # forking a threaded process is unsafe; the other lines still hold
+    worker = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError:
+        return None
+    if pid == 0:
+        try:
+            _guard(worker, parent_pid)
+        finally:
+            os._exit(0)
+    return pid
+
+
+def arm(parent_pid: int | None = None, *, death_signal: bool = True, guard: bool = True) -> dict:
+    """Arm orphan protection for a process whose parent is ``parent_pid``.
 
     Exits the process at once with ``EXIT_PARENT_GONE`` when the parent is no longer
-    ``parent_pid``. ``death_signal=False`` leaves out PR_SET_PDEATHSIG (tests of the watch thread).
-    Returns which lines are armed.
+    ``parent_pid``. ``guard=False`` forks no guard and ``death_signal=False`` leaves out
+    PR_SET_PDEATHSIG (tests of the other lines). Returns which lines are armed:
+    ``{"subreaper", "guard", "death_signal", "watch_thread"}``.
     """
+    global _guard_pid
     expected = os.getppid() if parent_pid is None else parent_pid
-    armed = {"death_signal": death_signal and set_parent_death_signal()}
+    armed = {"subreaper": become_subreaper(), "guard": False, "death_signal": False}
     if os.getppid() != expected:
         os._exit(EXIT_PARENT_GONE)
-    watch_parent(expected)
+    if guard and armed["subreaper"]:
+        _guard_pid = _start_guard(expected)
+        armed["guard"] = _guard_pid is not None
+    if death_signal and not armed["guard"]:
+        armed["death_signal"] = set_parent_death_signal()
+        if os.getppid() != expected:
+            os._exit(EXIT_PARENT_GONE)
+    watch_parent(expected, subreaper=armed["subreaper"])
     armed["watch_thread"] = True
     return armed

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("bootstrap")
 
+# Seconds a worker's leftover descendants get between SIGTERM and SIGKILL when it exits.
+_DESCENDANT_GRACE = 1.0
+
 
 @dataclass(frozen=True)
 class RuntimeSteps:
@@ -280,6 +283,10 @@ class _ChildState:
         self.exit(0)
 
     def exit(self, code: int) -> None:
+        try:  # what the worker started and did not stop (adopted orphans included) goes too
+            orphan.end_descendants(_DESCENDANT_GRACE)
+        except Exception:  # noqa: BLE001 - the exit code must still reach the supervisor
+            traceback.print_exc()
         if self.heartbeat is not None:
             self.heartbeat.stop()
         if self.reporter is not None:

@@ -7,12 +7,14 @@ platform is initialized. The supervisor and its dependencies load when ``Launche
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["LaunchError", "Launcher", "__version__"]
 
 _DISTRIBUTION = "sglang-launch"
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     if name == "__version__":
         return _version()
     if name == "Launcher":

@@ -59,7 +59,7 @@ class OpsChannel:
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
-    def emit(self, topic: str, **body) -> dict:
+    def emit(self, topic: str, **body: object) -> dict:
         self.state.seq += 1
         event = {"topic": topic, "seq": self.state.seq, "time": time.time(), **body}
         self.history.append(event)

@@ -12,8 +12,13 @@ single node, a free loopback port (``launcher.rendezvous``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from launcher.rendezvous import RendezvousError, master_address
+
+if TYPE_CHECKING:
+    from bootstrap import ProcessSpec
+    from launcher.server_args import ServerArgs
 
 
 class PlanError(ValueError):
@@ -30,7 +35,9 @@ class Endpoints:
     query: str  # REP: status snapshots
 
 
-def plan_children(args, *, payload: bytes, platform_key: str, runtime: str, endpoints: Endpoints):
+def plan_children(
+    args: ServerArgs, *, payload: bytes, platform_key: str, runtime: str, endpoints: Endpoints
+) -> list[ProcessSpec]:
     """The ``ProcessSpec`` of every child of this node, HTTP first when there is one."""
     from bootstrap import ProcessSpec
     from platforms import entrypoints
@@ -51,7 +58,7 @@ def plan_children(args, *, payload: bytes, platform_key: str, runtime: str, endp
     except RendezvousError as exc:
         raise PlanError(str(exc)) from None
 
-    def spec(role: str, target: str, rank: int, local_rank: int, env: dict[str, str]):
+    def spec(role: str, target: str, rank: int, local_rank: int, env: dict[str, str]) -> ProcessSpec:
         return ProcessSpec(
             role=role,
             target=target,

@@ -77,7 +77,11 @@ class Tree:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         alive = self.alive()
-        fds = {self.members[pid][1]: pid for pid in alive if self.members[pid][1] is not None}
+        fds: dict[int, int] = {}
+        for pid in alive:
+            fd = self.members[pid][1]
+            if fd is not None:
+                fds[fd] = pid
         if len(fds) == len(alive) and alive:
             changed = asyncio.Event()
             for fd in fds:
@@ -167,3 +171,45 @@ async def kill_trees(roots: list[int], kill_wait: float = 5.0) -> float:
     finally:
         tree.close()
     return time.monotonic() - started
+
+
+def _multiprocessing_helpers() -> set[int]:
+    """Pids of the multiprocessing helpers this process started (resource tracker, forkserver)."""
+    import sys
+
+    pids = set()
+    for module_name, attr in (("multiprocessing.resource_tracker", "_resource_tracker"),
+                              ("multiprocessing.forkserver", "_forkserver")):
+        module = sys.modules.get(module_name)
+        helper = getattr(module, attr, None) if module is not None else None
+        pid = getattr(helper, "_pid", None) or getattr(helper, "_forkserver_pid", None)
+        if pid:
+            pids.add(pid)
+    return pids
+
+
+async def sweep_adopted(workers: set[int], timeout: float = 2.0) -> list[int]:
+    """End and reap what this process adopted as a subreaper: the orphans of workers that died.
+
+    ``workers`` are the pids of the children this process started itself; those and the
+    multiprocessing helpers are left alone. Every other child, with its whole tree, gets SIGKILL
+    and is reaped (within ``timeout``). Returns the pids that were swept.
+    """
+    from bootstrap import orphan
+
+    spare = set(workers) | _multiprocessing_helpers()
+    swept: list[int] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        adopted = orphan.adopted_children(spare)
+        if not adopted:
+            break
+        for pid in adopted:
+            if pid not in swept:
+                swept.append(pid)
+            orphan.kill_tree(pid, include_root=True)
+        orphan.reap(adopted)
+        if orphan.adopted_children(spare):
+            await asyncio.sleep(_POLL)
+    return swept

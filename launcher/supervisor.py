@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import zmq.asyncio
 
-from bootstrap import messages, phases
+from bootstrap import messages, orphan, phases
+from launcher import _proctree
 from launcher._children import Child, Children, describe_exit
 from launcher._failure import ExitCode, LaunchError, RootCause, signal_name
 from launcher._notify import SystemdNotifier
@@ -93,6 +94,7 @@ class Supervisor:
         self._children: list[_Worker] = []
         self._kids: Children | None = None
         self._rundir: RuntimeDir | None = None
+        self._subreaper = False  # adopts the orphans of workers that die (the CLI's process only)
         self.state: LaunchState | None = None
         self.ops: OpsChannel | None = None
         # Set once ``state`` exists and the loop takes requests (or the launch ended before).
@@ -128,6 +130,7 @@ class Supervisor:
             self._open(zctx)
             if handle_signals:
                 self.install_signal_handlers()
+                self._subreaper = orphan.become_subreaper()
             self.opened.set()
 
             self._emit_starting()
@@ -320,6 +323,7 @@ class Supervisor:
         """A child exited on its own: record how, wait for its report if it sent one, explain."""
         code = await self._reap(child)
         await self._kids.settle(child.child)
+        await self._sweep_adopted()
         if child.failure is not None:
             return self._failure_cause(child, code)
         ws = child.state
@@ -422,7 +426,16 @@ class Supervisor:
             await self._kids.stop([c.child for c in group], grace)
             for child in group:
                 self._emit_exited(child)
+        await self._sweep_adopted()
         return time.monotonic() - started
+
+    async def _sweep_adopted(self) -> None:
+        """As a subreaper, end and reap what a dead worker left behind (re-parented to us)."""
+        if self._subreaper:
+            workers = {c.process.pid for c in self._children if c.process is not None}
+            swept = await _proctree.sweep_adopted(workers)
+            if swept:
+                log.debug("ended %d process(es) left behind by exited workers: %s", len(swept), swept)
 
     # ----------------------------------------------------------------- events
     def _emit_starting(self) -> None:

@@ -234,9 +234,9 @@ def test_sigkill_of_the_supervisor_takes_every_worker_down_within_2s():
             workers = [psutil.Process(w["pid"]) for w in victim.snapshot()["workers"]]
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(10)
-            started = time.monotonic()
-            gone, alive = psutil.wait_procs(workers, timeout=2)
-            assert not alive, f"alive {time.monotonic() - started:.2f}s after the supervisor died: {alive}"
+            # A zombie has exited: reaping it is its new parent's business (pid 1 here).
+            wait_for(lambda: not [w for w in workers if _running(w)], 2,
+                     f"every worker to end after the supervisor died: {workers}")
             victim.assert_nothing_left(timeout=2)
 
             # The dead launcher's state file is swept; the survivor is the only one now.
@@ -248,3 +248,10 @@ def test_sigkill_of_the_supervisor_takes_every_worker_down_within_2s():
             os.kill(other.pid, signal.SIGTERM)
             assert other.wait(60) == 0, other
             other.assert_nothing_left()
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
