@@ -52,7 +52,12 @@ class ModelLoadError(RuntimeError):
 
 
 class InputError(ValueError):
-    """One request's input is unusable (too long, empty after tokenising): a 400 for its client."""
+    """One request's input is unusable (too long, empty after tokenising): a 400 for its client.
+    ``field`` is what the client must change: ``"input"`` (the text) or ``"max_new_tokens"``."""
+
+    def __init__(self, message: str, field: str = "input") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def attention_implementation(platform_backend: str | None, requested: str | None) -> str:
@@ -285,7 +290,8 @@ class ModelRunner:
     def encode_embedding_input(self, text: str) -> list[int]:
         """Token ids of ``text`` (with special tokens), for ``embed_ids``; ``InputError`` if over
         the limit."""
-        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        # verbose=False: an over-long text is refused here, not warned about by the tokenizer.
+        ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
         if len(ids) > self.max_input_tokens:
             raise InputError(
                 f"input has {len(ids)} tokens, more than this model's limit of {self.max_input_tokens}; "
@@ -299,7 +305,7 @@ class ModelRunner:
 
     def encode_prompt(self, text: str, max_new_tokens: int) -> list[int]:
         """Prompt token ids; ``InputError`` if the prompt or prompt + completion is too long."""
-        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
         if not ids:
             raise InputError("the prompt is empty after tokenisation; send some text")
         if len(ids) > self.max_input_tokens:
@@ -310,7 +316,8 @@ class ModelRunner:
         if len(ids) + max_new_tokens > self.max_total_tokens:
             raise InputError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the limit "
-                f"of {self.max_total_tokens} tokens (--max-total-tokens); ask for fewer tokens"
+                f"of {self.max_total_tokens} tokens (--max-total-tokens); ask for fewer tokens",
+                field="max_new_tokens",
             )
         return list(ids)
 
