@@ -6,16 +6,14 @@
    torch's thread count set the way a dp=1 scheduler sets it (``share_cpu_threads``), so both
    sides run the same model call on the same threads. The sides alternate in ``--rounds`` short
    blocks against one server (30 blocks of 10 requests by default), so a drift in the machine's
-   speed falls on both: with 6 blocks of 50 the ratio moved between 1.12x and 1.33x from run to
-   run on a 2-core machine, with 30 blocks of 10 between 1.13x and 1.17x. Target: HTTP at most 1.2x
-   the in-process time.
+   speed falls on both (benchmarks/README.md shows how much fewer, longer blocks let the ratio
+   move). Target: HTTP at most 1.2x the in-process time.
 
    The target is measured with a lean client: one keep-alive connection that sends a prepared
    request and reads the response up to its Content-Length, as a load generator does, so that
    the figure is the server's overhead (HTTP parsing, validation, the ZeroMQ round trip to the
    scheduler, the JSON answer). The same requests through httpx are shown beside it: a Python
-   HTTP library adds its own cost per request (about 1 ms on a 2-core machine), which is the
-   client's, not the server's.
+   HTTP library adds its own cost per request, which is the client's, not the server's.
 2. Throughput of 16 concurrent clients against ``--dp-size 2`` and ``--dp-size 1``.
 
 Nothing else runs while a side is timed (the other side waits), and the script prints the
@@ -46,35 +44,62 @@ from serving_support import embedding_body, run_load, server_env, start_server  
 TEXT = "a cat sits on the mat"
 
 
+class ServerClosed(ConnectionError):
+    """The server closed the connection before it answered (an idle keep-alive connection)."""
+
+
 class KeepAliveClient:
     """One HTTP/1.1 keep-alive connection that POSTs one prepared JSON body and reads each response
-    by its Content-Length: the least a client can do per request."""
+    by its Content-Length: the least a client can do per request.
+
+    A server may close a keep-alive connection it finds idle (uvicorn does after a few seconds, and
+    a busy machine can leave a connection idle that long between blocks). When the connection turns
+    out closed before any byte of the answer arrived, the client opens a new one and sends that
+    request once more; ``reconnects`` counts how often. A second failure is raised."""
 
     def __init__(self, url: str, path: str, body: bytes) -> None:
         host, port = url.split("//", 1)[1].rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.address = (host, int(port))
         self.request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                         ).encode() + body
+        self.reconnects = 0
+        self.sock = self._connect()
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection(self.address)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
 
     def post(self) -> bytes:
+        """Send the request and return the response body (an HTTP 200 is required)."""
+        try:
+            return self._exchange()
+        except (ServerClosed, BrokenPipeError, ConnectionResetError):
+            self.sock.close()
+            self.sock = self._connect()
+            self.reconnects += 1
+            return self._exchange()
+
+    def _exchange(self) -> bytes:
         self.sock.sendall(self.request)
         data = bytearray()
         while (end := data.find(b"\r\n\r\n")) < 0:
-            data += self._recv()
+            data += self._recv(answered=bool(data))
         head = bytes(data[:end]).lower()
         if not head.startswith(b"http/1.1 200"):
             raise RuntimeError(f"the server answered {head.splitlines()[0]!r}")
         length = int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
         while len(data) < end + 4 + length:
-            data += self._recv()
+            data += self._recv(answered=True)
         return bytes(data[end + 4:end + 4 + length])
 
-    def _recv(self) -> bytes:
+    def _recv(self, answered: bool) -> bytes:
         chunk = self.sock.recv(65536)
         if not chunk:
-            raise RuntimeError("the server closed the connection")
+            if answered:  # part of an answer came: not an idle close, so not safe to resend
+                raise RuntimeError("the server closed the connection in the middle of a response")
+            raise ServerClosed("the server closed the connection")
         return chunk
 
     def close(self) -> None:
@@ -128,7 +153,10 @@ def batch_one(url: str, model_path: str | None, requests: int, rounds: int
     finally:
         lean.close()
         library.close()
-    return times, f"{where}; device {runner.describe().get('device')}"
+    where = f"{where}; device {runner.describe().get('device')}"
+    if lean.reconnects:  # each such request's time includes opening a new connection
+        where += f"; the lean client reconnected {lean.reconnects} time(s) after an idle close"
+    return times, where
 
 
 def main() -> int:

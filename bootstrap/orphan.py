@@ -39,6 +39,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 
 from bootstrap.phases import EXIT_PARENT_GONE
 
@@ -127,7 +128,7 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def _signal_all(pids, sig: int) -> None:
+def _signal_all(pids: Iterable[int], sig: int) -> None:
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -151,7 +152,7 @@ def kill_tree(root: int, *, include_root: bool, spare: tuple[int, ...] = ()) -> 
         _signal_all([root], signal.SIGKILL)
 
 
-def reap(pids=None) -> None:
+def reap(pids: Iterable[int] | None = None) -> None:
     """Collect the exit status of exited children (``pids``, or any), without blocking."""
     if pids is None:
         while True:
@@ -195,14 +196,14 @@ def end_descendants(grace: float) -> None:
         time.sleep(0.002)
 
 
-def adopted_children(known) -> list[int]:
+def adopted_children(known: Iterable[int]) -> list[int]:
     """This process's children that it did not start itself (``known`` pids aside): processes
     re-parented to it as a subreaper, zombies included."""
     return [pid for pid in children_of(os.getpid(), zombies=True) if pid not in set(known)]
 
 
 # ------------------------------------------------------------------------------ waiting
-def _wait_pidfd(parent_pid: int, still_parent) -> bool:
+def _wait_pidfd(parent_pid: int, still_parent: Callable[[], bool]) -> bool:
     """Block until ``parent_pid`` exits; False if a pidfd cannot be had."""
     if not hasattr(os, "pidfd_open"):
         return False
@@ -222,7 +223,7 @@ def _wait_pidfd(parent_pid: int, still_parent) -> bool:
         os.close(fd)
 
 
-def _wait_kqueue(parent_pid: int, still_parent) -> bool:
+def _wait_kqueue(parent_pid: int, still_parent: Callable[[], bool]) -> bool:
     """Block until ``parent_pid`` exits (macOS, BSD); False if kqueue cannot watch it."""
     if sys.platform == "linux" or not hasattr(select, "kqueue"):
         return False
@@ -247,13 +248,13 @@ def _wait_kqueue(parent_pid: int, still_parent) -> bool:
         kq.close()
 
 
-def _wait_polling(parent_pid: int, still_parent) -> bool:
+def _wait_polling(parent_pid: int, still_parent: Callable[[], bool]) -> bool:
     while still_parent():
         time.sleep(_POLL_SECONDS)
     return True
 
 
-def _wait_for_exit(parent_pid: int, still_parent) -> None:
+def _wait_for_exit(parent_pid: int, still_parent: Callable[[], bool]) -> None:
     for wait in (_wait_pidfd, _wait_kqueue, _wait_polling):
         if wait(parent_pid, still_parent):
             return

@@ -3,7 +3,7 @@ SRT, ``hooks.diffusion`` for diffusion), so a hook registered through one never 
 
 Contract of ``Registry``:
 
-* ``register(target, hook, type)`` records a hook; it resolves nothing and imports nothing. Only
+* ``register(target, hook, hook_type=AFTER)`` records a hook; it resolves nothing and imports nothing. Only
   ``REPLACE`` accepts a class (``TypeError`` otherwise); a malformed target is a ``ValueError``.
   Registering the same function for the same target, type and plugin again is a no-op.
 * ``apply_hooks()`` patches every target that has hooks not applied yet, and only those. It is
@@ -187,9 +187,10 @@ class Registry:
         return f"<HookRegistry runtime={self.runtime!r} hooks={len(self._hooks)}>"
 
     # -- registration -------------------------------------------------------------------------
-    def register(self, target: str, hook: Callable, type: HookType | str) -> Callable:
-        """Register ``hook`` on ``target`` as ``type``; returns ``hook``. Resolves nothing."""
-        hook_type = HookType.coerce(type)
+    def register(self, target: str, hook: Callable, hook_type: HookType | str = HookType.AFTER) -> Callable:
+        """Register ``hook`` on ``target`` as ``hook_type`` (default ``AFTER``, as in SGLang);
+        returns ``hook``. Resolves nothing."""
+        hook_type = HookType.coerce(hook_type)
         if isinstance(hook, builtins.type):
             if hook_type is not HookType.REPLACE:
                 raise TypeError(
@@ -212,9 +213,9 @@ class Registry:
                              "apply_hooks() (or load_plugins() / apply_plugin_hooks())", self._hooks[-1])
         return hook
 
-    def decorator(self, target: str, type: HookType | str) -> Callable[[Callable], Callable]:
-        """``@plugin_hook(target, type=...)``: registers the decorated function or class and
-        returns it unchanged."""
+    def decorator(self, target: str, type: HookType | str = HookType.AFTER) -> Callable[[Callable], Callable]:
+        """``@plugin_hook(target, type=...)`` (default ``AFTER``): registers the decorated
+        function or class and returns it unchanged."""
         HookType.coerce(type)
         parse_target(target)
 
@@ -247,6 +248,23 @@ class Registry:
                 names = [h.source.name if h.source else None for h in replaces]
                 out.append({"target": target, "plugins": names, "winner": names[-1]})
         return out
+
+    def adopt(self, module: str, source: PluginSource) -> list[Hook]:
+        """Attribute to ``source`` the hooks registered outside any plugin by functions (or
+        classes) of ``module`` or its submodules; returns them.
+
+        The plugin loader calls it for each plugin it loads: when something else imported the
+        plugin's module first (a platform entry point in the same package, the application), the
+        module's ``@plugin_hook`` decorators ran then, with no plugin recorded, and importing it
+        again runs nothing. Adopting them makes them the plugin's, as a first import would have."""
+        prefix = module + "."
+        with self._lock:
+            adopted = [h for h in self._hooks if h.source is None
+                       and (home := _defined_in(h.func)) is not None
+                       and (home == module or home.startswith(prefix))]
+            for hook in adopted:
+                hook.source = source
+            return adopted
 
     # -- removal ------------------------------------------------------------------------------
     @property
@@ -405,6 +423,14 @@ class Registry:
         _warn_stale_bindings([p for p in fresh if isinstance(p.owner, ModuleType)])
 
 
+def _defined_in(func: object) -> str | None:
+    """The module a hook function or class was defined in (None when it does not say)."""
+    if isinstance(func, (staticmethod, classmethod)):
+        func = func.__func__
+    module = getattr(func, "__module__", None)
+    return module if isinstance(module, str) else None
+
+
 def _current(owner: object, name: str) -> tuple[bool, object]:
     namespace: Any = getattr(owner, "__dict__", None)
     try:
@@ -476,7 +502,7 @@ def build(patch: _Patch, hooks: list[Hook]) -> object:
     wrapper = core
     if target_async and not _wrappers.is_async(core):
         wrapper = _wrappers.layer("adapt", None, core, sig, True)
-    for hook in reversed([h for h in others if h.type is HookType.AROUND]):
+    for hook in (h for h in others if h.type is HookType.AROUND):  # the last registered outermost
         wrapper = _wrappers.layer("around", hook.func, wrapper, sig, target_async)
     for hook in (h for h in others if h.type is HookType.AFTER):
         wrapper = _wrappers.layer("after", hook.func, wrapper, sig, target_async)
@@ -531,9 +557,9 @@ if hasattr(os, "register_at_fork"):
 def make_plugin_hook(registry: Registry) -> Callable[..., Callable[[Callable], Callable]]:
     """The ``plugin_hook(target, type=...)`` decorator of ``registry``."""
 
-    def plugin_hook(target: str, type: HookType | str) -> Callable[[Callable], Callable]:
-        """Register the decorated function (or, for REPLACE, class) on ``target``; the decorated
-        object is returned unchanged."""
+    def plugin_hook(target: str, type: HookType | str = HookType.AFTER) -> Callable[[Callable], Callable]:
+        """Register the decorated function (or, for REPLACE, class) on ``target`` as ``type``
+        (default ``AFTER``, as in SGLang); the decorated object is returned unchanged."""
         return registry.decorator(target, type)
 
     return plugin_hook

@@ -35,9 +35,9 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ._core import PluginError, PluginSource, Registry, plugin_source
+from ._core import HookError, PluginError, PluginSource, Registry, plugin_source
 
 if TYPE_CHECKING:
     from platforms import Selection
@@ -51,6 +51,15 @@ RUNTIMES: dict[str, PluginRuntime] = {}
 
 def _norm(distribution: str | None) -> str | None:
     return re.sub(r"[-_.]+", "_", distribution).lower() if distribution else None
+
+
+class DuplicatePluginError(HookError):
+    """Two admitted plugins of one runtime share an entry-point name (diffusion forbids it);
+    ``names`` lists the clashing names. Raised before any plugin is imported."""
+
+    def __init__(self, message: str, *, names: list[str]) -> None:
+        super().__init__(message)
+        self.names = names
 
 
 @dataclass
@@ -71,8 +80,9 @@ class PluginRuntime:
     """
 
     def __init__(self, name: str, plugin_group: str, platform_group: str, selection_module: str,
-                 exclusion_selector: str | None, registry: Registry) -> None:
+                 exclusion_selector: str | None, registry: Registry, unique_names: bool = False) -> None:
         self.name = name
+        self.unique_names = unique_names  # two admitted plugins of one name stop loading (diffusion)
         self.plugin_group = plugin_group
         self.platform_group = platform_group
         self.selection_module = selection_module
@@ -195,7 +205,7 @@ class PluginRuntime:
         """Import every admitted plugin; returns ``(source, callback)`` pairs, in order."""
         allowed = self.allowlist()
         self._warn_unknown_allowlist(allowed)
-        loaded = []
+        admitted = []
         for ep in self.entry_points():
             key = (ep.name, ep.distribution)
             if allowed is not None and ep.name not in allowed:
@@ -207,6 +217,11 @@ class PluginRuntime:
                 logger.info("plugin %r skipped: %s ships a %s platform that is not the selected one",
                             ep.name, ep.distribution, self.name)
                 continue
+            admitted.append(ep)
+        if self.unique_names:
+            self._reject_duplicates(admitted)
+        loaded = []
+        for ep in admitted:
             source = PluginSource(ep.name, ep.distribution, ep.group, ep.value)
             with plugin_source(source):
                 try:
@@ -217,8 +232,32 @@ class PluginRuntime:
                 except Exception as exc:  # noqa: BLE001 - a plugin's failure is judged below
                     self._failed(source, "load", exc)
                     continue
+            # Hooks its module registered when something else imported it first are its own.
+            self.registry.adopt(ep.module, source)
             loaded.append((source, callback))
         return loaded
+
+    def _reject_duplicates(self, admitted: list[Any]) -> None:
+        """Two admitted plugins of one name: ``DuplicatePluginError`` naming both distributions,
+        before either is imported (as SGLang does for diffusion)."""
+        by_name: dict[str, list] = {}
+        for ep in admitted:
+            by_name.setdefault(ep.name, []).append(ep)
+        clashes = {name: eps for name, eps in by_name.items() if len(eps) > 1}
+        if not clashes:
+            return
+        for eps in clashes.values():
+            for ep in eps:
+                self.outcomes[(ep.name, ep.distribution)] = Outcome(
+                    "failed", "another installed distribution uses the same plugin name; none of them loaded")
+        parts = [f"{name!r} is shipped by " + " and ".join(repr(ep.distribution or "an unknown distribution")
+                                                        for ep in eps) for name, eps in clashes.items()]
+        raise DuplicatePluginError(
+            f"{self.name} plugin names must be unique in {self.plugin_group!r}: {'; '.join(parts)}. No "
+            f"plugin was imported; uninstall all but one of those distributions, or leave the name out "
+            f"of SGLANG_PLUGINS",
+            names=sorted(clashes),
+        )
 
     def _warn_unknown_allowlist(self, allowed: frozenset[str] | None) -> None:
         if not allowed:

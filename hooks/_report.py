@@ -15,6 +15,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
+from ._core import _defined_in
 from ._loader import PluginRuntime, _norm
 
 if TYPE_CHECKING:
@@ -83,6 +84,30 @@ def _platform_filter(runtime: PluginRuntime) -> dict | None:
     return {"variable": spec.auto_allowlist_env, "applies": not os.environ.get(spec.selector_env, "").strip()}
 
 
+def _registered_by(module: str | None) -> str:
+    """Who registered a hook of no plugin defined in ``module``: the installed entry point (of
+    any group) whose module is it or its package, else the module itself."""
+    from platforms import entrypoints
+
+    if module is None:
+        return "a hook that names no module, registered outside any plugin"
+    best = None
+    for group in entrypoints.GROUPS:
+        for ep in entrypoints.entry_points(group):
+            if module == ep.module or module.startswith(ep.module + "."):
+                if best is None or len(ep.module) > len(best.module):
+                    best = ep
+    if best is not None:
+        kind = "platform" if group_is_platform(best.group) else "plugin"
+        return f"module {module}, imported by {kind} entry point {best.describe()} ({best.group})"
+    return f"module {module}, outside any plugin (imported by the application or another module)"
+
+
+def group_is_platform(group: str) -> bool:
+    """Whether ``group`` is a platform entry-point group (of either runtime)."""
+    return group.endswith(".platforms")
+
+
 def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
     selection, sel = _selection(runtime, probe)
     allowed = runtime.allowlist()
@@ -124,7 +149,7 @@ def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
         key = (hook.source.name, hook.source.distribution) if hook.source else (None, None)
         hooks_by_plugin.setdefault(key, []).append(
             {"target": hook.path.dotted, "type": hook.type.name, "hook": hook.name,
-             "applied": hook.location is not None}
+             "module": _defined_in(hook.func), "applied": hook.location is not None}
         )
     plugins = []
     for ep in runtime.entry_points():
@@ -140,6 +165,9 @@ def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
             "hooks": hooks_by_plugin.get((ep.name, ep.distribution), []),
         })
     startup_error = selection.get("error") or registration_error or exclusion_error
+    # Hooks of no plugin are applied too: say where they come from.
+    unattributed = [dict(h, registered_by=_registered_by(h["module"]))
+                    for h in hooks_by_plugin.get((None, None), [])]
     return {
         "runtime": runtime.name,
         "selector": {"variable": runtime.selector_env(), "value": os.environ.get(runtime.selector_env())},
@@ -147,6 +175,7 @@ def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
         "platform_allowlist": platform_filter,
         "selection": selection,
         "groups": {runtime.platform_group: platforms, runtime.plugin_group: plugins},
+        "other_hooks": unattributed,
         "conflicts": runtime.registry.conflicts(),
         "registration_error": registration_error,
         "startup_error": startup_error,

@@ -14,7 +14,7 @@ keyword, and ``*args``/``**kwargs`` as passed. A hook written as ``fn(*args, **k
 sees one stable shape however the caller spelled the call.
 
 Layers nest, one per hook: ``BEFORE`` wrappers outermost (first registered runs first), then
-``AFTER`` (first registered runs first, each sees the previous result), then ``AROUND`` (first
+``AFTER`` (first registered runs first, each sees the previous result), then ``AROUND`` (last
 registered outermost), then the target or its ``REPLACE`` replacement.
 
 For a coroutine function the wrappers are ``async def``: ``AFTER`` hooks get the awaited result,

@@ -34,6 +34,7 @@ _RUNTIME = PluginRuntime(
     selection_module="platforms.diffusion",
     exclusion_selector=None,  # always: the selected platform's distribution is known after selection
     registry=HookRegistry,
+    unique_names=True,  # two plugins of one name stop loading before either is imported
 )
 
 

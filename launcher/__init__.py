@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = ["LaunchError", "Launcher"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name == "Launcher":
         from launcher._embedded import Launcher
 

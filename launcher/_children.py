@@ -145,13 +145,17 @@ class Children:
             self._on_message(child, message)
 
     def _sentinel(self, child: Child) -> None:
-        self._loop.remove_reader(child.process.sentinel)
+        if child.process is not None:
+            self._loop.remove_reader(child.process.sentinel)
         self._on_exit(child)
 
     async def reap(self, child: Child) -> int | None:
         """The exit code of a child whose sentinel fired (it may take a moment to be reapable);
         the first call marks the child as exited."""
         process = child.process
+        if process is None:  # never started: nothing to reap
+            child.exit_seen = True
+            return None
         for _ in range(1000):
             code = process.exitcode
             if code is not None:
@@ -184,7 +188,7 @@ class Children:
         seconds (0: SIGKILL at once, for children that hold nothing to drain; ``hurry`` set: at
         once from then on), reap them all. A child's ``stop_marker`` is created first: that
         SIGTERM is the ordered stop it waits for."""
-        roots = [c.process.pid for c in children if c.running]
+        roots = [c.pid for c in children if c.running and c.pid is not None]
         for child in children:
             if child.running and child.spec.stop_marker:
                 with contextlib.suppress(OSError):
@@ -208,7 +212,11 @@ class Children:
             if child.process is not None and child.process.sentinel is not None:
                 with contextlib.suppress(ValueError, OSError):
                     self._loop.remove_reader(child.process.sentinel)
-        roots = [c.process.pid for c in self.children if c.process is not None and c.process.exitcode is None]
+        roots = [
+            c.pid
+            for c in self.children
+            if c.process is not None and c.process.exitcode is None and c.pid is not None
+        ]
         if roots:
             tree = _proctree.Tree(roots)
             try:

@@ -18,9 +18,16 @@ import concurrent.futures
 import queue
 import threading
 import weakref
-from typing import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from launcher._failure import ExitCode, LaunchError, RootCause
+
+if TYPE_CHECKING:
+    from launcher.server_args import ServerArgs
+    from launcher.supervisor import Outcome, Supervisor
+
+_T = TypeVar("_T")
 
 _live: weakref.WeakSet = weakref.WeakSet()  # started and not yet stopped, for the exit hook
 
@@ -36,16 +43,16 @@ class Launcher:
       child process is gone. ``with Launcher(...) as launcher:`` starts, waits and stops.
     """
 
-    def __init__(self, server_args=None, **fields) -> None:
+    def __init__(self, server_args: ServerArgs | None = None, **fields: Any) -> None:
         if server_args is not None and fields:
             raise TypeError("pass either a ServerArgs instance or its field values, not both")
         self._given = server_args
         self._fields = fields
-        self.server_args = None
-        self._supervisor = None
+        self.server_args: ServerArgs | None = None
+        self._supervisor: Supervisor | None = None
         self._thread: threading.Thread | None = None
         self._settled = threading.Event()  # set when ready, or when the launch ended
-        self._outcome = None
+        self._outcome: Outcome | None = None
         self._subscribers: list[queue.Queue] = []
         self._lock = threading.Lock()
 
@@ -89,7 +96,7 @@ class Launcher:
         """Stop gracefully and return when every child is gone (a no-op if not running)."""
         if self._thread is None:
             return
-        self._supervisor.request_stop("Launcher.stop() called")
+        self._started().request_stop("Launcher.stop() called")
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError(f"the launch did not stop within {timeout}s; call stop() again to keep waiting")
@@ -98,7 +105,7 @@ class Launcher:
     def __enter__(self) -> Launcher:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # ------------------------------------------------------------------ state
@@ -107,7 +114,7 @@ class Launcher:
         return self.status().get("url")
 
     @property
-    def outcome(self):
+    def outcome(self) -> Outcome | None:
         """The ``Outcome`` once the launch ended (exit code, root cause, final snapshot), else None."""
         return self._outcome
 
@@ -115,7 +122,8 @@ class Launcher:
         """The current ops snapshot: server phase, URL, platform, and every worker's record."""
         if self._thread is None:
             raise RuntimeError("call start() before status()")
-        snapshot = self._in_loop(lambda: self._supervisor.state.snapshot())
+        supervisor = self._started()
+        snapshot = self._in_loop(lambda: supervisor.state.snapshot())
         return snapshot if snapshot is not None else self._final_snapshot()
 
     def events(self, follow: bool = True, timeout: float | None = None) -> Iterator[dict]:
@@ -128,8 +136,10 @@ class Launcher:
             raise RuntimeError("call start() before events()")
         inbox: queue.Queue = queue.Queue()
 
-        def subscribe():  # in the loop thread, so no event falls between snapshot and subscription
-            snapshot = self._supervisor.state.snapshot()
+        supervisor = self._started()
+
+        def subscribe() -> dict:  # in the loop thread: no event falls between snapshot and subscription
+            snapshot = supervisor.state.snapshot()
             with self._lock:
                 self._subscribers.append(inbox)
             return snapshot
@@ -154,11 +164,17 @@ class Launcher:
                     self._subscribers.remove(inbox)
 
     # ------------------------------------------------------------------ internals
-    def _build_args(self):
+    def _started(self) -> Supervisor:
+        """The supervisor, which ``start()`` made."""
+        if self._supervisor is None:
+            raise RuntimeError("call start() first")
+        return self._supervisor
+
+    def _build_args(self) -> ServerArgs:
         from launcher import _prepare
 
         args = self._given
-        runtime = getattr(args, "runtime", None) if args is not None else self._fields.get("runtime")
+        runtime = args.runtime if args is not None else self._fields.get("runtime")
         _prepare.load_plugins(runtime or "srt")  # before the ServerArgs class is looked up
         if args is None:
             args = _prepare.build_args(lambda: _prepare.server_args_class()(**self._fields))
@@ -168,7 +184,7 @@ class Launcher:
         from launcher.supervisor import Outcome, run_supervisor
 
         try:
-            outcome = run_supervisor(self._supervisor)
+            outcome = run_supervisor(self._started())
         except LaunchError as exc:  # set-up failed before any worker was started
             outcome = Outcome(exc.exit_code, exc.root_cause, {})
         except BaseException as exc:  # noqa: BLE001 - delivered to the application as LaunchError
@@ -181,7 +197,7 @@ class Launcher:
                 message=str(exc),
                 traceback="".join(traceback.format_exception(exc)),
             )
-            state = self._supervisor.state
+            state = self._started().state
             outcome = Outcome(int(cause.exit_code), cause, state.snapshot() if state else {})
         self._outcome = outcome
         self._settled.set()
@@ -194,15 +210,16 @@ class Launcher:
         for inbox in subscribers:
             inbox.put(event)
 
-    def _in_loop(self, fn):
+    def _in_loop(self, fn: Callable[[], _T]) -> _T | None:
         """Run ``fn`` on the supervisor's loop and return its result; None once the loop is gone."""
-        self._supervisor.opened.wait()
-        loop = self._supervisor._loop
+        supervisor = self._started()
+        supervisor.opened.wait()
+        loop = supervisor._loop
         if loop is None or self._outcome is not None:
             return None
         future: concurrent.futures.Future = concurrent.futures.Future()
 
-        def call():
+        def call() -> None:
             try:
                 future.set_result(fn())
             except BaseException as exc:  # noqa: BLE001

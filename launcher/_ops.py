@@ -25,7 +25,7 @@ import collections
 import json
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
@@ -63,7 +63,7 @@ class OpsChannel:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
-    def emit(self, topic: str, **body) -> dict:
+    def emit(self, topic: str, **body: object) -> dict:
         self.state.seq += 1
         event = {"topic": topic, "seq": self.state.seq, "time": time.time(), **body}
         self.history.append(event)

@@ -15,6 +15,11 @@ import os
 
 import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bootstrap import ProcessSpec
+    from launcher.server_args import ServerArgs
 
 
 class PlanError(ValueError):
@@ -52,7 +57,9 @@ def rendezvous(dist_init_addr: str | None, nnodes: int) -> tuple[str, int]:
     return host, int(port)
 
 
-def plan_children(args, *, payload: bytes, platform_key: str, runtime: str, endpoints: Endpoints):
+def plan_children(
+    args: ServerArgs, *, payload: bytes, platform_key: str, runtime: str, endpoints: Endpoints
+) -> list[ProcessSpec]:
     """The ``ProcessSpec`` of every child of this node, HTTP first when there is one."""
     from bootstrap import ProcessSpec
     from platforms import entrypoints
@@ -70,7 +77,7 @@ def plan_children(args, *, payload: bytes, platform_key: str, runtime: str, endp
     local = world // args.nnodes
     master_addr, master_port = rendezvous(args.dist_init_addr, args.nnodes)
 
-    def spec(role: str, target: str, rank: int, local_rank: int, env: dict[str, str]):
+    def spec(role: str, target: str, rank: int, local_rank: int, env: dict[str, str]) -> ProcessSpec:
         return ProcessSpec(
             role=role,
             target=target,

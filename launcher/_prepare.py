@@ -10,8 +10,14 @@ what to change, with the CLI exit code it maps to.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from launcher._failure import ExitCode, LaunchError, RootCause
+
+if TYPE_CHECKING:
+    from launcher.server_args import ServerArgs
+    from platforms import Selection
 
 RUNTIMES = ("srt", "diffusion")
 
@@ -57,7 +63,7 @@ def load_plugins(runtime: str) -> None:
     select_platform(runtime)
 
 
-def build_args(make):
+def build_args(make: Callable[[], ServerArgs]) -> ServerArgs:
     """``make()`` a ``ServerArgs``: a complaint about a value is a usage error (exit 2); anything
     else it raises (a platform's ``apply_server_args_defaults``, a plugin's hook) a set-up error."""
     try:
@@ -75,12 +81,12 @@ def prefer_cpu_over_base(runtime: str) -> None:
     importlib.import_module("platforms.diffusion" if runtime == "diffusion" else "platforms").use_serving_fallback()
 
 
-def server_args_class():
+def server_args_class() -> type[ServerArgs]:
     """The ``ServerArgs`` class as it is after hooks (a REPLACE hook may have swapped it)."""
     return importlib.import_module("launcher.server_args").ServerArgs
 
 
-def check_args(args) -> None:
+def check_args(args: ServerArgs) -> None:
     """Run ``check_server_args`` (a hook target); a complaint becomes a usage ``LaunchError``."""
     try:
         args.check_server_args()
@@ -88,10 +94,10 @@ def check_args(args) -> None:
         raise usage_error(exc) from exc
 
 
-def finish(args):
+def finish(args: ServerArgs) -> tuple[Selection, bytes]:
     """Check ``args``, resolve the platform once, encode the payload: ``(selection, payload)``."""
     check_args(args)
-    selection = select_platform(getattr(args, "runtime", "srt"))
+    selection = select_platform(args.runtime)
     try:
         payload = importlib.import_module("launcher.server_args").encode_server_args(args)
     except (TypeError, ValueError) as exc:
@@ -110,17 +116,21 @@ def usage_error(exc: BaseException) -> LaunchError:
     )
 
 
-def select_platform(runtime: str):
-    """Resolve ``runtime``'s platform once and return its ``Selection``."""
-    module = "platforms.diffusion" if runtime == "diffusion" else "platforms"
+def select_platform(runtime: str) -> Selection:
+    """Resolve ``runtime``'s platform once, construct it (so a plugin class that is not ``OOT``,
+    names no device or cannot be built fails here, before any worker starts), and return its
+    ``Selection``."""
+    module = importlib.import_module("platforms.diffusion" if runtime == "diffusion" else "platforms")
     try:
-        return importlib.import_module(module).current_selection()
+        selection = module.current_selection()
+        module.current_platform.device_type  # noqa: B018 - constructs the selected class once
+        return selection
     except Exception as exc:  # noqa: BLE001 - selection errors already name their fix
         plain = type(exc).__name__ == "PlatformSelectionError" and exc.__cause__ is None
         raise _setup_error("no platform could be selected", exc, plain=plain) from exc
 
 
-def is_cpu_fallback(selection) -> bool:
+def is_cpu_fallback(selection: Selection) -> bool:
     """True when no plugin was selected and detection fell back to the CPU platform."""
     return selection.entry_point is None and selection.key == "builtin:cpu" and selection.reason.startswith("fallback")
 

@@ -77,7 +77,11 @@ class Tree:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         alive = self.alive()
-        fds = {self.members[pid][1]: pid for pid in alive if self.members[pid][1] is not None}
+        fds: dict[int, int] = {}
+        for pid in alive:
+            fd = self.members[pid][1]
+            if fd is not None:
+                fds[fd] = pid
         if len(fds) == len(alive) and alive:
             changed = asyncio.Event()
             for fd in fds:

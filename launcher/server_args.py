@@ -21,8 +21,12 @@ import dataclasses
 import re
 import typing
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from bootstrap.payload import PayloadError, decode_payload, encode_payload
+
+if TYPE_CHECKING:
+    from typing import Self
 
 RUNTIMES = ("srt", "diffusion")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -31,7 +35,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?$")
 
 
-def _opt(default, help: str, **meta):
+def _opt(default: Any, help: str, **meta: Any) -> Any:
     """A field with its command-line help (and optional ``choices``, ``metavar``)."""
     return field(default=default, metadata={"help": help, **meta})
 
@@ -106,12 +110,14 @@ class ServerArgs:
     def __post_init__(self) -> None:
         """Let the selected platform of this runtime set its defaults (the spec's lifecycle hook)."""
         if self.runtime == "diffusion":
-            from platforms.diffusion import current_platform
+            from platforms.diffusion import current_platform as diffusion_platform
+
+            diffusion_platform.apply_server_args_defaults(self)
         elif self.runtime == "srt":
-            from platforms import current_platform
-        else:
-            return  # check_server_args names the bad runtime
-        current_platform.apply_server_args_defaults(self)
+            from platforms import current_platform as srt_platform
+
+            srt_platform.apply_server_args_defaults(self)
+        # any other runtime: check_server_args names it
 
     # -- command line ----------------------------------------------------------------------------
     @classmethod
@@ -141,7 +147,7 @@ class ServerArgs:
         return parser
 
     @classmethod
-    def from_cli_args(cls, args: argparse.Namespace):
+    def from_cli_args(cls, args: argparse.Namespace) -> Self:
         """Build ``cls`` from a namespace parsed with ``add_cli_args`` (missing names keep defaults)."""
         names = [f.name for f in dataclasses.fields(cls) if f.init]
         return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
@@ -223,7 +229,7 @@ def encode_server_args(args: ServerArgs) -> bytes:
     return encode_payload(args)
 
 
-def decode_server_args(data: bytes, cls: type | None = None):
+def decode_server_args(data: bytes, cls: type[ServerArgs] | None = None) -> ServerArgs:
     """Rebuild the ServerArgs in ``data`` as ``cls`` (default: this module's ``ServerArgs``, looked
     up now, so a REPLACE hook applies). Raises ``PayloadError`` for a corrupt or mismatched
     payload, naming the cause."""
@@ -235,11 +241,11 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _index(obj, name: str) -> int:
+def _index(obj: ServerArgs, name: str) -> int:
     return [f.name for f in dataclasses.fields(obj)].index(name)
 
 
-def _field_default(f: dataclasses.Field):
+def _field_default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
@@ -247,7 +253,7 @@ def _field_default(f: dataclasses.Field):
     return None
 
 
-def _base_type(hint) -> tuple[type, bool]:
+def _base_type(hint: Any) -> tuple[type, bool]:
     """``(T, optional)`` for ``T`` or ``T | None``."""
     args = typing.get_args(hint)
     if args and type(None) in args:
@@ -256,7 +262,7 @@ def _base_type(hint) -> tuple[type, bool]:
     return hint, False
 
 
-def _type_problems(args) -> list[str]:
+def _type_problems(args: ServerArgs) -> list[str]:
     problems = []
     hints = typing.get_type_hints(type(args))
     for f in dataclasses.fields(args):

@@ -332,6 +332,8 @@ def instantiate(spec: RuntimeSpec, selection: Selection) -> Any:
             f"not a {enum_type.__module__}.{enum_type.__qualname__} member; use that runtime's own "
             f"PlatformEnum (OOT for a plugin)"
         )
+    if selection.is_plugin:
+        _check_plugin_identity(spec, cls, enum_type, source)
     try:
         return cls()
     except Exception as exc:
@@ -340,3 +342,28 @@ def instantiate(spec: RuntimeSpec, selection: Selection) -> Any:
             f"{type(exc).__name__}: {exc}; platform classes must be constructible with no arguments "
             f"and without touching the device (put device set-up in init_backend()); {fix}"
         ) from exc
+
+
+_PLACEHOLDER = "unspecified"  # DeviceMixin's value for a class that never set its identity
+
+
+def _check_plugin_identity(spec: RuntimeSpec, cls: type, enum_type: Any, source: str) -> None:
+    """A plugin's class must say it is out of tree and name its device; raise naming the fix."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    enum = getattr(cls, "_enum", None)
+    if enum is not enum_type.OOT:
+        raise PlatformSelectionError(
+            f"{spec.name} platform {source} selected {name}, whose _enum is {enum!r}, not "
+            f"{enum_type.__qualname__}.OOT; a plugin's activate() must return its own class with "
+            f"_enum = PlatformEnum.OOT (from {enum_type.__module__}), not a built-in platform "
+            f"(to use a built-in, unset {spec.selector_env} and uninstall or disable the plugin)"
+        )
+    for attr in ("device_name", "device_type"):
+        value = getattr(cls, attr, None)
+        if not isinstance(value, str) or not value.strip() or value == _PLACEHOLDER:
+            what = "is not set" if value == _PLACEHOLDER else f"is {value!r}"
+            example = "'my_device'" if attr == "device_name" else "the torch device type, e.g. 'cuda'"
+            raise PlatformSelectionError(
+                f"{spec.name} platform {source} selected {name}, whose {attr} {what}; set the class "
+                f"attribute {attr} to a non-blank string ({example})"
+            )

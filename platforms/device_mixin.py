@@ -62,6 +62,17 @@ _X86_MACHINES = {"x86_64", "amd64", "i386", "i686", "x86"}
 _ARM_MACHINES = {"aarch64", "arm64", "armv7l", "armv8l", "arm"}
 
 
+def targets_cpu(device: object) -> bool:
+    """Whether ``device`` (a ``torch.device``, a string such as ``"cpu"`` or ``"cpu:0"``, or None)
+    names the host CPU; None means "this platform's own device", so it is not the CPU here."""
+    if device is None:
+        return False
+    kind = getattr(device, "type", None)
+    if not isinstance(kind, str):
+        kind = str(device).partition(":")[0]
+    return kind.strip().lower() == "cpu"
+
+
 def host_cpu_architecture(machine: str | None = None) -> CpuArchEnum:
     """Classify ``platform.machine()`` (or ``machine``) as x86, ARM or unspecified."""
     if machine is None:
@@ -167,8 +178,12 @@ class DeviceMixin:
         """Peak memory used on ``device`` so far, in bytes."""
         raise self._missing("get_current_memory_usage")
 
-    def is_pin_memory_available(self, device: torch.device | None = None) -> bool:
-        """Whether pinned host memory can be used for transfers to ``device`` (default False)."""
+    def is_pin_memory_available(self, device: torch.device | str | None = None) -> bool:
+        """Whether pinned host memory can be used for transfers to ``device`` (default False).
+
+        ``device`` is the transfer's target (a ``torch.device``, a device string, or None for this
+        platform's device); pinned memory only helps copies to an accelerator, so a CPU target
+        answers False on every platform."""
         return False
 
     def get_torch_distributed_backend_str(self) -> str:
@@ -185,8 +200,11 @@ class DeviceMixin:
 
         return torch.inference_mode(True)
 
-    def seed_everything(self, seed: int | None = None) -> None:
-        """Seed Python's ``random``, numpy (when installed) and torch; None leaves them alone."""
+    @classmethod
+    def seed_everything(cls, seed: int | None = None) -> None:
+        """Seed Python's ``random``, numpy (when installed) and torch; None leaves them alone.
+
+        A classmethod (as in SGLang): ``Platform.seed_everything(123)`` on the class seeds too."""
         if seed is None:
             return
         random.seed(seed)
@@ -203,8 +221,10 @@ class DeviceMixin:
     def verify_quantization(self, quant: str) -> None:
         """Raise if quantization method ``quant`` is unsupported here (default: accept all)."""
 
-    def get_cpu_architecture(self) -> CpuArchEnum:
-        """The host CPU architecture, detected from ``platform.machine()``."""
+    @classmethod
+    def get_cpu_architecture(cls) -> CpuArchEnum:
+        """The host CPU architecture, detected from ``platform.machine()`` (a classmethod, as in
+        SGLang: callable on the class)."""
         return host_cpu_architecture()
 
     def __repr__(self) -> str:

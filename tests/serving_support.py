@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from support import REPO, clean_env, free_port, kill_tree
+from support import REPO, clean_env, free_port, kill_tree, wait_for
 
 CLI = REPO / ".venv" / "bin" / "sglang-launch"
 
@@ -58,19 +58,19 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 180.0, headers: dict | None = None) -> None:
+        """Return once ``/ready`` answers 200; fail naming the log if the server exits first or
+        ``timeout`` seconds pass."""
         import httpx
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited with {self.proc.returncode} before ready:\n{self.log}")
             try:
-                if httpx.get(self.url + "/ready", timeout=5).status_code == 200:
-                    return
+                return httpx.get(self.url + "/ready", timeout=5).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"server not ready within {timeout}s:\n{self.log}")
+                return False  # not listening yet, or too busy to answer in time
+
+        wait_for(ready, timeout, f"the server to be ready (log {self.log_path})", interval=0.2)
 
     def wait_exit(self, timeout: float = 60.0) -> int:
         return self.proc.wait(timeout=timeout)
@@ -121,15 +121,14 @@ def start_two_nodes(args: list[str], tmp: Path, name: str, env: dict[str, str] |
     try:
         for rank in (0, 1):
             nodes.append(Server([*common, "--node-rank", str(rank)], tmp / f"{name}-node{rank}.log", env))
-        deadline = time.monotonic() + timeout
-        while "sglang-launch: ready at http" not in nodes[0].log:
+        def node0_ready() -> bool:
             for node in nodes:
                 if node.proc.poll() is not None:
                     raise AssertionError(f"a node exited with {node.proc.returncode} before ready:\n"
                                          + "\n".join(n.log for n in nodes))
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not ready within {timeout}s:\n" + "\n".join(n.log for n in nodes))
-            time.sleep(0.2)
+            return "sglang-launch: ready at http" in nodes[0].log
+
+        wait_for(node0_ready, timeout, "node 0 to be ready", interval=0.2)
         r = httpx.get(nodes[0].url + "/ready", timeout=30)
         assert r.status_code == 200, f"the supervisor said ready but /ready is {r.status_code}: {r.text}"
     except BaseException:

@@ -15,7 +15,6 @@ import os
 import re
 
 import pytest
-
 from plugin_fixtures import DEMO_DISTRIBUTION
 from support import clean_env, make_dist, run_python
 
@@ -95,8 +94,13 @@ def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
     assert re.search(r"^  pass +device\.tensor +4x6 @ 6x3", text, re.M), text
     assert re.search(r"^  missing +subsystems\.get_graph_runner_cls", text, re.M), text
     summary = text.strip().splitlines()[-1]
-    assert summary.startswith("check-platform srt on builtin:cpu: 39 checks, ") and "0 fail" in summary
+    assert summary.startswith("check-platform srt on builtin:cpu: 40 checks, ") and "0 fail" in summary
     assert summary.endswith("conforms")
+    # The last row loaded a model through the runtime's own runner and ran a forward on the device.
+    workload = row(srt["report"], "workload.srt_forward")
+    assert srt["report"]["rows"][-1]["id"] == "workload.srt_forward"
+    assert workload["status"] == "pass" and "on cpu, float32" in workload["detail"], workload
+    assert srt["report"]["missing_required"] == []
 
 
 @pytest.mark.e2e
@@ -115,6 +119,7 @@ def test_pip_installed_demo_plugin_passes_both_runtimes(demo_site):  # noqa: F81
         source = row(report, "selection.source")["detail"]
         assert f"from {DEMO_DISTRIBUTION}" in source and "SGLANG_" in source
         assert row(report, "selection.out_of_tree")["detail"] == "True (plugin)"
+    assert row(srt["report"], "workload.srt_forward")["status"] == "pass", result
     # The demo's apply_server_args_defaults is visible; its dispatch key reaches CustomOp.
     assert "attention_backend: None -> 'torch_native'" in row(srt["report"], "lifecycle.server_args_defaults")["detail"]
     assert "key 'demo': forward_oot" in row(diffusion["report"], "diffusion.custom_op")["detail"]
@@ -135,8 +140,6 @@ class Base(SRTPlatform, CpuDevice):
 
 
 class Broken(Base):
-    _enum = PlatformEnum.CUDA  # wrong: a plugin's identity is OOT
-
     def get_device(self, local_rank=0):
         raise RuntimeError("broken driver: no device handle")
 
@@ -162,6 +165,19 @@ class DiesInCheck(Base):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class PosesAsCuda(Base):
+    _enum = PlatformEnum.CUDA  # wrong: a plugin's identity is OOT
+
+
+class LacksGetDevice(SRTPlatform):  # what a plugin written from the bare base class looks like
+    _enum = PlatformEnum.OOT
+    device_name = "lacking"
+    device_type = "cpu"
+
+    def get_default_attention_backend(self):
+        return "torch_native"
+
+
 class WrongRuntimeEnum(Base):
     _enum = DiffusionPlatformEnum.OOT  # the diffusion runtime's enum on an SRT class
 
@@ -172,7 +188,7 @@ class BadDefaults(Base):
 """
 
 BROKEN = ("Broken", "ExitsInInit", "HangsInInit", "DiesInCheck", "WrongRuntimeEnum")
-REGISTERED = BROKEN + ("BadDefaults",)
+REGISTERED = BROKEN + ("BadDefaults", "PosesAsCuda", "LacksGetDevice")
 
 
 @pytest.fixture
@@ -207,9 +223,12 @@ def test_broken_plugins_yield_exactly_the_expected_failed_rows(broken_site):
 
     report = broken["report"]
     assert "BROKEN-PLATFORM-SAYS-HI" not in result.stdout and "BROKEN-PLATFORM-SAYS-HI" in result.stderr
-    assert rows_by_status(report, "fail") == {"selection.out_of_tree", "device.get_device", "distributed.backend"}
-    assert "PlatformEnum.CUDA" in row(report, "selection.out_of_tree")["detail"]
-    assert "PlatformEnum.OOT" in row(report, "selection.out_of_tree")["expected"]
+    assert rows_by_status(report, "fail") == {"device.get_device", "distributed.backend",
+                                              "subsystems.get_default_attention_backend"}
+    assert report["summary"].endswith(
+        "FAILED: device.get_device, distributed.backend, subsystems.get_default_attention_backend, "
+        "workload.srt_forward (a launch needs, and the platform lacks: get_default_attention_backend())")
+    assert row(report, "workload.srt_forward")["detail"].startswith("needs device.get_device to pass")
     assert "broken driver: no device handle" in row(report, "device.get_device")["detail"]
     assert "'warpdrive'" in row(report, "distributed.backend")["detail"]
     assert "available" in row(report, "distributed.backend")["expected"]
@@ -320,3 +339,32 @@ def test_server_args_row_blames_the_platform_not_the_installation(broken_site, t
     assert bad["rc"] == 1 and failed["status"] == "fail", result
     assert "--max-batch-size 0 must be at least 1" in failed["detail"], failed
     assert "not installed" not in failed["detail"], failed
+
+
+@pytest.mark.e2e
+def test_a_plugin_lacking_a_method_a_launch_calls_fails_naming_it(broken_site):
+    """Written from the bare base class, as the plugin tutorial once did: every contract method
+    a launch calls is required, so a missing one fails its row and the summary names it; a
+    plugin that poses as a built-in is refused at construction, saying how to fix it."""
+    (lacking, table, poses), result = check_platform([
+        (["--json"], {"SGLANG_PLATFORM": "lacksgetdevice"}),
+        ([], {"SGLANG_PLATFORM": "lacksgetdevice"}),
+        (["--json"], {"SGLANG_PLATFORM": "posesascuda"}),
+    ], sites=[broken_site])
+    report = lacking["report"]
+    assert lacking["rc"] == 1 and report["ok"] is False, result
+    assert {"device.get_device", "distributed.backend"} <= rows_by_status(report, "fail")
+    got = row(report, "device.get_device")
+    assert got["missing"] == "get_device" and "a launch needs get_device()" in got["detail"]
+    assert report["missing_required"] == ["get_device", "get_torch_distributed_backend_str"]
+    assert row(report, "workload.srt_forward")["status"] == "skipped"
+    # Optional methods stay missing, never failed.
+    assert row(report, "subsystems.get_mha_kv_pool_cls")["status"] == "missing"
+    summary = table["text"].strip().splitlines()[-1]
+    assert table["rc"] == 1 and "conforms" not in summary
+    assert "a launch needs, and the platform lacks: get_device(), get_torch_distributed_backend_str()" in summary
+
+    report = poses["report"]
+    assert poses["rc"] == 1 and rows_by_status(report, "fail") == {"selection.construct"}, result
+    detail = row(report, "selection.construct")["detail"]
+    assert "broken_platforms.platform.PosesAsCuda" in detail and "_enum = PlatformEnum.OOT" in detail

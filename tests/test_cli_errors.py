@@ -3,6 +3,7 @@ worker starts: no traceback, nothing left running."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ LAUNCH = [sys.executable, "-m", "launcher"]
 
 
 def _run(argv, **env):
-    environ = clean_env(PYTHONPATH=str(REPO), **env)
+    environ = clean_env(**{"PYTHONPATH": str(REPO), **env})
     return subprocess.run(LAUNCH + argv, capture_output=True, text=True, env=environ, cwd=str(REPO), timeout=120)
 
 
@@ -75,3 +76,30 @@ def test_output_cut_short_by_the_reader_is_not_an_error():
         os.close(write_end)
     assert run.returncode == 0, run.stderr
     assert "Traceback" not in run.stderr and "BrokenPipe" not in run.stderr, run.stderr
+
+
+@pytest.mark.e2e
+def test_a_plugin_class_posing_as_a_builtin_is_refused_before_any_worker_starts(site):
+    from plugin_fixtures import platform_plugin
+
+    platform_plugin(site, "poser", activate="return 'platforms.builtin.cpu.CpuSRTPlatform'", distribution="poser-vendor")
+    run = _run(["--port", str(free_port())], SGLANG_PLATFORM="poser", PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
+    assert run.returncode == 5, run.stderr
+    assert "platforms.builtin.cpu.CpuSRTPlatform" in run.stderr and "poser-vendor" in run.stderr
+    assert "_enum = PlatformEnum.OOT" in run.stderr
+    assert "Traceback" not in run.stderr and "starting" not in run.stderr
+
+
+@pytest.mark.e2e
+def test_a_launch_on_a_plugin_lacking_get_device_names_the_fix_in_the_plugin(site):
+    """Selection ignores SGLANG_USE_CPU_ENGINE while a plugin activates, so the failure must not
+    suggest it: it names the missing method and check-platform."""
+    from plugin_fixtures import platform_plugin
+
+    platform_plugin(site, "lacking", class_body="def get_default_attention_backend(self):\n    return 'sdpa'")
+    run = _run(["--port", str(free_port()), "--startup-timeout", "120"], SGLANG_PLATFORM="lacking",
+               PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
+    assert run.returncode != 0, run.stderr
+    assert "does not implement get_device()" in run.stderr, run.stderr
+    assert "sglang-launch check-platform" in run.stderr
+    assert "SGLANG_USE_CPU_ENGINE" not in run.stderr + run.stdout

@@ -50,13 +50,20 @@ def problem(document: Path, target: str) -> str | None:
 
 def test_the_documents_are_found() -> None:
     names = {path.relative_to(REPO).as_posix() for path in documents()}
-    assert {"README.md", "docs/plugins.md", "docs/check-platform.md", "docs/internals.md",
-            "benchmarks/README.md"} <= names
+    assert {
+        "README.md",
+        "docs/plugins.md",
+        "docs/check-platform.md",
+        "docs/internals.md",
+        "benchmarks/README.md",
+    } <= names
 
 
 @pytest.mark.parametrize("document", documents(), ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_link_resolves_inside_the_repository(document: Path) -> None:
-    problems = [p for t in links(document.read_text(encoding="utf-8")) if (p := problem(document, t))]
+    problems = [
+        p for t in links(document.read_text(encoding="utf-8")) if (p := problem(document, t))
+    ]
     assert not problems, f"{document.relative_to(REPO)}: " + "; ".join(problems)
 
 

@@ -12,7 +12,6 @@ once-per-process phase rules with threads, re-entrant calls and ``fork``.
 from __future__ import annotations
 
 import pytest
-
 from plugin_fixtures import DEMO_DISTRIBUTION
 from support import clean_env, make_dist, run_python
 
@@ -350,6 +349,32 @@ def test_diffusion_selected_platform_plugin_failure_aborts(site, stage, message,
     assert (plugin, distribution, cause_name) == ("dvendor", "dvendor-platform", cause)
     assert message in text and "plugin 'dvendor' (dvendor-platform)" in text and "selected" in text
     assert "dvendor" not in f  # its hooks are discarded
+
+
+def test_diffusion_rejects_two_plugins_of_one_name_before_importing_either(site):
+    for dist, module in (("first-vendor", "first_dup"), ("second-vendor", "second_dup")):
+        make_dist(site, dist, {DIFF_PLUGINS: {"twin": f"{module}:register"}, SRT_PLUGINS: {"twin": f"{module}:register"}},
+                  {f"{module}.py": "import sys\nIMPORTED = True\ndef register():\n    pass\n"})
+    res = run_python("""
+        import json, sys
+        import hooks, hooks.diffusion as d
+        out = {}
+        try:
+            d.load_plugins()
+        except d.HookError as exc:
+            out["error"] = [type(exc).__name__, str(exc), exc.names]
+        out["imported"] = sorted(m for m in ("first_dup", "second_dup") if m in sys.modules)
+        hooks.load_plugins()  # SRT loads both: the rule is diffusion's
+        out["srt_imported"] = sorted(m for m in ("first_dup", "second_dup") if m in sys.modules)
+        print("RESULT:" + json.dumps(out))
+    """, sites=[site])
+    assert res.returncode == 0, res
+    kind, text, names = res.data["error"]
+    assert kind == "DuplicatePluginError" and names == ["twin"]
+    assert "'twin' is shipped by 'first-vendor' and 'second-vendor'" in text
+    assert "uninstall all but one" in text
+    assert res.data["imported"] == []
+    assert res.data["srt_imported"] == ["first_dup", "second_dup"]
 
 
 # -- once per process: threads, re-entrant calls, fork -----------------------------------------------

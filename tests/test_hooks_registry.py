@@ -318,8 +318,59 @@ def work(trace):
 
     trace = []
     result = mod.work(trace)
-    assert trace == ["before1", "before2", "around1-in", "around2-in", "target", "around2-out", "around1-out"]
+    # AROUND: the last registered is outermost, as in SGLang and pluggy.
+    assert trace == ["before1", "before2", "around2-in", "around1-in", "target", "around1-out", "around2-out"]
     assert result == ["result", "after1", "after2"]
+
+
+def test_three_around_hooks_nest_last_registered_outermost(modules, registry):
+    mod = modules("""
+def work(trace):
+    trace.append("target")
+""")
+    for tag in ("a", "b", "c"):
+        def hook(original_fn, trace, tag=tag):
+            trace.append(tag + "-in")
+            original_fn(trace)
+            trace.append(tag + "-out")
+        registry.register(f"{mod.__name__}.work", hook, HookType.AROUND)
+    registry.apply_hooks()
+    trace = []
+    mod.work(trace)
+    assert trace == ["c-in", "b-in", "a-in", "target", "a-out", "b-out", "c-out"]
+
+
+def test_register_and_plugin_hook_default_to_after_with_sglangs_parameter_names(modules, registry):
+    mod = modules(FUNCS)
+    name = mod.__name__
+    assert list(inspect.signature(registry.register).parameters) == ["target", "hook", "hook_type"]
+    assert inspect.signature(registry.register).parameters["hook_type"].default is HookType.AFTER
+    assert inspect.signature(plugin_hook).parameters["type"].default is HookType.AFTER
+
+    registry.register(f"{name}.add", lambda result, x, y: result * 2)  # no type: AFTER
+    registry.register(f"{name}.add", lambda result, x, y: result + 1, hook_type=HookType.AFTER)
+    registry.apply_hooks()
+    assert mod.add(1) == 23  # (1 + 10) * 2 + 1: both ran after the target, in order
+    assert [h.type for h in registry.hooks()] == [HookType.AFTER, HookType.AFTER]
+
+
+def test_the_plugin_hook_decorator_defaults_to_after(modules):
+    from hooks._core import make_plugin_hook
+
+    mod = modules(FUNCS)
+    reg = Registry("decorator-default")
+    try:
+        decorate = make_plugin_hook(reg)
+
+        @decorate(f"{mod.__name__}.add")
+        def tenfold(result, x, y):
+            return result * 10
+
+        reg.apply_hooks()
+        assert mod.add(1) == 110
+        assert reg.hooks()[0].type is HookType.AFTER
+    finally:
+        reg.reset()
 
 
 def test_apply_is_idempotent_and_incremental(modules, registry):

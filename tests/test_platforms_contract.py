@@ -15,15 +15,15 @@ import types
 import psutil
 import pytest
 import torch
+from support import clean_env, make_dist, run_python
 
 import platforms
 import platforms.diffusion
 from platforms import CpuArchEnum, DeviceCapability, DeviceMixin, PlatformEnum, SRTPlatform
-from platforms.entrypoints import allowlist, import_object
 from platforms.builtin import cpu, cuda, mps, npu, rocm, xpu
 from platforms.device_mixin import host_cpu_architecture
 from platforms.diffusion import Platform
-from support import clean_env, make_dist, run_python
+from platforms.entrypoints import allowlist, import_object
 
 
 def test_device_capability_orders_and_converts():
@@ -273,3 +273,41 @@ def test_custom_op_registration_is_validated():
         CustomOp.register_oot_forward(Op, "not callable", "demo")
     with pytest.raises(ValueError, match="platform_key must be the platform's get_dispatch_key_name"):
         CustomOp.register_oot_forward(Op, lambda op: None, " ")
+
+
+# -- where plugin code ported from SGLang would notice -------------------------------------------
+@pytest.mark.parametrize("cls", [cuda.CudaSRTPlatform, cuda.CudaPlatform, rocm.RocmSRTPlatform, xpu.XpuSRTPlatform])
+def test_accelerators_answer_pin_memory_for_the_target_device(cls):
+    # No accelerator is touched: the answer depends on the target alone.
+    p = cls()
+    assert p.is_pin_memory_available() is True  # None: this platform's own device
+    assert p.is_pin_memory_available(torch.device(p.device_type, 0)) is True
+    assert p.is_pin_memory_available("cuda:1") is True
+    assert p.is_pin_memory_available(torch.device("cpu")) is False
+    assert p.is_pin_memory_available("cpu") is False and p.is_pin_memory_available("cpu:0") is False
+
+
+def test_the_cpu_platforms_never_offer_pinned_memory():
+    for p in (cpu.CpuSRTPlatform(), cpu.CpuPlatform()):
+        assert p.is_pin_memory_available() is False
+        assert p.is_pin_memory_available(torch.device("cpu")) is False
+
+
+@pytest.mark.parametrize("cls", [DeviceMixin, SRTPlatform, Platform, cpu.CpuSRTPlatform, cuda.CudaSRTPlatform])
+def test_seed_everything_and_get_cpu_architecture_work_on_the_class(cls):
+    assert isinstance(inspect_attr(cls, "seed_everything"), classmethod)
+    assert isinstance(inspect_attr(cls, "get_cpu_architecture"), classmethod)
+    assert cls.get_cpu_architecture() is host_cpu_architecture()
+    cls.seed_everything(123)
+    first = (random.random(), torch.rand(3).tolist())
+    cls.seed_everything(123)
+    assert (random.random(), torch.rand(3).tolist()) == first
+    cls.seed_everything(None)  # leaves the generators alone
+    assert (random.random(), torch.rand(3).tolist()) != first
+
+
+def inspect_attr(cls, name):
+    """The attribute as the class stores it (a classmethod object stays one)."""
+    import inspect
+
+    return inspect.getattr_static(cls, name)

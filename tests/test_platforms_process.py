@@ -355,6 +355,7 @@ def test_children_adopt_the_parents_entry_point_reading(site):
     assert result.data["kept"] == result.data["seeded"]
 
 
+@pytest.mark.e2e  # probes the accelerators (torch) in fresh interpreters
 def test_a_server_runs_on_the_cpu_where_the_srt_chart_ends_at_the_base_platform(site):
     """``use_serving_fallback()``: with no plugin, nothing explicit and no accelerator, the spec's
     chart ends at the bare SRTPlatform, which cannot run a model; a server gets the CPU platform

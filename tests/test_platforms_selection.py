@@ -15,12 +15,12 @@ import re
 import sys
 
 import pytest
-
 from plugin_fixtures import platform_plugin
 from support import make_dist
+
 from platforms import entrypoints
-from platforms.runtimes import DIFFUSION, SRT, runtime_spec
 from platforms._selection import PlatformSelectionError, instantiate, resolve
+from platforms.runtimes import DIFFUSION, SRT, runtime_spec
 
 
 @pytest.fixture
@@ -377,3 +377,41 @@ def test_entry_point_that_cannot_be_imported(plugins, site):
 def test_unknown_runtime_name():
     with pytest.raises(ValueError, match="known runtimes: srt, diffusion"):
         runtime_spec("tpu")
+
+
+# -- a plugin's class must be out of tree and name its device --------------------------------
+@pytest.mark.parametrize("runtime", ["srt", "diffusion"])
+def test_activation_returning_a_builtin_class_is_refused_naming_it(plugins, runtime):
+    builtin = {"srt": "platforms.builtin.cpu.CpuSRTPlatform", "diffusion": "platforms.builtin.cpu.CpuPlatform"}
+    spec = runtime_spec(runtime)
+    plugins("borrowed", runtime=runtime, activate=f"return {builtin[runtime]!r}", distribution="borrow-vendor")
+    sel = resolve(spec, {spec.selector_env: "borrowed"})
+    with pytest.raises(PlatformSelectionError) as err:
+        instantiate(spec, sel)
+    message = str(err.value)
+    assert builtin[runtime] in message and "borrow-vendor" in message
+    assert "_enum is <PlatformEnum.CPU" in message and "_enum = PlatformEnum.OOT" in message
+
+
+@pytest.mark.parametrize("runtime", ["srt", "diffusion"])
+@pytest.mark.parametrize("class_body, attr, fragment", [
+    ("device_name = ''", "device_name", "device_name is ''"),
+    ("device_type = '   '", "device_type", "device_type is '   '"),
+    ("device_type = None", "device_type", "device_type is None"),
+    ("del device_name", "device_name", "device_name is not set"),  # left at DeviceMixin's placeholder
+])
+def test_activation_returning_a_class_without_a_device_identity_is_refused(plugins, runtime, class_body, attr, fragment):
+    spec = runtime_spec(runtime)
+    package = plugins("blank", runtime=runtime, class_body=class_body)
+    sel = resolve(spec, {spec.selector_env: "blank"})
+    with pytest.raises(PlatformSelectionError) as err:
+        instantiate(spec, sel)
+    message = str(err.value)
+    assert f"{package}.platform.Plat" in message and fragment in message
+    assert f"set the class attribute {attr} to a non-blank string" in message
+
+
+def test_a_plugin_class_with_a_builtin_enum_member_is_refused(plugins):
+    plugins("posing", class_body="_enum = PlatformEnum.CUDA")
+    with pytest.raises(PlatformSelectionError, match="_enum is <PlatformEnum.CUDA.*not PlatformEnum.OOT"):
+        instantiate(SRT, resolve(SRT, {"SGLANG_PLATFORM": "posing"}))

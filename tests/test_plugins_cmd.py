@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from support import REPO, clean_env, make_dist, run_python
 
 SRT_PLUGINS = "sglang.srt.plugins"
@@ -156,6 +157,7 @@ def _cli(args, site, **env):
                           env=environ, cwd=str(REPO), timeout=60)
 
 
+@pytest.mark.e2e  # runs the CLI as its own process
 def test_selection_error_is_reported_with_exit_status_1_and_bad_options_are_usage_errors(site):
     _site(site)
     human = _cli(["plugins", "--runtime", "srt"], site, SGLANG_PLATFORM="missing")
@@ -173,6 +175,7 @@ def test_selection_error_is_reported_with_exit_status_1_and_bad_options_are_usag
     assert bad.returncode == 2 and "unrecognized arguments: --format" in bad.stderr
 
 
+@pytest.mark.e2e  # probes the accelerators (torch) in a fresh interpreter
 def test_reports_the_platform_a_launch_would_serve_on():
     """With nothing installed or set, and no accelerator, a launch serves on the CPU platform; the
     report says so, without probing (the chain as listed) and with ``--probe`` (the selection)."""
@@ -191,3 +194,71 @@ def test_reports_the_platform_a_launch_would_serve_on():
     dry, probed = (json.dumps(doc) for doc in res.data)
     assert "cpu (a server's stand-in for base)" in dry, dry
     assert '"key": "builtin:cpu"' in probed and "so a server runs on the CPU platform" in probed, probed
+
+
+def _dual_site(site):
+    """``dual``: a platform entry point whose package imports its hooks module, which registers
+    with ``@plugin_hook`` at module scope and is also a general-plugin entry point. ``solo``: a
+    platform entry point module with a module-scope ``@plugin_hook`` and no plugin entry point."""
+    make_dist(site, "tgt-module", modules={"tgt.py": "def f(x):\n    return [x]\n"})
+    make_dist(site, "dual-platform",
+              {SRT_PLATFORMS: {"dual": "dual_pkg:activate"}, SRT_PLUGINS: {"dual": "dual_pkg.hooks:register"}},
+              {"dual_pkg/__init__.py": """
+                   from dual_pkg import hooks  # noqa: F401 - its decorators run when the platform is activated
+                   def activate():
+                       return "dual_pkg.platform.DualPlatform"
+               """,
+               "dual_pkg/hooks.py": """
+                   from hooks import HookType, plugin_hook
+                   @plugin_hook("tgt:f", type=HookType.AFTER)
+                   def dual_after(result, x):
+                       return result + ["dual"]
+                   def register():
+                       pass
+               """})
+    make_dist(site, "solo-platform", {SRT_PLATFORMS: {"solo": "solo_pkg:activate"}},
+              {"solo_pkg.py": """
+                   from hooks import plugin_hook
+                   @plugin_hook("tgt:f")  # AFTER by default
+                   def solo_after(result, x):
+                       return result + ["solo"]
+                   def activate():
+                       return None
+               """})
+
+
+def test_plugins_lists_every_hook_that_will_be_applied_whatever_imported_the_module_first(site):
+    _dual_site(site)
+    code = """
+        import contextlib, io, json, sys
+        import hooks
+        if sys.argv[1] == "plugins-first":
+            hooks.register_plugins()  # the general-plugin loader imports dual_pkg.hooks first
+        from launcher.cli import main
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            main(["plugins", "--runtime", "srt", "--json"])
+        table = io.StringIO()
+        with contextlib.redirect_stdout(table):
+            main(["plugins", "--runtime", "srt"])
+        hooks.load_plugins()
+        import tgt
+        print("RESULT:" + json.dumps({"doc": json.loads(buf.getvalue()), "table": table.getvalue(), "f": tgt.f(0)}))
+    """
+    for order in ("selection-first", "plugins-first"):
+        res_one = run_python(code, sites=[site], env=clean_env(), args=[order])
+        assert res_one.returncode == 0, res_one
+        srt = res_one.data["doc"]["runtimes"][0]
+        assert srt["selection"]["key"] == "plugin:dual", (order, srt["selection"])
+        plugins = {p["name"]: p for p in srt["groups"][SRT_PLUGINS]}
+        assert [(h["type"], h["target"], h["hook"]) for h in plugins["dual"]["hooks"]] == [
+            ("AFTER", "tgt.f", "dual_pkg.hooks.dual_after")], order
+        others = srt["other_hooks"]
+        assert [(h["type"], h["target"], h["hook"]) for h in others] == [("AFTER", "tgt.f", "solo_pkg.solo_after")]
+        assert "imported by platform entry point solo = solo_pkg:activate (from solo-platform)" in others[0]["registered_by"]
+        table = res_one.data["table"]
+        assert "dual_pkg.hooks.dual_after" in table and "solo_pkg.solo_after" in table
+        assert "solo_pkg.solo_after is of no plugin: module solo_pkg, imported by platform entry point" in table
+        # What the report lists is what is applied.
+        f = res_one.data["f"]
+        assert f[0] == 0 and sorted(f[1:]) == ["dual", "solo"], (order, f)

@@ -6,12 +6,12 @@ refused at start-up; tp=2 over two nodes, one rank each, also gives tp=1's token
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
 
 from serving_support import Server, build_tiny_llama, post, server_env, start_server, start_two_nodes, stop_all
+from support import wait_for
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 
@@ -142,12 +142,8 @@ def test_client_disconnect_cancels_the_request(server):
     # Plain: give up while the server is still generating.
     with pytest.raises(httpx.ReadTimeout):
         post(server.url + "/generate", {"text": "go on", "sampling_params": long}, AUTH, timeout=0.3)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        now = _scheduler_counts(server)
-        if now["aborted"] - before["aborted"] >= 2:
-            break
-        time.sleep(0.1)
+    now = wait_for(lambda: (c := _scheduler_counts(server))["aborted"] - before["aborted"] >= 2 and c, 60,
+                   "the scheduler to abort both requests", interval=0.1)
     assert now["aborted"] - before["aborted"] == 2, now
     # Both stopped early: far fewer than the 2000 tokens asked for were generated.
     assert now["generated_tokens"] - before["generated_tokens"] < 1500

@@ -6,7 +6,6 @@ Each is a small, honest behaviour a real worker can have. Pass them by dotted pa
 
 - ``TESTWORKER_EXIT_CODE``: the code for ``exit_with_code`` / ``os_exit_after_ready`` (default 3);
 - ``TESTWORKER_SIGNAL``: the signal name for ``kill_self`` (default ``SIGKILL``);
-- ``TESTWORKER_DELAY``: seconds ``slow_ready`` waits before it reports ready (default 0.5);
 - ``TESTWORKER_MARKER``: a file path some workers create once they reach their interesting point
   (so a test can wait on a condition instead of sleeping).
 
@@ -15,7 +14,6 @@ Targets:
 - ``ready_then_wait``: ready (with its identity and a few ServerArgs fields as info), waits for
   ``ctx.stopping``, returns: the well-behaved worker.
 - ``report_args``: like ``ready_then_wait``, with every ServerArgs field and the class name in info.
-- ``slow_ready``: sleeps ``TESTWORKER_DELAY`` first.
 - ``raise_error``: raises ``RuntimeError("worker failed on purpose")`` before ready.
 - ``raise_after_ready``: ready, then raises.
 - ``return_early``: ready, then returns although nobody asked it to stop.
@@ -85,11 +83,6 @@ def report_args(server_args, ctx) -> None:
     )
     _marker()
     _wait_for_stop(ctx)
-
-
-def slow_ready(server_args, ctx) -> None:
-    time.sleep(float(os.environ.get("TESTWORKER_DELAY", "0.5")))
-    ready_then_wait(server_args, ctx)
 
 
 def raise_error(server_args, ctx) -> None:

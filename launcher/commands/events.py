@@ -12,6 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import zmq
 
 _POLL_MS = 500
 
@@ -64,7 +68,7 @@ def main(argv: list[str]) -> int:
         zctx.term()
 
 
-def _follow(sub, state: dict, last: int, timeout: float, zctx) -> int:
+def _follow(sub: zmq.Socket, state: dict, last: int, timeout: float, zctx: zmq.Context) -> int:
     from launcher._client import QueryError, query
     from launcher._rundir import pid_alive
 

@@ -4,8 +4,9 @@ For each runtime (SRT and diffusion, or the one ``--runtime`` names) and each of
 groups: every installed entry point with its distribution; for SRT platforms whether
 ``SGLANG_PLUGINS`` admits it to automatic selection (it does not apply while ``SGLANG_PLATFORM``
 selects explicitly); for general plugins whether ``SGLANG_PLUGINS`` allows it, whether it is skipped as part of an unselected platform, what
-happened when it was loaded, and which targets its hooks patch with which types; REPLACE
-conflicts; the platform that would be selected and why, or the error selection would raise.
+happened when it was loaded, and which targets its hooks patch with which types; hooks of no
+plugin (registered while something else, such as a platform entry point, imported the module),
+with where they come from, since they are applied too; REPLACE conflicts; the platform that would be selected and why, or the error selection would raise.
 
 Producing the report calls platform activation callbacks and plugin callbacks, as start-up
 would, but applies no hook, so nothing of the serving runtime is imported; built-in platforms'
@@ -43,9 +44,9 @@ def _table(rows: list[list[str]], header: list[str], indent: str = "    ") -> li
     if not rows:
         return [f"{indent}(none installed)"]
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    lines = [indent + "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    lines = [indent + "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
     for row in rows:
-        lines.append(indent + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines.append(indent + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return lines
 
 
@@ -94,9 +95,12 @@ def _render(report: dict) -> list[str]:
                      "yes" if p["skipped_unselected_platform"] else "no", status])
     lines += _table(rows, ["NAME", "DISTRIBUTION", "ENTRY POINT", "ALLOWED", "UNSELECTED PLATFORM", "STATUS"])
     hooks = [[h["type"], h["target"], p["name"], h["hook"]] for p in plugins for h in p["hooks"]]
+    hooks += [[h["type"], h["target"], "(no plugin)", h["hook"]] for h in report.get("other_hooks", [])]
     if hooks:
         lines.append("  hooks:")
         lines += _table(hooks, ["TYPE", "TARGET", "PLUGIN", "HOOK"])
+    for h in report.get("other_hooks", []):
+        lines.append(f"  {h['hook']} is of no plugin: {h['registered_by']}")
     for conflict in report["conflicts"]:
         lines.append(f"  conflict: {len(conflict['plugins'])} REPLACE hooks on {conflict['target']} "
                      f"({', '.join(map(str, conflict['plugins']))}); {conflict['winner']} wins")

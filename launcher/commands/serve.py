@@ -12,8 +12,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from launcher._failure import EXIT_CODES_HELP, LaunchError
+
+if TYPE_CHECKING:
+    from launcher.server_args import ServerArgs
 
 DESCRIPTION = (
     "Start a model server: one scheduler process per rank and an HTTP process, each started "
@@ -22,7 +26,7 @@ DESCRIPTION = (
 )
 
 
-def build_parser(server_args_class) -> argparse.ArgumentParser:
+def build_parser(server_args_class: type[ServerArgs]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-launch",
         description=DESCRIPTION,
@@ -43,7 +47,7 @@ def main(argv: list[str]) -> int:
         _prepare.load_plugins(_prepare.peek_runtime(argv))
         server_args_class = _prepare.server_args_class()
         ns = build_parser(server_args_class).parse_args(argv)
-        _configure_logging(getattr(ns, "log_level", "info"))
+        _configure_logging(ns.log_level)
         args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns))
         selection, payload = _prepare.finish(args)
     except LaunchError as exc:

@@ -10,12 +10,18 @@ request, as every worker must.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .catalog import checks_for
 from .journal import Journal
 from .probe import Probe, evaluate
 
+if TYPE_CHECKING:
+    from bootstrap import WorkerContext
+    from launcher.server_args import ServerArgs
 
-def run_checks(server_args, ctx) -> None:
+
+def run_checks(server_args: ServerArgs, ctx: WorkerContext) -> None:
     """Run the conformance checks of ``server_args.runtime`` into ``ctx.runtime_dir``'s journal."""
     runtime = server_args.runtime
     journal = Journal(ctx.runtime_dir)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import numbers
+from typing import TYPE_CHECKING, Any
 
 from .catalog import check
 from .rows import CheckFailed, Skip
+
+if TYPE_CHECKING:
+    from .probe import Probe
 
 _MIB = float(1 << 20)
 _GIB = float(1 << 30)
@@ -13,11 +17,11 @@ _GIB = float(1 << 30)
 _ALLOCATION_STEPS_MIB = (16, 64, 256)
 
 
-def _is_int(value) -> bool:
+def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
+def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
@@ -25,9 +29,9 @@ def _is_number(value) -> bool:
     "device.get_device",
     "get_device(0) is a torch.device of device_type",
     "get_device(local_rank) returns a torch.device whose .type is the platform's device_type",
-    optional=True,
+    required=("get_device", "every scheduler worker loads the model onto get_device(local_rank)"),
 )
-def get_device(probe) -> str:
+def get_device(probe: Probe) -> str:
     torch = probe.torch
     device = probe.platform.get_device(0)
     if not isinstance(device, torch.device):
@@ -45,7 +49,7 @@ def get_device(probe) -> str:
     optional=True,
     needs=("device.get_device",),
 )
-def set_device(probe) -> str:
+def set_device(probe: Probe) -> str:
     probe.platform.set_device(probe.device)
     return f"set_device({probe.device}) returned"
 
@@ -56,7 +60,7 @@ def set_device(probe) -> str:
     "tensors can be allocated on get_device(0) and a matmul there gives the CPU's result",
     needs=("device.get_device",),
 )
-def tensor(probe) -> str:
+def tensor(probe: Probe) -> str:
     torch = probe.torch
     # Small integers: exact in every float format a device might use for matmul (tf32 included).
     a = torch.arange(24, dtype=torch.float32).reshape(4, 6) % 7
@@ -78,7 +82,7 @@ def tensor(probe) -> str:
     "get_device_name(device_id) returns a non-empty human-readable string",
     optional=True,
 )
-def name(probe) -> str:
+def name(probe: Probe) -> str:
     value = probe.platform.get_device_name(0)
     if not isinstance(value, str) or not value.strip():
         raise CheckFailed(f"get_device_name(0) returned {value!r}")
@@ -91,7 +95,7 @@ def name(probe) -> str:
     "get_device_uuid(device_id) returns a non-empty, stable string",
     optional=True,
 )
-def uuid(probe) -> str:
+def uuid(probe: Probe) -> str:
     first = probe.platform.get_device_uuid(0)
     if not isinstance(first, str) or not first.strip():
         raise CheckFailed(f"get_device_uuid(0) returned {first!r}")
@@ -108,7 +112,7 @@ def uuid(probe) -> str:
     "where the notion does not apply",
     optional=True,
 )
-def capability(probe) -> str:
+def capability(probe: Probe) -> str:
     from platforms import DeviceCapability
 
     value = probe.platform.get_device_capability(0)
@@ -127,7 +131,7 @@ def capability(probe) -> str:
     "get_device_total_memory(device_id) returns the device's total memory in bytes (an int > 0)",
     optional=True,
 )
-def total_memory(probe) -> str:
+def total_memory(probe: Probe) -> str:
     value = probe.platform.get_device_total_memory(0)
     if not _is_int(value) or value <= 0:
         raise CheckFailed(f"returned {value!r}")
@@ -142,7 +146,7 @@ def total_memory(probe) -> str:
     "0 <= free <= get_device_total_memory()",
     optional=True,
 )
-def available_memory(probe) -> str:
+def available_memory(probe: Probe) -> str:
     value = probe.platform.get_available_memory(0)
     if not (isinstance(value, tuple) and len(value) == 2 and all(_is_int(v) for v in value)):
         raise CheckFailed(f"returned {value!r}, not a (free_bytes, total_bytes) pair of ints")
@@ -164,7 +168,7 @@ def available_memory(probe) -> str:
     optional=True,
     needs=("device.get_device",),
 )
-def memory_usage(probe) -> str:
+def memory_usage(probe: Probe) -> str:
     torch, p = probe.torch, probe.platform
     before = p.get_current_memory_usage(probe.device)
     if not _is_number(before) or before < 0:
@@ -190,7 +194,7 @@ def memory_usage(probe) -> str:
     "empty_cache() is callable",
     "empty_cache() releases cached device memory and returns (the default does nothing)",
 )
-def empty_cache(probe) -> str:
+def empty_cache(probe: Probe) -> str:
     probe.platform.empty_cache()
     return "returned"
 
@@ -200,7 +204,7 @@ def empty_cache(probe) -> str:
     "synchronize() is callable",
     "synchronize() waits for queued device work and returns (the default does nothing)",
 )
-def synchronize(probe) -> str:
+def synchronize(probe: Probe) -> str:
     probe.platform.synchronize()
     return "returned"
 
@@ -210,7 +214,7 @@ def synchronize(probe) -> str:
     "is_pin_memory_available() agrees with pinning a tensor",
     "is_pin_memory_available() returns a bool, and True only where a host tensor can be pinned",
 )
-def pin_memory(probe) -> str:
+def pin_memory(probe: Probe) -> str:
     torch = probe.torch
     says = probe.platform.is_pin_memory_available(probe.values.get("device"))
     if not isinstance(says, bool):
@@ -236,7 +240,7 @@ def pin_memory(probe) -> str:
     optional=True,
     needs=("device.get_device",),
 )
-def local_device(probe) -> str:
+def local_device(probe: Probe) -> str:
     import os
 
     rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
@@ -254,7 +258,7 @@ def local_device(probe) -> str:
     runtimes=("diffusion",),
     optional=True,
 )
-def available_gpu_memory(probe) -> str:
+def available_gpu_memory(probe: Probe) -> str:
     value = probe.platform.get_available_gpu_memory(0)
     if not _is_number(value) or value < 0:
         raise CheckFailed(f"returned {value!r}, not a number of GiB >= 0")

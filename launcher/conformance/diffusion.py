@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .catalog import check
 from .rows import CheckFailed
+
+if TYPE_CHECKING:
+    from platforms.custom_op import CustomOp
+
+    from .probe import Probe
 
 DIFFUSION = ("diffusion",)
 
@@ -17,7 +24,7 @@ DIFFUSION = ("diffusion",)
     runtimes=DIFFUSION,
     optional=True,
 )
-def dispatch_key(probe) -> str:
+def dispatch_key(probe: Probe) -> str:
     torch, p = probe.torch, probe.platform
     key = p.get_torch_library_dispatch_key()
     if not isinstance(key, str) or not hasattr(torch._C.DispatchKey, key):
@@ -28,19 +35,19 @@ def dispatch_key(probe) -> str:
     return f"dispatch_key={key!r} (torch.library), get_dispatch_key_name()={name!r} (CustomOp)"
 
 
-def _probe_op_class():
+def _probe_op_class() -> tuple[type[CustomOp], type[CustomOp]]:
     from platforms.custom_op import CustomOp
 
     class ConformanceProbeOp(CustomOp):
         """An operation whose every implementation says which one ran."""
 
-        def forward_native(self):
+        def forward_native(self) -> str:
             return "forward_native"
 
-        def forward_oot(self):
+        def forward_oot(self) -> str:
             return "forward_oot"
 
-        def forward_cuda(self):
+        def forward_cuda(self) -> str:
             return "forward_cuda"
 
     return CustomOp, ConformanceProbeOp
@@ -53,7 +60,7 @@ def _probe_op_class():
     "register_oot_forward(op, fn, key), else its forward_<key>(), else forward_oot()",
     runtimes=DIFFUSION,
 )
-def custom_op(probe) -> str:
+def custom_op(probe: Probe) -> str:
     key = probe.platform.get_dispatch_key_name()
     if not isinstance(key, str) or not key.strip():
         raise CheckFailed(f"get_dispatch_key_name() returned {key!r}, not a key name")
@@ -77,7 +84,7 @@ def custom_op(probe) -> str:
     runtimes=DIFFUSION,
     optional=True,
 )
-def attn_backend(probe) -> str:
+def attn_backend(probe: Probe) -> str:
     from platforms.entrypoints import import_object
 
     path = probe.platform.get_attn_backend_cls_str()
@@ -97,7 +104,7 @@ def attn_backend(probe) -> str:
     "override it falls back to get_device_communicator_cls()",
     runtimes=DIFFUSION,
 )
-def communicator(probe) -> str:
+def communicator(probe: Probe) -> str:
     from platforms.entrypoints import import_object
 
     p = probe.platform

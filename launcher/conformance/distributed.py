@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from .catalog import check
 from .rows import CheckFailed
+
+if TYPE_CHECKING:
+    from .probe import Probe
 
 _GROUP_TIMEOUT_S = 60
 
@@ -36,9 +40,10 @@ def unavailable(name: str) -> str | None:
     "get_torch_distributed_backend_str() names an available backend",
     "get_torch_distributed_backend_str() names a torch.distributed backend this torch has "
     "available (built in, like 'nccl' or 'gloo', or registered by the vendor's extension)",
-    optional=True,
+    required=("get_torch_distributed_backend_str",
+              "a launch with --tp-size > 1 joins each replica's ranks in a process group on it"),
 )
-def backend(probe) -> str:
+def backend(probe: Probe) -> str:
     value = probe.platform.get_torch_distributed_backend_str()
     if not isinstance(value, str) or not value.strip():
         raise CheckFailed(f"returned {value!r}, not a backend name")
@@ -56,7 +61,7 @@ def backend(probe) -> str:
     "get_device(0) returns it unchanged",
     needs=("distributed.backend", "device.get_device"),
 )
-def process_group(probe) -> str:
+def process_group(probe: Probe) -> str:
     import datetime
 
     import torch.distributed as dist

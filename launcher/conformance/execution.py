@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 from .catalog import check
 from .rows import CheckFailed
+
+if TYPE_CHECKING:
+    from .probe import Probe
 
 _SEED = 1234
 
@@ -16,7 +20,7 @@ _SEED = 1234
     "inference_mode() returns a context manager inside which torch is in inference mode "
     "(the default is torch.inference_mode(True))",
 )
-def inference_mode(probe) -> str:
+def inference_mode(probe: Probe) -> str:
     torch = probe.torch
     manager = probe.platform.inference_mode()
     with manager:
@@ -32,7 +36,7 @@ def inference_mode(probe) -> str:
     return f"{type(manager).__module__}.{type(manager).__qualname__}"
 
 
-def _draws(probe) -> dict[str, list]:
+def _draws(probe: Probe) -> dict[str, list]:
     torch = probe.torch
     draws = {"random": [random.random() for _ in range(3)], "torch": torch.rand(3).tolist()}
     device = probe.values.get("device")
@@ -47,7 +51,7 @@ def _draws(probe) -> dict[str, list]:
     "seed_everything(seed) seeds Python's random, numpy and torch (and the device), so the "
     "same seed gives the same draws",
 )
-def seed(probe) -> str:
+def seed(probe: Probe) -> str:
     probe.platform.seed_everything(_SEED)
     first = _draws(probe)
     probe.platform.seed_everything(_SEED)
@@ -64,7 +68,7 @@ def seed(probe) -> str:
     "get_compile_backend() names a backend torch.compile knows (torch._dynamo.list_backends(), "
     "entry-point backends included)",
 )
-def compile_backend(probe) -> str:
+def compile_backend(probe: Probe) -> str:
     name = probe.platform.get_compile_backend()
     if not isinstance(name, str) or not name.strip():
         raise CheckFailed(f"returned {name!r}, not a backend name")
@@ -81,7 +85,7 @@ def compile_backend(probe) -> str:
     "get_cpu_architecture() is a CpuArchEnum",
     "get_cpu_architecture() returns a platforms.CpuArchEnum member (X86, ARM or UNSPECIFIED)",
 )
-def cpu_architecture(probe) -> str:
+def cpu_architecture(probe: Probe) -> str:
     from platforms import CpuArchEnum
 
     value = probe.platform.get_cpu_architecture()
@@ -96,7 +100,7 @@ def cpu_architecture(probe) -> str:
     "get_compile_options() returns a dict of extra keyword arguments for torch.compile",
     runtimes=("diffusion",),
 )
-def compile_options(probe) -> str:
+def compile_options(probe: Probe) -> str:
     value = probe.platform.get_compile_options()
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise CheckFailed(f"returned {value!r}, not a dict with string keys")

@@ -33,7 +33,7 @@ class Journal:
     def _write(self, record: dict) -> None:
         os.write(self._fd, (json.dumps(record, default=repr) + "\n").encode())
 
-    def platform(self, **info) -> None:
+    def platform(self, **info: object) -> None:
         self._write({"kind": "platform", **info})
 
     def begin(self, check_id: str) -> None:

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from typing import TYPE_CHECKING
 
 from .catalog import check
 from .rows import CheckFailed
+
+if TYPE_CHECKING:
+    from launcher.server_args import ServerArgs
+
+    from .probe import Probe
 
 
 @check(
@@ -15,13 +21,13 @@ from .rows import CheckFailed
     "general plugins of the selected platform's distribution load, run their callbacks and apply "
     "their hooks; a failure there aborts start-up",
 )
-def plugins(probe) -> str:
+def plugins(probe: Probe) -> str:
     # The bootstrap ran both phases before this process reached the checks; a failure there is
     # reported against this row by the parent, from the child's failure report.
     return "the bootstrap registered this runtime's general plugins and applied their hooks"
 
 
-def _field_defaults(cls) -> dict:
+def _field_defaults(cls: type) -> dict:
     values = {}
     for f in dataclasses.fields(cls):
         if f.default is not dataclasses.MISSING:
@@ -31,7 +37,7 @@ def _field_defaults(cls) -> dict:
     return values
 
 
-def _problems(args) -> list[str]:
+def _problems(args: ServerArgs) -> list[str]:
     """What ``check_server_args()`` refuses in ``args`` (empty when it passes)."""
     try:
         args.check_server_args()
@@ -46,7 +52,7 @@ def _problems(args) -> list[str]:
     "apply_server_args_defaults(server_args) fills platform defaults in ServerArgs.__post_init__ "
     "and leaves arguments that pass check_server_args()",
 )
-def server_args_defaults(probe) -> str:
+def server_args_defaults(probe: Probe) -> str:
     # Looked up now, after the bootstrap applied hooks: a REPLACE of the class applies.
     cls = importlib.import_module("launcher.server_args").ServerArgs
     defaults = _field_defaults(cls)
@@ -79,7 +85,7 @@ def server_args_defaults(probe) -> str:
     "init_backend() runs at most once per process, through initialize_current_platform(), and "
     "returns (raising aborts start-up; it must never end the process)",
 )
-def init_backend(probe) -> str:
+def init_backend(probe: Probe) -> str:
     p = probe.platform
     calls = []
     p.init_backend = lambda: calls.append(1)  # shadows the method on this instance only

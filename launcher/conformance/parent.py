@@ -17,9 +17,13 @@ import asyncio
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import journal
+
+if TYPE_CHECKING:
+    from bootstrap import ProcessSpec
+    from launcher._children import Child
 
 TARGET = "launcher.conformance.child:run_checks"
 _STOP_GRACE_S = 10.0  # for the child to wind down after SIGTERM (once ready) before it is killed
@@ -61,7 +65,7 @@ class _Status:
         self.ready = False
         self.changed = asyncio.Event()
 
-    def take(self, _child, message) -> None:
+    def take(self, _child: Child, message: object) -> None:
         from bootstrap import messages
 
         if isinstance(message, messages.Phase):
@@ -72,11 +76,13 @@ class _Status:
         elif isinstance(message, messages.Failed):
             self.failure = messages.to_dict(message)
 
-    def exited(self, _child) -> None:
+    def exited(self, _child: Child) -> None:
         self.changed.set()
 
 
-async def _watch(spec, endpoint: str, timeout: float, status: _Status):
+async def _watch(
+    spec: ProcessSpec, endpoint: str, timeout: float, status: _Status
+) -> tuple[Child, bool]:
     """Start the check process, wait for ready or its exit, stop it; its ``Child`` and whether
     it timed out."""
     import zmq

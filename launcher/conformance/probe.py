@@ -31,13 +31,13 @@ class Probe:
         self.values: dict[str, Any] = {}
 
     @property
-    def torch(self):
+    def torch(self) -> Any:
         import torch
 
         return torch
 
     @property
-    def device(self):
+    def device(self) -> Any:
         """The device ``get_device(0)`` returned (checks that use it declare that need)."""
         return self.values["device"]
 
@@ -47,7 +47,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _not_implemented(exc: NotImplementedError, platform) -> str:
+def _not_implemented(exc: NotImplementedError, platform: object) -> str:
     text = str(exc).strip()
     if not text or text.startswith(f"{type(platform).__qualname__} does not implement"):
         return "not implemented (the contract's default raises NotImplementedError)"
@@ -57,9 +57,9 @@ def _not_implemented(exc: NotImplementedError, platform) -> str:
 def evaluate(check: Check, probe: Probe) -> rows.Row:
     """Run ``check`` against ``probe`` and return its row (never raises for a platform's fault)."""
 
-    def row(status: str, detail: str, expected: str | None = None) -> rows.Row:
+    def row(status: str, detail: str, expected: str | None = None, missing: str | None = None) -> rows.Row:
         probe.statuses[check.id] = status
-        return rows.Row(check.id, check.group, check.title, status, detail, expected)
+        return rows.Row(check.id, check.group, check.title, status, detail, expected, missing)
 
     for need in check.needs:
         status = probe.statuses.get(need)
@@ -74,6 +74,13 @@ def evaluate(check: Check, probe: Probe) -> rows.Row:
     except rows.CheckFailed as exc:
         return row(rows.FAIL, str(exc), check.contract)
     except NotImplementedError as exc:
+        if check.required is not None:
+            method, where = check.required
+            return row(
+                rows.FAIL,
+                f"{_not_implemented(exc, probe.platform)}, but a launch needs {method}(): {where}",
+                check.contract, missing=method,
+            )
         if check.optional:
             return row(rows.MISSING, _not_implemented(exc, probe.platform))
         return row(

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import NamedTuple, TextIO
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, NamedTuple, TextIO
 
 from bootstrap import DOING, PHASES
 
-from .catalog import Check, checks_for
+from .catalog import WORKLOAD, Check, checks_for
 from .rows import FAIL, MISSING, PASS, SKIPPED, Row, counts
+
+if TYPE_CHECKING:
+    from .parent import ChildResult
 
 PROCESS_ROW = ("process.check", "the check process ran to the end",
                "the check process starts through the bootstrap, runs every check and stops when asked")
@@ -44,17 +48,29 @@ class Report(NamedTuple):
 
     @property
     def ok(self) -> bool:
-        return self.counts[FAIL] == 0
+        """The platform conforms: no row failed and every workload row passed."""
+        return not self.failed
 
     @property
     def failed(self) -> list[str]:
-        return [row.id for row in self.rows if row.status == FAIL]
+        """Rows that keep the platform from conforming: failed ones, and workload rows that did
+        not pass (a launch is only known to work when they ran)."""
+        return [row.id for row in self.rows
+                if row.status == FAIL or (row.group == WORKLOAD and row.status != PASS)]
+
+    @property
+    def missing_required(self) -> list[str]:
+        """Required contract methods the platform does not implement, in row order."""
+        return list(dict.fromkeys(row.missing for row in self.rows if row.missing))
 
     def summary(self) -> str:
         c = self.counts
         where = (self.platform or {}).get("key") or "an unreported platform"
         tally = ", ".join(f"{c[s]} {s}" for s in (PASS, FAIL, MISSING, SKIPPED))
         verdict = "conforms" if self.ok else "FAILED: " + ", ".join(self.failed)
+        if self.missing_required:
+            verdict += " (a launch needs, and the platform lacks: " + ", ".join(
+                f"{m}()" for m in self.missing_required) + ")"
         return f"check-platform {self.runtime} on {where}: {len(self.rows)} checks, {tally} - {verdict}"
 
     def to_dict(self) -> dict:
@@ -63,6 +79,7 @@ class Report(NamedTuple):
             "platform": self.platform,
             "ok": self.ok,
             "counts": self.counts,
+            "missing_required": self.missing_required,
             "summary": self.summary(),
             "rows": [row.to_dict() for row in self.rows],
         }
@@ -72,7 +89,7 @@ class Report(NamedTuple):
 
 
 # -- building ----------------------------------------------------------------------------------
-def _ended(result) -> str:
+def _ended(result: ChildResult) -> str:
     if result.timed_out:
         return f"did not finish within {result.timeout:g}s and was stopped"
     code = result.exitcode
@@ -104,7 +121,7 @@ def _row_for_phase(phase: str, failure: dict | None) -> str:
     return PROCESS_ROW[0]
 
 
-def blame(result) -> Blame | None:
+def blame(result: ChildResult) -> Blame | None:
     """The row that carries the child's failure, or None when it finished."""
     if result.ready:
         return None
@@ -124,7 +141,7 @@ def blame(result) -> Blame | None:
     )
 
 
-def build(runtime: str, result, checks: list[Check] | None = None) -> Report:
+def build(runtime: str, result: ChildResult, checks: list[Check] | None = None) -> Report:
     """Every check's row for ``runtime``, from the child's journal and how it ended."""
     checks = checks_for(runtime) if checks is None else checks
     finished = result.journal.rows
@@ -147,7 +164,7 @@ def build(runtime: str, result, checks: list[Check] | None = None) -> Report:
 _COLOURS = {PASS: "32", FAIL: "1;31", MISSING: "33", SKIPPED: "2"}
 
 
-def use_colour(stream: TextIO, environ=None) -> bool:
+def use_colour(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
     """Colour only on a terminal, and never when ``NO_COLOR`` is set to anything non-empty."""
     environ = os.environ if environ is None else environ
     if environ.get("NO_COLOR"):

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .catalog import check
 from .rows import CheckFailed
+
+if TYPE_CHECKING:
+    from .probe import Probe
 
 # Identity query -> the PlatformEnum member names for which it must answer True.
 IDENTITY = {
@@ -21,7 +26,7 @@ IDENTITY = {
 _UNSET = {"", "unspecified"}
 
 
-def _enum_text(platform) -> str:
+def _enum_text(platform: Any) -> str:
     member = platform._enum
     return f"PlatformEnum.{getattr(member, 'name', member)}"
 
@@ -31,7 +36,7 @@ def _enum_text(platform) -> str:
     "selected as a launch would (entry point, distribution)",
     "the runtime's selector variables pick one platform; a plugin comes from one installed entry point",
 )
-def source(probe) -> str:
+def source(probe: Probe) -> str:
     sel = probe.selection
     if sel.entry_point is not None:
         where = f"plugin {sel.entry_point.describe()}"
@@ -45,7 +50,7 @@ def source(probe) -> str:
     "constructed with no arguments, from the runtime's base class",
     "the platform class derives from the runtime's base class and is constructible with no arguments",
 )
-def construct(probe) -> str:
+def construct(probe: Probe) -> str:
     cls = type(probe.platform)
     base = probe.platforms.SRTPlatform if probe.runtime == "srt" else probe.platforms.Platform
     if not isinstance(probe.platform, base):
@@ -59,7 +64,7 @@ def construct(probe) -> str:
     "each identity query answers from _enum (is_cuda() is True exactly when _enum is CUDA, "
     "is_cuda_alike() for CUDA, ROCm and MUSA, is_out_of_tree() for OOT)",
 )
-def identity(probe) -> str:
+def identity(probe: Probe) -> str:
     p = probe.platform
     name = getattr(p._enum, "name", None)
     wrong, true = [], []
@@ -84,7 +89,7 @@ def identity(probe) -> str:
     "a plugin platform sets _enum = PlatformEnum.OOT (its runtime's own enum), so is_out_of_tree() "
     "is True; built-in platforms are not out of tree",
 )
-def out_of_tree(probe) -> str:
+def out_of_tree(probe: Probe) -> str:
     plugin = probe.selection.is_plugin
     answer = probe.platform.is_out_of_tree()
     if answer is not plugin:
@@ -98,7 +103,7 @@ def out_of_tree(probe) -> str:
     "device_name and device_type are set",
     "device_name is a human label and device_type the torch device type, both set by the class",
 )
-def names(probe) -> str:
+def names(probe: Probe) -> str:
     p = probe.platform
     bad = [
         f"{attr} is {getattr(p, attr, None)!r}"

@@ -1,18 +1,24 @@
 """SRT subsystem factories and capability flags, listed with their values.
 
 A factory whose contract default raises ``NotImplementedError`` shows as missing when the
-platform does not override it; that is never a failure. A flag must answer a bool.
+platform does not override it, except ``get_default_attention_backend``, which every launch
+calls (required: missing fails). A flag must answer a bool.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .catalog import check
 from .rows import CheckFailed
+
+if TYPE_CHECKING:
+    from .probe import Probe
 
 SRT = ("srt",)
 
 
-def _class_row(probe, method: str) -> str:
+def _class_row(probe: Probe, method: str) -> str:
     value = getattr(probe.platform, method)()
     if not isinstance(value, type):
         raise CheckFailed(f"{method}() returned {type(value).__name__} {value!r}, not a class")
@@ -27,7 +33,7 @@ def _factory(method: str, what: str) -> None:
         runtimes=SRT,
         optional=True,
     )
-    def factory(probe) -> str:
+    def factory(probe: Probe) -> str:
         return _class_row(probe, method)
 
 
@@ -37,9 +43,10 @@ def _factory(method: str, what: str) -> None:
     "get_default_attention_backend() returns the name of the attention backend used when the "
     "operator names none",
     runtimes=SRT,
-    optional=True,
+    required=("get_default_attention_backend",
+              "every scheduler worker picks the model's attention from it unless --attention-backend is given"),
 )
-def default_attention_backend(probe) -> str:
+def default_attention_backend(probe: Probe) -> str:
     value = probe.platform.get_default_attention_backend()
     if not isinstance(value, str) or not value.strip():
         raise CheckFailed(f"returned {value!r}, not a backend name")
@@ -65,7 +72,7 @@ for _method, _what in (
     runtimes=SRT,
     optional=True,
 )
-def quantization_config(probe) -> str:
+def quantization_config(probe: Probe) -> str:
     try:
         value = probe.platform.get_quantization_config("fp8")
     except NotImplementedError:
@@ -81,7 +88,7 @@ def quantization_config(probe) -> str:
     "get_communicator_class() returns a platform-specific communicator class, or None for the default",
     runtimes=SRT,
 )
-def communicator_class(probe) -> str:
+def communicator_class(probe: Probe) -> str:
     value = probe.platform.get_communicator_class()
     if value is None:
         return "None (the default communicator)"
@@ -97,7 +104,7 @@ def communicator_class(probe) -> str:
     "(forward_<key>); the default is 'native'",
     runtimes=SRT,
 )
-def dispatch_key_name(probe) -> str:
+def dispatch_key_name(probe: Probe) -> str:
     value = probe.platform.get_dispatch_key_name()
     if not isinstance(value, str) or not value.strip():
         raise CheckFailed(f"returned {value!r}, not a key name")
@@ -111,7 +118,7 @@ def _flag(method: str, what: str, runtimes: tuple[str, ...]) -> None:
         f"{method}() answers True or False: {what}",
         runtimes=runtimes,
     )
-    def flag(probe) -> str:
+    def flag(probe: Probe) -> str:
         value = getattr(probe.platform, method)()
         if not isinstance(value, bool):
             raise CheckFailed(f"returned {type(value).__name__} {value!r}, not a bool")

@@ -82,10 +82,8 @@ class JsonRoute:
     """A POST route whose body is one JSON object of ``model``: ``handler(body, receive)`` answers
     it (``receive`` reports the client's disconnect).
 
-    The ``Guard`` dispatches these routes itself (parse, validate, call): FastAPI's per-request
-    machinery (routing, dependencies, its request object) cost about 0.15 ms per request on 2
-    cores at batch 1, with caches cold after the model call, a tenth of the HTTP overhead there.
-    FastAPI declares the same routes, so ``/openapi.json`` and ``/docs`` describe them, and its
+    The ``Guard`` dispatches these routes itself (parse, validate, call), without FastAPI's
+    per-request machinery (routing, dependencies, its request object). FastAPI declares the same routes, so ``/openapi.json`` and ``/docs`` describe them, and its
     endpoints call the same handlers. Bodies are parsed with ``json.loads`` and validated in
     Python mode, as FastAPI does, so both paths accept and refuse the same input with the same
     message (a test holds them to it)."""

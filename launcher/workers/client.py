@@ -6,10 +6,10 @@ rank 0 runs on another node announces its TCP address in the launch's store, and
 thread polls it) supplies it, after which the replica is connected like any other. A request
 goes to the live, connected replica with the fewest unanswered requests; its results come back by
 ``rid`` to the waiting handler. Replies are read by a reader callback on the socket's file
-descriptor, which hands each one straight to its request (no receiving task in between: each hop
-through the event loop costs tens of microseconds at batch 1, with caches cold after a model call).
+descriptor, which hands each one straight to its request (no receiving task in between, so a
+reply reaches its handler without an extra hop through the event loop).
 
-Liveness has two sources, so ``healthy`` turns false within a second of a scheduler dying:
+Liveness has two sources, and ``healthy`` turns false as soon as either reports a scheduler gone:
 - direct: a ZeroMQ socket monitor on each connection; a replica that was connected and
   disconnects has died (schedulers never close their socket while serving);
 - the supervisor: its ops PUB socket (``ctx.ops_endpoint``), topics ``worker.scheduler.<rank>.<phase>``

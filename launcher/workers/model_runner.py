@@ -19,6 +19,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from launcher.workers.messages import SamplingParams
 from launcher.workers.model_source import ModelSource
@@ -60,6 +61,26 @@ def attention_implementation(platform_backend: str | None, requested: str | None
     if name in _HF_ATTENTION:
         return name
     return _ATTENTION_ALIASES.get(name, "sdpa")
+
+
+def cannot_run_message(platform: Any, exc: BaseException) -> str:
+    """Why ``platform`` cannot run a model (it raised ``exc``, a ``NotImplementedError``), and the
+    fix. A plugin platform won selection over the built-ins, so the fix is in the plugin: no
+    variable that selection ignores while a plugin activates (``SGLANG_USE_CPU_ENGINE``) is
+    suggested for it."""
+    name = type(platform).__name__
+    if platform.is_out_of_tree():
+        return (
+            f"the selected platform plugin {name} cannot run a model ({exc}); implement that method in "
+            f"the plugin (sglang-launch check-platform lists every method a launch needs and fails "
+            f"while one is missing), or turn the plugin off or uninstall it to use another platform"
+        )
+    return (
+        f"the selected platform {name} cannot run a model ({exc}); on a machine without an "
+        f"accelerator set SGLANG_USE_CPU_ENGINE=1 to serve on the CPU, otherwise install the platform "
+        f"plugin for this hardware (sglang-launch plugins shows what is installed and why it did not "
+        f"activate)"
+    )
 
 
 def check_device_visible(device) -> None:
@@ -122,12 +143,7 @@ class ModelRunner:
             check_device_visible(self.device)
             platform_attention = platform.get_default_attention_backend()
         except NotImplementedError as exc:
-            raise ModelLoadError(
-                f"the selected platform {platform.__class__.__name__} cannot run a model ({exc}); on a "
-                f"machine without an accelerator set SGLANG_USE_CPU_ENGINE=1 to serve on the CPU, "
-                f"otherwise install the platform plugin for this hardware (sglang-launch plugins "
-                f"shows what is installed and why it did not activate)"
-            ) from exc
+            raise ModelLoadError(cannot_run_message(platform, exc)) from exc
         try:
             config = transformers.AutoConfig.from_pretrained(
                 source.path, local_files_only=True, trust_remote_code=trust_remote_code

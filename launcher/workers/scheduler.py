@@ -75,10 +75,9 @@ def run_scheduler_process(server_args, ctx) -> None:
 def share_cpu_threads(ranks_on_node: int) -> None:
     """Size torch's intra-op thread pool for a scheduler rank computing on the CPU: the cores are
     shared among this node's ``ranks_on_node`` ranks. Without this every rank starts one spinning
-    thread per core, and the ranks slow each other down several times over. No core is kept back
-    for the HTTP child: on 2 cores at dp=1, 2 threads served batch-1 embeddings faster (9.7-10.9
-    ms vs 11.1-12.0) and 16 clients a third more requests (301-313/s vs 227-236) than 1 thread.
-    An explicit ``OMP_NUM_THREADS`` wins (set it lower when other work shares the cores)."""
+    thread per core, and the ranks slow each other down. No core is kept back for the HTTP child,
+    whose work per request is small beside the model's. An explicit ``OMP_NUM_THREADS`` wins (set
+    it lower when other work shares the cores)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return
     import torch

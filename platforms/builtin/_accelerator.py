@@ -8,7 +8,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from ..device_mixin import DeviceCapability, DeviceMixin
+from ..device_mixin import DeviceCapability, DeviceMixin, targets_cpu
 
 if TYPE_CHECKING:
     import torch
@@ -88,8 +88,9 @@ class TorchAccelerator(DeviceMixin):
     def get_current_memory_usage(self, device: torch.device | None = None) -> float:
         return float(self.api.max_memory_allocated(device))
 
-    def is_pin_memory_available(self, device: torch.device | None = None) -> bool:
-        return True
+    def is_pin_memory_available(self, device: torch.device | str | None = None) -> bool:
+        """True for transfers to this accelerator; False when ``device`` is the CPU."""
+        return not targets_cpu(device)
 
     def get_torch_distributed_backend_str(self) -> str:
         return self.distributed_backend

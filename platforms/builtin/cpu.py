@@ -77,7 +77,7 @@ class CpuDevice(DeviceMixin):
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return float(peak if sys.platform == "darwin" else peak * 1024)
 
-    def is_pin_memory_available(self, device: torch.device | None = None) -> bool:
+    def is_pin_memory_available(self, device: torch.device | str | None = None) -> bool:
         """Pinned host memory only speeds up copies to an accelerator; a CPU target has none."""
         return False
 

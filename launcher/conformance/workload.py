@@ -1,0 +1,104 @@
+"""The workload rows: the serving runtime's own path, run on the platform under test.
+
+``workload.srt_forward`` builds a tiny BERT encoder with random weights and a word-piece
+vocabulary of its own in the check's scratch directory (no download, no installed model needed),
+then does what a scheduler worker does with it: ``ServerArgs`` for that model (so the platform's
+``apply_server_args_defaults`` applies), ``load_runner`` from the scheduler (the runtime's
+``ModelRunner``: ``seed_everything``, ``get_device``, ``get_default_attention_backend``, the dtype
+rule), the worker's warm-up, and one embedding forward at batch 1 through ``embed_matrix``, the
+method requests pass through. The row passes when the vector is finite, has the model's width
+and matches the same model computed on the CPU in float32.
+
+This runs in the check process, which is a worker process started through the bootstrap, so it
+imports the serving runtime (``launcher.workers``) there; the launcher process never does. More
+runtimes add their own ``workload.*`` rows here; every one must pass for "conforms".
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import TYPE_CHECKING, Any
+
+from .catalog import check
+from .rows import CheckFailed, Skip
+
+if TYPE_CHECKING:
+    from .probe import Probe
+
+_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "launch", "will", "work", "on", "this",
+          "platform", "check", "##s", "the", "model"]
+_TEXT = "a launch will work on this platform"
+_MIN_COSINE = 0.99  # device vs CPU float32: loose enough for half precision, tight enough for bugs
+
+
+def build_tiny_encoder(folder: str) -> str:
+    """Write a tiny BERT model directory (config, random weights seeded, tokenizer) into
+    ``folder``; returns its path."""
+    import torch
+    import transformers
+
+    os.makedirs(folder, exist_ok=True)
+    vocab = os.path.join(folder, "vocab.txt")
+    with open(vocab, "w", encoding="utf-8") as f:
+        f.write("\n".join(_VOCAB) + "\n")
+    transformers.BertTokenizer(vocab_file=vocab, do_lower_case=True).save_pretrained(folder)
+    config = transformers.BertConfig(
+        vocab_size=len(_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64, pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(folder)
+    return folder
+
+
+@check(
+    "workload.srt_forward",
+    "a tiny model loads through the runtime's ModelRunner and runs a batch-1 forward",
+    "a scheduler worker can load a model on the platform (its device, dtype and attention) and "
+    "run a forward whose output matches the CPU's",
+    runtimes=("srt",),
+    needs=("device.get_device", "subsystems.get_default_attention_backend"),
+)
+def srt_forward(probe: Probe) -> str:
+    try:
+        import transformers  # noqa: F401 - the serving runtime's model library
+    except ImportError as exc:
+        raise Skip(f"the serving runtime is not installed ({exc}); install the serve extra "
+                   "(pip install 'sglang-launch[serve]')") from exc
+    torch = probe.torch
+    folder = build_tiny_encoder(os.path.join(probe.workdir, "tiny-encoder"))
+    args = importlib.import_module("launcher.server_args").ServerArgs(runtime=probe.runtime, model_path=folder)
+    scheduler = importlib.import_module("launcher.workers.scheduler")
+    runner = scheduler.load_runner(args, probe.platform, local_rank=0)
+    runner.warm_up()
+    ids = runner.encode_embedding_input(_TEXT)
+    vector = runner.embed_matrix([ids])
+    if tuple(vector.shape) != (1, runner.dimensions):
+        raise CheckFailed(f"embed_matrix gave shape {tuple(vector.shape)}, expected (1, {runner.dimensions})")
+    if not bool(torch.isfinite(vector).all()):
+        raise CheckFailed(f"the forward on {runner.device} ({runner.dtype}) produced non-finite values")
+    reference = _cpu_reference(folder, ids, runner)
+    cosine = float(torch.nn.functional.cosine_similarity(vector.float(), reference, dim=1)[0])
+    if cosine < _MIN_COSINE:
+        raise CheckFailed(f"the vector computed on {runner.device} ({runner.dtype}, attention "
+                          f"{runner.attn_implementation}) differs from the CPU's: cosine {cosine:.4f}")
+    dtype = str(runner.dtype).replace("torch.", "")
+    return (f"{runner.architecture} on {runner.device}, {dtype}, attention {runner.attn_implementation}: "
+            f"1 x {runner.dimensions} vector, cosine {cosine:.4f} to the CPU float32 result")
+
+
+def _cpu_reference(folder: str, ids: list[int], runner: Any) -> Any:
+    """The same model and input, computed plainly on the CPU in float32, pooled the runner's way."""
+    import torch
+    import transformers
+
+    pooling = importlib.import_module("launcher.workers.pooling")
+    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    enc = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones((1, len(ids)), dtype=torch.long)}
+    if "token_type_ids" in runner.tokenizer.model_input_names:
+        enc["token_type_ids"] = torch.zeros_like(enc["input_ids"])
+    with torch.inference_mode():
+        hidden = model(**enc).last_hidden_state
+        return pooling.pool(hidden, enc["attention_mask"], runner.pooling).float()
