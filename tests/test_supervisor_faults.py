@@ -83,6 +83,8 @@ def test_fault_is_reported_once_and_everything_stops(case, tmp_path):
         err = run.stderr
         assert err.count("=" * 72) == 2, f"exactly one root-cause block\n{run}"
         block = err.split("=" * 72)[1]
+        traceback = "Traceback (most recent call last)"
+        assert err.count(traceback) == block.count(traceback), f"the traceback only under the root cause\n{run}"
         assert f"phase:      {phase}" in block, run
         if worker:
             assert f"worker:     {worker} (pid" in block, run
