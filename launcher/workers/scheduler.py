@@ -38,10 +38,14 @@ _TICK_SECONDS = 1.0
 
 def run_scheduler_process(server_args, ctx) -> None:
     """The bootstrap's scheduler target: load, warm up, report ready, serve until stopping."""
+    from launcher.workers.distributed import (
+        close_tp_group,
+        init_tp_group,
+        launch_store,
+        nnodes_of,
+        replica_node,
+    )
     from platforms import current_platform
-
-    from launcher.workers.distributed import (close_tp_group, init_tp_group, launch_store, nnodes_of,
-                                              replica_node)
 
     tp_size = max(int(getattr(ctx, "tp_size", 1) or 1), 1)
     dp_size = max(int(getattr(ctx, "dp_size", 1) or 1), 1)
