@@ -15,7 +15,7 @@ from bootstrap.targets import module_of
 
 # Worker code of the reference runtime, and the heavy libraries a platform's init_backend() may
 # need to configure before they load.
-RUNTIME_MODULES = ("launcher.workers", "torch", "transformers", "fastapi", "uvicorn")
+RUNTIME_MODULES = ("launcher.workers", "torch", "transformers", "starlette", "uvicorn")
 
 
 def early_imports(target: str | None = None, modules: Mapping[str, object] | None = None) -> list[str]:

@@ -261,10 +261,7 @@ class _Child:
         if isinstance(exc, SystemExit):
             message = f"the worker called sys.exit({exc.code!r})"
         tb = "".join(traceback.format_exception(exc_type, exc, exc.__traceback__))
-        sys.stderr.write(
-            f"{self.spec.worker_id} failed while {phases.DOING[phase]} (phase {phase}, exit "
-            f"{code}):\n{tb}"
-        )
+        reported = False
         if self.reporter is not None:
             try:
                 self.reporter.send(
@@ -276,8 +273,17 @@ class _Child:
                     exit_code=code,
                     elapsed=time.monotonic() - self.started,
                 )
+                reported = True
             except Exception:  # noqa: BLE001 - the exit code still tells the supervisor
                 traceback.print_exc()
+        # The traceback is printed once: by the supervisor, from the report. This process's
+        # stderr gets it only when no report could be sent; otherwise one line, and none for a
+        # failure after a stop request (the supervisor decides whether that is worth a word).
+        headline = f"{self.spec.worker_id} failed while {phases.DOING[phase]} (phase {phase}, exit {code})"
+        if not reported:
+            sys.stderr.write(f"{headline}:\n{tb}")
+        elif phase != phases.STOPPING:
+            sys.stderr.write(f"{headline}: {type_name}: {message} (reported to the supervisor)\n")
         self.exit(code)
 
     def finish_stopped(self) -> None:

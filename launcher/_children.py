@@ -111,12 +111,17 @@ class Children:
         """Start ``child``; with ``output``, the child's fds 1 and 2 are that file descriptor."""
         import bootstrap
 
-        context = multiprocessing.get_context("spawn")  # local: the global start method is untouched
+        context = multiprocessing.get_context(
+            "spawn"
+        )  # local: the global start method is untouched
         global_method = multiprocessing.get_start_method(allow_none=True)
         spec = child.spec
         try:
             child.process = context.Process(
-                target=bootstrap.run, args=(spec,), name=f"sglang-{spec.role}-{spec.rank}", daemon=False
+                target=bootstrap.run,
+                args=(spec,),
+                name=f"sglang-{spec.role}-{spec.rank}",
+                daemon=False,
             )
             with _output_to(output):
                 child.process.start()
@@ -176,7 +181,10 @@ class Children:
                 await asyncio.wait_for(self._arrived.wait(), SETTLE_QUIET)
             except asyncio.TimeoutError:
                 break
-        if child.failure is None and phases.phase_of_exit_code(child.exitcode) not in (None, "parent_gone"):
+        if child.failure is None and phases.phase_of_exit_code(child.exitcode) not in (
+            None,
+            "parent_gone",
+        ):
             try:
                 await asyncio.wait_for(child.reported_failure.wait(), REPORT_WAIT)
             except asyncio.TimeoutError:

@@ -1,6 +1,6 @@
 """The documentation stays inside the repository: every Markdown link in the README, docs/,
-benchmarks/README.md and the examples' READMEs names a file of this repository, and the README
-stays a front door (under 15 KB)."""
+benchmarks/README.md and the examples' READMEs names a file of this repository (and an anchor,
+when it has one, names a heading of that file), and the README stays a front door (under 15 KB)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,33 @@ def problem(document: Path, target: str) -> str | None:
     return None
 
 
+def anchors(text: str) -> set[str]:
+    """The anchors a Markdown renderer gives the headings of ``text``: lower case, punctuation
+    dropped, spaces as hyphens, a repeated one numbered (``-1``, ``-2``)."""
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def missing_anchor(document: Path, target: str) -> str | None:
+    """Why the ``#anchor`` of ``target`` names no heading of the Markdown file it points to;
+    None when it does, or when there is no anchor to check."""
+    path, _, anchor = target.partition("#")
+    if not anchor or re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):
+        return None
+    linked = (document.parent / path).resolve() if path else document
+    if linked.suffix != ".md" or not linked.is_file():
+        return None
+    if anchor not in anchors(linked.read_text(encoding="utf-8")):
+        return f"{target!r}: {linked.relative_to(REPO)} has no heading with the anchor #{anchor}"
+    return None
+
+
 def test_the_documents_are_found() -> None:
     names = {path.relative_to(REPO).as_posix() for path in documents()}
     assert {
@@ -61,9 +88,8 @@ def test_the_documents_are_found() -> None:
 
 @pytest.mark.parametrize("document", documents(), ids=lambda p: p.relative_to(REPO).as_posix())
 def test_every_link_resolves_inside_the_repository(document: Path) -> None:
-    problems = [
-        p for t in links(document.read_text(encoding="utf-8")) if (p := problem(document, t))
-    ]
+    targets = links(document.read_text(encoding="utf-8"))
+    problems = [p for t in targets if (p := problem(document, t) or missing_anchor(document, t))]
     assert not problems, f"{document.relative_to(REPO)}: " + "; ".join(problems)
 
 
@@ -76,6 +102,15 @@ def test_the_checker_refuses_links_that_leave_the_repository() -> None:
     assert "names no file" in problem(readme, "docs/no-such-page.md")
     assert problem(readme, "docs/plugins.md#writing-a-plugin") is None
     assert problem(readme, "#running-a-server") is None
+    assert missing_anchor(readme, "#running-a-server") is None
+    assert "no heading with the anchor #no-such-section" in missing_anchor(
+        readme, "#no-such-section"
+    )
+    assert missing_anchor(readme, "docs/plugins.md#writing-a-plugin") is None
+    assert anchors("# A `b` (c: d)\n## A `b` (c: d)\n```\n# not a heading\n```") == {
+        "a-b-c-d",
+        "a-b-c-d-1",
+    }
 
 
 def test_the_readme_is_a_front_door() -> None:

@@ -2,8 +2,8 @@
 
 Runs the platform contract against the platform a launch would select (same environment
 variables), on this machine's device, in a child started through the same bootstrap as workers:
-one row per check (pass / fail / missing / skipped), then a one-line summary. A plugin that
-crashes the child (``os._exit`` in ``init_backend``, a signal, a hang) yields failed rows, not a
+one row per check (pass / fail / missing / skipped), the workload row last, then a one-line
+summary. A plugin that crashes the child (``os._exit`` in ``init_backend``, a signal, a hang) yields failed rows, not a
 dead command. This process imports no torch.
 """
 
@@ -21,13 +21,19 @@ DESCRIPTION = (
 EPILOG = """\
 statuses:
   pass     the platform did what the contract says
-  fail     it did not; the row says what the contract expects
-  missing  a method whose contract default raises NotImplementedError is not implemented
+  fail     it did not (or a method a launch needs is not implemented); the row says what
+           the contract expects
+  missing  an optional method whose contract default raises NotImplementedError is not
+           implemented (never a failure)
   skipped  the check could not run here; the row says why
 
+The last row (workload) loads a tiny model through the serving runtime on the platform and runs
+a forward; "conforms" is printed only when no check failed and that row passed.
+
 exit codes:
-  0  no check failed
-  1  at least one check failed (the child's crash or hang counts as a failed check)
+  0  the platform conforms
+  1  it does not: a check failed or the workload did not pass (the child's crash or hang counts
+     as a failed check)
   2  invalid command line
   3  the check process could not be set up (the message says what to change)"""
 

@@ -44,9 +44,12 @@ def main(argv: list[str]) -> int:
     from launcher import _prepare, _signals
 
     try:
-        _prepare.load_plugins(_prepare.peek_runtime(argv))
+        runtime = _prepare.peek_runtime(argv)
+        _prepare.load_plugins(runtime, select=False)
         server_args_class = _prepare.server_args_class()
+        # --help (and a command-line error) ends here: no platform is selected, no torch imported.
         ns = build_parser(server_args_class).parse_args(argv)
+        _prepare.select_platform(runtime)  # before ServerArgs, whose __post_init__ applies its defaults
         _configure_logging(ns.log_level)
         args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns))
         selection, payload = _prepare.finish(args)
@@ -57,7 +60,10 @@ def main(argv: list[str]) -> int:
     from launcher._display import TerminalDisplay
     from launcher.supervisor import Supervisor, run_supervisor
 
-    supervisor = Supervisor(args, selection, payload=payload, listeners=(TerminalDisplay(),))
+    display = TerminalDisplay()
+    # On a terminal the workers' lines go through the display, above its live table.
+    supervisor = Supervisor(args, selection, payload=payload, listeners=(display,),
+                            worker_output=display.worker_output if display.live else None)
     _signals.defer()  # from here a stop signal is the supervisor's to act on
     try:
         outcome = run_supervisor(supervisor, handle_signals=True)

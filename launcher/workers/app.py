@@ -1,114 +1,112 @@
-"""The FastAPI application of the HTTP child: routes, errors, the API key and the body limit.
+"""The ASGI application of the HTTP child: one route table, errors, the API key and the body limit.
 
-Routes: ``/health`` (liveness), ``/ready`` (every scheduler answers a ping), ``/v1/models``,
-``/v1/embeddings``, ``/v1/completions`` (OpenAI shapes), ``/generate`` (SGLang's native shape),
-``/get_server_info``, ``/metrics`` (Prometheus). Every error is JSON in OpenAI's shape
-``{"error": {"message", "type", "param", "code"}}``; input a client gets wrong is a 4xx naming the
-field and the fix. With an API key, every route but ``/health`` and ``/ready`` needs
-``Authorization: Bearer <key>``. A client that disconnects cancels its request at the scheduler.
+Routes (``create_app``'s table is the one list of them): ``/health`` (liveness), ``/ready``
+(every scheduler answers a ping), ``/v1/models``, ``/v1/embeddings``, ``/v1/completions`` (OpenAI
+shapes), ``/generate`` (SGLang's native shape), ``/get_server_info``, ``/metrics`` (Prometheus),
+``/openapi.json`` (built from the same table and the request structs) and ``/docs``. Every error
+is JSON in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``; input a client gets
+wrong is a 4xx whose ``param`` names the field and whose message says the fix. With an API key,
+every route but ``/health`` and ``/ready`` needs ``Authorization: Bearer <key>``. A client that
+disconnects cancels its request at the scheduler.
+
+A request is dispatched once, here: the route is looked up by path and method, a JSON body is
+decoded straight into the route's msgspec struct (``schemas.decode_body``), and the handler
+answers ``handler(body, receive)``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import base64
 import dataclasses
 import hmac
-import inspect
-import json
+import importlib.metadata
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Mapping,
+    MutableMapping,
+)
+from typing import Any
 
 import msgspec
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response, StreamingResponse
 
 from launcher.workers import messages as m
 from launcher.workers.client import SchedulerClient, SchedulerError
 from launcher.workers.metrics import Metrics
-from launcher.workers.schemas import CompletionRequest, EmbeddingRequest, GenerateRequest
+from launcher.workers.schemas import (
+    Body,
+    BodyError,
+    CompletionRequest,
+    EmbeddingRequest,
+    ErrorBody,
+    GenerateRequest,
+    SamplingFields,
+    decode_body,
+)
 
-PUBLIC_PATHS = frozenset({"/health", "/ready"})
-ROUTES = frozenset({"/health", "/ready", "/v1/models", "/v1/embeddings", "/v1/completions",
-                    "/generate", "/get_server_info", "/metrics", "/openapi.json", "/docs"})
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-                503: "service_unavailable"}
+                405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable"}
 _json = msgspec.json.Encoder()
 log = logging.getLogger("sglang_launch.http")
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("sglang-launch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+VERSION = _version()
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Handler = Callable[[Any, Receive], Awaitable[Response]]
+
+
 def error_body(status: int, message: str, param: str | None = None) -> bytes:
+    """An error in OpenAI's JSON shape."""
     kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     return _json.encode({"error": {"message": message, "type": kind, "param": param, "code": status}})
 
 
-def json_response(obj, status: int = 200) -> Response:
+def json_response(obj: object, status: int = 200) -> Response:
+    """``obj`` as a JSON response."""
     return Response(_json.encode(obj), status_code=status, media_type="application/json")
 
 
-def error_response(status: int, message: str, param: str | None = None) -> Response:
-    return Response(error_body(status, message, param), status_code=status, media_type="application/json")
-
-
-def not_json_message(problem: str, at: object = None) -> str:
-    where = f" at character {at}" if isinstance(at, int) else ""
-    return (f"the request body is not valid JSON ({problem}{where}); "
-            f"send a JSON object with Content-Type: application/json")
-
-
-def validation_message(errors) -> str:
-    """One 400 message for pydantic's errors: each field (dotted path) with what is wrong."""
-    problems = []
-    for err in errors:
-        if err.get("type") == "json_invalid":  # FastAPI's: json.loads' message in ctx, position in loc
-            problem = (err.get("ctx") or {}).get("error") or err.get("msg")
-            return not_json_message(problem, (err.get("loc") or [None])[-1])
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        problems.append(f"{where}: {err.get('msg')}")
-    return "invalid request: " + "; ".join(problems)
-
-
-Receive = Callable[[], Awaitable[dict]]
+def error_response(status: int, message: str, param: str | None = None,
+                   headers: Mapping[str, str] | None = None) -> Response:
+    """An error response (``error_body``)."""
+    return Response(error_body(status, message, param), status_code=status,
+                    media_type="application/json", headers=headers)
 
 
 @dataclasses.dataclass(frozen=True)
-class JsonRoute:
-    """A POST route whose body is one JSON object of ``model``: ``handler(body, receive)`` answers
-    it (``receive`` reports the client's disconnect).
+class Route:
+    """One HTTP route: ``handler(body, receive)`` answers ``method path``.
 
-    The ``Guard`` dispatches these routes itself (parse, validate, call), without FastAPI's
-    per-request machinery (routing, dependencies, its request object). FastAPI declares the same routes, so ``/openapi.json`` and ``/docs`` describe them, and its
-    endpoints call the same handlers. Bodies are parsed with ``json.loads`` and validated in
-    Python mode, as FastAPI does, so both paths accept and refuse the same input with the same
-    message (a test holds them to it)."""
+    ``body`` is the msgspec struct a JSON request body is decoded into (``None``: the route reads
+    no body). ``public`` routes need no API key. ``params`` renames the request fields the
+    scheduler names in its errors (``input``, ``max_new_tokens``) to this route's own. Routes
+    with ``in_schema=False`` are served but left out of ``/openapi.json``."""
 
-    model: type[BaseModel]
-    handler: Callable[[BaseModel, Receive], Awaitable[Response]]
-
-    async def respond(self, body: bytes, receive: Receive) -> Response:
-        try:
-            data = json.loads(body)
-        except json.JSONDecodeError as exc:
-            return error_response(400, not_json_message(exc.msg, exc.pos))
-        except (ValueError, RecursionError) as exc:  # bytes that are not UTF-8, nesting too deep
-            return error_response(400, not_json_message(str(exc) or type(exc).__name__))
-        try:
-            parsed = self.model.model_validate(data, from_attributes=True)  # as FastAPI validates
-        except ValidationError as exc:
-            return error_response(400, validation_message(exc.errors(include_url=False)))
-        try:
-            return await self.handler(parsed, receive)
-        except SchedulerError as exc:
-            return error_response(exc.status, exc.message)
-        except Exception as exc:  # noqa: BLE001 - a bug answers 500 in JSON, the server goes on
-            log.exception("%s failed", self.handler.__name__)
-            return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    body: type[Body] | None = None
+    public: bool = False
+    params: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    in_schema: bool = True
 
 
 @dataclasses.dataclass
@@ -126,91 +124,158 @@ class AppState:
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
 
-class Guard:
-    """Pure ASGI middleware: API key, request-body limit, and per-route metrics.
+class App:
+    """The ASGI app: dispatches each request to its ``Route``, after the API key and the body
+    limit; counts every answer in the metrics; starts and closes ``state.client`` in the ASGI
+    lifespan. A request body is always parsed as JSON, whatever ``Content-Type`` it carries."""
 
-    A POST body is always parsed as JSON, whatever ``Content-Type`` the client sent.
-    The body is read here (at most ``max_request_bytes``) and replayed to the app; after the body
-    the app's ``receive`` still reports a client disconnect."""
-
-    def __init__(self, app, state: AppState, json_routes: dict[str, JsonRoute] | None = None) -> None:
-        self.app = app
+    def __init__(self, state: AppState, routes: list[Route]) -> None:
         self.state = state
-        self.json_routes = json_routes or {}
+        self.routes: dict[str, dict[str, Route]] = {}
+        for route in routes:
+            self.routes.setdefault(route.path, {})[route.method] = route
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
         if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+            return None  # no websocket routes: the server refuses the handshake
         started = time.monotonic()
-        path = scope.get("path", "")
-        route = path if path in ROUTES else "other"
+        path = scope["path"]
         status_box = [500]
 
-        async def send_counted(message):
+        async def send_counted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status_box[0] = message["status"]
             await send(message)
 
         try:
-            await self._guarded(scope, receive, send_counted, path)
+            await self._dispatch(scope, receive, send_counted, path)
         finally:
+            route = path if path in self.routes else "other"
             self.state.metrics.observe_request(route, status_box[0], time.monotonic() - started)
+        return None
 
-    async def _guarded(self, scope, receive, send, path):
+    async def _dispatch(self, scope: dict, receive: Receive, send: Send, path: str) -> None:
         state = self.state
-        if state.api_key and path not in PUBLIC_PATHS and not self._authorised(scope):
+        by_method = self.routes.get(path)
+        public = by_method is not None and any(r.public for r in by_method.values())
+        if state.api_key and not public and not self._authorised(scope):
             return await _send_error(send, 401, "missing or wrong API key; send the header "
                                                 "'Authorization: Bearer <key>' with the server's --api-key")
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        limit = state.max_request_bytes
-        if length is not None:
+        if by_method is None:
+            return await _send_error(send, 404, f"no route {path}; see /docs for the routes")
+        route = by_method.get(scope["method"])
+        if route is None:
+            allowed = ", ".join(sorted(by_method))
+            return await _send_error(send, 405, f"{scope['method']} is not allowed on {path}; use {allowed}",
+                                     [(b"allow", allowed.encode())])
+        body = None
+        if route.body is not None:
+            data = await self._read_body(scope, receive, send)
+            if data is None:
+                return None
             try:
-                declared = int(length)
-            except ValueError:
-                return await _send_error(send, 400, "the Content-Length header is not a number")
-            if declared > limit:
-                return await _send_error(send, 413, _too_large(declared, limit))
+                body = decode_body(data, route.body)
+            except BodyError as exc:
+                return await _send_error(send, 400, exc.message, param=exc.param)
+        try:
+            response = await route.handler(body, receive)
+        except SchedulerError as exc:
+            param = route.params.get(exc.param, exc.param) if exc.param else None
+            response = error_response(exc.status, exc.message, param)
+        except Exception as exc:  # noqa: BLE001 - a bug answers 500 in JSON, the server goes on
+            log.exception("%s %s failed", scope["method"], path)
+            response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        await response(scope, receive, send)
+        return None
+
+    async def _read_body(self, scope: dict, receive: Receive, send: Send) -> bytes | None:
+        """The request body, at most ``max_request_bytes``; None once answered (413) or when the
+        client went away."""
+        limit = self.state.max_request_bytes
+        for name, value in scope.get("headers") or ():
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await _send_error(send, 400, "the Content-Length header is not a number")
+                    return None
+                if declared > limit:
+                    await _send_error(send, 413, _too_large(declared, limit))
+                    return None
         chunks, size = [], 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return
-            body = message.get("body", b"")
-            size += len(body)
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
             if size > limit:
-                return await _send_error(send, 413, _too_large(size, limit))
-            chunks.append(body)
+                await _send_error(send, 413, _too_large(size, limit))
+                return None
+            chunks.append(chunk)
             if not message.get("more_body"):
-                break
-        json_route = self.json_routes.get(path) if scope.get("method") == "POST" else None
-        if json_route is not None:
-            response = await json_route.respond(b"".join(chunks), receive)
-            return await response(scope, receive, send)
-        replayed = False
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-            return await receive()
-
-        if scope.get("method") == "POST":
-            # Bodies are JSON whatever the client labelled them (curl -d sends a form type).
-            scope = dict(scope)
-            scope["headers"] = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
-            scope["headers"].append((b"content-type", b"application/json"))
-        await self.app(scope, replay, send)
-
-    def _authorised(self, scope) -> bool:
-        expected = self.state.api_key.encode()
-        for name, value in scope.get("headers") or []:
+    def _authorised(self, scope: dict) -> bool:
+        expected = (self.state.api_key or "").encode()
+        for name, value in scope.get("headers") or ():
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 return hmac.compare_digest(value[7:].strip(), expected)
             if name == b"x-api-key":
                 return hmac.compare_digest(value.strip(), expected)
         return False
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        client = self.state.client
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await client.start()
+                except Exception as exc:  # noqa: BLE001 - reported to the server, which stops
+                    await send({"type": "lifespan.startup.failed", "message": f"{type(exc).__name__}: {exc}"})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                try:
+                    await client.close()
+                finally:
+                    await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def openapi(self) -> dict:
+        """The OpenAPI 3.1 document of the route table (request bodies from their structs)."""
+        ref = "#/components/schemas/{name}"
+        routes = [r for by_method in self.routes.values() for r in by_method.values() if r.in_schema]
+        bodies = list(dict.fromkeys(r.body for r in routes if r.body is not None))
+        _, schemas = msgspec.json.schema_components([*bodies, ErrorBody], ref_template=ref)
+        error = {"description": "refused: the message says why, param names the field",
+                 "content": {"application/json": {"schema": {"$ref": ref.format(name="ErrorBody")}}}}
+        paths: dict[str, dict] = {}
+        for r in routes:
+            responses: dict[str, dict] = {"200": {"description": "success"}}
+            operation: dict[str, Any] = {"summary": r.summary, "responses": responses,
+                                         "operationId": f"{r.handler.__name__}_{r.method.lower()}"}
+            if r.body is not None:
+                operation["requestBody"] = {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": ref.format(name=r.body.__name__)}}}}
+                responses.update({"400": error, "404": error, "413": error})
+            if self.state.api_key and not r.public:
+                operation["security"] = [{"bearer": []}]
+                responses["401"] = error
+            paths.setdefault(r.path, {})[r.method.lower()] = operation
+        document: dict[str, Any] = {
+            "openapi": "3.1.0",
+            "info": {"title": "sglang-launch", "version": VERSION,
+                     "description": "OpenAI-compatible and SGLang-native serving of one model."},
+            "paths": paths,
+            "components": {"schemas": schemas},
+        }
+        if self.state.api_key:
+            document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        return document
 
 
 def _too_large(size: int, limit: int) -> str:
@@ -218,11 +283,12 @@ def _too_large(size: int, limit: int) -> str:
             f"(--max-request-bytes); send fewer or shorter inputs per request")
 
 
-async def _send_error(send, status: int, message: str) -> None:
-    body = error_body(status, message)
+async def _send_error(send: Send, status: int, message: str, headers: list | None = None,
+                      param: str | None = None) -> None:
+    body = error_body(status, message, param)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+                            (b"content-length", str(len(body)).encode()), *(headers or ())]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -231,12 +297,13 @@ async def _client_gone(receive: Receive) -> None:
         pass
 
 
-async def _unless_disconnected(receive: Receive, awaitable):
+async def _unless_disconnected(receive: Receive, awaitable: Awaitable[Any]) -> Any:
     """Await ``awaitable`` in this task; if the client disconnects first, a watcher cancels this
     task (which cancels the request at the scheduler) and the result is None. The watcher is
     parked before the request goes out, so the HTTP child has nothing left to run while the
     scheduler computes, and the answer wakes this task directly."""
     task = asyncio.current_task()
+    assert task is not None, "called from a task"
     gone = False
 
     async def watch() -> None:
@@ -257,94 +324,66 @@ async def _unless_disconnected(receive: Receive, awaitable):
         watcher.cancel()
 
 
-def _sampling(params, max_new_tokens: int) -> m.SamplingParams:
+def _sampling(params: SamplingFields, max_new_tokens: int) -> m.SamplingParams:
     return m.SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=max(params.top_k, 0),
-        stop=tuple(params.stop or ()),
+        stop=params.stops,
         ignore_eos=params.ignore_eos,
         seed=params.seed,
     )
 
 
-def _args_dict(server_args) -> dict:
-    if dataclasses.is_dataclass(server_args):
+def _args_dict(server_args: object) -> dict:
+    if dataclasses.is_dataclass(server_args) and not isinstance(server_args, type):
         data = dataclasses.asdict(server_args)
     else:
-        data = dict(vars(server_args))
+        data = dict(vars(server_args)) if server_args is not None else {}
     if data.get("api_key"):
         data["api_key"] = "***"
     return {k: v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
             for k, v in data.items()}
 
 
-def create_app(state: AppState) -> FastAPI:
-    """The app; ``state.client`` is started and closed by the app's lifespan."""
+def _embedding_rows(reply: m.Embeddings, encoding: str) -> list:
+    """Each vector of ``reply``: a list of floats, or (``base64``) the base64 of its
+    little-endian float32 bytes, as OpenAI defines ``encoding_format``."""
+    if encoding == "base64":
+        row = reply.dim * 4
+        data = reply.vectors
+        return [base64.b64encode(data[at:at + row]).decode("ascii") for at in range(0, len(data), row)]
+    return m.unpack_vectors(reply.vectors, reply.dim)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        await state.client.start()
-        try:
-            yield
-        finally:
-            await state.client.close()
 
-    app = FastAPI(title="sglang-launch", version="0.1.0", lifespan=lifespan,
-                  description="OpenAI-compatible and SGLang-native serving of one model.")
+DOCS_PAGE = b"""<!doctype html>
+<html><head><meta charset="utf-8"><title>sglang-launch API</title>
+<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css"></head>
+<body><div id="ui"></div>
+<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({url: "openapi.json", dom_id: "#ui"});</script>
+</body></html>
+"""
+
+
+def create_app(state: AppState) -> App:
+    """The app; ``state.client`` is started and closed by the ASGI lifespan."""
     client, metrics = state.client, state.metrics
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request, exc: RequestValidationError):
-        return error_response(400, validation_message(exc.errors()))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request, exc: StarletteHTTPException):
-        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        if exc.status_code == 404:
-            message = f"no route {request.url.path}; see /docs for the routes"
-        return error_response(exc.status_code, message)
-
-    @app.exception_handler(SchedulerError)
-    async def _scheduler(request, exc: SchedulerError):
-        return error_response(exc.status, exc.message)
-
-    json_routes: dict[str, JsonRoute] = {}
-
-    def json_post(path: str, model: type[BaseModel], summary: str):
-        """Register ``handler(body, receive)`` for ``POST path``: with the Guard, which serves it,
-        and with FastAPI, which documents it (and whose endpoint calls the same handler)."""
-
-        def register(handler):
-            json_routes[path] = JsonRoute(model, handler)
-
-            async def endpoint(body, request: Request):
-                return await handler(body, request.receive)
-
-            endpoint.__name__ = handler.__name__
-            endpoint.__signature__ = inspect.Signature([
-                inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=model),
-                inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request)])
-            app.post(path, summary=summary)(endpoint)
-            return handler
-
-        return register
-
-    def check_model(name: str | None) -> None:
+    def wrong_model(name: str | None) -> Response | None:
         if name and name != state.served_name:
-            raise SchedulerError(404, f"model {name!r} is not served here; this server serves "
-                                      f"{state.served_name!r} (see /v1/models)")
+            return error_response(404, f"model {name!r} is not served here; this server serves "
+                                       f"{state.served_name!r} (see /v1/models)", "model")
+        return None
 
-    @app.get("/health", summary="liveness: false as soon as any scheduler is dead")
-    async def health():
+    async def health(body: None, receive: Receive) -> Response:
         reason = client.unhealthy_reason
         if reason:
             return json_response({"healthy": False, "reason": reason}, 503)
         return json_response({"healthy": True})
 
-    @app.get("/ready", summary="true once every scheduler answers (model loaded, warmed up)")
-    async def ready():
+    async def ready(body: None, receive: Receive) -> Response:
         if not client.healthy:
             return json_response({"ready": False, "reason": client.unhealthy_reason}, 503)
         pongs = await client.ping_all(timeout=1.0)
@@ -353,20 +392,20 @@ def create_app(state: AppState) -> FastAPI:
             return json_response({"ready": False, "reason": f"scheduler(s) dp={missing} not answering yet: "
                                                             f"{client.unanswered_reason(missing)}"}, 503)
         return json_response({"ready": True, "schedulers": [
-            {"dp_rank": p.dp_rank, "pid": p.pid, "queue_depth": p.queue_depth} for p in pongs]})
+            {"dp_rank": p.dp_rank, "pid": p.pid, "queue_depth": p.queue_depth} for p in pongs if p]})
 
-    @app.get("/v1/models", summary="the served model (OpenAI shape)")
-    async def models():
+    async def models(body: None, receive: Receive) -> Response:
         return json_response({"object": "list", "data": [{
             "id": state.served_name, "object": "model", "created": state.started,
             "owned_by": "sglang-launch", "root": state.model_path}]})
 
-    @json_post("/v1/embeddings", EmbeddingRequest, "embeddings (OpenAI shape)")
     async def embeddings(body: EmbeddingRequest, receive: Receive) -> Response:
-        check_model(body.model)
+        refused = wrong_model(body.model)
+        if refused:
+            return refused
         if body.dimensions is not None:
-            raise SchedulerError(400, f"dimensions is not supported by model {state.served_name!r}: it "
-                                      f"returns its native embedding size; leave dimensions out")
+            return error_response(400, f"dimensions is not supported by model {state.served_name!r}: it "
+                                       f"returns its native embedding size; leave dimensions out", "dimensions")
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
         reply = await _unless_disconnected(receive, client.one(lambda rid: m.EmbedRequest(rid, texts)))
         if reply is None:
@@ -375,21 +414,20 @@ def create_app(state: AppState) -> FastAPI:
         return json_response({
             "object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": v}
-                     for i, v in enumerate(m.unpack_vectors(reply.vectors, reply.dim))],
+                     for i, v in enumerate(_embedding_rows(reply, body.encoding_format))],
             "model": state.served_name,
             "usage": {"prompt_tokens": reply.prompt_tokens, "total_tokens": reply.prompt_tokens},
         })
 
-    @json_post("/v1/completions", CompletionRequest,
-               "text completion (OpenAI shape; stream with server-sent events)")
     async def completions(body: CompletionRequest, receive: Receive) -> Response:
-        check_model(body.model)
+        refused = wrong_model(body.model)
+        if refused:
+            return refused
         prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
         params = _sampling(body, body.max_tokens)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            if len(prompts) != 1:
-                raise SchedulerError(400, "stream: true takes one prompt; send the prompts one per request")
+            usage = body.stream_options is not None and body.stream_options.include_usage
 
             def chunk(reply: m.Generated) -> dict:
                 return {"id": cid, "object": "text_completion", "created": created,
@@ -397,25 +435,28 @@ def create_app(state: AppState) -> FastAPI:
                         "choices": [{"index": 0, "text": reply.text, "logprobs": None,
                                      "finish_reason": reply.finish_reason if reply.finished else None}]}
 
+            def last(reply: m.Generated) -> dict | None:
+                if not usage:
+                    return None
+                return {"id": cid, "object": "text_completion", "created": created,
+                        "model": state.served_name, "choices": [],
+                        "usage": _usage(reply.prompt_tokens, reply.completion_tokens)}
+
             return await _stream(client.call(lambda rid: m.GenerateRequest(rid, prompts[0], params, True)),
-                                 chunk, metrics)
+                                 chunk, metrics, last)
         calls = [client.one(lambda rid, p=p: m.GenerateRequest(rid, p, params)) for p in prompts]
         replies = await _unless_disconnected(receive, asyncio.gather(*calls))
         if replies is None:
             return Response(status_code=499)
         for r in replies:
             metrics.observe_result(r.batch_size, r.prompt_tokens, r.completion_tokens)
-        prompt_tokens = sum(r.prompt_tokens for r in replies)
-        completion_tokens = sum(r.completion_tokens for r in replies)
         return json_response({
             "id": cid, "object": "text_completion", "created": created, "model": state.served_name,
             "choices": [{"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
                         for i, r in enumerate(replies)],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
+            "usage": _usage(sum(r.prompt_tokens for r in replies), sum(r.completion_tokens for r in replies)),
         })
 
-    @json_post("/generate", GenerateRequest, "generation (SGLang's native shape; stream with server-sent events)")
     async def generate(body: GenerateRequest, receive: Receive) -> Response:
         sp = body.sampling_params
         params = _sampling(sp, sp.max_new_tokens)
@@ -442,13 +483,12 @@ def create_app(state: AppState) -> FastAPI:
         metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
         return json_response({"text": reply.text, "meta_info": meta(reply, reply.rid)})
 
-    @app.get("/get_server_info", summary="platform, device, memory, model and arguments")
-    async def server_info():
+    async def server_info(body: None, receive: Receive) -> Response:
         pongs = await client.ping_all(timeout=2.0)
         live = [p for p in pongs if p is not None]
         model = live[0].info.get("model") if live else None
         return json_response({
-            "version": "0.1.0",
+            "version": VERSION,
             "platform": state.platform,
             "device": (model or {}).get("device"),
             "model": model,
@@ -461,17 +501,49 @@ def create_app(state: AppState) -> FastAPI:
             "healthy": client.healthy,
         })
 
-    @app.get("/metrics", summary="Prometheus metrics")
-    async def prometheus():
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+    async def prometheus(body: None, receive: Receive) -> Response:
+        page, media_type = metrics.render()
+        return Response(page, media_type=media_type)
 
-    return Guard(app, state, json_routes)
+    async def openapi(body: None, receive: Receive) -> Response:
+        return json_response(app.openapi())
+
+    async def docs(body: None, receive: Receive) -> Response:
+        return Response(DOCS_PAGE, media_type="text/html")
+
+    completion_fields = {"input": "prompt", "max_new_tokens": "max_tokens"}
+    generate_fields = {"input": "text", "max_new_tokens": "sampling_params.max_new_tokens"}
+    app = App(state, [
+        Route("GET", "/health", health, "liveness: false as soon as any scheduler is dead", public=True),
+        Route("GET", "/ready", ready, "true once every scheduler answers (model loaded, warmed up)",
+              public=True),
+        Route("GET", "/v1/models", models, "the served model (OpenAI shape)"),
+        Route("POST", "/v1/embeddings", embeddings, "embeddings (OpenAI shape)", EmbeddingRequest),
+        Route("POST", "/v1/completions", completions,
+              "text completion (OpenAI shape; stream with server-sent events)", CompletionRequest,
+              params=completion_fields),
+        Route("POST", "/generate", generate,
+              "generation (SGLang's native shape; stream with server-sent events)", GenerateRequest,
+              params=generate_fields),
+        Route("GET", "/get_server_info", server_info, "platform, device, memory, model and arguments"),
+        Route("GET", "/metrics", prometheus, "Prometheus metrics"),
+        Route("GET", "/openapi.json", openapi, "this document", in_schema=False),
+        Route("GET", "/docs", docs, "the API, browsable", in_schema=False),
+    ])
+    return app
 
 
-async def _stream(replies: AsyncIterator, chunk, metrics: Metrics) -> Response:
-    """Server-sent events of ``chunk(reply)``; the first reply is awaited before the response
-    starts, so a rejected request is still a plain 4xx. Closing the stream early (the client
-    went away) closes ``replies``, which cancels the request at the scheduler."""
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+async def _stream(replies: AsyncGenerator[Any, None], chunk: Callable[[m.Generated], dict], metrics: Metrics,
+                  last: Callable[[m.Generated], dict | None] | None = None) -> Response:
+    """Server-sent events of ``chunk(reply)`` (and ``last(final reply)`` when it gives one); the
+    first reply is awaited before the response starts, so a rejected request is still a plain
+    4xx. Closing the stream early (the client went away) closes ``replies``, which cancels the
+    request at the scheduler."""
     try:
         first = await replies.__anext__()
     except StopAsyncIteration:
@@ -480,19 +552,22 @@ async def _stream(replies: AsyncIterator, chunk, metrics: Metrics) -> Response:
         await replies.aclose()
         raise
 
-    async def events():
+    async def events() -> AsyncIterator[bytes]:
         try:
             reply = first
             while reply is not None:
+                yield b"data: " + _json.encode(chunk(reply)) + b"\n\n"
                 if reply.finished:
                     metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
-                yield b"data: " + _json.encode(chunk(reply)) + b"\n\n"
+                    extra = last(reply) if last else None
+                    if extra is not None:
+                        yield b"data: " + _json.encode(extra) + b"\n\n"
                 try:
                     reply = await replies.__anext__()
                 except StopAsyncIteration:
                     reply = None
                 except SchedulerError as exc:
-                    yield b"data: " + error_body(exc.status, exc.message) + b"\n\n"
+                    yield b"data: " + error_body(exc.status, exc.message, exc.param) + b"\n\n"
                     reply = None
             yield b"data: [DONE]\n\n"
         finally:

@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 import msgspec
 
@@ -38,12 +38,15 @@ _DEAD_PHASES = {"failed", "exited", "dead", "killed", "stopped", "crashed"}
 
 
 class SchedulerError(Exception):
-    """A request could not be answered: ``status`` and ``message`` go to the client."""
+    """A request could not be answered: ``status``, ``message`` and ``param`` (the request field
+    to change, in the scheduler's terms: ``input``, ``input[i]``, ``max_new_tokens``, ``model``)
+    go to the client."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param
 
 
 class Replica:
@@ -257,7 +260,7 @@ class SchedulerClient:
                                  + self.unanswered_reason([r.dp_rank for r in self.replicas]))
         return min(live, key=lambda r: (len(r.inflight), not r.connected, r.dp_rank))
 
-    async def call(self, make, rep: Replica | None = None) -> AsyncIterator:
+    async def call(self, make, rep: Replica | None = None) -> AsyncGenerator:
         """Send ``make(rid)`` and yield every message answering it until a final one.
 
         Raises ``SchedulerError`` for a ``Failed`` answer. Leaving the iteration early (the
@@ -270,7 +273,7 @@ class SchedulerClient:
                 reply = await queue.get()
                 if isinstance(reply, m.Failed):
                     finished = True
-                    raise SchedulerError(reply.status, reply.message)
+                    raise SchedulerError(reply.status, reply.message, reply.param)
                 done = not isinstance(reply, m.Generated) or reply.finished
                 finished = done
                 yield reply
@@ -294,7 +297,7 @@ class SchedulerClient:
         finally:  # a cancelled wait cancels ``answer`` too: only a result means it finished
             self._close(rid, rep, finished=answer.done() and not answer.cancelled())
         if isinstance(reply, m.Failed):
-            raise SchedulerError(reply.status, reply.message)
+            raise SchedulerError(reply.status, reply.message, reply.param)
         return reply
 
     def _open(self, make, rep: Replica | None, deliver: Callable[[object], None]) -> tuple[str, Replica]:

@@ -1,4 +1,4 @@
-"""The HTTP child: ``run_http_server(server_args, ctx)``, FastAPI on uvicorn with uvloop.
+"""The HTTP child: ``run_http_server(server_args, ctx)``, the app of ``launcher.workers.app`` on uvicorn with uvloop.
 
 The listening socket is bound here first (``ServerArgs.host``, loopback by default, and
 ``ServerArgs.port``), so a taken port is a clear start-up error rather than a log line from a

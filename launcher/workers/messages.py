@@ -120,6 +120,7 @@ class Failed(msgspec.Struct, tag="failed"):
     rid: str
     status: int
     message: str
+    param: str | None = None  # the request field to change: "input", "max_new_tokens" or "model"
 
 
 class Pong(msgspec.Struct, tag="pong"):

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from launcher.model_config import is_causal_lm
 from launcher.workers.messages import SamplingParams
 from launcher.workers.model_source import ModelSource
 from launcher.workers.pooling import PoolingConfig, pool, read_pooling_config
@@ -42,7 +43,6 @@ _ATTENTION_ALIASES = {
     "fa2": "flash_attention_2",
     "flash_attn": "flash_attention_2",
 }
-_CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 _DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16",
            "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
@@ -52,7 +52,12 @@ class ModelLoadError(RuntimeError):
 
 
 class InputError(ValueError):
-    """One request's input is unusable (too long, empty after tokenising): a 400 for its client."""
+    """One request's input is unusable (too long, empty after tokenising): a 400 for its client.
+    ``field`` is what the client must change: ``"input"`` (the text) or ``"max_new_tokens"``."""
+
+    def __init__(self, message: str, field: str = "input") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 def attention_implementation(platform_backend: str | None, requested: str | None) -> str:
@@ -154,7 +159,7 @@ class ModelRunner:
                 f"Hugging Face model directory (add --trust-remote-code for custom architectures)"
             ) from exc
         self.architecture = (getattr(config, "architectures", None) or [type(config).__name__])[0]
-        self.kind = "generation" if self.architecture.endswith(_CAUSAL_SUFFIXES) else "embedding"
+        self.kind = "generation" if is_causal_lm(self.architecture) else "embedding"
         if tp_size > 1:
             self._check_tp_plan(config)
 
@@ -285,7 +290,8 @@ class ModelRunner:
     def encode_embedding_input(self, text: str) -> list[int]:
         """Token ids of ``text`` (with special tokens), for ``embed_ids``; ``InputError`` if over
         the limit."""
-        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        # verbose=False: an over-long text is refused here, not warned about by the tokenizer.
+        ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
         if len(ids) > self.max_input_tokens:
             raise InputError(
                 f"input has {len(ids)} tokens, more than this model's limit of {self.max_input_tokens}; "
@@ -299,7 +305,7 @@ class ModelRunner:
 
     def encode_prompt(self, text: str, max_new_tokens: int) -> list[int]:
         """Prompt token ids; ``InputError`` if the prompt or prompt + completion is too long."""
-        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
         if not ids:
             raise InputError("the prompt is empty after tokenisation; send some text")
         if len(ids) > self.max_input_tokens:
@@ -310,7 +316,8 @@ class ModelRunner:
         if len(ids) + max_new_tokens > self.max_total_tokens:
             raise InputError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the limit "
-                f"of {self.max_total_tokens} tokens (--max-total-tokens); ask for fewer tokens"
+                f"of {self.max_total_tokens} tokens (--max-total-tokens); ask for fewer tokens",
+                field="max_new_tokens",
             )
         return list(ids)
 

@@ -38,10 +38,14 @@ _TICK_SECONDS = 1.0
 
 def run_scheduler_process(server_args, ctx) -> None:
     """The bootstrap's scheduler target: load, warm up, report ready, serve until stopping."""
+    from launcher.workers.distributed import (
+        close_tp_group,
+        init_tp_group,
+        launch_store,
+        nnodes_of,
+        replica_node,
+    )
     from platforms import current_platform
-
-    from launcher.workers.distributed import (close_tp_group, init_tp_group, launch_store, nnodes_of,
-                                              replica_node)
 
     tp_size = max(int(getattr(ctx, "tp_size", 1) or 1), 1)
     dp_size = max(int(getattr(ctx, "dp_size", 1) or 1), 1)
@@ -238,7 +242,8 @@ class Scheduler:
         if kind != runner.kind:
             route = "/v1/embeddings" if runner.kind == "embedding" else "/v1/completions or /generate"
             self.send(identity, m.Failed(req.rid, 400, (
-                f"model {runner.source.served_name!r} serves {runner.kind}, not {kind}; use {route}")))
+                f"model {runner.source.served_name!r} serves {runner.kind}, not {kind}; use {route}"),
+                "model"))
             return
         item = _Queued(identity, req, time.monotonic())
         try:
@@ -249,14 +254,14 @@ class Scheduler:
                         item.input_ids.append(runner.encode_embedding_input(text))
                     except InputError as exc:
                         where = f"input[{i}]: " if len(req.texts) > 1 else ""
-                        raise InputError(where + str(exc)) from None
+                        raise InputError(where + str(exc), f"input[{i}]" if where else "input") from None
                 item.prompt_tokens = sum(map(len, item.input_ids))
             else:
                 item.prompt_ids = runner.encode_prompt(req.text, req.params.max_new_tokens)
                 item.prompt_tokens = len(item.prompt_ids)
                 item.seed = req.params.seed if req.params.seed is not None else random.getrandbits(31)
         except InputError as exc:
-            self.send(identity, m.Failed(req.rid, 400, str(exc)))
+            self.send(identity, m.Failed(req.rid, 400, str(exc), exc.field))
             return
         self.queue.append(item)
 

@@ -1,121 +1,300 @@
-"""Request bodies of the HTTP API (pydantic), which also make the app's OpenAPI schema.
+"""Request bodies of the HTTP API (msgspec structs), which also make the app's OpenAPI schema.
 
 OpenAI shapes for ``/v1/embeddings`` and ``/v1/completions``; SGLang's native shape for
-``/generate``. Every bound a client can break is declared here, so a bad value is a 400 naming the
-field before anything reaches a scheduler; limits that need the tokenizer (tokens per input,
-prompt + completion length) are checked by the scheduler, also as 400s.
+``/generate``. ``decode_body(data, type)`` turns a request body into one of these structs or
+raises ``BodyError`` naming the offending field (``param``, a dotted path such as
+``sampling_params.temperature`` or ``input[2]``) in the project's words. Every bound a client can
+break is checked here, so a bad value is a 400 before anything reaches a scheduler; limits that
+need the tokenizer (tokens per input, prompt + completion length) are checked by the scheduler,
+also as 400s naming the field.
+
+Fields that OpenAI's clients may send and this server does not act on are declared on purpose:
+``user`` is accepted and ignored; ``dimensions`` and the completion options that would change the
+result (``echo``, ``suffix``, ``logprobs``, ``best_of`` > 1, penalties, ``logit_bias``) are
+refused with a 400 naming them. Fields nobody declared are ignored.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+import re
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import msgspec
 
 MAX_INPUTS = 2048
 MAX_NEW_TOKENS = 1 << 20
 MAX_SEED = (1 << 63) - 1
 MAX_STOP = 4
+ENCODING_FORMATS = ("float", "base64")
 
-Text = str
+
+class BodyError(Exception):
+    """A request body the server refuses: ``message`` for the client, ``param`` the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
 
 
-def _check_text(value: str, what: str) -> str:
+def _schema(description: str, **constraints: Any) -> msgspec.Meta:
+    """Documentation (and JSON Schema bounds checked by ``check()``, not by msgspec) for a field."""
+    return msgspec.Meta(description=description, extra_json_schema=constraints or None)
+
+
+def _check_text(value: str, param: str) -> None:
     if not value:
-        raise ValueError(f"{what} must not be empty")
+        raise BodyError(f"{param} must not be empty; send some text", param)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError(f"{what} must be valid Unicode text (it holds an unpaired surrogate)") from None
-    return value
+        raise BodyError(f"{param} must be valid Unicode text (it holds an unpaired surrogate)", param) from None
 
 
-def _check_texts(value, field: str):
-    """``value`` (one text or a list of them) for ``field``: 1 to ``MAX_INPUTS`` non-empty texts."""
-    texts = [value] if isinstance(value, str) else value
-    if not texts:
-        raise ValueError(f"{field} must hold at least one text")
-    if len(texts) > MAX_INPUTS:
-        raise ValueError(f"{field} holds {len(texts)} texts; at most {MAX_INPUTS} per request")
-    for i, text in enumerate(texts):
-        _check_text(text, field if isinstance(value, str) else f"{field}[{i}]")
-    return value
+def _check_texts(value: str | list[str], param: str) -> None:
+    """``value`` (one text or a list of them) for ``param``: 1 to ``MAX_INPUTS`` non-empty texts."""
+    if isinstance(value, str):
+        _check_text(value, param)
+        return
+    if not value:
+        raise BodyError(f"{param} must hold at least one text", param)
+    if len(value) > MAX_INPUTS:
+        raise BodyError(f"{param} holds {len(value)} texts; at most {MAX_INPUTS} per request", param)
+    for i, text in enumerate(value):
+        _check_text(text, f"{param}[{i}]")
 
 
-def _check_stop(value):
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else list(value)
-    if len(stops) > MAX_STOP:
-        raise ValueError(f"at most {MAX_STOP} stop strings are allowed, got {len(stops)}")
-    return tuple(_check_text(s, "a stop string") for s in stops)
+def _refuse(param: str, why: str) -> None:
+    raise BodyError(f"{param} is not supported: {why}", param)
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+# A text, or a list of 1 to MAX_INPUTS texts (the bounds are checked by ``check()``).
+_Text = Annotated[str, msgspec.Meta(extra_json_schema={"minLength": 1})]
+Texts = Annotated[
+    _Text | Annotated[list[_Text], msgspec.Meta(extra_json_schema={"minItems": 1, "maxItems": MAX_INPUTS})],
+    msgspec.Meta(description=f"a text, or a list of texts (at most {MAX_INPUTS})"),
+]
+Stop = Annotated[
+    str | list[str] | None,
+    _schema(f"up to {MAX_STOP} strings that end the completion (not included in it)"),
+]
 
 
-class EmbeddingRequest(_Body):
+class Body(msgspec.Struct, kw_only=True):
+    """A JSON request body; ``check()`` applies the bounds msgspec's types do not express."""
+
+    def check(self, prefix: str = "") -> None:
+        """Raise ``BodyError`` (fields named with ``prefix``) for a value out of bounds."""
+
+
+class EmbeddingRequest(Body, kw_only=True):
     """OpenAI ``POST /v1/embeddings``."""
 
-    input: str | list[str] = Field(description="a text, or a list of texts (at most 2048)")
-    model: str | None = Field(None, description="must name the served model when given")
-    encoding_format: Literal["float"] = "float"
-    dimensions: int | None = Field(None, description="not supported: the model returns its native "
-                                                     "size, and a request that sets this is refused (400)")
-    user: str | None = None
+    input: Texts
+    model: Annotated[str | None, _schema("must name the served model when given")] = None
+    encoding_format: Annotated[str, _schema(
+        "float: a list of numbers; base64: the little-endian float32 bytes, base64-encoded",
+        enum=list(ENCODING_FORMATS))] = "float"
+    dimensions: Annotated[int | None, _schema(
+        "not supported: the model returns its native size, and a request that sets this is "
+        "refused (400)")] = None
+    user: Annotated[str | None, _schema("accepted and ignored")] = None
 
-    @field_validator("input")
-    @classmethod
-    def _input(cls, value):
-        return _check_texts(value, "input")
+    def check(self, prefix: str = "") -> None:
+        _check_texts(self.input, "input")
+        if self.encoding_format not in ENCODING_FORMATS:
+            raise BodyError(f"encoding_format must be 'float' or 'base64', not {self.encoding_format!r}",
+                            "encoding_format")
 
 
-class _Sampling(_Body):
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, le=1 << 30, description="-1 or 0: no top-k cut")
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+class SamplingFields(Body, kw_only=True):
+    """Sampling options shared by ``/v1/completions`` and ``/generate``'s ``sampling_params``."""
+
+    temperature: Annotated[float, _schema("0 is greedy", minimum=0, maximum=2)] = 1.0
+    top_p: Annotated[float, _schema("nucleus sampling", exclusiveMinimum=0, maximum=1)] = 1.0
+    top_k: Annotated[int, _schema("-1 or 0: no top-k cut", minimum=-1, maximum=1 << 30)] = -1
+    stop: Stop = None
+    seed: Annotated[int | None, _schema("repeatable sampling", minimum=0, maximum=MAX_SEED)] = None
     ignore_eos: bool = False
 
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, value):
-        return list(_check_stop(value))
+    def check(self, prefix: str = "") -> None:
+        _bound(self.temperature, prefix + "temperature", 0.0, 2.0)
+        if not 0.0 < self.top_p <= 1.0:
+            raise BodyError(f"{prefix}top_p must be more than 0 and at most 1, not {self.top_p}",
+                            prefix + "top_p")
+        _bound(self.top_k, prefix + "top_k", -1, 1 << 30)
+        if self.seed is not None:
+            _bound(self.seed, prefix + "seed", 0, MAX_SEED)
+        stops = [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else self.stop
+        if len(stops) > MAX_STOP:
+            raise BodyError(f"{prefix}stop holds {len(stops)} strings; at most {MAX_STOP} are allowed",
+                            prefix + "stop")
+        for i, text in enumerate(stops):
+            _check_text(text, f"{prefix}stop" if isinstance(self.stop, str) else f"{prefix}stop[{i}]")
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        """``stop`` as a tuple (empty without one)."""
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
-class CompletionRequest(_Sampling):
+def _bound(value: float, param: str, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise BodyError(f"{param} must be between {low} and {high}, not {value}", param)
+
+
+class StreamOptions(Body, kw_only=True):
+    include_usage: Annotated[bool, _schema("a last chunk with the token counts")] = False
+
+
+class CompletionRequest(SamplingFields, kw_only=True):
     """OpenAI ``POST /v1/completions`` (plus SGLang's ``top_k`` and ``ignore_eos``)."""
 
-    prompt: str | list[str]
-    model: str | None = None
-    max_tokens: int = Field(16, ge=1, le=MAX_NEW_TOKENS)
-    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    prompt: Texts
+    model: Annotated[str | None, _schema("must name the served model when given")] = None
+    max_tokens: Annotated[int, _schema("tokens to generate", minimum=1, maximum=MAX_NEW_TOKENS)] = 16
+    n: Annotated[int, _schema("only 1 is supported", minimum=1, maximum=1)] = 1
     stream: bool = False
-    user: str | None = None
+    stream_options: StreamOptions | None = None
+    user: Annotated[str | None, _schema("accepted and ignored")] = None
+    echo: Annotated[bool, _schema("only false is supported")] = False
+    suffix: Annotated[str | None, _schema("not supported")] = None
+    logprobs: Annotated[int | None, _schema("not supported")] = None
+    best_of: Annotated[int | None, _schema("only 1 is supported")] = None
+    presence_penalty: Annotated[float, _schema("only 0 is supported")] = 0.0
+    frequency_penalty: Annotated[float, _schema("only 0 is supported")] = 0.0
+    logit_bias: Annotated[dict[str, float] | None, _schema("not supported")] = None
 
-    @field_validator("prompt")
-    @classmethod
-    def _prompt(cls, value):
-        return _check_texts(value, "prompt")
+    def check(self, prefix: str = "") -> None:
+        _check_texts(self.prompt, "prompt")
+        _bound(self.max_tokens, "max_tokens", 1, MAX_NEW_TOKENS)
+        if self.n != 1:
+            _refuse("n", "one completion per prompt; send n: 1 or leave n out")
+        if self.echo:
+            _refuse("echo", "the completion never repeats the prompt; leave echo out")
+        if self.suffix:
+            _refuse("suffix", "leave suffix out")
+        if self.logprobs is not None:
+            _refuse("logprobs", "leave logprobs out")
+        if self.best_of not in (None, 1):
+            _refuse("best_of", "one sample per prompt; leave best_of out")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                _refuse(name, f"leave {name} out or send 0")
+        if self.logit_bias:
+            _refuse("logit_bias", "leave logit_bias out")
+        if self.stream and not isinstance(self.prompt, str) and len(self.prompt) != 1:
+            raise BodyError("stream: true takes one prompt; send the prompts one per request", "prompt")
+        super().check(prefix)
 
 
-class NativeSamplingParams(_Sampling):
+class NativeSamplingParams(SamplingFields, kw_only=True):
     """SGLang's ``sampling_params``."""
 
-    max_new_tokens: int = Field(128, ge=1, le=MAX_NEW_TOKENS)
+    max_new_tokens: Annotated[int, _schema("tokens to generate", minimum=1, maximum=MAX_NEW_TOKENS)] = 128
+
+    def check(self, prefix: str = "") -> None:
+        _bound(self.max_new_tokens, prefix + "max_new_tokens", 1, MAX_NEW_TOKENS)
+        super().check(prefix)
 
 
-class GenerateRequest(_Body):
+class GenerateRequest(Body, kw_only=True):
     """SGLang's native ``POST /generate``: ``text`` + ``sampling_params`` in, ``text`` +
     ``meta_info`` out (a stream of server-sent events with ``stream: true``)."""
 
-    text: str
-    sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
+    text: _Text
+    sampling_params: NativeSamplingParams = msgspec.field(default_factory=NativeSamplingParams)
     stream: bool = False
 
-    @field_validator("text")
-    @classmethod
-    def _text(cls, value):
-        return _check_text(value, "text")
+    def check(self, prefix: str = "") -> None:
+        _check_text(self.text, "text")
+        self.sampling_params.check("sampling_params.")
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorBody(msgspec.Struct):
+    """Every error the server answers (OpenAI's shape)."""
+
+    error: ErrorDetail
+
+
+# ---- decoding -----------------------------------------------------------------------------
+
+B = TypeVar("B", bound=Body)
+_decoders: dict[type, msgspec.json.Decoder] = {}
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_TYPE_WORDS = {"str": "a string", "array": "a list", "int": "an integer", "float": "a number",
+               "bool": "true or false", "object": "a JSON object", "null": "null"}
+
+
+def decode_body(data: bytes, kind: type[B]) -> B:
+    """``data`` (a JSON object) as ``kind``, checked; ``BodyError`` names what is wrong."""
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+    try:
+        body = decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(str(exc)) from None
+    except (msgspec.DecodeError, RecursionError):
+        # msgspec's decode messages lack the position, and it refuses JSON that is valid but
+        # holds an unpaired surrogate; the standard parser tells the two apart.
+        body = _decode_slowly(data, kind)
+    body.check()
+    return body
+
+
+def _decode_slowly(data: bytes, kind: type[B]) -> B:
+    try:
+        value = json.loads(data)
+    except json.JSONDecodeError as exc:
+        where = f" character {exc.pos}" if exc.msg.endswith(" at") else f" at character {exc.pos}"
+        raise BodyError(not_json_message(exc.msg + where)) from None
+    except UnicodeDecodeError:
+        raise BodyError(not_json_message("it is not UTF-8 text")) from None
+    except RecursionError:
+        raise BodyError(not_json_message("it is nested too deeply")) from None
+    except ValueError as exc:
+        raise BodyError(not_json_message(str(exc))) from None
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(str(exc)) from None
+
+
+def not_json_message(problem: str) -> str:
+    """The message for a body that is not JSON, with ``problem`` saying why."""
+    return (f"the request body is not valid JSON ({problem}); send a JSON object, "
+            f"for example with Content-Type: application/json")
+
+
+def _validation_error(text: str) -> BodyError:
+    """msgspec's validation message (``Expected `int`, got `str` - at `$.n```) in our words."""
+    match = _AT.match(text)
+    what, path = (match["what"], match["path"]) if match else (text, None)
+    param = path.lstrip(".") or None if path is not None else None
+    missing = re.match(r"Object missing required field `(.+)`", what)
+    if missing:
+        param = f"{param}.{missing[1]}" if param else missing[1]
+        return BodyError(f"{param} is required", param)
+    wrong = re.match(r"Expected `(.+?)`, got `(.+?)`", what)
+    if wrong:
+        expected = " or ".join(_TYPE_WORDS.get(t, t) for t in wrong[1].split(" | "))
+        got = _TYPE_WORDS.get(wrong[2], wrong[2])
+        if param is None:
+            return BodyError(f"the request body must be {expected}, not {got}")
+        return BodyError(f"{param} must be {expected}, not {got}", param)
+    bound = re.match(r"Expected `(.+?)` (>=|<=|>|<) (.+)", what)
+    if bound:
+        words = {">=": "at least", "<=": "at most", ">": "more than", "<": "less than"}[bound[2]]
+        return BodyError(f"{param or 'the body'} must be {words} {bound[3]}", param)
+    return BodyError(f"{param}: {what[:1].lower()}{what[1:]}" if param else what, param)
