@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import dataclasses
 import queue
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -63,8 +65,11 @@ class Launcher:
         from launcher import _prepare
         from launcher.supervisor import Supervisor
 
-        args = self._build_args()
-        selection, payload = _prepare.finish(args)
+        try:
+            args = self._build_args()
+            selection, payload = _prepare.finish(args)
+        except LaunchError as exc:
+            raise LaunchError(in_python_spelling(exc.root_cause)) from exc
         self.server_args = args
         self._supervisor = Supervisor(args, selection, payload=payload, listeners=(self._on_event,))
         self._thread = threading.Thread(target=self._run, name="sglang-launch-supervisor", daemon=True)
@@ -186,7 +191,7 @@ class Launcher:
         try:
             outcome = run_supervisor(self._started())
         except LaunchError as exc:  # set-up failed before any worker was started
-            outcome = LaunchOutcome(exc.exit_code, exc.root_cause, {})
+            outcome = LaunchOutcome(exc.exit_code, in_python_spelling(exc.root_cause), {})
         except BaseException as exc:  # noqa: BLE001 - delivered to the application as LaunchError
             import traceback
 
@@ -242,6 +247,39 @@ class Launcher:
         if self._thread is not None:
             self._thread.join()
         return self._outcome.snapshot if self._outcome is not None else {}
+
+
+# ``--flag`` and the value or placeholder written after it: a quoted text, a number, or an
+# upper-case placeholder such as PATH, N or HOST:PORT.
+_FLAG = re.compile(
+    r"--(?P<flag>[a-z][a-z0-9]*(?:-[a-z0-9]+)*)"
+    r"(?: (?P<value>'[^']*'|\"[^\"]*\"|-?\d+(?:\.\d+)?(?:e-?\d+)?\b|[A-Z][A-Z0-9_:]*\b))?"
+)
+
+
+def in_python_spelling(cause: RootCause) -> RootCause:
+    """``cause`` as the embedding API spells it: ``--model-path '/x'`` becomes
+    ``model_path='/x'``, ``--port N`` becomes ``port=N`` and a bare ``--host`` becomes ``host``,
+    for every flag that names a ``ServerArgs`` field (what the CLI checks say in the CLI's
+    spelling, an application passes as keyword arguments)."""
+    from launcher import _prepare
+
+    try:
+        names = {f.name for f in dataclasses.fields(_prepare.server_args_class())}
+    except Exception:  # noqa: BLE001 - no class, no translation: the CLI spelling still says it
+        return cause
+
+    def respell(match: re.Match) -> str:
+        name = match["flag"].replace("-", "_")
+        if name not in names:
+            return match[0]
+        return f"{name}={match['value']}" if match["value"] is not None else name
+
+    def text(value: str | None) -> str | None:
+        return _FLAG.sub(respell, value) if value else value
+
+    return dataclasses.replace(cause, summary=text(cause.summary) or cause.summary,
+                               message=text(cause.message), hint=text(cause.hint))
 
 
 def _snapshot_event(snapshot: dict) -> dict:

@@ -11,6 +11,7 @@ single node, a free loopback port (``launcher.rendezvous``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -77,6 +78,7 @@ def plan_children(
             env=env,
             log_level=args.log_level,
             entry_points=entry_points,
+            stop_marker=os.path.join(endpoints.runtime_dir, f"stop.{role}.{rank}") if endpoints.runtime_dir else "",
         )
 
     children = []

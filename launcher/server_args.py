@@ -212,9 +212,15 @@ class ServerArgs:
             from launcher.model_source import ModelSourceError, resolve_model
 
             try:
-                resolve_model(self.model_path, self.served_model_name)
+                source = resolve_model(self.model_path, self.served_model_name)
             except ModelSourceError as exc:
                 problems.append(str(exc))
+            else:
+                # Facts of the model that decide whether the arguments can work (an encoder with
+                # --tp-size 2): from its config.json, so the launch stops before any worker starts.
+                from launcher.model_config import read_model_facts, tp_problems
+
+                problems.extend(tp_problems(read_model_facts(source.path), self.tp_size, self.dp_size))
         if problems:
             raise ServerArgsError(problems)
 

@@ -29,12 +29,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq.asyncio
 
 from bootstrap import messages, orphan, phases
-from launcher import _proctree
+from launcher import _proctree, _signals
 from launcher._children import Child, Children, describe_exit
 from launcher._failure import ExitCode, LaunchError, RootCause, signal_name
 from launcher._notify import SystemdNotifier
@@ -63,6 +64,7 @@ class _Worker:
 
     child: Child
     state: WorkerState
+    stopped_at_once: bool = False  # killed with no grace period: it was starting when the launch failed
 
     @property
     def spec(self):
@@ -78,10 +80,27 @@ class _Worker:
 
 
 class Supervisor:
-    """Runs one node's launch. ``args`` is a checked ``ServerArgs``; ``selection`` the platform's."""
+    """Runs one node's launch. ``args`` is a checked ``ServerArgs``; ``selection`` the platform's.
 
-    def __init__(self, args, selection, *, payload: bytes, listeners: tuple[Listener, ...] = ()) -> None:
+    ``worker_output``: when given, each worker's stdout and stderr go to a pipe of its own that
+    the supervisor reads, and every line is passed to ``worker_output(line)`` (the live terminal
+    display draws it above its table); otherwise workers write to this process's stdout and
+    stderr directly. Only for a supervisor in the main thread: the workers' output is set up by
+    pointing this process's fds 1 and 2 at the pipe while each is spawned.
+    """
+
+    def __init__(
+        self,
+        args,
+        selection,
+        *,
+        payload: bytes,
+        listeners: tuple[Listener, ...] = (),
+        worker_output: Callable[[str], None] | None = None,
+    ) -> None:
         self.args = args
+        self._worker_output = worker_output
+        self._pipes: dict[int, bytearray] = {}  # read end of a worker's output pipe -> partial line
         self.selection = selection
         self.runtime = getattr(args, "runtime", "srt")
         self._payload = payload
@@ -89,6 +108,10 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue | None = None
         self._stop_reason: str | None = None
+        # The worker whose failure or exit is the root cause, from the moment it is known: what
+        # other workers report after it is a consequence (they are reported as stopped).
+        self._blamed: str | None = None
+        self._stopping = False
         self._early_stop: str | None = None  # a stop requested before the loop ran
         self._lock = threading.Lock()
         self._children: list[_Worker] = []
@@ -114,15 +137,27 @@ class Supervisor:
             pass
 
     def install_signal_handlers(self) -> None:
-        """SIGINT and SIGTERM stop gracefully (call from ``run``'s thread, the main thread)."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._loop.add_signal_handler(sig, self._post, "stop", f"received {signal.Signals(sig).name}")
+        """SIGINT, SIGTERM, SIGHUP and SIGQUIT stop gracefully, a second one ends the grace
+        period; other would-be-fatal signals are logged (see ``launcher._signals``). Call from
+        ``run``'s thread, the main thread."""
+        _signals.install_on_loop(self._loop, self._on_stop_signal)
+        for signame in _signals.take_pending():
+            self._on_stop_signal(signame)
+
+    def _on_stop_signal(self, signame: str) -> None:
+        stopping = self._stop_reason is not None or (self.state is not None and self.state.phase == STOPPING)
+        if not stopping:
+            self._post("stop", f"received {signame}")
+        elif not self._hurry.is_set():
+            log.warning("received %s while stopping: the grace period is over, ending the workers now", signame)
+            self._hurry.set()
 
     # ----------------------------------------------------------------- the launch
     async def run(self, *, handle_signals: bool = False) -> LaunchOutcome:
         with self._lock:
             self._loop = asyncio.get_running_loop()
             self._inbox = asyncio.Queue()
+            self._hurry = asyncio.Event()
             if self._early_stop:
                 self._post("stop", self._early_stop)
         zctx = zmq.asyncio.Context()
@@ -172,7 +207,9 @@ class Supervisor:
 
     async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> LaunchOutcome:
         state = self.state
+        self._stopping = True
         if cause is not None:
+            self._blamed = self._blamed or cause.worker
             state.phase = FAILED
             state.root_cause = cause.to_dict()
             self.ops.emit("server.failed", root_cause=cause.to_dict(), root_cause_text=cause.format())
@@ -181,7 +218,7 @@ class Supervisor:
             reason = self._stop_reason or "stop requested"
         state.phase = STOPPING
         self.ops.emit("server.stopping", reason=reason)
-        teardown = await self._stop_children()
+        teardown = await self._stop_children(fail_fast=cause is not None)
         for child in self._children:
             failure = child.failure
             if cause is None and failure is not None and failure.phase == phases.STOPPING:
@@ -191,6 +228,7 @@ class Supervisor:
         if cause is None:
             state.phase = STOPPED
         exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
+        self._drain_pipes()
         self.ops.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
         return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 
@@ -228,7 +266,7 @@ class Supervisor:
             workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank) for s in specs],
         )
         self._kids = Children(zctx, endpoints.status, self._on_message, self._on_sentinel)
-        self._children = [_Worker(self._kids.add(spec), ws) for spec, ws in zip(specs, self.state.workers)]
+        self._children = [_Worker(self._kids.add(spec), ws) for spec, ws in zip(specs, self.state.workers, strict=True)]
         self.ops = OpsChannel(zctx, self.state, endpoints.ops, endpoints.query)
         for listener in self._listeners:
             self.ops.add_listener(listener)
@@ -249,10 +287,10 @@ class Supervisor:
     def _close(self, zctx: zmq.asyncio.Context, handle_signals: bool) -> None:
         """Release everything ``_open`` made; the launch is over (or never started)."""
         if handle_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._loop.remove_signal_handler(sig)
+            _signals.restore(self._loop)
         if self._kids is not None:
             self._kids.close()  # kills leftovers only after an unexpected error: normally all are gone
+        self._drain_pipes()
         if self.ops is not None:
             self.ops.close()
         zctx.destroy(linger=500)
@@ -263,9 +301,61 @@ class Supervisor:
         self.opened.set()
 
     def _spawn_all(self) -> None:
+        if self._worker_output is not None:
+            os.environ["PYTHONUNBUFFERED"] = "1"  # a worker's prints reach its pipe line by line
         for worker in self._children:
-            self._kids.spawn(worker.child)
+            if self._worker_output is None:
+                self._kids.spawn(worker.child)
+            else:
+                read_end, write_end = os.pipe()
+                try:
+                    self._kids.spawn(worker.child, output=write_end)
+                finally:
+                    os.close(write_end)
+                os.set_blocking(read_end, False)
+                self._pipes[read_end] = bytearray()
+                self._loop.add_reader(read_end, self._read_output, read_end)
             worker.state.pid = worker.process.pid
+
+    def _read_output(self, fd: int) -> None:
+        """Pass the complete lines a worker wrote to ``worker_output``; at the end of its output
+        (every process holding the pipe is gone) the rest, and close the pipe."""
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        pending = self._pipes[fd]
+        pending += data
+        *lines, rest = pending.split(b"\n")
+        self._pipes[fd] = bytearray(rest)
+        for line in lines:
+            self._worker_output(line.decode(errors="replace"))
+        if not data:
+            self._close_pipe(fd)
+
+    def _close_pipe(self, fd: int) -> None:
+        self._loop.remove_reader(fd)
+        rest = self._pipes.pop(fd)
+        if rest:
+            self._worker_output(rest.decode(errors="replace"))
+        os.close(fd)
+
+    def _drain_pipes(self) -> None:
+        """Pass on what the workers wrote last (their pipes hold it after they are gone)."""
+        for fd in list(self._pipes):
+            while fd in self._pipes:
+                before = len(self._pipes[fd])
+                self._read_output(fd)
+                if fd in self._pipes and len(self._pipes[fd]) == before and not self._readable(fd):
+                    self._close_pipe(fd)
+
+    @staticmethod
+    def _readable(fd: int) -> bool:
+        import select
+
+        return bool(select.select([fd], [], [], 0)[0])
 
     # ----------------------------------------------------------------- inputs
     def _post(self, kind: str, item=None) -> None:
@@ -283,11 +373,16 @@ class Supervisor:
             return "timeout", None
 
     def _on_sentinel(self, child: Child) -> None:
-        self._post("exit", self._worker_of(child))
+        worker = self._worker_of(child)
+        if self._blamed is None and not self._stopping and self._stop_reason is None:
+            self._blamed = worker.state.name
+        self._post("exit", worker)
 
     def _on_message(self, child: Child, message) -> None:
         child = self._worker_of(child)
         ws = child.state
+        if child.stopped_at_once and isinstance(message, (messages.Phase, messages.Ready)):
+            return  # sent before it was killed, read after: old news about a stopped worker
         if isinstance(message, messages.Phase):
             ws.phase = message.phase
             ws.phases[message.phase] = message.duration
@@ -298,6 +393,7 @@ class Supervisor:
             ws.platform, ws.info = message.platform, dict(message.info)
             self._emit_worker(child, phases.READY, duration=message.duration, info=ws.info)
             if message.platform != self.selection.key:
+                self._blamed = self._blamed or ws.name
                 self._post("failed", self._mismatch_cause(child, message.platform))
             elif self.state.all_ready():
                 self._post("all_ready")
@@ -308,6 +404,15 @@ class Supervisor:
                 "message": message.message,
                 "traceback": message.traceback,
             }
+            if self._blamed is not None and self._blamed != ws.name:
+                # A consequence of the root cause (a peer gone, a stop on the way): its report
+                # is kept in the snapshot, and the worker counts as stopped, not failed.
+                if ws.phase != "stopped":
+                    ws.phase = "stopped"
+                    self._emit_worker(child, "stopped", error=ws.error, because_of=self._blamed)
+                return
+            if self._stop_reason is None and not self._stopping:
+                self._blamed = ws.name
             self._emit_worker(child, "failed", error=ws.error)
             self._post("failed", self._failure_cause(child, message.exit_code))
         elif isinstance(message, messages.Stopped):
@@ -411,19 +516,31 @@ class Supervisor:
         self._emit_worker(child, "exited", exitcode=code, signal=ws.signal)
 
     # ----------------------------------------------------------------- stopping
-    async def _stop_children(self) -> float:
+    async def _stop_children(self, fail_fast: bool) -> float:
         """HTTP first, then schedulers: SIGTERM, grace period, SIGKILL of what remains of each tree.
 
         Each group is gone (and reaped, its ``exited`` events out) before the next is signalled.
+        With ``fail_fast`` (the launch failed), every worker still starting other than the root
+        cause's is first killed at once, with no grace period: it holds nothing to drain.
         """
         started = time.monotonic()
         grace = float(self.args.stop_grace_period)
+        if fail_fast:
+            starting = [w for w in self._children
+                        if w.child.running and not w.state.ready and w.state.name != self._blamed]
+            for worker in starting:
+                worker.stopped_at_once = True
+                worker.state.phase = "stopped"
+                self._emit_worker(worker, "stopped", because_of=self._blamed, at_once=True)
+            await self._kids.stop([w.child for w in starting], 0)
+            for worker in starting:
+                self._emit_exited(worker)
         for roles in (("http",), ("scheduler",), None):
             group = [
                 c for c in self._children
                 if c.process is not None and not c.child.exit_seen and (roles is None or c.spec.role in roles)
             ]
-            await self._kids.stop([c.child for c in group], grace)
+            await self._kids.stop([c.child for c in group], grace, hurry=self._hurry)
             for child in group:
                 self._emit_exited(child)
         await self._sweep_adopted()

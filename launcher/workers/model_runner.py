@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from launcher.model_config import is_causal_lm
 from launcher.model_source import ModelSource
 from launcher.workers.messages import SamplingParams
 from launcher.workers.pooling import PoolingConfig, pool, read_pooling_config
@@ -42,7 +43,6 @@ _ATTENTION_ALIASES = {
     "fa2": "flash_attention_2",
     "flash_attn": "flash_attention_2",
 }
-_CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 _DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16",
            "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
@@ -159,7 +159,7 @@ class ModelRunner:
                 f"Hugging Face model directory (add --trust-remote-code for custom architectures)"
             ) from exc
         self.architecture = (getattr(config, "architectures", None) or [type(config).__name__])[0]
-        self.kind = "generation" if self.architecture.endswith(_CAUSAL_SUFFIXES) else "embedding"
+        self.kind = "generation" if is_causal_lm(self.architecture) else "embedding"
         if tp_size > 1:
             self._check_tp_plan(config)
 
