@@ -11,6 +11,8 @@ single node, a free loopback port.
 
 from __future__ import annotations
 
+import os
+
 import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -94,6 +96,7 @@ def plan_children(
             env=env,
             log_level=args.log_level,
             entry_points=entry_points,
+            stop_marker=os.path.join(endpoints.runtime_dir, f"stop.{role}.{rank}") if endpoints.runtime_dir else "",
         )
 
     children = []
