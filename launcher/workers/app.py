@@ -126,7 +126,12 @@ class App:
         self.state = state
         self.routes: dict[str, dict[str, Route]] = {}
         for route in routes:
-            self.routes.setdefault(route.path, {})[route.method] = route
+            self.add_route(route)
+
+    def add_route(self, route: Route) -> None:
+        """Serve ``route`` too (a plugin's ``build_app`` hook adds its routes this way); one for
+        the same method and path replaces the earlier one."""
+        self.routes.setdefault(route.path, {})[route.method] = route
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
