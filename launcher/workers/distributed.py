@@ -51,9 +51,9 @@ def rendezvous_address(server_args: ServerArgs) -> tuple[str, int]:
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if addr and port and port.isdigit():
         return addr, int(port)
-    from launcher._plan import rendezvous
+    from launcher.rendezvous import master_address
 
-    return rendezvous(server_args.dist_init_addr, server_args.nnodes)
+    return master_address(server_args.dist_init_addr, server_args.nnodes)
 
 
 def launch_store(server_args: ServerArgs, *, host: bool, timeout_s: float = 300.0) -> TCPStore:

@@ -19,9 +19,9 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from launcher.model_source import resolve_model
 from launcher.workers.distributed import EndpointDirectory, replica_node
 from launcher.workers.messages import scheduler_endpoint_name
-from launcher.workers.model_source import resolve_model
 
 if TYPE_CHECKING:
     from bootstrap import WorkerContext
