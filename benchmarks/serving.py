@@ -114,8 +114,8 @@ def batch_one(url: str, model_path: str | None, requests: int, rounds: int
     import httpx
     import torch
 
-    from launcher.workers.model_runner import ModelRunner
     from launcher.model_source import resolve_model
+    from launcher.workers.model_runner import ModelRunner
     from launcher.workers.scheduler import share_cpu_threads
     from platforms import current_platform, current_selection
 
