@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import zmq.asyncio
 
 from bootstrap import messages, orphan, phases
-from launcher import _proctree, _signals
+from launcher import _proctree, _secrets, _signals
 from launcher._children import Child, Children, describe_exit
 from launcher._failure import ExitCode, LaunchError, RootCause, signal_name
 from launcher._notify import SystemdNotifier
@@ -280,7 +280,7 @@ class Supervisor:
                 "runtime_dir": endpoints.runtime_dir,
                 "ops_endpoint": endpoints.ops,
                 "query_endpoint": endpoints.query,
-                "argv": sys.argv,
+                "argv": _secrets.redact_argv(sys.argv),
             }
         )
 

@@ -51,6 +51,9 @@ def main(argv: list[str]) -> int:
         ns = build_parser(server_args_class).parse_args(argv)
         _prepare.select_platform(runtime)  # before ServerArgs, whose __post_init__ applies its defaults
         _configure_logging(ns.log_level)
+        from launcher._secrets import warn_if_on_command_line
+
+        warn_if_on_command_line(argv)
         args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns))
         selection, payload = _prepare.finish(args)
     except LaunchError as exc:
