@@ -81,7 +81,10 @@ class PlatformMismatch(RuntimeError):
     """The child selected another platform than the supervisor handed it."""
 
 
-class _Child:
+class _ChildState:
+    """This child process's own record while ``run`` drives it: its spec, the phase it works
+    towards, its reporter and heartbeat, and the stop request."""
+
     def __init__(self, spec: ProcessSpec) -> None:
         self.spec = spec
         self.started = time.monotonic()
@@ -340,7 +343,7 @@ def _ignore_group_signal(signum: int, frame: FrameType | None) -> None:
 
 def run(spec: ProcessSpec) -> None:
     """Start one child as ``spec`` says; never returns (the process ends with the child's code)."""
-    child = _Child(spec)
+    child = _ChildState(spec)
     signal.signal(signal.SIGTERM, child.on_sigterm)
     if hasattr(signal, "SIGINT"):
         signal.signal(signal.SIGINT, signal.SIG_IGN)

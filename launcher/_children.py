@@ -179,7 +179,7 @@ class Children:
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), SETTLE_QUIET)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         if child.failure is None and phases.phase_of_exit_code(child.exitcode) not in (
             None,
@@ -187,7 +187,7 @@ class Children:
         ):
             try:
                 await asyncio.wait_for(child.reported_failure.wait(), REPORT_WAIT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # ------------------------------------------------------------------ stopping

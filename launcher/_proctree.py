@@ -90,7 +90,7 @@ class Tree:
                 while alive and loop.time() < deadline:
                     try:
                         await asyncio.wait_for(changed.wait(), deadline - loop.time())
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         break
                     changed.clear()
                     alive = self.alive()

@@ -49,7 +49,7 @@ log = logging.getLogger("launcher")
 
 
 @dataclass
-class Outcome:
+class LaunchOutcome:
     """How a launch ended: ``exit_code`` (``ExitCode``), the root cause if it failed, the final state."""
 
     exit_code: int
@@ -153,7 +153,7 @@ class Supervisor:
             self._hurry.set()
 
     # ----------------------------------------------------------------- the launch
-    async def run(self, *, handle_signals: bool = False) -> Outcome:
+    async def run(self, *, handle_signals: bool = False) -> LaunchOutcome:
         with self._lock:
             self._loop = asyncio.get_running_loop()
             self._inbox = asyncio.Queue()
@@ -205,7 +205,7 @@ class Supervisor:
             if kind == "exit":
                 return await self._exit_cause(item)
 
-    async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> Outcome:
+    async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> LaunchOutcome:
         state = self.state
         self._stopping = True
         if cause is not None:
@@ -230,7 +230,7 @@ class Supervisor:
         exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
         self._drain_pipes()
         self.ops.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
-        return Outcome(exit_code, cause, state.snapshot(), was_ready)
+        return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 
     # ----------------------------------------------------------------- set-up and release
     def _open(self, zctx: zmq.asyncio.Context) -> None:
@@ -369,7 +369,7 @@ class Supervisor:
             return await self._inbox.get()
         try:
             return await asyncio.wait_for(self._inbox.get(), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "timeout", None
 
     def _on_sentinel(self, child: Child) -> None:
@@ -620,7 +620,7 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def run_supervisor(supervisor: Supervisor, *, handle_signals: bool = False) -> Outcome:
+def run_supervisor(supervisor: Supervisor, *, handle_signals: bool = False) -> LaunchOutcome:
     """Run ``supervisor`` to the end on a fresh uvloop loop in the calling thread."""
     try:
         import uvloop
