@@ -116,7 +116,7 @@ def batch_one(url: str, model_path: str | None, requests: int, rounds: int
     from platforms import current_platform, current_selection
 
     from launcher.workers.model_runner import ModelRunner
-    from launcher.workers.model_source import resolve_model
+    from launcher.model_source import resolve_model
     from launcher.workers.scheduler import share_cpu_threads
 
     if current_platform.is_cpu():

@@ -178,7 +178,7 @@ class Children:
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), SETTLE_QUIET)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
         if child.failure is None and phases.phase_of_exit_code(child.exitcode) not in (
             None,
@@ -186,17 +186,23 @@ class Children:
         ):
             try:
                 await asyncio.wait_for(child.reported_failure.wait(), REPORT_WAIT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # ------------------------------------------------------------------ stopping
-    async def stop(self, children: list[Child], grace: float) -> None:
+    async def stop(self, children: list[Child], grace: float, hurry: asyncio.Event | None = None) -> None:
         """SIGTERM the trees of ``children`` still running, SIGKILL what is left after ``grace``
-        seconds (0: SIGKILL at once, for children that hold nothing to drain), reap them all."""
+        seconds (0: SIGKILL at once, for children that hold nothing to drain; ``hurry`` set: at
+        once from then on), reap them all. A child's ``stop_marker`` is created first: that
+        SIGTERM is the ordered stop it waits for."""
         roots = [c.pid for c in children if c.running and c.pid is not None]
+        for child in children:
+            if child.running and child.spec.stop_marker:
+                with contextlib.suppress(OSError):
+                    open(child.spec.stop_marker, "w").close()
         if roots:
             if grace > 0:
-                await _proctree.stop_trees(roots, grace)
+                await _proctree.stop_trees(roots, grace, hurry=hurry)
             else:
                 await _proctree.kill_trees(roots)
         for child in children:

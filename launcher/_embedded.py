@@ -27,7 +27,7 @@ from launcher._failure import ExitCode, LaunchError, RootCause
 
 if TYPE_CHECKING:
     from launcher.server_args import ServerArgs
-    from launcher.supervisor import Outcome, Supervisor
+    from launcher.supervisor import LaunchOutcome, Supervisor
 
 _T = TypeVar("_T")
 
@@ -54,7 +54,7 @@ class Launcher:
         self._supervisor: Supervisor | None = None
         self._thread: threading.Thread | None = None
         self._settled = threading.Event()  # set when ready, or when the launch ended
-        self._outcome: Outcome | None = None
+        self._outcome: LaunchOutcome | None = None
         self._subscribers: list[queue.Queue] = []
         self._lock = threading.Lock()
 
@@ -128,8 +128,8 @@ class Launcher:
         return self.status().get("url")
 
     @property
-    def outcome(self) -> Outcome | None:
-        """The ``Outcome`` once the launch ended (exit code, root cause, final snapshot), else None."""
+    def outcome(self) -> LaunchOutcome | None:
+        """The ``LaunchOutcome`` once the launch ended (exit code, root cause, final snapshot), else None."""
         return self._outcome
 
     def status(self) -> dict:
@@ -196,12 +196,12 @@ class Launcher:
         return args
 
     def _run(self) -> None:
-        from launcher.supervisor import Outcome, run_supervisor
+        from launcher.supervisor import LaunchOutcome, run_supervisor
 
         try:
             outcome = run_supervisor(self._started())
         except LaunchError as exc:  # set-up failed before any worker was started
-            outcome = Outcome(exc.exit_code, in_python_spelling(exc.root_cause), {})
+            outcome = LaunchOutcome(exc.exit_code, in_python_spelling(exc.root_cause), {})
         except BaseException as exc:  # noqa: BLE001 - delivered to the application as LaunchError
             import traceback
 
@@ -213,7 +213,7 @@ class Launcher:
                 traceback="".join(traceback.format_exception(exc)),
             )
             state = self._started().state
-            outcome = Outcome(int(cause.exit_code), cause, state.snapshot() if state else {})
+            outcome = LaunchOutcome(int(cause.exit_code), cause, state.snapshot() if state else {})
         self._outcome = outcome
         self._settled.set()
 

@@ -173,16 +173,12 @@ class ServerArgs:
             0 <= self.node_rank < max(self.nnodes, 1),
             f"--node-rank {self.node_rank} must be in 0..{max(self.nnodes, 1) - 1} (--nnodes {self.nnodes})",
         )
-        if self.nnodes > 1:
-            need(
-                self.dist_init_addr is not None,
-                f"--nnodes {self.nnodes} needs --dist-init-addr HOST:PORT, the same on every node",
-            )
-        if self.dist_init_addr is not None:
-            need(
-                _is_host_port(self.dist_init_addr),
-                f"--dist-init-addr {self.dist_init_addr!r} must be HOST:PORT with a port in 1..65535",
-            )
+        from launcher.rendezvous import RendezvousError, parse_dist_init_addr
+
+        try:
+            parse_dist_init_addr(self.dist_init_addr, self.nnodes)
+        except RendezvousError as exc:
+            problems.append(str(exc))
         world = self.tp_size * self.dp_size
         if self.nnodes >= 1 and world >= 1:
             need(
@@ -213,7 +209,7 @@ class ServerArgs:
         if self.scheduler_target == _SERVING_SCHEDULER:
             # The serving runtime's model must be on disk: say so now, before any worker starts.
             # (model_source is standard library only; another engine's target checks its own.)
-            from launcher.workers.model_source import ModelSourceError, resolve_model
+            from launcher.model_source import ModelSourceError, resolve_model
 
             try:
                 source = resolve_model(self.model_path, self.served_model_name)
@@ -291,11 +287,6 @@ def _type_problems(args: ServerArgs) -> list[str]:
                 f"{' or None' if optional else ''}, got {shown} ({type(value).__name__})"
             )
     return problems
-
-
-def _is_host_port(text: str) -> bool:
-    host, sep, port = text.rpartition(":")
-    return bool(sep and host and port.isdigit() and 1 <= int(port) <= 65535)
 
 
 __all__ = [

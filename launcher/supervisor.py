@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import zmq.asyncio
 
 from bootstrap import ProcessSpec, messages, orphan, phases
-from launcher import _proctree
+from launcher import _proctree, _signals
 from launcher._children import Child, Children, describe_exit
 from launcher._failure import ExitCode, LaunchError, RootCause, signal_name
 from launcher._notify import SystemdNotifier
@@ -50,7 +50,7 @@ log = logging.getLogger("launcher")
 
 
 @dataclass
-class Outcome:
+class LaunchOutcome:
     """How a launch ended: ``exit_code`` (``ExitCode``), the root cause if it failed, the final state."""
 
     exit_code: int
@@ -138,15 +138,27 @@ class Supervisor:
             pass
 
     def install_signal_handlers(self) -> None:
-        """SIGINT and SIGTERM stop gracefully (call from ``run``'s thread, the main thread)."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._loop.add_signal_handler(sig, self._post, "stop", f"received {signal.Signals(sig).name}")
+        """SIGINT, SIGTERM, SIGHUP and SIGQUIT stop gracefully, a second one ends the grace
+        period; other would-be-fatal signals are logged (see ``launcher._signals``). Call from
+        ``run``'s thread, the main thread."""
+        _signals.install_on_loop(self._loop, self._on_stop_signal)
+        for signame in _signals.take_pending():
+            self._on_stop_signal(signame)
+
+    def _on_stop_signal(self, signame: str) -> None:
+        stopping = self._stop_reason is not None or (self.state is not None and self.state.phase == STOPPING)
+        if not stopping:
+            self._post("stop", f"received {signame}")
+        elif not self._hurry.is_set():
+            log.warning("received %s while stopping: the grace period is over, ending the workers now", signame)
+            self._hurry.set()
 
     # ----------------------------------------------------------------- the launch
-    async def run(self, *, handle_signals: bool = False) -> Outcome:
+    async def run(self, *, handle_signals: bool = False) -> LaunchOutcome:
         with self._lock:
             self._loop = asyncio.get_running_loop()
             self._inbox = asyncio.Queue()
+            self._hurry = asyncio.Event()
             if self._early_stop:
                 self._post("stop", self._early_stop)
         zctx = zmq.asyncio.Context()
@@ -194,7 +206,7 @@ class Supervisor:
             if kind == "exit":
                 return await self._exit_cause(item)
 
-    async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> Outcome:
+    async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> LaunchOutcome:
         state = self.state
         self._stopping = True
         if cause is not None:
@@ -219,7 +231,7 @@ class Supervisor:
         exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
         self._drain_pipes()
         self.ops.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
-        return Outcome(exit_code, cause, state.snapshot(), was_ready)
+        return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 
     # ----------------------------------------------------------------- set-up and release
     def _open(self, zctx: zmq.asyncio.Context) -> None:
@@ -276,8 +288,7 @@ class Supervisor:
     def _close(self, zctx: zmq.asyncio.Context, handle_signals: bool) -> None:
         """Release everything ``_open`` made; the launch is over (or never started)."""
         if handle_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._loop.remove_signal_handler(sig)
+            _signals.restore(self._loop)
         if self._kids is not None:
             self._kids.close()  # kills leftovers only after an unexpected error: normally all are gone
         self._drain_pipes()
@@ -363,7 +374,7 @@ class Supervisor:
             return await self._inbox.get()
         try:
             return await asyncio.wait_for(self._inbox.get(), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "timeout", None
 
     def _on_sentinel(self, child: Child) -> None:
@@ -534,7 +545,7 @@ class Supervisor:
                 c for c in self._children
                 if c.process is not None and not c.child.exit_seen and (roles is None or c.spec.role in roles)
             ]
-            await self._kids.stop([c.child for c in group], grace)
+            await self._kids.stop([c.child for c in group], grace, hurry=self._hurry)
             for child in group:
                 self._emit_exited(child)
         await self._sweep_adopted()
@@ -614,7 +625,7 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def run_supervisor(supervisor: Supervisor, *, handle_signals: bool = False) -> Outcome:
+def run_supervisor(supervisor: Supervisor, *, handle_signals: bool = False) -> LaunchOutcome:
     """Run ``supervisor`` to the end on a fresh uvloop loop in the calling thread."""
     try:
         import uvloop

@@ -29,6 +29,10 @@ step() {  # step "what" command...: one line before, one after with the time it 
 }
 
 if [[ ! -x .venv/bin/python ]]; then
+  if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "[install] sglang-launch needs Python >= 3.11; $py is $($py --version 2>&1). Set PYTHON=python3.11 (or newer) and rerun." >&2
+    exit 1
+  fi
   step "creating .venv with $($py --version)" "$py" -m venv .venv
 fi
 step "pip, setuptools, wheel (current releases: editable installs and the tests' plugin builds need them)" \

@@ -18,7 +18,7 @@ from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
 
 from launcher.workers.messages import SamplingParams  # noqa: E402
 from launcher.workers.model_runner import InputError, ModelLoadError, ModelRunner  # noqa: E402
-from launcher.workers.model_source import ModelSourceError, default_model_dir, resolve_model  # noqa: E402
+from launcher.model_source import ModelSourceError, default_model_dir, resolve_model  # noqa: E402
 from launcher.workers.sampling import Sequence  # noqa: E402
 
 

@@ -27,6 +27,8 @@ Targets:
 - ``spawn_grandchild``: starts a ``sleep``-like grandchild process, ready (info: its pid), waits.
 - ``spawn_descendants``: starts a plain child and a double-forked ``setsid`` grandchild (whose
   parent exits at once) and does not stop them itself; ready (info: ``child``, ``detached``).
+- ``never_ready``: reports phase ``loading``, creates the marker, waits for ``ctx.stopping``
+  without ever reporting ready (a worker stopped in the middle of its start-up).
 - ``custom_phases``: reports phases ``model_loaded`` and ``warmed_up``, then ready, waits.
 - ``chatty_ready``: writes ``TESTWORKER_LINES`` numbered lines to stdout and stderr, then ready.
 - ``fail_on_last_rank``: the last scheduler rank raises once the others run; the others never
@@ -209,5 +211,11 @@ def spawn_descendants(server_args, ctx) -> None:
     # The intermediate starts a setsid grandchild and exits: the grandchild is orphaned at once.
     middle = subprocess.run([sys.executable, "-c", _DETACH], capture_output=True, text=True, check=True)
     ctx.ready(**_identity(ctx), child=child.pid, detached=int(middle.stdout.split()[0]))
+    _marker()
+    _wait_for_stop(ctx)
+
+
+def never_ready(server_args, ctx) -> None:
+    ctx.phase("loading")
     _marker()
     _wait_for_stop(ctx)

@@ -3,7 +3,8 @@
 The order is the spec's: this process's plugins are loaded (for ``--runtime``'s hook group)
 before the ``ServerArgs`` class is looked up and its options are added to the parser, so plugins
 can add options, change defaults and relax checks. Then the platform is resolved once and the
-supervisor runs in this (main) thread, where SIGINT and SIGTERM stop it gracefully.
+supervisor runs in this (main) thread, where SIGINT, SIGTERM, SIGHUP and SIGQUIT stop it gracefully
+(see ``launcher._signals``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ def build_parser(server_args_class: type[ServerArgs]) -> argparse.ArgumentParser
 
 
 def main(argv: list[str]) -> int:
-    from launcher import _prepare
+    """Serve until stopped; the exit code is an ``ExitCode``. The caller has installed
+    ``launcher._signals.install_early()``: a stop signal before the supervisor runs raises
+    ``StopRequested`` (``launcher.cli`` turns it into exit 0)."""
+    from launcher import _prepare, _signals
 
     try:
         runtime = _prepare.peek_runtime(argv)
@@ -66,6 +70,7 @@ def main(argv: list[str]) -> int:
         listeners=(display,),
         worker_output=display.worker_output if display.live else None,
     )
+    _signals.defer()  # from here a stop signal is the supervisor's to act on
     try:
         outcome = run_supervisor(supervisor, handle_signals=True)
     except LaunchError as exc:  # set-up failed before any worker was started

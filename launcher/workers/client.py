@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Callable
 
 import msgspec
 
-from launcher.workers import messages as m
+from launcher.workers import messages
 
 log = logging.getLogger("sglang_launch.http")
 
@@ -199,7 +199,7 @@ class SchedulerClient:
         for rid in list(rep.inflight):
             deliver = self._pending.get(rid)
             if deliver is not None:
-                deliver(m.Failed(rid, 503, f"scheduler dp={rep.dp_rank} is gone ({reason}); "
+                deliver(messages.RequestFailed(rid, 503, f"scheduler dp={rep.dp_rank} is gone ({reason}); "
                                                     f"the server is shutting down"))
 
     async def _watch(self, rep: Replica, monitor) -> None:
@@ -263,7 +263,7 @@ class SchedulerClient:
     async def call(self, make, rep: Replica | None = None) -> AsyncGenerator:
         """Send ``make(rid)`` and yield every message answering it until a final one.
 
-        Raises ``SchedulerError`` for a ``Failed`` answer. Leaving the iteration early (the
+        Raises ``SchedulerError`` for a ``RequestFailed`` answer. Leaving the iteration early (the
         client went away) sends ``Cancel``."""
         queue: asyncio.Queue = asyncio.Queue()
         rid, rep = self._open(make, rep, queue.put_nowait)
@@ -271,10 +271,10 @@ class SchedulerClient:
         try:
             while True:
                 reply = await queue.get()
-                if isinstance(reply, m.Failed):
+                if isinstance(reply, messages.RequestFailed):
                     finished = True
                     raise SchedulerError(reply.status, reply.message, reply.param)
-                done = not isinstance(reply, m.Generated) or reply.finished
+                done = not isinstance(reply, messages.Generated) or reply.finished
                 finished = done
                 yield reply
                 if done:
@@ -284,7 +284,7 @@ class SchedulerClient:
 
     async def one(self, make, rep: Replica | None = None):
         """The single final answer to ``make(rid)`` (a request that is not streamed). Raises
-        ``SchedulerError`` for a ``Failed`` answer; cancelling the wait sends ``Cancel``."""
+        ``SchedulerError`` for a ``RequestFailed`` answer; cancelling the wait sends ``Cancel``."""
         answer = self.loop.create_future()
 
         def deliver(reply) -> None:
@@ -296,7 +296,7 @@ class SchedulerClient:
             reply = await answer
         finally:  # a cancelled wait cancels ``answer`` too: only a result means it finished
             self._close(rid, rep, finished=answer.done() and not answer.cancelled())
-        if isinstance(reply, m.Failed):
+        if isinstance(reply, messages.RequestFailed):
             raise SchedulerError(reply.status, reply.message, reply.param)
         return reply
 
@@ -309,7 +309,7 @@ class SchedulerClient:
         if hasattr(msg, "inflight"):
             msg.inflight = len(rep.inflight) + 1
         try:
-            frame = m.encode(msg)
+            frame = messages.encode(msg)
         except (msgspec.EncodeError, OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:
             raise SchedulerError(400, f"the request cannot be encoded: {exc}; send plain UTF-8 text "
                                       f"and integers within 64 bits") from None
@@ -332,7 +332,7 @@ class SchedulerClient:
         self._depth(rep)
         if not finished and rep.io is not None and not rep.dead_reason:
             try:
-                self._send(rep, m.encode(m.Cancel(rid)))
+                self._send(rep, messages.encode(messages.Cancel(rid)))
             except Exception:  # noqa: BLE001 - best effort: the scheduler drops answers nobody awaits
                 pass
 
@@ -349,15 +349,15 @@ class SchedulerClient:
         if rep.io.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             self.loop.call_soon(self._drain, rep)
 
-    async def ping_all(self, timeout: float = 1.0) -> list[m.Pong | None]:
+    async def ping_all(self, timeout: float = 1.0) -> list[messages.Pong | None]:
         """Each replica's ``Pong`` (None for one that did not answer within ``timeout``)."""
 
         async def ping(rep: Replica):
             if rep.dead_reason or rep.io is None:
                 return None
             try:
-                return await asyncio.wait_for(self.one(lambda rid: m.Ping(rid), rep), timeout)
-            except (asyncio.TimeoutError, SchedulerError):
+                return await asyncio.wait_for(self.one(lambda rid: messages.Ping(rid), rep), timeout)
+            except (TimeoutError, SchedulerError):
                 return None
 
         return list(await asyncio.gather(*(ping(r) for r in self.replicas)))
@@ -386,7 +386,7 @@ class SchedulerClient:
                 log.debug("reading scheduler dp=%d stopped: %s", rep.dp_rank, exc)
                 return
             try:
-                reply = m.decode_from_scheduler(frame)
+                reply = messages.decode_from_scheduler(frame)
             except msgspec.DecodeError as exc:
                 log.warning("dropped an undecodable reply from dp=%d: %s", rep.dp_rank, exc)
                 continue

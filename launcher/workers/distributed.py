@@ -49,9 +49,9 @@ def rendezvous_address(server_args) -> tuple[str, int]:
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if addr and port and port.isdigit():
         return addr, int(port)
-    from launcher._plan import rendezvous
+    from launcher.rendezvous import master_address
 
-    return rendezvous(getattr(server_args, "dist_init_addr", None), nnodes_of(server_args))
+    return master_address(getattr(server_args, "dist_init_addr", None), nnodes_of(server_args))
 
 
 def launch_store(server_args, *, host: bool, timeout_s: float = 300.0):

@@ -18,9 +18,9 @@ import socket
 import threading
 import time
 
+from launcher.model_source import resolve_model
 from launcher.workers.distributed import EndpointDirectory, nnodes_of, replica_node
 from launcher.workers.messages import scheduler_endpoint_name
-from launcher.workers.model_source import resolve_model
 
 log = logging.getLogger("sglang_launch.http")
 

@@ -113,7 +113,7 @@ class Generated(msgspec.Struct, tag="generated"):
     batch_size: int = 1
 
 
-class Failed(msgspec.Struct, tag="failed"):
+class RequestFailed(msgspec.Struct, tag="failed"):
     """The request could not run. ``status`` is the HTTP status the client gets (4xx for input
     the model rejects, 503 for an unavailable scheduler); ``message`` says what to change."""
 
@@ -161,7 +161,7 @@ class Stop(msgspec.Struct, tag="stop"):
 ToFollower = Batch | Tick | Stop
 
 ToScheduler = EmbedRequest | GenerateRequest | Cancel | Ping
-FromScheduler = Embeddings | Generated | Failed | Pong
+FromScheduler = Embeddings | Generated | RequestFailed | Pong
 
 _encoder = msgspec.msgpack.Encoder()
 _to_scheduler = msgspec.msgpack.Decoder(ToScheduler)

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from launcher.model_config import is_causal_lm
+from launcher.model_source import ModelSource
 from launcher.workers.messages import SamplingParams
-from launcher.workers.model_source import ModelSource
 from launcher.workers.pooling import PoolingConfig, pool, read_pooling_config
 from launcher.workers.sampling import Sequence, select_token
 

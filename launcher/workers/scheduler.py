@@ -6,7 +6,7 @@ warm-up batch, then report ready. Rank 0 binds a ROUTER socket at
 ``ctx.endpoint(scheduler_endpoint_name(dp_rank))`` (on several nodes, a replica whose rank 0 is not
 on node 0 binds TCP and announces it in the launch's store; see ``distributed``) and serves the
 HTTP child: requests are
-validated on arrival (a bad one gets a 400 ``Failed`` at once and never joins a batch), queued,
+validated on arrival (a bad one gets a 400 ``RequestFailed`` at once and never joins a batch), queued,
 and run in batches of up to ``max_batch_size`` requests, collected for at most ``batch_wait_ms``
 after the first one arrived, and no longer than until every request the HTTP child has
 outstanding at this replica is queued (so a lone request never waits). Ranks > 0 follow rank 0's broadcasts in lockstep.
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from launcher.workers import messages as m
+from launcher.model_source import resolve_model
+from launcher.workers import messages
 from launcher.workers.model_runner import InputError, ModelRunner
-from launcher.workers.model_source import resolve_model
 from launcher.workers.sampling import Sequence
 
 log = logging.getLogger("sglang_launch.scheduler")
@@ -113,7 +113,7 @@ def load_runner(server_args, platform, local_rank: int = 0, tp_size: int = 1) ->
 @dataclass
 class _Queued:
     identity: bytes
-    request: m.EmbedRequest | m.GenerateRequest
+    request: messages.EmbedRequest | messages.GenerateRequest
     arrived: float
     prompt_tokens: int = 0
     prompt_ids: list[int] | None = None  # generation: the prompt
@@ -146,7 +146,7 @@ class Scheduler:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.server_args = server_args
         self.store = store
-        self.endpoint = None if store is not None else ctx.endpoint(m.scheduler_endpoint_name(self.dp_rank))
+        self.endpoint = None if store is not None else ctx.endpoint(messages.scheduler_endpoint_name(self.dp_rank))
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -161,7 +161,7 @@ class Scheduler:
                 self.step()
         finally:
             if self.runner.tp_size > 1:
-                self._broadcast(m.Stop())
+                self._broadcast(messages.Stop())
             self.sock.close(0)
             self._zctx.term()
 
@@ -195,7 +195,7 @@ class Scheduler:
         if self.queue and self.batch_due():
             self.run_batch()
         elif self.runner.tp_size > 1 and time.monotonic() - self.last_broadcast > _TICK_SECONDS:
-            self._broadcast(m.Tick())
+            self._broadcast(messages.Tick())
 
     def batch_due(self) -> bool:
         """Run now when the batch is full, when every request the HTTP child has outstanding
@@ -222,13 +222,13 @@ class Scheduler:
 
     def handle(self, identity: bytes, frame: bytes) -> None:
         try:
-            msg = m.decode_to_scheduler(frame)
+            msg = messages.decode_to_scheduler(frame)
         except msgspec.DecodeError as exc:
             log.warning("dropped an undecodable message: %s", exc)
             return
-        if isinstance(msg, m.Ping):
+        if isinstance(msg, messages.Ping):
             self.send(identity, self.pong(msg.rid))
-        elif isinstance(msg, m.Cancel):
+        elif isinstance(msg, messages.Cancel):
             before = len(self.queue)
             self.queue = deque(q for q in self.queue if q.request.rid != msg.rid)
             if len(self.queue) == before:
@@ -237,11 +237,11 @@ class Scheduler:
             self.enqueue(identity, msg)
 
     def enqueue(self, identity: bytes, req) -> None:
-        kind = "embedding" if isinstance(req, m.EmbedRequest) else "generation"
+        kind = "embedding" if isinstance(req, messages.EmbedRequest) else "generation"
         runner = self.runner
         if kind != runner.kind:
             route = "/v1/embeddings" if runner.kind == "embedding" else "/v1/completions or /generate"
-            self.send(identity, m.Failed(req.rid, 400, (
+            self.send(identity, messages.RequestFailed(req.rid, 400, (
                 f"model {runner.source.served_name!r} serves {runner.kind}, not {kind}; use {route}"),
                 "model"))
             return
@@ -261,7 +261,7 @@ class Scheduler:
                 item.prompt_tokens = len(item.prompt_ids)
                 item.seed = req.params.seed if req.params.seed is not None else random.getrandbits(31)
         except InputError as exc:
-            self.send(identity, m.Failed(req.rid, 400, str(exc), exc.field))
+            self.send(identity, messages.RequestFailed(req.rid, 400, str(exc), exc.field))
             return
         self.queue.append(item)
 
@@ -291,7 +291,7 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - one failed batch must not end the scheduler
             log.exception("batch of %d failed", len(batch))
             for item in batch:
-                self.send(item.identity, m.Failed(
+                self.send(item.identity, messages.RequestFailed(
                     item.request.rid, 500, f"the model failed on this batch: {type(exc).__name__}: {exc}"))
             self.runner.platform.empty_cache()
         finally:
@@ -301,20 +301,20 @@ class Scheduler:
         inputs = [ids for item in batch for ids in item.input_ids]
         matrix = self.runner.embed_matrix(inputs)
         dim = int(matrix.shape[1])
-        packed, row = m.pack_vectors(matrix), dim * 4
+        packed, row = messages.pack_vectors(matrix), dim * 4
         at = 0
         for item in batch:
             n = len(item.request.texts)
             if item.request.rid not in self.cancelled:
-                self.send(item.identity, m.Embeddings(item.request.rid, packed[at * row:(at + n) * row],
+                self.send(item.identity, messages.Embeddings(item.request.rid, packed[at * row:(at + n) * row],
                                                       dim, item.prompt_tokens, batch_size=len(inputs)))
             at += n
 
     def _run_generation(self, batch: list[_Queued]) -> None:
-        work = [m.SeqWork(q.request.rid, q.prompt_ids, q.request.params, q.seed, q.request.stream)
+        work = [messages.SeqWork(q.request.rid, q.prompt_ids, q.request.params, q.seed, q.request.stream)
                 for q in batch]
         if self.runner.tp_size > 1:
-            self._broadcast(m.Batch(work))
+            self._broadcast(messages.Batch(work))
         owners = {q.request.rid: q for q in batch}
         seqs = [Sequence(w.rid, w.prompt_ids, w.params, w.seed, w.stream) for w in work]
 
@@ -323,7 +323,7 @@ class Scheduler:
             text = seq.take_increment() if seq.stream else seq.text
             if seq.stream and not text and not seq.finished:
                 return
-            self.send(owner.identity, m.Generated(
+            self.send(owner.identity, messages.Generated(
                 seq.rid, text, owner.prompt_tokens, len(seq.output_ids), finished=seq.finished,
                 finish_reason=seq.finish_reason, seed=seq.seed, batch_size=len(seqs)))
 
@@ -339,21 +339,21 @@ class Scheduler:
 
     def send(self, identity: bytes, msg) -> None:
         try:
-            self.sock.send_multipart([identity, m.encode(msg)], self._zmq.NOBLOCK)
+            self.sock.send_multipart([identity, messages.encode(msg)], self._zmq.NOBLOCK)
         except self._zmq.ZMQError as exc:  # the client is gone or its queue is full
             log.debug("could not send %s: %s", type(msg).__name__, exc)
 
-    def pong(self, rid: str) -> m.Pong:
+    def pong(self, rid: str) -> messages.Pong:
         info = {"model": self.runner.describe(), "memory": self.runner.memory_info(),
                 "batches": self.batches, "aborted": self.aborted,
                 "generated_tokens": self.generated_tokens}
-        return m.Pong(rid, self.dp_rank, os.getpid(), self.runner.source.served_name,
+        return messages.Pong(rid, self.dp_rank, os.getpid(), self.runner.source.served_name,
                       self.runner.kind, len(self.queue), info)
 
     def _broadcast(self, msg) -> None:
         from launcher.workers.distributed import broadcast_bytes
 
-        broadcast_bytes(m.encode(msg))
+        broadcast_bytes(messages.encode(msg))
         self.last_broadcast = time.monotonic()
 
 
@@ -362,12 +362,12 @@ def follow(runner: ModelRunner, ctx) -> None:
     from launcher.workers.distributed import broadcast_bytes
 
     while True:
-        work = m.decode_to_follower(broadcast_bytes(None))
-        if isinstance(work, m.Stop):
+        work = messages.decode_to_follower(broadcast_bytes(None))
+        if isinstance(work, messages.Stop):
             # Rank 0 stops because the supervisor is stopping the group: wait for our own SIGTERM,
             # so that returning is not mistaken for a crash.
             ctx.stopping.wait(timeout=30)
             return
-        if isinstance(work, m.Batch):
+        if isinstance(work, messages.Batch):
             seqs = [Sequence(w.rid, w.prompt_ids, w.params, w.seed, w.stream) for w in work.seqs]
             runner.generate(seqs)
