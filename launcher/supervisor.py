@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing.process
 import os
 import signal
 import sys
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 
 import zmq.asyncio
 
-from bootstrap import messages, orphan, phases
+from bootstrap import ProcessSpec, messages, orphan, phases
 from launcher import _proctree, _secrets, _signals
 from launcher._children import Child, Children, describe_exit
 from launcher._failure import ExitCode, LaunchError, RootCause, signal_name
@@ -67,11 +68,11 @@ class _Worker:
     stopped_at_once: bool = False  # killed with no grace period: it was starting when the launch failed
 
     @property
-    def spec(self):
+    def spec(self) -> ProcessSpec:
         return self.child.spec
 
     @property
-    def process(self):
+    def process(self) -> multiprocessing.process.BaseProcess | None:
         return self.child.process
 
     @property
@@ -301,21 +302,23 @@ class Supervisor:
         self.opened.set()
 
     def _spawn_all(self) -> None:
+        kids, loop = self._kids, self._loop
+        assert kids is not None and loop is not None, "spawning needs _open() and the running loop"
         if self._worker_output is not None:
             os.environ["PYTHONUNBUFFERED"] = "1"  # a worker's prints reach its pipe line by line
         for worker in self._children:
             if self._worker_output is None:
-                self._kids.spawn(worker.child)
+                kids.spawn(worker.child)
             else:
                 read_end, write_end = os.pipe()
                 try:
-                    self._kids.spawn(worker.child, output=write_end)
+                    kids.spawn(worker.child, output=write_end)
                 finally:
                     os.close(write_end)
                 os.set_blocking(read_end, False)
                 self._pipes[read_end] = bytearray()
-                self._loop.add_reader(read_end, self._read_output, read_end)
-            worker.state.pid = worker.process.pid
+                loop.add_reader(read_end, self._read_output, read_end)
+            worker.state.pid = worker.child.pid
 
     def _read_output(self, fd: int) -> None:
         """Pass the complete lines a worker wrote to ``worker_output``; at the end of its output
@@ -330,15 +333,17 @@ class Supervisor:
         pending += data
         *lines, rest = pending.split(b"\n")
         self._pipes[fd] = bytearray(rest)
-        for line in lines:
-            self._worker_output(line.decode(errors="replace"))
+        if self._worker_output is not None:
+            for line in lines:
+                self._worker_output(line.decode(errors="replace"))
         if not data:
             self._close_pipe(fd)
 
     def _close_pipe(self, fd: int) -> None:
-        self._loop.remove_reader(fd)
+        if self._loop is not None:
+            self._loop.remove_reader(fd)
         rest = self._pipes.pop(fd)
-        if rest:
+        if rest and self._worker_output is not None:
             self._worker_output(rest.decode(errors="replace"))
         os.close(fd)
 
@@ -378,8 +383,8 @@ class Supervisor:
             self._blamed = worker.state.name
         self._post("exit", worker)
 
-    def _on_message(self, child: Child, message) -> None:
-        child = self._worker_of(child)
+    def _on_message(self, spawned: Child, message: messages.Message) -> None:
+        child = self._worker_of(spawned)
         ws = child.state
         if child.stopped_at_once and isinstance(message, (messages.Phase, messages.Ready)):
             return  # sent before it was killed, read after: old news about a stopped worker
