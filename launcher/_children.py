@@ -32,7 +32,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -83,7 +82,7 @@ class Children:
         self,
         zctx: zmq.asyncio.Context,
         status_endpoint: str,
-        on_message: Callable[[Child, Any], None],
+        on_message: Callable[[Child, messages.Message], None],
         on_exit: Callable[[Child], None],
     ) -> None:
         self._loop = asyncio.get_running_loop()

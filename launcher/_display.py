@@ -44,7 +44,9 @@ class TerminalDisplay:
             self._end_table()
             self._print(f"{PREFIX} stopping ({event.get('reason', 'requested')})")
         elif topic == "server.stopped":
-            self._print(f"{PREFIX} stopped; every worker process is gone ({event.get('teardown_s', 0):.2f}s)")
+            self._print(
+                f"{PREFIX} stopped; every worker process is gone ({event.get('teardown_s', 0):.2f}s)"
+            )
 
     def _starting_line(self, event: dict) -> None:
         if event.get("cpu_fallback"):
@@ -60,7 +62,9 @@ class TerminalDisplay:
         else:
             self._print(f"{PREFIX} platform {event['platform']} ({event['platform_reason']})")
         where = f"node {event['node_rank']} of {event['nnodes']}: " if event["nnodes"] > 1 else ""
-        self._print(f"{PREFIX} {where}starting {len(event['workers'])} workers: {', '.join(event['workers'])}")
+        self._print(
+            f"{PREFIX} {where}starting {len(event['workers'])} workers: {', '.join(event['workers'])}"
+        )
         for name in event["workers"]:
             self._rows[name] = _row(name, None, "spawning", None)
         self._redraw()
@@ -95,7 +99,8 @@ class TerminalDisplay:
     def _redraw(self) -> None:
         if not self.live or not self._starting:
             return
-        back = f"\x1b[{self._drawn}F" if self._drawn else ""  # to the start of the table's first line
+        # Back to the start of the table's first line, if it is on screen.
+        back = f"\x1b[{self._drawn}F" if self._drawn else ""
         self.stream.write(back + self._table())
         self.stream.flush()
 

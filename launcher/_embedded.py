@@ -61,7 +61,9 @@ class Launcher:
     # ------------------------------------------------------------------ lifecycle
     def start(self, wait: bool = True, timeout: float | None = None) -> Launcher:
         if self._thread is not None:
-            raise RuntimeError("this Launcher was already started; create a new Launcher to launch again")
+            raise RuntimeError(
+                "this Launcher was already started; create a new Launcher to launch again"
+            )
         from launcher import _prepare
         from launcher.supervisor import Supervisor
 
@@ -72,7 +74,9 @@ class Launcher:
             raise LaunchError(in_python_spelling(exc.root_cause)) from exc
         self.server_args = args
         self._supervisor = Supervisor(args, selection, payload=payload, listeners=(self._on_event,))
-        self._thread = threading.Thread(target=self._run, name="sglang-launch-supervisor", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="sglang-launch-supervisor", daemon=True
+        )
         _live.add(self)
         self._thread.start()
         if wait:
@@ -94,7 +98,10 @@ class Launcher:
         if outcome.root_cause is not None:
             raise LaunchError(outcome.root_cause)
         raise LaunchError(
-            RootCause(summary="the launch was stopped before every worker was ready", exit_code=ExitCode.OK)
+            RootCause(
+                summary="the launch was stopped before every worker was ready",
+                exit_code=ExitCode.OK,
+            )
         )
 
     def stop(self, timeout: float | None = None) -> None:
@@ -104,7 +111,9 @@ class Launcher:
         self._started().request_stop("Launcher.stop() called")
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise TimeoutError(f"the launch did not stop within {timeout}s; call stop() again to keep waiting")
+            raise TimeoutError(
+                f"the launch did not stop within {timeout}s; call stop() again to keep waiting"
+            )
         _live.discard(self)
 
     def __enter__(self) -> Launcher:
@@ -128,7 +137,7 @@ class Launcher:
         if self._thread is None:
             raise RuntimeError("call start() before status()")
         supervisor = self._started()
-        snapshot = self._in_loop(lambda: _snapshot_of(supervisor))
+        snapshot = self._in_loop(lambda: _snapshot(supervisor))
         return snapshot if snapshot is not None else self._final_snapshot()
 
     def events(self, follow: bool = True, timeout: float | None = None) -> Iterator[dict]:
@@ -143,8 +152,9 @@ class Launcher:
 
         supervisor = self._started()
 
-        def subscribe() -> dict:  # in the loop thread: no event falls between snapshot and subscription
-            snapshot = _snapshot_of(supervisor)
+        # In the loop thread: no event falls between the snapshot and the subscription.
+        def subscribe() -> dict:
+            snapshot = _snapshot(supervisor)
             with self._lock:
                 self._subscribers.append(inbox)
             return snapshot
@@ -249,12 +259,6 @@ class Launcher:
         return self._outcome.snapshot if self._outcome is not None else {}
 
 
-def _snapshot_of(supervisor: Supervisor) -> dict:
-    """The supervisor's ops snapshot (empty before it made its state)."""
-    state = supervisor.state
-    return state.snapshot() if state is not None else {}
-
-
 # ``--flag`` and the value or placeholder written after it: a quoted text, a number, or an
 # upper-case placeholder such as PATH, N or HOST:PORT.
 _FLAG = re.compile(
@@ -284,8 +288,20 @@ def in_python_spelling(cause: RootCause) -> RootCause:
     def text(value: str | None) -> str | None:
         return _FLAG.sub(respell, value) if value else value
 
-    return dataclasses.replace(cause, summary=text(cause.summary) or cause.summary,
-                               message=text(cause.message), hint=text(cause.hint))
+    return dataclasses.replace(
+        cause,
+        summary=text(cause.summary) or cause.summary,
+        message=text(cause.message),
+        hint=text(cause.hint),
+    )
+
+
+def _snapshot(supervisor: Supervisor) -> dict:
+    """The running supervisor's snapshot (called once it has opened, in its loop's thread)."""
+    state = supervisor.state
+    if state is None:
+        raise RuntimeError("the supervisor has no state yet")
+    return state.snapshot()
 
 
 def _snapshot_event(snapshot: dict) -> dict:

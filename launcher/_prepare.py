@@ -81,7 +81,9 @@ def prefer_cpu_over_base(runtime: str) -> None:
     """Serve on the CPU platform where SRT selection would end at the bare base platform, which
     cannot run a model (``platforms.use_serving_fallback``); every other branch of the spec's
     chart is unchanged."""
-    importlib.import_module("platforms.diffusion" if runtime == "diffusion" else "platforms").use_serving_fallback()
+    importlib.import_module(
+        "platforms.diffusion" if runtime == "diffusion" else "platforms"
+    ).use_serving_fallback()
 
 
 def server_args_class() -> type[ServerArgs]:
@@ -99,7 +101,13 @@ def check_args(args: ServerArgs) -> None:
 
 def finish(args: ServerArgs) -> tuple[Selection, bytes]:
     """Check ``args`` (and that the HTTP port is free), resolve the platform once, encode the
-    payload: ``(selection, payload)``."""
+    payload: ``(selection, payload)``. The API key is resolved first (``launcher._secrets``)."""
+    from launcher._secrets import ApiKeyError, resolve_api_key
+
+    try:
+        resolve_api_key(args)
+    except ApiKeyError as exc:
+        raise usage_error(exc) from exc
     check_args(args)
     check_port(args)
     selection = select_platform(args.runtime)
@@ -124,8 +132,10 @@ def check_port(args: ServerArgs) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:
-        raise _port_error(f"--host {host!r} cannot be resolved ({exc})",
-                          "pass --host an address of this machine, such as 127.0.0.1 or 0.0.0.0") from exc
+        raise _port_error(
+            f"--host {host!r} cannot be resolved ({exc})",
+            "pass --host an address of this machine, such as 127.0.0.1 or 0.0.0.0",
+        ) from exc
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -148,8 +158,10 @@ def check_port(args: ServerArgs) -> None:
                     f"--host {host!r} is not an address of this machine",
                     "pass --host an address of this machine, such as 127.0.0.1 or 0.0.0.0",
                 ) from exc
-            raise _port_error(f"--host {host!r} --port {port} cannot be bound ({exc})",
-                              "pass --host and --port an address and a free port of this machine") from exc
+            raise _port_error(
+                f"--host {host!r} --port {port} cannot be bound ({exc})",
+                "pass --host and --port an address and a free port of this machine",
+            ) from exc
 
 
 def _port_holder(port: int) -> str:
@@ -158,7 +170,12 @@ def _port_holder(port: int) -> str:
         import psutil
 
         for conn in psutil.net_connections(kind="tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            if (
+                conn.status == psutil.CONN_LISTEN
+                and conn.laddr
+                and conn.laddr.port == port
+                and conn.pid
+            ):
                 return f" (held by pid {conn.pid}: {psutil.Process(conn.pid).name()})"
     except Exception:  # noqa: BLE001 - naming the holder is a courtesy, never a new failure
         pass
@@ -167,7 +184,12 @@ def _port_holder(port: int) -> str:
 
 def _port_error(problem: str, fix: str) -> LaunchError:
     return LaunchError(
-        RootCause(summary="the HTTP port cannot be used", exit_code=ExitCode.USAGE, message=problem, hint=fix)
+        RootCause(
+            summary="the HTTP port cannot be used",
+            exit_code=ExitCode.USAGE,
+            message=problem,
+            hint=fix,
+        )
     )
 
 
@@ -186,7 +208,9 @@ def select_platform(runtime: str) -> Selection:
     """Resolve ``runtime``'s platform once, construct it (so a plugin class that is not ``OOT``,
     names no device or cannot be built fails here, before any worker starts), and return its
     ``Selection``."""
-    module = importlib.import_module("platforms.diffusion" if runtime == "diffusion" else "platforms")
+    module = importlib.import_module(
+        "platforms.diffusion" if runtime == "diffusion" else "platforms"
+    )
     try:
         selection = module.current_selection()
         module.current_platform.device_type  # noqa: B018 - constructs the selected class once
@@ -198,7 +222,11 @@ def select_platform(runtime: str) -> Selection:
 
 def is_cpu_fallback(selection: Selection) -> bool:
     """True when no plugin was selected and detection fell back to the CPU platform."""
-    return selection.entry_point is None and selection.key == "builtin:cpu" and selection.reason.startswith("fallback")
+    return (
+        selection.entry_point is None
+        and selection.key == "builtin:cpu"
+        and selection.reason.startswith("fallback")
+    )
 
 
 def _setup_error(summary: str, exc: BaseException, plain: bool = False) -> LaunchError:
@@ -213,7 +241,10 @@ def _setup_error(summary: str, exc: BaseException, plain: bool = False) -> Launc
             error_type=type(exc).__name__,
             message=str(exc),
             traceback=None if plain else "".join(traceback.format_exception(exc)),
-            hint=None if plain else (
-                "fix or uninstall the plugin named above, or select another with SGLANG_PLATFORM / SGLANG_PLUGINS"),
+            hint=None
+            if plain
+            else (
+                "fix or uninstall the plugin named above, or select another with SGLANG_PLATFORM / SGLANG_PLUGINS"
+            ),
         )
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing.process
 import os
 import signal
 import sys
@@ -35,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import zmq.asyncio
 
-from bootstrap import messages, orphan, phases
-from launcher import _proctree, _signals
+from bootstrap import ProcessSpec, messages, orphan, phases
+from launcher import _proctree, _secrets, _signals
 from launcher._children import Child, Children, describe_exit
 from launcher._failure import ExitCode, LaunchError, RootCause, signal_name
 from launcher._notify import SystemdNotifier
@@ -324,7 +325,7 @@ class Supervisor:
                 "runtime_dir": endpoints.runtime_dir,
                 "ops_endpoint": endpoints.ops,
                 "query_endpoint": endpoints.query,
-                "argv": sys.argv,
+                "argv": _secrets.redact_argv(sys.argv),
             }
         )
 
@@ -345,20 +346,22 @@ class Supervisor:
         self.opened.set()
 
     def _spawn_all(self) -> None:
+        kids, loop = self._kids, self._loop
+        assert kids is not None and loop is not None, "spawning needs _open() and the running loop"
         if self._worker_output is not None:
             os.environ["PYTHONUNBUFFERED"] = "1"  # a worker's prints reach its pipe line by line
         for worker in self._children:
             if self._worker_output is None:
-                self._watcher.spawn(worker.child)
+                kids.spawn(worker.child)
             else:
                 read_end, write_end = os.pipe()
                 try:
-                    self._watcher.spawn(worker.child, output=write_end)
+                    kids.spawn(worker.child, output=write_end)
                 finally:
                     os.close(write_end)
                 os.set_blocking(read_end, False)
                 self._pipes[read_end] = bytearray()
-                self._running_loop.add_reader(read_end, self._read_output, read_end)
+                loop.add_reader(read_end, self._read_output, read_end)
             worker.state.pid = worker.child.pid
 
     def _read_output(self, fd: int) -> None:
@@ -374,15 +377,15 @@ class Supervisor:
         pending += data
         *lines, rest = pending.split(b"\n")
         self._pipes[fd] = bytearray(rest)
-        output = self._worker_output
-        for line in lines:
-            if output is not None:  # pipes exist only when it is given
-                output(line.decode(errors="replace"))
+        if self._worker_output is not None:
+            for line in lines:
+                self._worker_output(line.decode(errors="replace"))
         if not data:
             self._close_pipe(fd)
 
     def _close_pipe(self, fd: int) -> None:
-        self._running_loop.remove_reader(fd)
+        if self._loop is not None:
+            self._loop.remove_reader(fd)
         rest = self._pipes.pop(fd)
         if rest and self._worker_output is not None:
             self._worker_output(rest.decode(errors="replace"))
@@ -424,8 +427,8 @@ class Supervisor:
             self._blamed = worker.state.name
         self._post("exit", worker)
 
-    def _on_message(self, kid: Child, message: messages.Message) -> None:
-        child = self._worker_of(kid)
+    def _on_message(self, spawned: Child, message: messages.Message) -> None:
+        child = self._worker_of(spawned)
         ws = child.state
         if child.stopped_at_once and isinstance(message, (messages.Phase, messages.Ready)):
             return  # sent before it was killed, read after: old news about a stopped worker

@@ -39,8 +39,12 @@ def calls(root) -> list[str]:
 
 def test_without_a_terminal_each_step_is_a_line_and_pip_is_quiet(tmp_path):
     root = project(tmp_path)
-    done = subprocess.run(["bash", str(root / "scripts" / "install.sh"), "test"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", str(root / "scripts" / "install.sh"), "test"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     pips = calls(root)
     assert len(pips) == 3, pips
@@ -50,8 +54,12 @@ def test_without_a_terminal_each_step_is_a_line_and_pip_is_quiet(tmp_path):
     assert torch < project_install, pips  # the exact pin first
     lines = done.stdout.splitlines()
     for what in ("pip, setuptools, wheel", "torch==2.13.0", "sglang-launch[serve,test] (editable)"):
-        started = [line for line in lines if line.startswith(f"[install] {what}") and line.endswith("...")]
-        ended = [line for line in lines if line.startswith(f"[install] {what}") and ": done in " in line]
+        started = [
+            line for line in lines if line.startswith(f"[install] {what}") and line.endswith("...")
+        ]
+        ended = [
+            line for line in lines if line.startswith(f"[install] {what}") and ": done in " in line
+        ]
         assert len(started) == 1 and len(ended) == 1, (what, lines)
     assert lines[-1] == "[install] done: .venv/bin/sglang-launch --help"
 
@@ -59,8 +67,12 @@ def test_without_a_terminal_each_step_is_a_line_and_pip_is_quiet(tmp_path):
 def test_on_a_terminal_pip_shows_its_progress_bar(tmp_path):
     root = project(tmp_path)
     main, secondary = pty.openpty()
-    proc = subprocess.Popen(["bash", str(root / "scripts" / "install.sh")],
-                            stdin=secondary, stdout=secondary, stderr=secondary)
+    proc = subprocess.Popen(
+        ["bash", str(root / "scripts" / "install.sh")],
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+    )
     os.close(secondary)
     output = bytearray()
 

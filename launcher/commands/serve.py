@@ -49,8 +49,12 @@ def main(argv: list[str]) -> int:
         server_args_class = _prepare.server_args_class()
         # --help (and a command-line error) ends here: no platform is selected, no torch imported.
         ns = build_parser(server_args_class).parse_args(argv)
-        _prepare.select_platform(runtime)  # before ServerArgs, whose __post_init__ applies its defaults
+        # Selected before ServerArgs is built: its __post_init__ applies the platform's defaults.
+        _prepare.select_platform(runtime)
         _configure_logging(ns.log_level)
+        from launcher._secrets import warn_if_on_command_line
+
+        warn_if_on_command_line(argv)
         args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns))
         selection, payload = _prepare.finish(args)
     except LaunchError as exc:
@@ -62,8 +66,13 @@ def main(argv: list[str]) -> int:
 
     display = TerminalDisplay()
     # On a terminal the workers' lines go through the display, above its live table.
-    supervisor = Supervisor(args, selection, payload=payload, listeners=(display,),
-                            worker_output=display.worker_output if display.live else None)
+    supervisor = Supervisor(
+        args,
+        selection,
+        payload=payload,
+        listeners=(display,),
+        worker_output=display.worker_output if display.live else None,
+    )
     _signals.defer()  # from here a stop signal is the supervisor's to act on
     try:
         outcome = run_supervisor(supervisor, handle_signals=True)
