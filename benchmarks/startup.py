@@ -15,6 +15,12 @@
    p50 (target: under 50 ms).
 3. Teardown: ``Launcher.stop()`` of a ready launch whose workers obey SIGTERM, until every process
    is gone. p50 (target: under 100 ms).
+4. Failure paths, from the command to its exit (``sglang-launch`` as a fresh process, median):
+   a busy HTTP port, and an encoder model with ``--tp-size 2`` (the embedded default model); both
+   exit 2 before any worker is spawned (target: under 2 s). Beside them ``sglang-launch --help``
+   (no torch, no platform selection) and a bare interpreter, the floors they are compared with.
+
+``--failures-only`` runs part 4 alone.
 
 Module scope is standard library only: ``spawn`` children re-run it.
 """
@@ -131,7 +137,7 @@ def time_floor(processes: int, scan: bool = False) -> float:
 
 def time_detection(work: Path) -> float:
     """Seconds from a torch-importing worker's exit to the supervisor's exited event."""
-    from launcher import LaunchError, Launcher
+    from launcher import Launcher, LaunchError
 
     trigger, exit_time = work / "trigger", work / "exit_time"
     for path in (trigger, exit_time):
@@ -157,6 +163,48 @@ def time_detection(work: Path) -> float:
     return known - float(exit_time.read_text())
 
 
+def time_command(argv: list[str], expect: int) -> float:
+    """Seconds from starting ``python ARGV`` to its exit, which must be ``expect``."""
+    import subprocess
+
+    env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    began = time.perf_counter()
+    done = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True)
+    took = time.perf_counter() - began
+    if done.returncode != expect:
+        raise SystemExit(f"{argv} exited {done.returncode}, expected {expect}:\n{done.stderr}")
+    return took
+
+
+def failure_paths(reps: int) -> dict[str, list[float]]:
+    """Part 4: each failure path and its floors, alternated within each repetition."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = str(holder.getsockname()[1])
+        cases = {
+            "python -c pass (interpreter)": (["-c", "pass"], 0),
+            "sglang-launch --help": (["-m", "launcher", "--help"], 0),
+            "busy port (exit 2)": (["-m", "launcher", "--port", busy], 2),
+            "encoder + --tp-size 2 (exit 2)": (["-m", "launcher", "--tp-size", "2", "--port", str(_free_port())], 2),
+        }
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        for argv, code in cases.values():
+            time_command(argv, code)  # warm the file cache
+        for _ in range(reps):
+            for name, (argv, code) in cases.items():
+                times[name].append(time_command(argv, code))
+    help_median = statistics.median(times["sglang-launch --help"])
+    print(f"failure paths, command to exit, median of {reps} (target < 2 s; ratio against --help)")
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(f"  {name:<32} {_ms(median)}  (max {_ms(max(values))})  {median / help_median:5.2f}x")
+    return times
+
+
 def _free_port() -> int:
     import socket
 
@@ -174,8 +222,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5, help="repetitions per N (start-up, teardown)")
     parser.add_argument("--detect-reps", type=int, default=5, help="launches for failure detection")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--failures-only", action="store_true", help="run only part 4, the failure paths")
     ns = parser.parse_args()
     os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="sglb"))
+    if ns.failures_only:
+        print(json.dumps({"failure_paths_s": failure_paths(ns.reps)}))
+        return
 
     time_contender(1)  # warm-up: the first launch pays this process's platform selection
     time_floor(1)
@@ -200,7 +252,8 @@ def main() -> None:
           f"  (max {_ms(max(detections))}, n={len(detections)}; target < 50 ms)")
     print(f"teardown of a tree that obeys SIGTERM (Launcher.stop()): p50 {_ms(statistics.median(teardowns))}"
           f"  (max {_ms(max(teardowns))}, n={len(teardowns)}; target < 100 ms)")
-    print(json.dumps({"detection_s": detections, "teardown_s": teardowns}))
+    failures = failure_paths(ns.reps)
+    print(json.dumps({"detection_s": detections, "teardown_s": teardowns, "failure_paths_s": failures}))
 
 
 if __name__ == "__main__":

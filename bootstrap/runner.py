@@ -16,7 +16,10 @@ Steps, each reported as the phase it reaches, with its duration:
 Any exception sends a ``failed`` message (phase, type, message, traceback), waits for it to be
 delivered, and exits with ``EXIT_CODES[phase]``. SIGTERM sets ``ctx.stopping``; a worker that
 returns after that makes the child exit 0. A SIGTERM that arrives before the worker runs ends the
-start-up at once, also with 0. SIGINT is ignored: on Ctrl-C the supervisor orders the shutdown.
+start-up at once, also with 0. With a ``spec.stop_marker``, only the supervisor's ordered SIGTERM
+counts (it creates the marker first); one sent to the whole process group or cgroup is ignored.
+SIGINT is ignored, and SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are caught and ignored: on Ctrl-C or a
+hangup the supervisor orders the shutdown.
 The bootstrap ends the process itself (``os._exit``), so a stray non-daemon thread cannot keep a
 finished child alive.
 """
@@ -77,7 +80,10 @@ class PlatformMismatch(RuntimeError):
     """The child selected another platform than the supervisor handed it."""
 
 
-class _Child:
+class _ChildState:
+    """This child process's own record while ``run`` drives it: its spec, the phase it works
+    towards, its reporter and heartbeat, and the stop request."""
+
     def __init__(self, spec: ProcessSpec) -> None:
         self.spec = spec
         self.started = time.monotonic()
@@ -94,6 +100,13 @@ class _Child:
 
     # -- signals -------------------------------------------------------------------------------
     def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        marker = self.spec.stop_marker
+        if marker and not os.path.exists(marker) and os.getppid() == self.spec.parent_pid:
+            # Not the supervisor's ordered stop: a SIGTERM sent to the whole process group or
+            # cgroup (systemd's KillMode=control-group, kill -TERM -PGID). The supervisor got it
+            # too and stops this child in its turn; if it dies instead, the orphan guard acts.
+            log.info("%s: ignored a SIGTERM that the supervisor did not order", self.spec.worker_id)
+            return
         self.stopping.set()
         if not self.worker_running and not self.exiting:
             raise _StopRequested()
@@ -250,10 +263,7 @@ class _Child:
         if isinstance(exc, SystemExit):
             message = f"the worker called sys.exit({exc.code!r})"
         tb = "".join(traceback.format_exception(exc_type, exc, exc.__traceback__))
-        sys.stderr.write(
-            f"{self.spec.worker_id} failed while {phases.DOING[phase]} (phase {phase}, exit "
-            f"{code}):\n{tb}"
-        )
+        reported = False
         if self.reporter is not None:
             try:
                 self.reporter.send(
@@ -265,8 +275,17 @@ class _Child:
                     exit_code=code,
                     elapsed=time.monotonic() - self.started,
                 )
+                reported = True
             except Exception:  # noqa: BLE001 - the exit code still tells the supervisor
                 traceback.print_exc()
+        # The traceback is printed once: by the supervisor, from the report. This process's
+        # stderr gets it only when no report could be sent; otherwise one line, and none for a
+        # failure after a stop request (the supervisor decides whether that is worth a word).
+        headline = f"{self.spec.worker_id} failed while {phases.DOING[phase]} (phase {phase}, exit {code})"
+        if not reported:
+            sys.stderr.write(f"{headline}:\n{tb}")
+        elif phase != phases.STOPPING:
+            sys.stderr.write(f"{headline}: {type_name}: {message} (reported to the supervisor)\n")
         self.exit(code)
 
     def finish_stopped(self) -> None:
@@ -311,11 +330,24 @@ def _configure_logging(spec: ProcessSpec) -> None:
     )
 
 
+# Signals a whole process group gets (a terminal hangup, Ctrl-\\, kill -USR1 -PGID) that would end
+# a child by default: caught and ignored (caught, not SIG_IGN, so the worker's own children start
+# with the default again).
+_GROUP_SIGNALS = ("SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+
+
+def _ignore_group_signal(signum: int, frame: FrameType | None) -> None:
+    log.debug("ignored signal %d: the supervisor decides when this child stops", signum)
+
+
 def run(spec: ProcessSpec) -> None:
     """Start one child as ``spec`` says; never returns (the process ends with the child's code)."""
-    child = _Child(spec)
+    child = _ChildState(spec)
     signal.signal(signal.SIGTERM, child.on_sigterm)
     if hasattr(signal, "SIGINT"):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for name in _GROUP_SIGNALS:  # a terminal's hangup or Ctrl-\ is for the supervisor to handle
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _ignore_group_signal)
     _configure_logging(spec)
     child.run()

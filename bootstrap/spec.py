@@ -39,6 +39,10 @@ class ProcessSpec:
     - ``heartbeat_interval``: seconds between heartbeats; 0 sends none.
     - ``entry_points``: the supervisor's ``platforms.entrypoints.snapshot()``; the child adopts it
       instead of reading entry-point metadata again. ``None``: the child reads it itself.
+    - ``stop_marker``: a file the supervisor creates right before it sends this child SIGTERM.
+      When set, a SIGTERM while the file is absent and the supervisor alive is ignored: it was
+      meant for the whole process group or cgroup, and the supervisor orders the stop itself.
+      Empty: every SIGTERM stops the child.
     - ``serving_fallback``: a child that selects on its own (no ``platform_key``) resolves as a
       server does (``platforms.use_serving_fallback``).
     """
@@ -64,6 +68,7 @@ class ProcessSpec:
     heartbeat_interval: float = 0.0
     entry_points: tuple | None = None
     serving_fallback: bool = False
+    stop_marker: str = ""
 
     @property
     def worker_id(self) -> str:

@@ -63,7 +63,7 @@ class DuplicatePluginError(HookError):
 
 
 @dataclass
-class Outcome:
+class PluginOutcome:
     """What happened to one installed plugin entry point in this process."""
 
     status: str  # "loaded", "failed", "not allowed", "skipped"
@@ -89,11 +89,11 @@ class PluginRuntime:
         self.exclusion_selector = exclusion_selector
         self.registry = registry
         registry.required_policy = self.is_required
-        self.outcomes: dict[tuple[str, str | None], Outcome] = {}
+        self.outcomes: dict[tuple[str, str | None], PluginOutcome] = {}
         self._phases: dict[str, ProcessOnce] | None = None
         self._phases_lock = threading.Lock()
         self._inside = threading.local()
-        self._assumed_selection: Selection | None = None
+        self._assumed_selection: tuple[str | None] | None = None  # (distribution,) while assumed
         self._callback_marks: dict[PluginSource, int] = {}  # registry.last_seq before each callback
         RUNTIMES[name] = self
 
@@ -142,7 +142,7 @@ class PluginRuntime:
             self.registry.apply_hooks()
 
     def _register(self) -> None:
-        for source, callback in self._load(self._excluded()):
+        for source, callback in self._load(self.excluded_distributions()):
             if source in self._callback_marks:  # a forked child: drop the parent's run of this callback
                 self.registry.discard(source, after=self._callback_marks[source])
             self._callback_marks[source] = self.registry.last_seq
@@ -152,7 +152,7 @@ class PluginRuntime:
                 except Exception as exc:  # noqa: BLE001 - a plugin's failure is judged below
                     self._failed(source, "run its callback", exc)
                     continue
-            self.outcomes[(source.name, source.distribution)] = Outcome("loaded")
+            self.outcomes[(source.name, source.distribution)] = PluginOutcome("loaded")
 
     # -- discovery and filtering --------------------------------------------------------------
     def entry_points(self, group: str | None = None) -> list[EntryPoint]:
@@ -172,22 +172,29 @@ class PluginRuntime:
 
         return runtime_spec(self.name).selector_env
 
-    def selection(self) -> Selection:
-        """The runtime's platform selection (resolving it if nothing has yet)."""
+    def selection(self, probe: bool = True) -> Selection:
+        """The runtime's platform selection (resolving it if nothing has yet); ``probe=False`` as
+        in ``platforms.current_selection`` (raises ``platforms.ProbeRequired`` where only a
+        hardware probe could decide)."""
+        return importlib.import_module(self.selection_module).current_selection(probe)
+
+    def selected_distribution(self) -> str | None:
+        """The distribution that ships the selected platform (None for a built-in)."""
         if self._assumed_selection is not None:
-            return self._assumed_selection
-        return importlib.import_module(self.selection_module).current_selection()
+            return self._assumed_selection[0]
+        return self.selection().distribution
 
     @contextlib.contextmanager
-    def assume_selection(self, selection: Selection) -> Iterator[None]:
-        """Use ``selection`` instead of resolving one (``describe`` without hardware probes)."""
-        self._assumed_selection = selection
+    def assume_selected_distribution(self, distribution: str | None) -> Iterator[None]:
+        """Take ``distribution`` as the selected platform's (None: a built-in) instead of
+        resolving the selection (``describe`` without hardware probes)."""
+        self._assumed_selection = (distribution,)
         try:
             yield
         finally:
             self._assumed_selection = None
 
-    def _excluded(self) -> set[str | None]:
+    def excluded_distributions(self) -> set[str | None]:
         """Normalised names of the platform distributions whose plugins are skipped."""
         providers = {_norm(ep.distribution) for ep in self.entry_points(self.platform_group) if ep.distribution}
         if not providers:
@@ -198,7 +205,7 @@ class PluginRuntime:
                 return set()
             selected = {_norm(ep.distribution) for ep in self.entry_points(self.platform_group) if ep.name == chosen}
         else:
-            selected = {_norm(self.selection().distribution)}
+            selected = {_norm(self.selected_distribution())}
         return providers - selected
 
     def _load(self, excluded: set[str | None]) -> list[tuple[PluginSource, Callable[[], object]]]:
@@ -209,11 +216,11 @@ class PluginRuntime:
         for ep in self.entry_points():
             key = (ep.name, ep.distribution)
             if allowed is not None and ep.name not in allowed:
-                self.outcomes[key] = Outcome("not allowed", "not named in SGLANG_PLUGINS")
+                self.outcomes[key] = PluginOutcome("not allowed", "not named in SGLANG_PLUGINS")
                 logger.debug("plugin %r (%s) is not in SGLANG_PLUGINS; skipped", ep.name, ep.distribution)
                 continue
             if _norm(ep.distribution) in excluded:
-                self.outcomes[key] = Outcome("skipped", "its distribution ships a platform that is not selected")
+                self.outcomes[key] = PluginOutcome("skipped", "its distribution ships a platform that is not selected")
                 logger.info("plugin %r skipped: %s ships a %s platform that is not the selected one",
                             ep.name, ep.distribution, self.name)
                 continue
@@ -248,7 +255,7 @@ class PluginRuntime:
             return
         for eps in clashes.values():
             for ep in eps:
-                self.outcomes[(ep.name, ep.distribution)] = Outcome(
+                self.outcomes[(ep.name, ep.distribution)] = PluginOutcome(
                     "failed", "another installed distribution uses the same plugin name; none of them loaded")
         parts = [f"{name!r} is shipped by " + " and ".join(repr(ep.distribution or "an unknown distribution")
                                                         for ep in eps) for name, eps in clashes.items()]
@@ -280,7 +287,7 @@ class PluginRuntime:
         if dist not in {_norm(ep.distribution) for ep in self.entry_points(self.platform_group)}:
             return False
         try:
-            selected = self.selection().distribution
+            selected = self.selected_distribution()
         except Exception as exc:  # noqa: BLE001 - selection reports its own error where it is used
             logger.debug("cannot tell whether %s is required: platform selection failed: %s", source, exc)
             return False
@@ -288,7 +295,7 @@ class PluginRuntime:
 
     def _failed(self, source: PluginSource, stage: str, error: Exception) -> None:
         self.registry.discard(source)
-        self.outcomes[(source.name, source.distribution)] = Outcome(
+        self.outcomes[(source.name, source.distribution)] = PluginOutcome(
             "failed", f"failed to {stage}: {type(error).__name__}: {error}")
         if self.is_required(source):
             raise PluginError(
@@ -307,7 +314,7 @@ class PluginRuntime:
         ``excluded_dists`` overrides the computed set of skipped distributions. A plugin whose
         name another distribution also uses is keyed ``"name (distribution)"``.
         """
-        excluded = self._excluded() if excluded_dists is None else {_norm(d) for d in excluded_dists}
+        excluded = self.excluded_distributions() if excluded_dists is None else {_norm(d) for d in excluded_dists}
         out: dict[str, object] = {}
         for source, callback in self._load(excluded):
             key = source.name if source.name not in out else f"{source.name} ({source.distribution})"

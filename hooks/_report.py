@@ -11,7 +11,6 @@ in order. Errors are reported, never raised.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -21,56 +20,32 @@ from ._loader import PluginRuntime, _norm
 if TYPE_CHECKING:
     from platforms import Selection
 
-_PROBING = "probing"  # the stand-in built-in that marks "from here on, start-up probes hardware"
-_NEVER_SET = "SGLANG_LAUNCH_REPORT_NEVER_SET"
-
 
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _replace(record: Any, **changes: Any) -> Any:
-    """A copy of a platforms record (a NamedTuple or a dataclass) with ``changes``."""
-    if hasattr(record, "_replace"):
-        return record._replace(**changes)
-    return dataclasses.replace(record, **changes)
+def _selection(runtime: PluginRuntime, probe: bool) -> tuple[dict[str, Any], Selection | None, bool]:
+    """The report's ``selection`` entry and the ``Selection`` (None where there is none: a
+    selection error, or a built-in only a hardware probe could pick), plus whether the selected
+    platform's distribution is known without probing (False after an error)."""
+    from platforms import ProbeRequired
 
-
-def _probe_free_selection(runtime: PluginRuntime) -> tuple[Selection, list[str]]:
-    """The selection as start-up would make it, up to the first built-in that needs a hardware
-    probe; from there the stand-in built-in ``_PROBING`` is selected. Returns (selection, probed)."""
-    from platforms import _selection, runtimes
-
-    spec = runtimes.runtime_spec(runtime.name)
-    first = next((i for i, b in enumerate(spec.builtins) if b.probe is not None), len(spec.builtins))
-    probed = [b.name for b in spec.builtins[first:]]
-    if probed and spec.serving_fallback:  # what a launch does at the chain's end
-        probed[-1] = f"{spec.serving_fallback} (a server's stand-in for {probed[-1]})"
-    # Built-ins from the first probed one on stay known (explicit selection names them) but are
-    # never available; the stand-in before them is.
-    unreachable = tuple(_replace(b, probe=None, env_flag=_NEVER_SET) for b in spec.builtins[first:])
-    stand_in = (runtimes.Builtin(_PROBING, "", why="probing"),) if probed else ()
-    dry = _replace(spec, builtins=spec.builtins[:first] + stand_in + unreachable)
-    return _selection.resolve(dry, {k: v for k, v in os.environ.items() if k != _NEVER_SET}), probed
-
-
-def _selection(runtime: PluginRuntime, probe: bool) -> tuple[dict, Selection | None]:
     try:
-        if probe:
-            sel = runtime.selection()
-        else:
-            sel, probed = _probe_free_selection(runtime)
-    except Exception as exc:  # noqa: BLE001 - reported, not raised
-        return {"error": _error_text(exc)}, None
-    if not probe and sel.key == f"builtin:{_PROBING}":
-        lead = sel.reason.removesuffix(" and probing")  # "fallback: no platform plugin installed/..."
+        sel = runtime.selection(probe=probe)
+    except ProbeRequired as need:
+        probed = list(need.builtins)
+        if need.serving_fallback:  # what a launch does at the chain's end
+            probed[-1] = f"{need.serving_fallback} (a server's stand-in for {probed[-1]})"
         return {
             "key": None, "qualname": None, "distribution": None, "probed": probed,
-            "reason": f"{lead}; start-up probes the built-ins in this order and takes the first "
+            "reason": f"{need.reason}; start-up probes the built-ins in this order and takes the first "
                       f"available: {', '.join(probed)} (probing imports torch: pass --probe to run it now)",
-        }, sel
+        }, None, True
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        return {"error": _error_text(exc)}, None, False
     return {"key": sel.key, "qualname": sel.qualname, "distribution": sel.distribution,
-            "reason": sel.reason}, sel
+            "reason": sel.reason}, sel, True
 
 
 def _platform_filter(runtime: PluginRuntime) -> dict | None:
@@ -109,12 +84,16 @@ def group_is_platform(group: str) -> bool:
 
 
 def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
-    selection, sel = _selection(runtime, probe)
+    """The report on ``runtime`` (see the module docstring); ``probe`` allows hardware probes."""
+    selection, sel, known = _selection(runtime, probe)
     allowed = runtime.allowlist()
-    assumed = runtime.assume_selection(sel) if sel is not None and not probe else contextlib.nullcontext()
+    # Without probing, the selection found above stands for the process's own (a preview is not
+    # remembered, and resolving again could probe).
+    assumed = (runtime.assume_selected_distribution(sel.distribution if sel else None)
+               if known and not probe else contextlib.nullcontext())
     with assumed:
         try:
-            excluded = runtime._excluded()
+            excluded = runtime.excluded_distributions()
             exclusion_error = None
         except Exception as exc:  # noqa: BLE001
             excluded, exclusion_error = set(), _error_text(exc)

@@ -9,10 +9,16 @@ scope before their platform is initialized. The supervisor and its dependencies 
 
 from __future__ import annotations
 
-__all__ = ["DiffGenerator", "LaunchError", "Launcher"]
+from typing import Any
+
+__all__ = ["DiffGenerator", "LaunchError", "Launcher", "__version__"]
+
+_DISTRIBUTION = "sglang-launch"
 
 
-def __getattr__(name: str) -> type:
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return _version()
     if name == "Launcher":
         from launcher._embedded import Launcher
 
@@ -26,6 +32,17 @@ def __getattr__(name: str) -> type:
 
         return LaunchError
     raise AttributeError(f"module 'launcher' has no attribute {name!r}")
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml is its one source); "unknown" when
+    the package runs from a source tree that was never installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def __dir__() -> list[str]:

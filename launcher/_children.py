@@ -32,7 +32,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -83,7 +82,7 @@ class Children:
         self,
         zctx: zmq.asyncio.Context,
         status_endpoint: str,
-        on_message: Callable[[Child, Any], None],
+        on_message: Callable[[Child, messages.Message], None],
         on_exit: Callable[[Child], None],
     ) -> None:
         self._loop = asyncio.get_running_loop()
@@ -111,12 +110,17 @@ class Children:
         """Start ``child``; with ``output``, the child's fds 1 and 2 are that file descriptor."""
         import bootstrap
 
-        context = multiprocessing.get_context("spawn")  # local: the global start method is untouched
+        context = multiprocessing.get_context(
+            "spawn"
+        )  # local: the global start method is untouched
         global_method = multiprocessing.get_start_method(allow_none=True)
         spec = child.spec
         try:
             child.process = context.Process(
-                target=bootstrap.run, args=(spec,), name=f"sglang-{spec.role}-{spec.rank}", daemon=False
+                target=bootstrap.run,
+                args=(spec,),
+                name=f"sglang-{spec.role}-{spec.rank}",
+                daemon=False,
             )
             with _output_to(output):
                 child.process.start()
@@ -174,22 +178,31 @@ class Children:
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), SETTLE_QUIET)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
-        if child.failure is None and phases.phase_of_exit_code(child.exitcode) not in (None, "parent_gone"):
+        if child.failure is None and phases.phase_of_exit_code(child.exitcode) not in (
+            None,
+            "parent_gone",
+        ):
             try:
                 await asyncio.wait_for(child.reported_failure.wait(), REPORT_WAIT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # ------------------------------------------------------------------ stopping
-    async def stop(self, children: list[Child], grace: float) -> None:
+    async def stop(self, children: list[Child], grace: float, hurry: asyncio.Event | None = None) -> None:
         """SIGTERM the trees of ``children`` still running, SIGKILL what is left after ``grace``
-        seconds (0: SIGKILL at once, for children that hold nothing to drain), reap them all."""
+        seconds (0: SIGKILL at once, for children that hold nothing to drain; ``hurry`` set: at
+        once from then on), reap them all. A child's ``stop_marker`` is created first: that
+        SIGTERM is the ordered stop it waits for."""
         roots = [c.pid for c in children if c.running and c.pid is not None]
+        for child in children:
+            if child.running and child.spec.stop_marker:
+                with contextlib.suppress(OSError):
+                    open(child.spec.stop_marker, "w").close()
         if roots:
             if grace > 0:
-                await _proctree.stop_trees(roots, grace)
+                await _proctree.stop_trees(roots, grace, hurry=hurry)
             else:
                 await _proctree.kill_trees(roots)
         for child in children:

@@ -3,10 +3,17 @@
 On a TTY, start-up is a live table, one line per worker redrawn in place as phases complete;
 anywhere else (a pipe, a log file, journald) every event is one plain log line. Either way the
 launch ends in one line: the ready line with the URL, or the root-cause block.
+
+While the live table is on screen, nothing else may write to the terminal, or the table's redraw
+would overwrite it: the workers' own output reaches the terminal through ``worker_output(line)``
+(the supervisor reads it from a pipe per worker), which erases the table, prints the line where
+the table was and draws the table again below it.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from typing import TextIO
 
@@ -37,7 +44,9 @@ class TerminalDisplay:
             self._end_table()
             self._print(f"{PREFIX} stopping ({event.get('reason', 'requested')})")
         elif topic == "server.stopped":
-            self._print(f"{PREFIX} stopped; every worker process is gone ({event.get('teardown_s', 0):.2f}s)")
+            self._print(
+                f"{PREFIX} stopped; every worker process is gone ({event.get('teardown_s', 0):.2f}s)"
+            )
 
     def _starting_line(self, event: dict) -> None:
         if event.get("cpu_fallback"):
@@ -53,7 +62,9 @@ class TerminalDisplay:
         else:
             self._print(f"{PREFIX} platform {event['platform']} ({event['platform_reason']})")
         where = f"node {event['node_rank']} of {event['nnodes']}: " if event["nnodes"] > 1 else ""
-        self._print(f"{PREFIX} {where}starting {len(event['workers'])} workers: {', '.join(event['workers'])}")
+        self._print(
+            f"{PREFIX} {where}starting {len(event['workers'])} workers: {', '.join(event['workers'])}"
+        )
         for name in event["workers"]:
             self._rows[name] = _row(name, None, "spawning", None)
         self._redraw()
@@ -76,17 +87,29 @@ class TerminalDisplay:
             parts.append(f"[{event['ready_count']}/{event['worker_count']} ready]")
         self._print(" ".join(parts))
 
+    def worker_output(self, line: str) -> None:
+        """A line a worker wrote: above the live table while it is drawn, else as it is."""
+        if not (self.live and self._starting and self._drawn):
+            self._print(line)
+            return
+        # Back to the table's first line, erase from there down, the line, the table again.
+        self.stream.write(f"\x1b[{self._drawn}F\x1b[J" + line + "\n" + self._table())
+        self.stream.flush()
+
     def _redraw(self) -> None:
         if not self.live or not self._starting:
             return
-        out = []
-        if self._drawn:
-            out.append(f"\x1b[{self._drawn}F")  # to the start of the table's first line
-        for line in self._rows.values():
-            out.append("\x1b[2K" + line + "\n")
-        self._drawn = len(self._rows)
-        self.stream.write("".join(out))
+        # Back to the start of the table's first line, if it is on screen.
+        back = f"\x1b[{self._drawn}F" if self._drawn else ""
+        self.stream.write(back + self._table())
         self.stream.flush()
+
+    def _table(self) -> str:
+        """The table's rows, each cleared first and cut to the terminal's width (a wrapped row
+        would take two lines and leave a stale copy on the next redraw)."""
+        width = _width(self.stream)
+        self._drawn = len(self._rows)
+        return "".join("\x1b[2K" + line[: width - 1] + "\n" for line in self._rows.values())
 
     def _end_table(self) -> None:
         self._starting = False
@@ -108,6 +131,13 @@ def _ready_line(event: dict) -> str:
     if event.get("url"):
         return f"{PREFIX} ready at {event['url']} ({event['worker_count']} workers{after})"
     return f"{PREFIX} node {event['node_rank']} ready ({event['worker_count']} workers{after})"
+
+
+def _width(stream: TextIO) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):
+        return shutil.get_terminal_size().columns
 
 
 def _isatty(stream: TextIO) -> bool:

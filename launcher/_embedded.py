@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import dataclasses
 import queue
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -25,7 +27,7 @@ from launcher._failure import ExitCode, LaunchError, RootCause
 
 if TYPE_CHECKING:
     from launcher.server_args import ServerArgs
-    from launcher.supervisor import Outcome, Supervisor
+    from launcher.supervisor import LaunchOutcome, Supervisor
 
 _T = TypeVar("_T")
 
@@ -52,22 +54,29 @@ class Launcher:
         self._supervisor: Supervisor | None = None
         self._thread: threading.Thread | None = None
         self._settled = threading.Event()  # set when ready, or when the launch ended
-        self._outcome: Outcome | None = None
+        self._outcome: LaunchOutcome | None = None
         self._subscribers: list[queue.Queue] = []
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, wait: bool = True, timeout: float | None = None) -> Launcher:
         if self._thread is not None:
-            raise RuntimeError("this Launcher was already started; create a new Launcher to launch again")
+            raise RuntimeError(
+                "this Launcher was already started; create a new Launcher to launch again"
+            )
         from launcher import _prepare
         from launcher.supervisor import Supervisor
 
-        args = self._build_args()
-        selection, payload = _prepare.finish(args)
+        try:
+            args = self._build_args()
+            selection, payload = _prepare.finish(args)
+        except LaunchError as exc:
+            raise LaunchError(in_python_spelling(exc.root_cause)) from exc
         self.server_args = args
         self._supervisor = Supervisor(args, selection, payload=payload, listeners=(self._on_event,))
-        self._thread = threading.Thread(target=self._run, name="sglang-launch-supervisor", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="sglang-launch-supervisor", daemon=True
+        )
         _live.add(self)
         self._thread.start()
         if wait:
@@ -89,7 +98,10 @@ class Launcher:
         if outcome.root_cause is not None:
             raise LaunchError(outcome.root_cause)
         raise LaunchError(
-            RootCause(summary="the launch was stopped before every worker was ready", exit_code=ExitCode.OK)
+            RootCause(
+                summary="the launch was stopped before every worker was ready",
+                exit_code=ExitCode.OK,
+            )
         )
 
     def stop(self, timeout: float | None = None) -> None:
@@ -99,7 +111,9 @@ class Launcher:
         self._started().request_stop("Launcher.stop() called")
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise TimeoutError(f"the launch did not stop within {timeout}s; call stop() again to keep waiting")
+            raise TimeoutError(
+                f"the launch did not stop within {timeout}s; call stop() again to keep waiting"
+            )
         _live.discard(self)
 
     def __enter__(self) -> Launcher:
@@ -114,8 +128,8 @@ class Launcher:
         return self.status().get("url")
 
     @property
-    def outcome(self) -> Outcome | None:
-        """The ``Outcome`` once the launch ended (exit code, root cause, final snapshot), else None."""
+    def outcome(self) -> LaunchOutcome | None:
+        """The ``LaunchOutcome`` once the launch ended (exit code, root cause, final snapshot), else None."""
         return self._outcome
 
     def status(self) -> dict:
@@ -123,7 +137,7 @@ class Launcher:
         if self._thread is None:
             raise RuntimeError("call start() before status()")
         supervisor = self._started()
-        snapshot = self._in_loop(lambda: supervisor.state.snapshot())
+        snapshot = self._in_loop(lambda: _snapshot(supervisor))
         return snapshot if snapshot is not None else self._final_snapshot()
 
     def events(self, follow: bool = True, timeout: float | None = None) -> Iterator[dict]:
@@ -138,8 +152,9 @@ class Launcher:
 
         supervisor = self._started()
 
-        def subscribe() -> dict:  # in the loop thread: no event falls between snapshot and subscription
-            snapshot = supervisor.state.snapshot()
+        # In the loop thread: no event falls between the snapshot and the subscription.
+        def subscribe() -> dict:
+            snapshot = _snapshot(supervisor)
             with self._lock:
                 self._subscribers.append(inbox)
             return snapshot
@@ -181,12 +196,12 @@ class Launcher:
         return args
 
     def _run(self) -> None:
-        from launcher.supervisor import Outcome, run_supervisor
+        from launcher.supervisor import LaunchOutcome, run_supervisor
 
         try:
             outcome = run_supervisor(self._started())
         except LaunchError as exc:  # set-up failed before any worker was started
-            outcome = Outcome(exc.exit_code, exc.root_cause, {})
+            outcome = LaunchOutcome(exc.exit_code, in_python_spelling(exc.root_cause), {})
         except BaseException as exc:  # noqa: BLE001 - delivered to the application as LaunchError
             import traceback
 
@@ -198,7 +213,7 @@ class Launcher:
                 traceback="".join(traceback.format_exception(exc)),
             )
             state = self._started().state
-            outcome = Outcome(int(cause.exit_code), cause, state.snapshot() if state else {})
+            outcome = LaunchOutcome(int(cause.exit_code), cause, state.snapshot() if state else {})
         self._outcome = outcome
         self._settled.set()
 
@@ -242,6 +257,51 @@ class Launcher:
         if self._thread is not None:
             self._thread.join()
         return self._outcome.snapshot if self._outcome is not None else {}
+
+
+# ``--flag`` and the value or placeholder written after it: a quoted text, a number, or an
+# upper-case placeholder such as PATH, N or HOST:PORT.
+_FLAG = re.compile(
+    r"--(?P<flag>[a-z][a-z0-9]*(?:-[a-z0-9]+)*)"
+    r"(?: (?P<value>'[^']*'|\"[^\"]*\"|-?\d+(?:\.\d+)?(?:e-?\d+)?\b|[A-Z][A-Z0-9_:]*\b))?"
+)
+
+
+def in_python_spelling(cause: RootCause) -> RootCause:
+    """``cause`` as the embedding API spells it: ``--model-path '/x'`` becomes
+    ``model_path='/x'``, ``--port N`` becomes ``port=N`` and a bare ``--host`` becomes ``host``,
+    for every flag that names a ``ServerArgs`` field (what the CLI checks say in the CLI's
+    spelling, an application passes as keyword arguments)."""
+    from launcher import _prepare
+
+    try:
+        names = {f.name for f in dataclasses.fields(_prepare.server_args_class())}
+    except Exception:  # noqa: BLE001 - no class, no translation: the CLI spelling still says it
+        return cause
+
+    def respell(match: re.Match) -> str:
+        name = match["flag"].replace("-", "_")
+        if name not in names:
+            return match[0]
+        return f"{name}={match['value']}" if match["value"] is not None else name
+
+    def text(value: str | None) -> str | None:
+        return _FLAG.sub(respell, value) if value else value
+
+    return dataclasses.replace(
+        cause,
+        summary=text(cause.summary) or cause.summary,
+        message=text(cause.message),
+        hint=text(cause.hint),
+    )
+
+
+def _snapshot(supervisor: Supervisor) -> dict:
+    """The running supervisor's snapshot (called once it has opened, in its loop's thread)."""
+    state = supervisor.state
+    if state is None:
+        raise RuntimeError("the supervisor has no state yet")
+    return state.snapshot()
 
 
 def _snapshot_event(snapshot: dict) -> dict:

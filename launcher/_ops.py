@@ -59,10 +59,6 @@ class OpsChannel:
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
-    def remove_listener(self, listener: Listener) -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
-
     def emit(self, topic: str, **body: object) -> dict:
         self.state.seq += 1
         event = {"topic": topic, "seq": self.state.seq, "time": time.time(), **body}

@@ -6,14 +6,16 @@ global ranks ``node_rank * local .. node_rank * local + local - 1``, each with t
 environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT``); node 0 also runs one HTTP child, unless ``http_target`` is
 empty (an engine that serves no HTTP). The rendezvous address is ``--dist-init-addr`` or, on a
-single node, a free loopback port.
+single node, a free loopback port (``launcher.rendezvous``).
 """
 
 from __future__ import annotations
 
-import socket
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from launcher.rendezvous import RendezvousError, master_address
 
 if TYPE_CHECKING:
     from bootstrap import ProcessSpec
@@ -34,27 +36,6 @@ class Endpoints:
     query: str  # REP: status snapshots
 
 
-def rendezvous(dist_init_addr: str | None, nnodes: int) -> tuple[str, int]:
-    """``(MASTER_ADDR, MASTER_PORT)`` from ``HOST:PORT`` (``[v6]:PORT`` too), or a free local port."""
-    if not dist_init_addr:
-        if nnodes > 1:
-            raise PlanError(
-                f"--nnodes {nnodes} needs --dist-init-addr HOST:PORT, the address of node 0 that "
-                "every node can reach (e.g. --dist-init-addr 10.0.0.1:29500)"
-            )
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return "127.0.0.1", s.getsockname()[1]
-    host, sep, port = dist_init_addr.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise PlanError(
-            f"--dist-init-addr {dist_init_addr!r} is not HOST:PORT; pass e.g. 10.0.0.1:29500 "
-            "(the address of node 0 and a free port on it)"
-        )
-    return host, int(port)
-
-
 def plan_children(
     args: ServerArgs, *, payload: bytes, platform_key: str, runtime: str, endpoints: Endpoints
 ) -> list[ProcessSpec]:
@@ -73,7 +54,10 @@ def plan_children(
     if not 0 <= args.node_rank < args.nnodes:
         raise PlanError(f"--node-rank {args.node_rank} must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}")
     local = world // args.nnodes
-    master_addr, master_port = rendezvous(args.dist_init_addr, args.nnodes)
+    try:
+        master_addr, master_port = master_address(args.dist_init_addr, args.nnodes)
+    except RendezvousError as exc:
+        raise PlanError(str(exc)) from None
 
     def spec(role: str, target: str, rank: int, local_rank: int, env: dict[str, str]) -> ProcessSpec:
         return ProcessSpec(
@@ -94,6 +78,7 @@ def plan_children(
             env=env,
             log_level=args.log_level,
             entry_points=entry_points,
+            stop_marker=os.path.join(endpoints.runtime_dir, f"stop.{role}.{rank}") if endpoints.runtime_dir else "",
         )
 
     children = []

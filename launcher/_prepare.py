@@ -42,13 +42,15 @@ def check_runtime(runtime: str) -> None:
         )
 
 
-def load_plugins(runtime: str) -> None:
+def load_plugins(runtime: str, select: bool = True) -> None:
     """Register and apply this process's general plugins of ``runtime``'s hook group.
 
     The first step of every launch; it settles the CPU question first (``prefer_cpu_over_base``),
     because plugin loading may already resolve the platform. The platform is then selected, so
     that a selection error is reported as one (exit code 5) before ``ServerArgs``, whose
-    ``__post_init__`` applies the platform's defaults, is built.
+    ``__post_init__`` applies the platform's defaults, is built. ``select=False`` leaves the
+    selection to the caller (the CLI selects after parsing, so ``--help`` probes no device and
+    imports no torch).
     """
     check_runtime(runtime)
     prefer_cpu_over_base(runtime)
@@ -57,7 +59,8 @@ def load_plugins(runtime: str) -> None:
         getattr(importlib.import_module(module), function)()
     except Exception as exc:  # noqa: BLE001 - any plugin failure is reported the same way
         raise _setup_error("a required plugin failed to load in the launcher process", exc) from exc
-    select_platform(runtime)
+    if select:
+        select_platform(runtime)
 
 
 def build_args(make: Callable[[], ServerArgs]) -> ServerArgs:
@@ -92,14 +95,97 @@ def check_args(args: ServerArgs) -> None:
 
 
 def finish(args: ServerArgs) -> tuple[Selection, bytes]:
-    """Check ``args``, resolve the platform once, encode the payload: ``(selection, payload)``."""
+    """Check ``args`` (and that the HTTP port is free), resolve the platform once, encode the
+    payload: ``(selection, payload)``. The API key is resolved first (``launcher._secrets``)."""
+    from launcher._secrets import ApiKeyError, resolve_api_key
+
+    try:
+        resolve_api_key(args)
+    except ApiKeyError as exc:
+        raise usage_error(exc) from exc
     check_args(args)
+    check_port(args)
     selection = select_platform(args.runtime)
     try:
         payload = importlib.import_module("launcher.server_args").encode_server_args(args)
     except (TypeError, ValueError) as exc:
         raise usage_error(exc) from exc
     return selection, payload
+
+
+def check_port(args: ServerArgs) -> None:
+    """Fail with a usage error (exit 2) when this node would run the HTTP worker and
+    ``--host``:``--port`` cannot be bound now: taken by another process, not an address of this
+    machine, or a privileged port. The address is bound the way the HTTP server binds it
+    (``SO_REUSEADDR``) and released at once, so this is a probe: the worker binds it again."""
+    import errno
+    import socket
+
+    if args.node_rank != 0 or not args.http_target:
+        return
+    host, port = args.host, args.port
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise _port_error(
+            f"--host {host!r} cannot be resolved ({exc})",
+            "pass --host an address of this machine, such as 127.0.0.1 or 0.0.0.0",
+        ) from exc
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                holder = _port_holder(port)
+                raise _port_error(
+                    f"--port {port} is already in use on {host}{holder}",
+                    f"pass --port N with a free port, or stop the process that holds {port}",
+                ) from exc
+            if exc.errno == errno.EACCES:
+                raise _port_error(
+                    f"--port {port} on {host} needs privileges this process lacks ({exc.strerror})",
+                    "pass --port N with a port above 1023",
+                ) from exc
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise _port_error(
+                    f"--host {host!r} is not an address of this machine",
+                    "pass --host an address of this machine, such as 127.0.0.1 or 0.0.0.0",
+                ) from exc
+            raise _port_error(
+                f"--host {host!r} --port {port} cannot be bound ({exc})",
+                "pass --host and --port an address and a free port of this machine",
+            ) from exc
+
+
+def _port_holder(port: int) -> str:
+    """`` (held by pid N: NAME)`` when this user may see who listens on ``port``, else ``""``."""
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if (
+                conn.status == psutil.CONN_LISTEN
+                and conn.laddr
+                and conn.laddr.port == port
+                and conn.pid
+            ):
+                return f" (held by pid {conn.pid}: {psutil.Process(conn.pid).name()})"
+    except Exception:  # noqa: BLE001 - naming the holder is a courtesy, never a new failure
+        pass
+    return ""
+
+
+def _port_error(problem: str, fix: str) -> LaunchError:
+    return LaunchError(
+        RootCause(
+            summary="the HTTP port cannot be used",
+            exit_code=ExitCode.USAGE,
+            message=problem,
+            hint=fix,
+        )
+    )
 
 
 def usage_error(exc: BaseException) -> LaunchError:
@@ -129,7 +215,11 @@ def select_platform(runtime: str) -> Selection:
 
 def is_cpu_fallback(selection: Selection) -> bool:
     """True when no plugin was selected and detection fell back to the CPU platform."""
-    return selection.entry_point is None and selection.key == "builtin:cpu" and selection.reason.startswith("fallback")
+    return (
+        selection.entry_point is None
+        and selection.key == "builtin:cpu"
+        and selection.reason.startswith("fallback")
+    )
 
 
 def _setup_error(summary: str, exc: BaseException, plain: bool = False) -> LaunchError:
@@ -144,7 +234,10 @@ def _setup_error(summary: str, exc: BaseException, plain: bool = False) -> Launc
             error_type=type(exc).__name__,
             message=str(exc),
             traceback=None if plain else "".join(traceback.format_exception(exc)),
-            hint=None if plain else (
-                "fix or uninstall the plugin named above, or select another with SGLANG_PLATFORM / SGLANG_PLUGINS"),
+            hint=None
+            if plain
+            else (
+                "fix or uninstall the plugin named above, or select another with SGLANG_PLATFORM / SGLANG_PLUGINS"
+            ),
         )
     )

@@ -90,7 +90,7 @@ class Tree:
                 while alive and loop.time() < deadline:
                     try:
                         await asyncio.wait_for(changed.wait(), deadline - loop.time())
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         break
                     changed.clear()
                     alive = self.alive()
@@ -136,18 +136,19 @@ def _protected() -> set[int]:
     return pids
 
 
-async def stop_trees(roots: list[int], grace: float, kill_wait: float = 5.0) -> float:
+async def stop_trees(roots: list[int], grace: float, kill_wait: float = 5.0,
+                     hurry: asyncio.Event | None = None) -> float:
     """SIGTERM ``roots``, wait up to ``grace`` for their whole trees, SIGKILL the rest.
 
     Returns the seconds it took. Descendants get SIGTERM only through their root (a worker
     stops its own children); whatever is still alive after the grace period, descendants that
-    appeared meanwhile included, gets SIGKILL.
+    appeared meanwhile included, gets SIGKILL. Once ``hurry`` is set the grace period is over.
     """
     started = time.monotonic()
     tree = Tree(roots)
     try:
         tree.signal([pid for pid in tree.roots if pid in tree.members], signal.SIGTERM)
-        left = await tree.wait(grace)
+        left = await _wait_unless_hurried(tree, grace, hurry)
         if left:
             for pid in list(left):
                 tree.add_descendants(pid)
@@ -171,6 +172,23 @@ async def kill_trees(roots: list[int], kill_wait: float = 5.0) -> float:
     finally:
         tree.close()
     return time.monotonic() - started
+
+
+async def _wait_unless_hurried(tree: Tree, grace: float, hurry: asyncio.Event | None) -> list[int]:
+    """``tree.wait(grace)``, cut short the moment ``hurry`` is set; the pids still alive."""
+    if hurry is None:
+        return await tree.wait(grace)
+    if hurry.is_set():
+        return tree.alive()
+    waiting = asyncio.ensure_future(tree.wait(grace))
+    hurried = asyncio.ensure_future(hurry.wait())
+    try:
+        await asyncio.wait({waiting, hurried}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (waiting, hurried):
+            task.cancel()
+        await asyncio.gather(waiting, hurried, return_exceptions=True)
+    return tree.alive()
 
 
 def _multiprocessing_helpers() -> set[int]:

@@ -51,6 +51,17 @@ def _main(argv: list[str] | None) -> int:
         name, rest = argv[0], argv[1:]
     else:
         name, rest = "serve", argv
+    if name == "serve":
+        from launcher import _signals
+
+        _signals.install_early()
+        try:
+            module = importlib.import_module("launcher.commands.serve")
+            return int(module.main(rest) or 0)
+        except _signals.StopRequested as stop:
+            _signals.defer()  # a second signal now must not raise again
+            print(f"sglang-launch: stopped before start-up (received {stop.signame})", file=sys.stderr)
+            return 0
     module = importlib.import_module(f"launcher.commands.{COMMANDS[name][0]}")
     return int(module.main(rest) or 0)
 

@@ -67,7 +67,13 @@ class ServerArgs:
     api_key: str | None = field(
         default=None,
         repr=False,
-        metadata={"help": "require this key as 'Authorization: Bearer KEY' on API requests"},
+        metadata={"help": "require this key as 'Authorization: Bearer KEY' on API requests; other "
+                          "local users can read a command line, so prefer --api-key-file or the "
+                          "SGLANG_API_KEY environment variable"},
+    )
+    api_key_file: str | None = _opt(
+        None, "read the API key from the first line of this file (recommended; or set SGLANG_API_KEY)",
+        metavar="PATH",
     )
     # Parallelism and nodes
     tp_size: int = _opt(1, "tensor-parallel size (ranks per data-parallel group)")
@@ -181,16 +187,12 @@ class ServerArgs:
             0 <= self.node_rank < max(self.nnodes, 1),
             f"--node-rank {self.node_rank} must be in 0..{max(self.nnodes, 1) - 1} (--nnodes {self.nnodes})",
         )
-        if self.nnodes > 1:
-            need(
-                self.dist_init_addr is not None,
-                f"--nnodes {self.nnodes} needs --dist-init-addr HOST:PORT, the same on every node",
-            )
-        if self.dist_init_addr is not None:
-            need(
-                _is_host_port(self.dist_init_addr),
-                f"--dist-init-addr {self.dist_init_addr!r} must be HOST:PORT with a port in 1..65535",
-            )
+        from launcher.rendezvous import RendezvousError, parse_dist_init_addr
+
+        try:
+            parse_dist_init_addr(self.dist_init_addr, self.nnodes)
+        except RendezvousError as exc:
+            problems.append(str(exc))
         world = self.tp_size * self.dp_size
         if self.nnodes >= 1 and world >= 1:
             need(
@@ -227,9 +229,16 @@ class ServerArgs:
             # starts (the check is standard library only; another engine's target checks its own).
             module, _, function = spec.model_check.partition(":")
             try:
-                getattr(importlib.import_module(module), function)(self.model_path, self.served_model_name)
+                source = getattr(importlib.import_module(module), function)(self.model_path, self.served_model_name)
             except ValueError as exc:
                 problems.append(str(exc))
+            else:
+                if spec.tensor_parallel:
+                    # Facts of the model that decide whether the arguments can work (an encoder with
+                    # --tp-size 2): from its config.json, so the launch stops before any worker starts.
+                    from launcher.model_config import read_model_facts, tp_problems
+
+                    problems.extend(tp_problems(read_model_facts(source.path), self.tp_size, self.dp_size))
         if problems:
             raise ServerArgsError(problems)
 
@@ -296,11 +305,6 @@ def _type_problems(args: ServerArgs) -> list[str]:
                 f"{' or None' if optional else ''}, got {shown} ({type(value).__name__})"
             )
     return problems
-
-
-def _is_host_port(text: str) -> bool:
-    host, sep, port = text.rpartition(":")
-    return bool(sep and host and port.isdigit() and 1 <= int(port) <= 65535)
 
 
 __all__ = [

@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing.process
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import zmq.asyncio
 
-from bootstrap import messages, orphan, phases
-from launcher import _proctree
+from bootstrap import ProcessSpec, messages, orphan, phases
+from launcher import _proctree, _secrets, _signals
 from launcher._children import Child, Children, describe_exit
 from launcher._failure import ExitCode, LaunchError, RootCause, signal_name
 from launcher._notify import SystemdNotifier
@@ -44,11 +47,18 @@ from launcher._prepare import is_cpu_fallback
 from launcher._rundir import RuntimeDir, RuntimeDirError
 from launcher._state import FAILED, READY, STOPPED, STOPPING, LaunchState, WorkerState
 
+if TYPE_CHECKING:
+    import multiprocessing.process
+
+    from bootstrap import ProcessSpec
+    from launcher.server_args import ServerArgs
+    from platforms import Selection
+
 log = logging.getLogger("launcher")
 
 
 @dataclass
-class Outcome:
+class LaunchOutcome:
     """How a launch ended: ``exit_code`` (``ExitCode``), the root cause if it failed, the final state."""
 
     exit_code: int
@@ -63,13 +73,14 @@ class _Worker:
 
     child: Child
     state: WorkerState
+    stopped_at_once: bool = False  # killed with no grace period: it was starting when the launch failed
 
     @property
-    def spec(self):
+    def spec(self) -> ProcessSpec:
         return self.child.spec
 
     @property
-    def process(self):
+    def process(self) -> multiprocessing.process.BaseProcess | None:
         return self.child.process
 
     @property
@@ -78,17 +89,38 @@ class _Worker:
 
 
 class Supervisor:
-    """Runs one node's launch. ``args`` is a checked ``ServerArgs``; ``selection`` the platform's."""
+    """Runs one node's launch. ``args`` is a checked ``ServerArgs``; ``selection`` the platform's.
 
-    def __init__(self, args, selection, *, payload: bytes, listeners: tuple[Listener, ...] = ()) -> None:
+    ``worker_output``: when given, each worker's stdout and stderr go to a pipe of its own that
+    the supervisor reads, and every line is passed to ``worker_output(line)`` (the live terminal
+    display draws it above its table); otherwise workers write to this process's stdout and
+    stderr directly. Only for a supervisor in the main thread: the workers' output is set up by
+    pointing this process's fds 1 and 2 at the pipe while each is spawned.
+    """
+
+    def __init__(
+        self,
+        args: ServerArgs,
+        selection: Selection,
+        *,
+        payload: bytes,
+        listeners: tuple[Listener, ...] = (),
+        worker_output: Callable[[str], None] | None = None,
+    ) -> None:
         self.args = args
+        self._worker_output = worker_output
+        self._pipes: dict[int, bytearray] = {}  # read end of a worker's output pipe -> partial line
         self.selection = selection
-        self.runtime = getattr(args, "runtime", "srt")
+        self.runtime = args.runtime
         self._payload = payload
-        self._listeners = [*listeners, SystemdNotifier()]
+        self._listeners: list[Listener] = [*listeners, SystemdNotifier()]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue | None = None
         self._stop_reason: str | None = None
+        # The worker whose failure or exit is the root cause, from the moment it is known: what
+        # other workers report after it is a consequence (they are reported as stopped).
+        self._blamed: str | None = None
+        self._stopping = False
         self._early_stop: str | None = None  # a stop requested before the loop ran
         self._lock = threading.Lock()
         self._children: list[_Worker] = []
@@ -99,6 +131,42 @@ class Supervisor:
         self.ops: OpsChannel | None = None
         # Set once ``state`` exists and the loop takes requests (or the launch ended before).
         self.opened = threading.Event()
+
+    # ----------------------------------------------------------------- what ``run`` set up
+    @property
+    def _launch(self) -> LaunchState:
+        """``state``, which ``_open`` made (everything that reads it runs after that)."""
+        if self.state is None:
+            raise RuntimeError("the supervisor has no launch state yet (run() opens it)")
+        return self.state
+
+    @property
+    def _channel(self) -> OpsChannel:
+        """``ops``, which ``_open`` made."""
+        if self.ops is None:
+            raise RuntimeError("the supervisor has no ops channel yet (run() opens it)")
+        return self.ops
+
+    @property
+    def _watcher(self) -> Children:
+        """The ``Children`` that ``_open`` made."""
+        if self._kids is None:
+            raise RuntimeError("the supervisor watches no children yet (run() opens it)")
+        return self._kids
+
+    @property
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop ``run`` runs on."""
+        if self._loop is None:
+            raise RuntimeError("the supervisor is not running")
+        return self._loop
+
+    @property
+    def _queue(self) -> asyncio.Queue:
+        """The inbox ``run`` made on its loop."""
+        if self._inbox is None:
+            raise RuntimeError("the supervisor is not running (run() makes its inbox)")
+        return self._inbox
 
     # ----------------------------------------------------------------- requests from outside
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -114,15 +182,27 @@ class Supervisor:
             pass
 
     def install_signal_handlers(self) -> None:
-        """SIGINT and SIGTERM stop gracefully (call from ``run``'s thread, the main thread)."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._loop.add_signal_handler(sig, self._post, "stop", f"received {signal.Signals(sig).name}")
+        """SIGINT, SIGTERM, SIGHUP and SIGQUIT stop gracefully, a second one ends the grace
+        period; other would-be-fatal signals are logged (see ``launcher._signals``). Call from
+        ``run``'s thread, the main thread."""
+        _signals.install_on_loop(self._running_loop, self._on_stop_signal)
+        for signame in _signals.take_pending():
+            self._on_stop_signal(signame)
+
+    def _on_stop_signal(self, signame: str) -> None:
+        stopping = self._stop_reason is not None or (self.state is not None and self.state.phase == STOPPING)
+        if not stopping:
+            self._post("stop", f"received {signame}")
+        elif not self._hurry.is_set():
+            log.warning("received %s while stopping: the grace period is over, ending the workers now", signame)
+            self._hurry.set()
 
     # ----------------------------------------------------------------- the launch
-    async def run(self, *, handle_signals: bool = False) -> Outcome:
+    async def run(self, *, handle_signals: bool = False) -> LaunchOutcome:
         with self._lock:
             self._loop = asyncio.get_running_loop()
             self._inbox = asyncio.Queue()
+            self._hurry = asyncio.Event()
             if self._early_stop:
                 self._post("stop", self._early_stop)
         zctx = zmq.asyncio.Context()
@@ -170,18 +250,20 @@ class Supervisor:
             if kind == "exit":
                 return await self._exit_cause(item)
 
-    async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> Outcome:
-        state = self.state
+    async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> LaunchOutcome:
+        state = self._launch
+        self._stopping = True
         if cause is not None:
+            self._blamed = self._blamed or cause.worker
             state.phase = FAILED
             state.root_cause = cause.to_dict()
-            self.ops.emit("server.failed", root_cause=cause.to_dict(), root_cause_text=cause.format())
+            self._channel.emit("server.failed", root_cause=cause.to_dict(), root_cause_text=cause.format())
             reason = cause.summary
         else:
             reason = self._stop_reason or "stop requested"
         state.phase = STOPPING
-        self.ops.emit("server.stopping", reason=reason)
-        teardown = await self._stop_children()
+        self._channel.emit("server.stopping", reason=reason)
+        teardown = await self._stop_children(fail_fast=cause is not None)
         for child in self._children:
             failure = child.failure
             if cause is None and failure is not None and failure.phase == phases.STOPPING:
@@ -191,8 +273,9 @@ class Supervisor:
         if cause is None:
             state.phase = STOPPED
         exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
-        self.ops.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
-        return Outcome(exit_code, cause, state.snapshot(), was_ready)
+        self._drain_pipes()
+        self._channel.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
+        return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 
     # ----------------------------------------------------------------- set-up and release
     def _open(self, zctx: zmq.asyncio.Context) -> None:
@@ -218,7 +301,7 @@ class Supervisor:
 
         args = self.args
         url = f"http://{_url_host(args.host)}:{args.port}" if any(s.role == "http" for s in specs) else None
-        self.state = LaunchState(
+        state = self.state = LaunchState(
             runtime=self.runtime,
             platform=self.selection.key,
             platform_reason=self.selection.reason,
@@ -227,32 +310,32 @@ class Supervisor:
             nnodes=args.nnodes,
             workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank) for s in specs],
         )
-        self._kids = Children(zctx, endpoints.status, self._on_message, self._on_sentinel)
-        self._children = [_Worker(self._kids.add(spec), ws) for spec, ws in zip(specs, self.state.workers)]
-        self.ops = OpsChannel(zctx, self.state, endpoints.ops, endpoints.query)
+        kids = self._kids = Children(zctx, endpoints.status, self._on_message, self._on_sentinel)
+        self._children = [_Worker(kids.add(spec), ws) for spec, ws in zip(specs, state.workers, strict=True)]
+        ops = self.ops = OpsChannel(zctx, state, endpoints.ops, endpoints.query)
         for listener in self._listeners:
-            self.ops.add_listener(listener)
-        self.ops.start()
+            ops.add_listener(listener)
+        ops.start()
         self._rundir.write_state(
             {
                 "pid": os.getpid(),
-                "started_at": self.state.started_at,
+                "started_at": state.started_at,
                 "url": url,
                 "node_rank": args.node_rank,
                 "runtime_dir": endpoints.runtime_dir,
                 "ops_endpoint": endpoints.ops,
                 "query_endpoint": endpoints.query,
-                "argv": sys.argv,
+                "argv": _secrets.redact_argv(sys.argv),
             }
         )
 
     def _close(self, zctx: zmq.asyncio.Context, handle_signals: bool) -> None:
         """Release everything ``_open`` made; the launch is over (or never started)."""
-        if handle_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._loop.remove_signal_handler(sig)
+        if handle_signals and self._loop is not None:
+            _signals.restore(self._loop)
         if self._kids is not None:
             self._kids.close()  # kills leftovers only after an unexpected error: normally all are gone
+        self._drain_pipes()
         if self.ops is not None:
             self.ops.close()
         zctx.destroy(linger=500)
@@ -263,31 +346,92 @@ class Supervisor:
         self.opened.set()
 
     def _spawn_all(self) -> None:
+        kids, loop = self._kids, self._loop
+        assert kids is not None and loop is not None, "spawning needs _open() and the running loop"
+        if self._worker_output is not None:
+            os.environ["PYTHONUNBUFFERED"] = "1"  # a worker's prints reach its pipe line by line
         for worker in self._children:
-            self._kids.spawn(worker.child)
-            worker.state.pid = worker.process.pid
+            if self._worker_output is None:
+                kids.spawn(worker.child)
+            else:
+                read_end, write_end = os.pipe()
+                try:
+                    kids.spawn(worker.child, output=write_end)
+                finally:
+                    os.close(write_end)
+                os.set_blocking(read_end, False)
+                self._pipes[read_end] = bytearray()
+                loop.add_reader(read_end, self._read_output, read_end)
+            worker.state.pid = worker.child.pid
+
+    def _read_output(self, fd: int) -> None:
+        """Pass the complete lines a worker wrote to ``worker_output``; at the end of its output
+        (every process holding the pipe is gone) the rest, and close the pipe."""
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        pending = self._pipes[fd]
+        pending += data
+        *lines, rest = pending.split(b"\n")
+        self._pipes[fd] = bytearray(rest)
+        if self._worker_output is not None:
+            for line in lines:
+                self._worker_output(line.decode(errors="replace"))
+        if not data:
+            self._close_pipe(fd)
+
+    def _close_pipe(self, fd: int) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(fd)
+        rest = self._pipes.pop(fd)
+        if rest and self._worker_output is not None:
+            self._worker_output(rest.decode(errors="replace"))
+        os.close(fd)
+
+    def _drain_pipes(self) -> None:
+        """Pass on what the workers wrote last (their pipes hold it after they are gone)."""
+        for fd in list(self._pipes):
+            while fd in self._pipes:
+                before = len(self._pipes[fd])
+                self._read_output(fd)
+                if fd in self._pipes and len(self._pipes[fd]) == before and not self._readable(fd):
+                    self._close_pipe(fd)
+
+    @staticmethod
+    def _readable(fd: int) -> bool:
+        import select
+
+        return bool(select.select([fd], [], [], 0)[0])
 
     # ----------------------------------------------------------------- inputs
-    def _post(self, kind: str, item=None) -> None:
+    def _post(self, kind: str, item: Any = None) -> None:
         if kind == "stop" and self._stop_reason is None:
             self._stop_reason = item
             log.debug("stopping: %s", item)
-        self._inbox.put_nowait((kind, item))
+        self._queue.put_nowait((kind, item))
 
-    async def _next(self, deadline: float | None):
+    async def _next(self, deadline: float | None) -> tuple[str, Any]:
         if deadline is None:
-            return await self._inbox.get()
+            return await self._queue.get()
         try:
-            return await asyncio.wait_for(self._inbox.get(), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
+            return await asyncio.wait_for(self._queue.get(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
             return "timeout", None
 
     def _on_sentinel(self, child: Child) -> None:
-        self._post("exit", self._worker_of(child))
+        worker = self._worker_of(child)
+        if self._blamed is None and not self._stopping and self._stop_reason is None:
+            self._blamed = worker.state.name
+        self._post("exit", worker)
 
-    def _on_message(self, child: Child, message) -> None:
-        child = self._worker_of(child)
+    def _on_message(self, spawned: Child, message: messages.Message) -> None:
+        child = self._worker_of(spawned)
         ws = child.state
+        if child.stopped_at_once and isinstance(message, (messages.Phase, messages.Ready)):
+            return  # sent before it was killed, read after: old news about a stopped worker
         if isinstance(message, messages.Phase):
             ws.phase = message.phase
             ws.phases[message.phase] = message.duration
@@ -298,8 +442,9 @@ class Supervisor:
             ws.platform, ws.info = message.platform, dict(message.info)
             self._emit_worker(child, phases.READY, duration=message.duration, info=ws.info)
             if message.platform != self.selection.key:
+                self._blamed = self._blamed or ws.name
                 self._post("failed", self._mismatch_cause(child, message.platform))
-            elif self.state.all_ready():
+            elif self._launch.all_ready():
                 self._post("all_ready")
         elif isinstance(message, messages.Failed):
             ws.error = {
@@ -308,6 +453,15 @@ class Supervisor:
                 "message": message.message,
                 "traceback": message.traceback,
             }
+            if self._blamed is not None and self._blamed != ws.name:
+                # A consequence of the root cause (a peer gone, a stop on the way): its report
+                # is kept in the snapshot, and the worker counts as stopped, not failed.
+                if ws.phase != "stopped":
+                    ws.phase = "stopped"
+                    self._emit_worker(child, "stopped", error=ws.error, because_of=self._blamed)
+                return
+            if self._stop_reason is None and not self._stopping:
+                self._blamed = ws.name
             self._emit_worker(child, "failed", error=ws.error)
             self._post("failed", self._failure_cause(child, message.exit_code))
         elif isinstance(message, messages.Stopped):
@@ -322,7 +476,7 @@ class Supervisor:
     async def _exit_cause(self, child: _Worker) -> RootCause:
         """A child exited on its own: record how, wait for its report if it sent one, explain."""
         code = await self._reap(child)
-        await self._kids.settle(child.child)
+        await self._watcher.settle(child.child)
         await self._sweep_adopted()
         if child.failure is not None:
             return self._failure_cause(child, code)
@@ -351,6 +505,8 @@ class Supervisor:
 
     def _failure_cause(self, child: _Worker, code: int | None) -> RootCause:
         failure, ws = child.failure, child.state
+        if failure is None:  # called once the child's ``failed`` report arrived
+            raise RuntimeError(f"{ws.name} sent no failure report")
         after_ready = failure.phase in (phases.SERVING, phases.STOPPING)
         return RootCause(
             summary=f"{ws.name} failed while {phases.DOING.get(failure.phase, failure.phase)}",
@@ -397,7 +553,7 @@ class Supervisor:
     async def _reap(self, child: _Worker) -> int | None:
         """The exit code of a child whose sentinel fired; its ``exited`` event the first time."""
         if not child.child.exit_seen:
-            await self._kids.reap(child.child)
+            await self._watcher.reap(child.child)
         self._emit_exited(child)
         return child.child.exitcode
 
@@ -411,19 +567,31 @@ class Supervisor:
         self._emit_worker(child, "exited", exitcode=code, signal=ws.signal)
 
     # ----------------------------------------------------------------- stopping
-    async def _stop_children(self) -> float:
+    async def _stop_children(self, fail_fast: bool) -> float:
         """HTTP first, then schedulers: SIGTERM, grace period, SIGKILL of what remains of each tree.
 
         Each group is gone (and reaped, its ``exited`` events out) before the next is signalled.
+        With ``fail_fast`` (the launch failed), every worker still starting other than the root
+        cause's is first killed at once, with no grace period: it holds nothing to drain.
         """
         started = time.monotonic()
         grace = float(self.args.stop_grace_period)
+        if fail_fast:
+            starting = [w for w in self._children
+                        if w.child.running and not w.state.ready and w.state.name != self._blamed]
+            for worker in starting:
+                worker.stopped_at_once = True
+                worker.state.phase = "stopped"
+                self._emit_worker(worker, "stopped", because_of=self._blamed, at_once=True)
+            await self._watcher.stop([w.child for w in starting], 0)
+            for worker in starting:
+                self._emit_exited(worker)
         for roles in (("http",), ("scheduler",), None):
             group = [
                 c for c in self._children
                 if c.process is not None and not c.child.exit_seen and (roles is None or c.spec.role in roles)
             ]
-            await self._kids.stop([c.child for c in group], grace)
+            await self._watcher.stop([c.child for c in group], grace, hurry=self._hurry)
             for child in group:
                 self._emit_exited(child)
         await self._sweep_adopted()
@@ -432,29 +600,29 @@ class Supervisor:
     async def _sweep_adopted(self) -> None:
         """As a subreaper, end and reap what a dead worker left behind (re-parented to us)."""
         if self._subreaper:
-            workers = {c.process.pid for c in self._children if c.process is not None}
+            workers = {c.child.pid for c in self._children if c.child.pid is not None}
             swept = await _proctree.sweep_adopted(workers)
             if swept:
                 log.debug("ended %d process(es) left behind by exited workers: %s", len(swept), swept)
 
     # ----------------------------------------------------------------- events
     def _emit_starting(self) -> None:
-        self.ops.emit(
+        self._channel.emit(
             "server.starting",
             platform=self.selection.key,
             platform_reason=self.selection.reason,
             cpu_fallback=is_cpu_fallback(self.selection),
             runtime=self.runtime,
-            url=self.state.url,
-            node_rank=self.state.node_rank,
-            nnodes=self.state.nnodes,
-            workers=[w.name for w in self.state.workers],
+            url=self._launch.url,
+            node_rank=self._launch.node_rank,
+            nnodes=self._launch.nnodes,
+            workers=[w.name for w in self._launch.workers],
         )
 
-    def _emit_worker(self, child: _Worker, phase: str, **extra) -> None:
+    def _emit_worker(self, child: _Worker, phase: str, **extra: object) -> None:
         ws = child.state
-        ready = sum(w.ready for w in self.state.workers)
-        self.ops.emit(
+        ready = sum(w.ready for w in self._launch.workers)
+        self._channel.emit(
             f"worker.{ws.role}.{ws.rank}.{phase}",
             worker=ws.name,
             role=ws.role,
@@ -462,18 +630,18 @@ class Supervisor:
             pid=ws.pid,
             phase=phase,
             ready_count=ready,
-            worker_count=len(self.state.workers),
+            worker_count=len(self._launch.workers),
             **extra,
         )
 
     def _emit_ready(self, startup_s: float) -> None:
-        self.state.phase = READY
-        self.state.ready_at = time.time()
-        self.ops.emit(
+        self._launch.phase = READY
+        self._launch.ready_at = time.time()
+        self._channel.emit(
             "server.ready",
-            url=self.state.url,
-            node_rank=self.state.node_rank,
-            worker_count=len(self.state.workers),
+            url=self._launch.url,
+            node_rank=self._launch.node_rank,
+            worker_count=len(self._launch.workers),
             startup_s=startup_s,
         )
 
@@ -503,12 +671,12 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def run_supervisor(supervisor: Supervisor, *, handle_signals: bool = False) -> Outcome:
+def run_supervisor(supervisor: Supervisor, *, handle_signals: bool = False) -> LaunchOutcome:
     """Run ``supervisor`` to the end on a fresh uvloop loop in the calling thread."""
     try:
         import uvloop
 
-        loop = uvloop.new_event_loop()
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     except ImportError:  # uvloop does not exist on Windows
         loop = asyncio.new_event_loop()
     try:

@@ -10,7 +10,7 @@ Importing this package imports no torch and no plugin.
 
 from __future__ import annotations
 
-from ._selection import PlatformSelectionError, Selection
+from ._selection import PlatformSelectionError, ProbeRequired, Selection
 from ._state import LazyPlatform, PlatformSlot
 from .device_mixin import CpuArchEnum, DeviceCapability, DeviceMixin, PlatformEnum
 from .interface import SRTPlatform
@@ -22,6 +22,7 @@ __all__ = [
     "DeviceMixin",
     "PlatformEnum",
     "PlatformSelectionError",
+    "ProbeRequired",
     "SRTPlatform",
     "Selection",
     "current_platform",
@@ -36,9 +37,15 @@ _slot = PlatformSlot(SRT)
 current_platform: SRTPlatform = LazyPlatform(_slot)  # type: ignore[assignment]
 
 
-def current_selection() -> Selection:
-    """What SRT selected in this process (resolving it if nothing has yet); imports no class."""
-    return _slot.selection()
+def current_selection(probe: bool = True) -> Selection:
+    """What SRT selected in this process (resolving it if nothing has yet); imports no class.
+
+    ``probe=False`` runs no built-in platform's hardware probe (probes import torch): when nothing
+    is resolved yet, the selection is decided without them and not remembered (activation
+    callbacks do run), and where only a probe could decide, ``ProbeRequired`` is raised naming
+    the built-ins start-up would probe, in order. ``sglang-launch plugins`` uses it.
+    """
+    return _slot.selection(probe)
 
 
 def pin_selection(key: str) -> None:

@@ -12,6 +12,10 @@ platform class. The rules, in order:
    variable) is activated; one active plugin wins, several are an error, a raising callback
    aborts (it never falls back);
 4. the runtime's built-in chain, first available wins.
+
+``resolve(..., probe=False)`` stops before the first built-in whose availability needs a hardware
+probe (probes import torch) and raises ``ProbeRequired`` naming the built-ins start-up would
+probe; ``sglang-launch plugins`` reports that without ``--probe``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,28 @@ _FALSE = {"", "0", "false", "no", "off"}
 
 class PlatformSelectionError(RuntimeError):
     """Platform selection failed; the message says what was found and what to set."""
+
+
+class ProbeRequired(PlatformSelectionError):
+    """Raised by a selection made with ``probe=False`` where only hardware probes could decide.
+
+    ``reason`` says why selection reached the built-ins ("fallback: no platform plugin
+    installed"); ``builtins`` names the built-ins start-up would probe, in order, the chain's last
+    included; ``serving_fallback`` is the built-in a server uses instead of that last one (None
+    when selection was not made as a server's, or the runtime has none).
+    """
+
+    def __init__(self, runtime: str, reason: str, builtins: tuple[str, ...],
+                 serving_fallback: str | None) -> None:
+        self.runtime = runtime
+        self.reason = reason
+        self.builtins = builtins
+        self.serving_fallback = serving_fallback
+        super().__init__(
+            f"{runtime} platform selection needs hardware probes ({reason}): start-up probes "
+            f"{', '.join(builtins)} in this order and takes the first available; select with "
+            f"probing allowed to learn which"
+        )
 
 
 class Selection(NamedTuple):
@@ -88,11 +114,13 @@ def resolve(
     environ: Mapping[str, str] | None = None,
     pinned: str | None = None,
     serving: bool = False,
+    probe: bool = True,
 ) -> Selection:
     """Decide which platform ``spec``'s runtime uses (see the module docstring for the rules).
 
     ``serving``: the process serves models, so where the built-in chain ends at a platform that
-    cannot run one, the runtime's ``serving_fallback`` built-in is used instead.
+    cannot run one, the runtime's ``serving_fallback`` built-in is used instead. ``probe=False``:
+    run no hardware probe; raise ``ProbeRequired`` where the built-in chain would need one.
     """
     environ = os.environ if environ is None else environ
     if pinned is not None:
@@ -100,7 +128,7 @@ def resolve(
     explicit = environ.get(spec.selector_env, "").strip()
     if explicit:
         return _explicit(spec, explicit)
-    return _automatic(spec, environ, serving)
+    return _automatic(spec, environ, serving, probe)
 
 
 def parse_key(spec: RuntimeSpec, key: str) -> tuple[str, str]:
@@ -181,7 +209,7 @@ def _activate_named(spec: RuntimeSpec, name: str, reason: str, how: str) -> Sele
     return _plugin_selection(spec, ep, qualname, reason)
 
 
-def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool = False) -> Selection:
+def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool, probe: bool) -> Selection:
     var = spec.selector_env
     candidates = list(entrypoints.entry_points(spec.platform_group))
     allowed = entrypoints.allowlist(spec.auto_allowlist_env, environ) if spec.auto_allowlist_env else None
@@ -213,7 +241,10 @@ def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool = Fa
         env = spec.auto_allowlist_env
         lead += (f" ({env}={environ[env]} leaves out {_listing(skipped)}; add their names to {env}, or "
                  f"unset it, to admit them to automatic selection, or set {var} to one to select it)")
-    for entry in spec.builtins:
+    for index, entry in enumerate(spec.builtins):
+        if not probe and entry.probe is not None and (entry.env_flag is None or env_flag(environ, entry.env_flag)):
+            fallback = spec.serving_fallback if serving else None
+            raise ProbeRequired(spec.name, f"fallback: {lead}", tuple(b.name for b in spec.builtins[index:]), fallback)
         if _builtin_available(entry, environ):
             if serving and spec.serving_fallback and entry is spec.builtins[-1]:
                 served = _known_builtin(spec, spec.serving_fallback)

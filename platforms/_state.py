@@ -57,11 +57,22 @@ class PlatformSlot:
         with self._lock:
             self._serving = True
 
-    def selection(self) -> Selection:
-        """What this runtime selected, resolving it first if needed."""
+    def selection(self, probe: bool = True) -> Selection:
+        """What this runtime selected, resolving it first if needed; see
+        ``platforms.current_selection`` for ``probe=False``."""
         selection = self._selection
         if selection is not None:
             return selection
+        if not probe:
+            with self._lock:
+                self._raise_if_failed_or_busy()
+                if self._selection is not None:
+                    return self._selection
+                self._busy = True
+                try:  # a preview: neither the selection nor its error is remembered
+                    return _selection.resolve(self.spec, os.environ, self._pinned, self._serving, probe=False)
+                finally:
+                    self._busy = False
         with self._lock:
             self._raise_if_failed_or_busy()
             if self._selection is None:
@@ -110,10 +121,6 @@ class PlatformSlot:
         platform = self.platform()
         self._init.run(platform.init_backend)
         return platform
-
-    @property
-    def initialized(self) -> bool:
-        return self._init.done
 
     def _after_fork(self) -> None:
         self._lock = threading.RLock()

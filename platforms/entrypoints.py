@@ -109,11 +109,6 @@ def entry_points(group: str) -> tuple[EntryPoint, ...]:
     return table[group]
 
 
-def distributions_providing(group: str) -> set[str]:
-    """Names of the distributions that ship at least one entry point in ``group``."""
-    return {ep.distribution for ep in entry_points(group) if ep.distribution}
-
-
 def snapshot() -> tuple[tuple[str, str, str, str | None], ...]:
     """This process's table as plain tuples ``(group, name, value, distribution)``.
 

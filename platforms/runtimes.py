@@ -60,7 +60,7 @@ class RuntimeSpec(NamedTuple):
     # the API routes the HTTP child adds ("module:function(kit)"; None: the text routes only),
     # and the file that marks a model directory of this runtime.
     worker_target: str = "launcher.workers.scheduler.run_scheduler_process"
-    model_check: str = "launcher.workers.model_source:resolve_model"
+    model_check: str = "launcher.model_source:resolve_model"
     api_routes: str | None = None
     model_marker: str = "config.json"
     tensor_parallel: bool = True  # whether a replica may span several ranks (--tp-size > 1)
@@ -123,7 +123,7 @@ DIFFUSION = RuntimeSpec(
     register_plugins="hooks.diffusion:load_plugins",
     apply_hooks="hooks.diffusion:apply_plugin_hooks",
     worker_target="launcher.workers.diffusion.worker.run_diffusion_worker",
-    model_check="launcher.workers.diffusion.source:resolve_pipeline",
+    model_check="launcher.model_source:resolve_pipeline",
     api_routes="launcher.workers.diffusion.routes:add_image_routes",
     model_marker="model_index.json",
     tensor_parallel=False,

@@ -2,7 +2,8 @@
 
 The parent ("middle") is a fresh interpreter started here; it starts the protected child, prints
 the child's pid once the child is armed, and waits. The test SIGKILLs the middle (nothing it could
-clean up with) and requires the child gone within 2 s. An orphaned child is reparented away from
+clean up with) and requires the child to end (polled with a generous deadline: how fast is the
+machine's business, that it ends is the contract). An orphaned child is reparented away from
 this process, so each test kills it itself if it survives, and fails.
 """
 
@@ -18,7 +19,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from support import REPO, clean_env, wait_for
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes

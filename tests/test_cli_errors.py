@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO, clean_env, free_port, run_python
 
 LAUNCH = [sys.executable, "-m", "launcher"]

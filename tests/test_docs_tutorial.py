@@ -21,7 +21,7 @@ import sys
 
 import pytest
 from serving_support import REPO, cli_command, post, server_env, start_server
-from support import clean_env
+from support import clean_env, free_port
 
 pytestmark = pytest.mark.e2e  # installs packages and starts the launcher
 
@@ -117,7 +117,7 @@ def test_a_launch_serves_on_the_tutorial_platform_with_the_tutorial_hooks(instal
         assert hello.json() == {"plugin": "my_general_plugin", "max_batch_size": 32}
     finally:
         server.stop()
-    refused = subprocess.run([*cli_command(), "--max-batch-size", "65", "--port", "1"], capture_output=True,
+    refused = subprocess.run([*cli_command(), "--max-batch-size", "65", "--port", str(free_port())], capture_output=True,
                              text=True, env=env, cwd=str(REPO), timeout=120)
     assert refused.returncode == 2, refused.stderr
     assert "my_general_plugin supports --max-batch-size up to 64" in refused.stderr

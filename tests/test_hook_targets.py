@@ -12,12 +12,11 @@ logged by the time the server is ready, in the process the table names.
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
 from serving_support import REPO, build_tiny_llama, post, server_env, start_server
-from support import make_dist
+from support import make_dist, wait_for
 
 pytestmark = pytest.mark.e2e  # every test here starts servers through the CLI
 
@@ -99,7 +98,7 @@ def embedding(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def generation(tmp_path_factory):
-    from launcher.workers.model_source import default_model_dir
+    from launcher.model_source import default_model_dir
 
     tmp = tmp_path_factory.mktemp("targets-gen")
     model = build_tiny_llama(tmp / "tiny-llama", default_model_dir())
@@ -118,14 +117,6 @@ def _request(observed: Observed, kind: str) -> None:
     assert r.status_code == 200, r.text
 
 
-def _wait_for(condition, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting until {what}")
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("target, when", TARGETS, ids=[t for t, _ in TARGETS])
 def test_a_hook_on_each_documented_target_sees_real_traffic(target, when, embedding, generation):
     # Both servers are module fixtures (started once, before the per-test process accounting).
@@ -135,7 +126,8 @@ def test_a_hook_on_each_documented_target_sees_real_traffic(target, when, embedd
         before = len(observed.pids(target))
         _request(observed, kind)
         # The hook ran for this request: its process wrote again (the reply may beat the write).
-        _wait_for(lambda: len(observed.pids(target)) > before, f"{target} is called for a request")
+        wait_for(lambda: len(observed.pids(target)) > before, 60, f"{target} to be called for a request",
+                 interval=0.05)
         return
     assert when.startswith("at start-up"), f"the table's 'Runs' cell for {target} is {when!r}: say when it runs"
     observed = embedding

@@ -534,3 +534,25 @@ class Child(Plain):
     assert seen == ["Child"]
     registry.reset()
     assert mod.pid is os.getpid and "__init__" not in mod.Child.__dict__
+
+
+def test_adopt_attributes_hooks_of_no_plugin_by_their_module(modules, registry):
+    target = modules(FUNCS)
+    owner = modules("""
+def hook(result, x, y):
+    return result
+""", extra="def hook(result, x, y):\n    return result\n")
+    other = modules("def hook(result, x, y):\n    return result\n")
+    extra = importlib.import_module(f"{owner.__name__}_extra")
+    for fn in (owner.hook, extra.hook, other.hook):
+        registry.register(f"{target.__name__}.add", fn)
+    source = PluginSource("mine", "my-dist", "sglang.srt.plugins")
+    with plugin_source(PluginSource("theirs", "their-dist", "sglang.srt.plugins")):
+        registry.register(f"{target.__name__}.g", owner.hook)  # already someone's: left alone
+    adopted = registry.adopt(owner.__name__, source)
+    assert [h.func for h in adopted] == [owner.hook]  # a sibling module with a longer name is not a submodule
+    by_func = {(h.func, h.path.dotted): h.source for h in registry.hooks()}
+    assert by_func[(owner.hook, f"{target.__name__}.add")] == source
+    assert by_func[(extra.hook, f"{target.__name__}.add")] is None
+    assert by_func[(other.hook, f"{target.__name__}.add")] is None
+    assert by_func[(owner.hook, f"{target.__name__}.g")].name == "theirs"

@@ -32,7 +32,7 @@ def embedder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def generator(tmp_path_factory):
-    from launcher.workers.model_source import default_model_dir
+    from launcher.model_source import default_model_dir
 
     tmp = tmp_path_factory.mktemp("openai-tiny")
     path = build_tiny_llama(tmp / "tiny-llama", default_model_dir())

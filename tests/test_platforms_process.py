@@ -9,7 +9,6 @@ threads, terminal failure, fork), ``pin_selection``, and the pip-installed demo 
 from __future__ import annotations
 
 import pytest
-
 from plugin_fixtures import DEMO_DISTRIBUTION, platform_plugin
 from support import clean_env, run_python
 
@@ -380,3 +379,44 @@ def test_a_server_runs_on_the_cpu_where_the_srt_chart_ends_at_the_base_platform(
     platform_plugin(site, "on")
     with_plugin = run_python(code, args=["serve"], sites=[site])
     assert with_plugin.data[0] == "plugin:on", with_plugin
+
+
+def test_current_selection_without_probes(site):
+    """``current_selection(probe=False)`` runs no hardware probe and imports no torch: where only a
+    probe could decide it raises ``ProbeRequired`` naming the built-ins in probing order (with the
+    server's stand-in after ``use_serving_fallback()``) and remembers nothing; a plugin that
+    activates, or an environment-only built-in, is selected as usual."""
+    code = """
+        import json, sys
+        import platforms, platforms.diffusion
+        from platforms import ProbeRequired
+        if sys.argv[1] == "serve":
+            platforms.use_serving_fallback()
+        out = {}
+        for name, module in (("srt", platforms), ("diffusion", platforms.diffusion)):
+            try:
+                s = module.current_selection(probe=False)
+                out[name] = ["selected", s.key, s.reason]
+            except ProbeRequired as need:
+                out[name] = ["probe", list(need.builtins), need.serving_fallback, need.reason]
+        out["torch"] = "torch" in sys.modules
+        out["probes_imported"] = sorted(m for m in sys.modules if m.startswith("platforms.builtin."))
+        out["then"] = platforms.current_selection().key  # nothing was remembered: this one probes
+        print("RESULT:" + json.dumps(out))
+    """
+    bare = run_python(code, args=["plain"]).data
+    assert bare["srt"] == ["probe", ["cuda", "rocm", "xpu", "base"], None, "fallback: no platform plugin installed"]
+    assert bare["diffusion"][:3] == ["probe", ["mps", "xpu", "rocm", "cuda", "npu", "musa", "cpu"], None]
+    assert not bare["torch"] and bare["probes_imported"] == [], bare
+    assert bare["then"].startswith("builtin:")  # probed now: base here, an accelerator's elsewhere
+
+    served = run_python(code, args=["serve"]).data
+    assert served["srt"][:3] == ["probe", ["cuda", "rocm", "xpu", "base"], "cpu"], served
+    assert served["then"].startswith("builtin:")
+
+    cpu_engine = run_python(code, args=["plain"], env=clean_env(SGLANG_USE_CPU_ENGINE="1")).data
+    assert cpu_engine["srt"][:2] == ["selected", "builtin:cpu"], cpu_engine
+
+    platform_plugin(site, "on")
+    with_plugin = run_python(code, args=["plain"], sites=[site]).data
+    assert with_plugin["srt"][:2] == ["selected", "plugin:on"] and not with_plugin["torch"], with_plugin

@@ -11,9 +11,9 @@ import dataclasses
 
 import msgspec
 import pytest
+from support import clean_env, make_dist, run_python
 
 from bootstrap.payload import FORMAT, VERSION, PayloadError, decode_payload, encode_payload
-from support import clean_env, make_dist, run_python
 
 # The platform these tests' ServerArgs resolve: the CPU one, without probing for accelerators (the
 # probe imports torch, which these tests do not need; selection has tests of its own).
@@ -80,13 +80,16 @@ def test_check_server_args_lists_every_problem_with_what_to_change():
 
         out = {}
         ServerArgs().check_server_args()  # the defaults are valid
-        ServerArgs(nnodes=2, tp_size=2, dist_init_addr="10.0.0.1:5000", node_rank=1).check_server_args()
+        # (another engine's scheduler: the default model, an encoder, cannot take --tp-size 2)
+        ServerArgs(nnodes=2, tp_size=2, dist_init_addr="10.0.0.1:5000", node_rank=1,
+                   scheduler_target="other_engine.run").check_server_args()
         ServerArgs(http_target="").check_server_args()  # no HTTP worker
         cases = {
             "many": dict(port=70000, tp_size=0, nnodes=2, node_rank=3, max_total_tokens=10,
                          stop_grace_period=-1, scheduler_target="not a path", http_target="x y"),
             "addr": dict(dist_init_addr="nohost"),
             "types": dict(port="8000", trust_remote_code="yes"),
+            "encoder": dict(tp_size=2, dp_size=3),  # the default model is a BERT encoder
         }
         for name, fields in cases.items():
             try:
@@ -113,6 +116,10 @@ def test_check_server_args_lists_every_problem_with_what_to_change():
     types = result.data["types"]["text"]
     assert "--port must be an int, got '8000' (str)" in types
     assert "--trust-remote-code must be a bool" in types
+    encoder = result.data["encoder"]["problems"]
+    assert len(encoder) == 1 and "--tp-size 2 needs a causal LM" in encoder[0], encoder
+    assert "BertModel encoder (its config.json says so)" in encoder[0], encoder
+    assert encoder[0].endswith("serve it with --tp-size 1 and scale out with --dp-size 6"), encoder
 
 
 def test_post_init_applies_the_selected_platforms_defaults_for_each_runtime(site):

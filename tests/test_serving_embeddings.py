@@ -4,6 +4,7 @@ schemathesis fuzz pass over the app's own OpenAPI schema, and a bounded load tes
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -55,8 +56,8 @@ def test_first_request_with_the_default_model(server):
 def test_served_vectors_are_the_models_own(server):
     """What reaches the client (float32 bytes from the scheduler, JSON from the HTTP child) is the
     model's output as ModelRunner computes it in-process, for each text of a batch."""
+    from launcher.model_source import resolve_model
     from launcher.workers.model_runner import ModelRunner
-    from launcher.workers.model_source import resolve_model
     from platforms.builtin.cpu import CpuSRTPlatform
 
     texts = ["a cat sits on the mat", "stock prices fell sharply", "x"]
@@ -81,6 +82,8 @@ def test_read_only_routes(server):
     memory = info["schedulers"][0]["memory"]
     assert memory["total_bytes"] > memory["available_bytes"] > 0
     assert info["server_args"]["host"] == "127.0.0.1" and info["server_args"]["model_path"] is None
+    version = importlib.metadata.version("sglang-launch")  # pyproject.toml, the one source
+    assert info["version"] == version and get("/openapi.json").json()["info"]["version"] == version
     embed(server, "count me")
     samples = metric_samples(get("/metrics").text)
     assert samples[("sglang_requests_total", (("route", "/v1/embeddings"), ("status", "200")))] >= 1

@@ -9,8 +9,15 @@ import json
 
 import httpx
 import pytest
-
-from serving_support import Server, build_tiny_llama, post, server_env, start_server, start_two_nodes, stop_all
+from serving_support import (
+    Server,
+    build_tiny_llama,
+    post,
+    server_env,
+    start_server,
+    start_two_nodes,
+    stop_all,
+)
 from support import wait_for
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
@@ -21,7 +28,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    from launcher.workers.model_source import default_model_dir
+    from launcher.model_source import default_model_dir
 
     return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", default_model_dir())
 

@@ -27,7 +27,12 @@ Targets:
 - ``spawn_grandchild``: starts a ``sleep``-like grandchild process, ready (info: its pid), waits.
 - ``spawn_descendants``: starts a plain child and a double-forked ``setsid`` grandchild (whose
   parent exits at once) and does not stop them itself; ready (info: ``child``, ``detached``).
+- ``never_ready``: reports phase ``loading``, creates the marker, waits for ``ctx.stopping``
+  without ever reporting ready (a worker stopped in the middle of its start-up).
 - ``custom_phases``: reports phases ``model_loaded`` and ``warmed_up``, then ready, waits.
+- ``chatty_ready``: writes ``TESTWORKER_LINES`` numbered lines to stdout and stderr, then ready.
+- ``fail_on_last_rank``: the last scheduler rank raises once the others run; the others never
+  get ready and ignore SIGTERM (``TESTWORKER_RANKS_DIR``: a folder for their marker files).
 """
 
 from __future__ import annotations
@@ -163,6 +168,36 @@ def custom_phases(server_args, ctx) -> None:
     _wait_for_stop(ctx)
 
 
+def chatty_ready(server_args, ctx) -> None:
+    """Writes ``TESTWORKER_LINES`` (default 5) numbered lines to stdout and stderr in turn,
+    each naming the worker, before and after it reports a phase of its own; then ready, waits."""
+    count = int(os.environ.get("TESTWORKER_LINES", "5"))
+    name = f"{ctx.role}.{ctx.rank}"
+    for i in range(count):
+        print(f"log line {i} of {name}", file=sys.stderr if i % 2 else sys.stdout, flush=True)
+        if i == count // 2:
+            ctx.phase("warming_up")
+    ctx.ready(**_identity(ctx))
+    _wait_for_stop(ctx)
+
+
+def fail_on_last_rank(server_args, ctx) -> None:
+    """The last scheduler rank raises once every other rank is running (their marker files
+    exist); every other worker never reports ready and ignores SIGTERM, as a rank blocked in a
+    collective would. ``TESTWORKER_RANKS_DIR`` is a folder: each waiting worker creates
+    ``<role>.<rank>`` in it."""
+    folder = os.environ["TESTWORKER_RANKS_DIR"]
+    if ctx.role == "scheduler" and ctx.rank == ctx.world_size - 1:
+        others = [f"scheduler.{r}" for r in range(ctx.world_size - 1)]
+        while not all(os.path.exists(os.path.join(folder, n)) for n in others):
+            time.sleep(0.01)
+        raise RuntimeError("the last rank failed on purpose")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(os.path.join(folder, f"{ctx.role}.{ctx.rank}"), "w").close()
+    while True:
+        time.sleep(3600)
+
+
 _DETACH = """
 import subprocess, sys
 p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True,
@@ -176,5 +211,11 @@ def spawn_descendants(server_args, ctx) -> None:
     # The intermediate starts a setsid grandchild and exits: the grandchild is orphaned at once.
     middle = subprocess.run([sys.executable, "-c", _DETACH], capture_output=True, text=True, check=True)
     ctx.ready(**_identity(ctx), child=child.pid, detached=int(middle.stdout.split()[0]))
+    _marker()
+    _wait_for_stop(ctx)
+
+
+def never_ready(server_args, ctx) -> None:
+    ctx.phase("loading")
     _marker()
     _wait_for_stop(ctx)

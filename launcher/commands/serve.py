@@ -3,7 +3,8 @@
 The order is the spec's: this process's plugins are loaded (for ``--runtime``'s hook group)
 before the ``ServerArgs`` class is looked up and its options are added to the parser, so plugins
 can add options, change defaults and relax checks. Then the platform is resolved once and the
-supervisor runs in this (main) thread, where SIGINT and SIGTERM stop it gracefully.
+supervisor runs in this (main) thread, where SIGINT, SIGTERM, SIGHUP and SIGQUIT stop it gracefully
+(see ``launcher._signals``).
 """
 
 from __future__ import annotations
@@ -37,13 +38,23 @@ def build_parser(server_args_class: type[ServerArgs]) -> argparse.ArgumentParser
 
 
 def main(argv: list[str]) -> int:
-    from launcher import _prepare
+    """Serve until stopped; the exit code is an ``ExitCode``. The caller has installed
+    ``launcher._signals.install_early()``: a stop signal before the supervisor runs raises
+    ``StopRequested`` (``launcher.cli`` turns it into exit 0)."""
+    from launcher import _prepare, _signals
 
     try:
-        _prepare.load_plugins(_prepare.peek_runtime(argv))
+        runtime = _prepare.peek_runtime(argv)
+        _prepare.load_plugins(runtime, select=False)
         server_args_class = _prepare.server_args_class()
+        # --help (and a command-line error) ends here: no platform is selected, no torch imported.
         ns = build_parser(server_args_class).parse_args(argv)
+        # Selected before ServerArgs is built: its __post_init__ applies the platform's defaults.
+        _prepare.select_platform(runtime)
         _configure_logging(ns.log_level)
+        from launcher._secrets import warn_if_on_command_line
+
+        warn_if_on_command_line(argv)
         args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns))
         selection, payload = _prepare.finish(args)
     except LaunchError as exc:
@@ -53,7 +64,16 @@ def main(argv: list[str]) -> int:
     from launcher._display import TerminalDisplay
     from launcher.supervisor import Supervisor, run_supervisor
 
-    supervisor = Supervisor(args, selection, payload=payload, listeners=(TerminalDisplay(),))
+    display = TerminalDisplay()
+    # On a terminal the workers' lines go through the display, above its live table.
+    supervisor = Supervisor(
+        args,
+        selection,
+        payload=payload,
+        listeners=(display,),
+        worker_output=display.worker_output if display.live else None,
+    )
+    _signals.defer()  # from here a stop signal is the supervisor's to act on
     try:
         outcome = run_supervisor(supervisor, handle_signals=True)
     except LaunchError as exc:  # set-up failed before any worker was started

@@ -104,7 +104,7 @@ async def _watch(
             children.spawn(child, output=2)  # the child's prints go to stderr, never to --json
             try:
                 await asyncio.wait_for(status.changed.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 timed_out = True
             # A worker runs until asked to stop: once ready the checks are done.
             await children.stop([child], _STOP_GRACE_S if status.ready else _FAILED_GRACE_S)

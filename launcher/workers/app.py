@@ -22,7 +22,6 @@ import asyncio
 import base64
 import dataclasses
 import hmac
-import importlib.metadata
 import logging
 import time
 import uuid
@@ -39,7 +38,8 @@ from typing import Any
 import msgspec
 from starlette.responses import Response, StreamingResponse
 
-from launcher.workers import messages as m
+import launcher
+from launcher.workers import messages
 from launcher.workers.client import SchedulerClient, SchedulerError
 from launcher.workers.metrics import Metrics
 from launcher.workers.schemas import (
@@ -59,14 +59,7 @@ _json = msgspec.json.Encoder()
 log = logging.getLogger("sglang_launch.http")
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("sglang-launch")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-VERSION = _version()
+VERSION: str = launcher.__version__
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -150,10 +143,11 @@ class App:
         self.state = state
         self.routes: dict[str, dict[str, Route]] = {}
         for route in routes:
-            self.add(route)
+            self.add_route(route)
 
-    def add(self, route: Route) -> None:
-        """Serve ``route`` (replacing one of the same method and path)."""
+    def add_route(self, route: Route) -> None:
+        """Serve ``route`` too (a plugin's ``build_app`` hook adds its routes this way); one for
+        the same method and path replaces the earlier one."""
         self.routes.setdefault(route.path, {})[route.method] = route
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
@@ -345,8 +339,8 @@ async def _unless_disconnected(receive: Receive, awaitable: Awaitable[Any]) -> A
         watcher.cancel()
 
 
-def _sampling(params: SamplingFields, max_new_tokens: int) -> m.SamplingParams:
-    return m.SamplingParams(
+def _sampling(params: SamplingFields, max_new_tokens: int) -> messages.SamplingParams:
+    return messages.SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
@@ -368,14 +362,14 @@ def _args_dict(server_args: object) -> dict:
             for k, v in data.items()}
 
 
-def _embedding_rows(reply: m.Embeddings, encoding: str) -> list:
+def _embedding_rows(reply: messages.Embeddings, encoding: str) -> list:
     """Each vector of ``reply``: a list of floats, or (``base64``) the base64 of its
     little-endian float32 bytes, as OpenAI defines ``encoding_format``."""
     if encoding == "base64":
         row = reply.dim * 4
         data = reply.vectors
         return [base64.b64encode(data[at:at + row]).decode("ascii") for at in range(0, len(data), row)]
-    return m.unpack_vectors(reply.vectors, reply.dim)
+    return messages.unpack_vectors(reply.vectors, reply.dim)
 
 
 DOCS_PAGE = b"""<!doctype html>
@@ -386,6 +380,11 @@ DOCS_PAGE = b"""<!doctype html>
 <script>SwaggerUIBundle({url: "openapi.json", dom_id: "#ui"});</script>
 </body></html>
 """
+
+
+def _generate_for(text: str, params: messages.SamplingParams) -> Callable[[str], messages.GenerateRequest]:
+    """What makes the scheduler request for one prompt: a request id in, its request out."""
+    return lambda rid: messages.GenerateRequest(rid, text, params)
 
 
 def create_app(state: AppState) -> App:
@@ -428,7 +427,7 @@ def create_app(state: AppState) -> App:
             return error_response(400, f"dimensions is not supported by model {state.served_name!r}: it "
                                        f"returns its native embedding size; leave dimensions out", "dimensions")
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
-        reply = await _unless_disconnected(receive, client.one(lambda rid: m.EmbedRequest(rid, texts)))
+        reply = await _unless_disconnected(receive, client.one(lambda rid: messages.EmbedRequest(rid, texts)))
         if reply is None:
             return Response(status_code=499)
         metrics.observe_result(reply.batch_size, reply.prompt_tokens)
@@ -450,22 +449,22 @@ def create_app(state: AppState) -> App:
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
 
-            def chunk(reply: m.Generated) -> dict:
+            def chunk(reply: messages.Generated) -> dict:
                 return {"id": cid, "object": "text_completion", "created": created,
                         "model": state.served_name,
                         "choices": [{"index": 0, "text": reply.text, "logprobs": None,
                                      "finish_reason": reply.finish_reason if reply.finished else None}]}
 
-            def last(reply: m.Generated) -> dict | None:
+            def last(reply: messages.Generated) -> dict | None:
                 if not usage:
                     return None
                 return {"id": cid, "object": "text_completion", "created": created,
                         "model": state.served_name, "choices": [],
                         "usage": _usage(reply.prompt_tokens, reply.completion_tokens)}
 
-            return await _stream(client.call(lambda rid: m.GenerateRequest(rid, prompts[0], params, True)),
+            return await _stream(client.call(lambda rid: messages.GenerateRequest(rid, prompts[0], params, True)),
                                  chunk, metrics, last)
-        calls = [client.one(lambda rid, p=p: m.GenerateRequest(rid, p, params)) for p in prompts]
+        calls = [client.one(_generate_for(p, params)) for p in prompts]
         replies = await _unless_disconnected(receive, asyncio.gather(*calls))
         if replies is None:
             return Response(status_code=499)
@@ -482,7 +481,7 @@ def create_app(state: AppState) -> App:
         sp = body.sampling_params
         params = _sampling(sp, sp.max_new_tokens)
 
-        def meta(reply: m.Generated, rid: str) -> dict:
+        def meta(reply: messages.Generated, rid: str) -> dict:
             return {"id": rid, "prompt_tokens": reply.prompt_tokens,
                     "completion_tokens": reply.completion_tokens,
                     "finish_reason": {"type": reply.finish_reason} if reply.finish_reason else None,
@@ -491,14 +490,14 @@ def create_app(state: AppState) -> App:
         if body.stream:
             text = [""]
 
-            def chunk(reply: m.Generated) -> dict:
+            def chunk(reply: messages.Generated) -> dict:
                 text[0] += reply.text  # the native stream carries the text so far
                 return {"text": text[0], "meta_info": meta(reply, reply.rid)}
 
-            return await _stream(client.call(lambda rid: m.GenerateRequest(rid, body.text, params, True)),
+            return await _stream(client.call(lambda rid: messages.GenerateRequest(rid, body.text, params, True)),
                                  chunk, metrics)
         reply = await _unless_disconnected(
-            receive, client.one(lambda rid: m.GenerateRequest(rid, body.text, params)))
+            receive, client.one(lambda rid: messages.GenerateRequest(rid, body.text, params)))
         if reply is None:
             return Response(status_code=499)
         metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
@@ -553,7 +552,7 @@ def create_app(state: AppState) -> App:
     ])
     if state.api_routes is not None:
         for route in state.api_routes(RouteKit(state, wrong_model, _unless_disconnected)):
-            app.add(route)
+            app.add_route(route)
     return app
 
 
@@ -562,8 +561,8 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-async def _stream(replies: AsyncGenerator[Any, None], chunk: Callable[[m.Generated], dict], metrics: Metrics,
-                  last: Callable[[m.Generated], dict | None] | None = None) -> Response:
+async def _stream(replies: AsyncGenerator[Any, None], chunk: Callable[[messages.Generated], dict], metrics: Metrics,
+                  last: Callable[[messages.Generated], dict | None] | None = None) -> Response:
     """Server-sent events of ``chunk(reply)`` (and ``last(final reply)`` when it gives one); the
     first reply is awaited before the response starts, so a rejected request is still a plain
     4xx. Closing the stream early (the client went away) closes ``replies``, which cancels the

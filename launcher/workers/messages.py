@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import array
 import sys
+from typing import TYPE_CHECKING
 
 import msgspec
+
+if TYPE_CHECKING:
+    import torch
 
 
 def scheduler_endpoint_name(dp_rank: int) -> str:
@@ -100,7 +104,7 @@ class Embeddings(msgspec.Struct, tag="embeddings"):
     batch_size: int = 1
 
 
-def pack_vectors(matrix) -> bytes:
+def pack_vectors(matrix: torch.Tensor) -> bytes:
     """The bytes of ``Embeddings.vectors`` from a 2-D float32 CPU tensor (rows ``i..j`` of it are
     bytes ``i * dim * 4 .. j * dim * 4`` of the result)."""
     rows = matrix.contiguous().numpy()
@@ -147,7 +151,7 @@ class Images(msgspec.Struct, tag="images"):
     batch_size: int = 1
 
 
-class Failed(msgspec.Struct, tag="failed"):
+class RequestFailed(msgspec.Struct, tag="failed"):
     """The request could not run. ``status`` is the HTTP status the client gets (4xx for input
     the model rejects, 503 for an unavailable scheduler); ``message`` says what to change."""
 
@@ -195,7 +199,7 @@ class Stop(msgspec.Struct, tag="stop"):
 ToFollower = Batch | Tick | Stop
 
 ToScheduler = EmbedRequest | GenerateRequest | ImageRequest | Cancel | Ping
-FromScheduler = Embeddings | Generated | Images | Failed | Pong
+FromScheduler = Embeddings | Generated | Images | RequestFailed | Pong
 
 _encoder = msgspec.msgpack.Encoder()
 _to_scheduler = msgspec.msgpack.Decoder(ToScheduler)
@@ -203,7 +207,7 @@ _from_scheduler = msgspec.msgpack.Decoder(FromScheduler)
 _to_follower = msgspec.msgpack.Decoder(ToFollower)
 
 
-def encode(message) -> bytes:
+def encode(message: msgspec.Struct) -> bytes:
     return _encoder.encode(message)
 
 

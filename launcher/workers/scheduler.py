@@ -6,7 +6,7 @@ warm-up batch, then report ready. Rank 0 binds a ROUTER socket at
 ``ctx.endpoint(scheduler_endpoint_name(dp_rank))`` (on several nodes, a replica whose rank 0 is not
 on node 0 binds TCP and announces it in the launch's store; see ``distributed``) and serves the
 HTTP child: requests are
-validated on arrival (a bad one gets a 400 ``Failed`` at once and never joins a batch), queued,
+validated on arrival (a bad one gets a 400 ``RequestFailed`` at once and never joins a batch), queued,
 and run in batches of up to ``max_batch_size`` requests, collected for at most ``batch_wait_ms``
 after the first one arrived, and no longer than until every request the HTTP child has
 outstanding at this replica is queued (so a lone request never waits). Ranks > 0 follow rank 0's broadcasts in lockstep.
@@ -23,33 +23,43 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from launcher.workers import messages as m
+from launcher.model_source import resolve_model
+from launcher.workers import messages
 from launcher.workers.model_runner import InputError, ModelRunner
-from launcher.workers.model_source import resolve_model
 from launcher.workers.sampling import Sequence
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
+
+    from bootstrap import WorkerContext
+    from launcher.server_args import ServerArgs
 
 log = logging.getLogger("sglang_launch.scheduler")
 
 _TICK_SECONDS = 1.0
-_REQUEST_KINDS = {m.EmbedRequest: "embedding", m.GenerateRequest: "generation", m.ImageRequest: "image"}
+_REQUEST_KINDS = {messages.EmbedRequest: "embedding", messages.GenerateRequest: "generation",
+                  messages.ImageRequest: "image"}
 _KIND_ROUTES = {"embedding": "/v1/embeddings", "generation": "/v1/completions or /generate",
                 "image": "/v1/images/generations"}
 
 
-def run_scheduler_process(server_args, ctx) -> None:
+def run_scheduler_process(server_args: ServerArgs, ctx: WorkerContext) -> None:
     """The bootstrap's scheduler target: load, warm up, report ready, serve until stopping."""
+    from launcher.workers.distributed import (
+        close_tp_group,
+        init_tp_group,
+        launch_store,
+        replica_node,
+    )
     from platforms import current_platform
 
-    from launcher.workers.distributed import (close_tp_group, init_tp_group, launch_store, nnodes_of,
-                                              replica_node)
-
-    tp_size = max(int(getattr(ctx, "tp_size", 1) or 1), 1)
-    dp_size = max(int(getattr(ctx, "dp_size", 1) or 1), 1)
-    nnodes = nnodes_of(server_args)
-    timeout_s = float(getattr(server_args, "startup_timeout", 300.0))
+    tp_size, dp_size = ctx.tp_size, ctx.dp_size
+    nnodes = server_args.nnodes
+    timeout_s = server_args.startup_timeout
     if current_platform.is_cpu():
         share_cpu_threads(ranks_on_node=tp_size * dp_size // nnodes)
     # Several nodes: global rank 0 serves the launch's rendezvous store at --dist-init-addr, the
@@ -89,30 +99,31 @@ def share_cpu_threads(ranks_on_node: int) -> None:
     torch.set_num_threads(max(1, cores // max(ranks_on_node, 1)))
 
 
-def load_runner(server_args, platform, local_rank: int = 0, tp_size: int = 1) -> ModelRunner:
-    """A ``ModelRunner`` configured from ``server_args`` (fields read with defaults)."""
-    source = resolve_model(getattr(server_args, "model_path", None),
-                           getattr(server_args, "served_model_name", None))
+def load_runner(
+    server_args: ServerArgs, platform: Any, local_rank: int = 0, tp_size: int = 1
+) -> ModelRunner:
+    """A ``ModelRunner`` configured from ``server_args``."""
+    source = resolve_model(server_args.model_path, server_args.served_model_name)
     return ModelRunner(
         source,
         platform=platform,
         local_rank=local_rank,
         tp_size=tp_size,
-        device=getattr(server_args, "device", None),
-        dtype=getattr(server_args, "dtype", "auto"),
-        attention_backend=getattr(server_args, "attention_backend", None),
-        seed=int(getattr(server_args, "seed", 0) or 0),
-        max_input_tokens=int(getattr(server_args, "max_input_tokens", 512)),
-        max_total_tokens=int(getattr(server_args, "max_total_tokens", 2048)),
-        max_batch_size=int(getattr(server_args, "max_batch_size", 32)),
-        trust_remote_code=bool(getattr(server_args, "trust_remote_code", False)),
+        device=server_args.device,
+        dtype=server_args.dtype,
+        attention_backend=server_args.attention_backend,
+        seed=server_args.seed,
+        max_input_tokens=server_args.max_input_tokens,
+        max_total_tokens=server_args.max_total_tokens,
+        max_batch_size=server_args.max_batch_size,
+        trust_remote_code=server_args.trust_remote_code,
     )
 
 
 @dataclass
 class _Queued:
     identity: bytes
-    request: m.EmbedRequest | m.GenerateRequest
+    request: messages.EmbedRequest | messages.GenerateRequest
     arrived: float
     prompt_tokens: int = 0
     prompt_ids: list[int] | None = None  # generation: the prompt
@@ -123,7 +134,13 @@ class _Queued:
 class Scheduler:
     """Rank 0 of a replica: the request socket, the queue, and the batches."""
 
-    def __init__(self, runner: ModelRunner, server_args, ctx, store=None) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        server_args: ServerArgs,
+        ctx: WorkerContext,
+        store: TCPStore | None = None,
+    ) -> None:
         """``store`` (the launch's rendezvous store) is given to a replica whose rank 0 runs on a
         node other than 0: it binds on TCP and announces the address there."""
         import zmq
@@ -131,8 +148,8 @@ class Scheduler:
         self.runner = runner
         self.ctx = ctx
         self.dp_rank = ctx.dp_rank
-        self.max_batch_size = max(1, int(getattr(server_args, "max_batch_size", 32)))
-        self.batch_wait = max(0.0, float(getattr(server_args, "batch_wait_ms", 2.0))) / 1000.0
+        self.max_batch_size = server_args.max_batch_size
+        self.batch_wait = server_args.batch_wait_ms / 1000.0
         self.queue: deque[_Queued] = deque()
         self.cancelled: set[str] = set()
         self.batches = 0
@@ -145,7 +162,7 @@ class Scheduler:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.server_args = server_args
         self.store = store
-        self.endpoint = None if store is not None else ctx.endpoint(m.scheduler_endpoint_name(self.dp_rank))
+        self.endpoint = None if store is not None else ctx.endpoint(messages.scheduler_endpoint_name(self.dp_rank))
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -160,7 +177,7 @@ class Scheduler:
                 self.step()
         finally:
             if self.runner.tp_size > 1:
-                self._broadcast(m.Stop())
+                self._broadcast(messages.Stop())
             self.sock.close(0)
             self._zctx.term()
 
@@ -168,6 +185,7 @@ class Scheduler:
         """One node: the private ``ipc://`` path. A remote replica: TCP on this node's address on
         the route to node 0 (a free port), announced in the launch's store for the HTTP child."""
         if self.store is None:
+            self.endpoint = self.ctx.endpoint(messages.scheduler_endpoint_name(self.dp_rank))
             self.sock.bind(self.endpoint)
             return
         from launcher.workers.distributed import advertised_host, rendezvous_address, scheduler_key
@@ -194,7 +212,7 @@ class Scheduler:
         if self.queue and self.batch_due():
             self.run_batch()
         elif self.runner.tp_size > 1 and time.monotonic() - self.last_broadcast > _TICK_SECONDS:
-            self._broadcast(m.Tick())
+            self._broadcast(messages.Tick())
 
     def batch_due(self) -> bool:
         """Run now when the batch is full, when every request the HTTP child has outstanding
@@ -221,13 +239,13 @@ class Scheduler:
 
     def handle(self, identity: bytes, frame: bytes) -> None:
         try:
-            msg = m.decode_to_scheduler(frame)
+            msg = messages.decode_to_scheduler(frame)
         except msgspec.DecodeError as exc:
             log.warning("dropped an undecodable message: %s", exc)
             return
-        if isinstance(msg, m.Ping):
+        if isinstance(msg, messages.Ping):
             self.send(identity, self.pong(msg.rid))
-        elif isinstance(msg, m.Cancel):
+        elif isinstance(msg, messages.Cancel):
             before = len(self.queue)
             self.queue = deque(q for q in self.queue if q.request.rid != msg.rid)
             if len(self.queue) == before:
@@ -235,32 +253,33 @@ class Scheduler:
         else:
             self.enqueue(identity, msg)
 
-    def enqueue(self, identity: bytes, req) -> None:
+    def enqueue(self, identity: bytes, req: messages.EmbedRequest | messages.GenerateRequest) -> None:
         kind = _REQUEST_KINDS.get(type(req), "generation")
         runner = self.runner
         if kind != runner.kind:
             route = _KIND_ROUTES.get(runner.kind, "/v1/models to see what is served")
-            self.send(identity, m.Failed(req.rid, 400, (
+            self.send(identity, messages.RequestFailed(req.rid, 400, (
                 f"model {runner.source.served_name!r} serves {runner.kind}, not {kind}; use {route}"),
                 "model"))
             return
         item = _Queued(identity, req, time.monotonic())
         try:
-            if kind == "embedding":
-                item.input_ids = []
+            if isinstance(req, messages.EmbedRequest):
+                input_ids: list[list[int]] = []
+                item.input_ids = input_ids
                 for i, text in enumerate(req.texts):
                     try:
-                        item.input_ids.append(runner.encode_embedding_input(text))
+                        input_ids.append(runner.encode_embedding_input(text))
                     except InputError as exc:
                         where = f"input[{i}]: " if len(req.texts) > 1 else ""
                         raise InputError(where + str(exc), f"input[{i}]" if where else "input") from None
-                item.prompt_tokens = sum(map(len, item.input_ids))
+                item.prompt_tokens = sum(map(len, input_ids))
             else:
                 item.prompt_ids = runner.encode_prompt(req.text, req.params.max_new_tokens)
                 item.prompt_tokens = len(item.prompt_ids)
                 item.seed = req.params.seed if req.params.seed is not None else random.getrandbits(31)
         except InputError as exc:
-            self.send(identity, m.Failed(req.rid, 400, str(exc), exc.field))
+            self.send(identity, messages.RequestFailed(req.rid, 400, str(exc), exc.field))
             return
         self.queue.append(item)
 
@@ -269,10 +288,10 @@ class Scheduler:
     def take_batch(self) -> list[_Queued]:
         """Up to ``max_batch_size`` requests (for embeddings: texts), oldest first, at least one."""
         batch = [self.queue.popleft()]
-        load = len(getattr(batch[0].request, "texts", ())) or 1
+        load = len(batch[0].input_ids or ()) or 1  # embeddings: one token list per text
         while self.queue:
             nxt = self.queue[0]
-            size = len(getattr(nxt.request, "texts", ())) or 1
+            size = len(nxt.input_ids or ()) or 1
             if len(batch) >= self.max_batch_size or load + size > self.max_batch_size:
                 break
             batch.append(self.queue.popleft())
@@ -290,30 +309,34 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - one failed batch must not end the scheduler
             log.exception("batch of %d failed", len(batch))
             for item in batch:
-                self.send(item.identity, m.Failed(
+                self.send(item.identity, messages.RequestFailed(
                     item.request.rid, 500, f"the model failed on this batch: {type(exc).__name__}: {exc}"))
             self.runner.platform.empty_cache()
         finally:
             self.cancelled.clear()
 
     def _run_embeddings(self, batch: list[_Queued]) -> None:
-        inputs = [ids for item in batch for ids in item.input_ids]
+        inputs = [ids for item in batch for ids in item.input_ids or ()]
         matrix = self.runner.embed_matrix(inputs)
         dim = int(matrix.shape[1])
-        packed, row = m.pack_vectors(matrix), dim * 4
+        packed, row = messages.pack_vectors(matrix), dim * 4
         at = 0
         for item in batch:
-            n = len(item.request.texts)
+            n = len(item.input_ids or ())
             if item.request.rid not in self.cancelled:
-                self.send(item.identity, m.Embeddings(item.request.rid, packed[at * row:(at + n) * row],
+                self.send(item.identity, messages.Embeddings(item.request.rid, packed[at * row:(at + n) * row],
                                                       dim, item.prompt_tokens, batch_size=len(inputs)))
             at += n
 
     def _run_generation(self, batch: list[_Queued]) -> None:
-        work = [m.SeqWork(q.request.rid, q.prompt_ids, q.request.params, q.seed, q.request.stream)
-                for q in batch]
+        work = []
+        for q in batch:
+            req = q.request
+            if not isinstance(req, messages.GenerateRequest) or q.prompt_ids is None:
+                raise TypeError(f"request {req.rid} in a generation batch is not a generation request")
+            work.append(messages.SeqWork(req.rid, q.prompt_ids, req.params, q.seed, req.stream))
         if self.runner.tp_size > 1:
-            self._broadcast(m.Batch(work))
+            self._broadcast(messages.Batch(work))
         owners = {q.request.rid: q for q in batch}
         seqs = [Sequence(w.rid, w.prompt_ids, w.params, w.seed, w.stream) for w in work]
 
@@ -322,7 +345,7 @@ class Scheduler:
             text = seq.take_increment() if seq.stream else seq.text
             if seq.stream and not text and not seq.finished:
                 return
-            self.send(owner.identity, m.Generated(
+            self.send(owner.identity, messages.Generated(
                 seq.rid, text, owner.prompt_tokens, len(seq.output_ids), finished=seq.finished,
                 finish_reason=seq.finish_reason, seed=seq.seed, batch_size=len(seqs)))
 
@@ -336,37 +359,37 @@ class Scheduler:
 
     # ---- sending ---------------------------------------------------------------------------
 
-    def send(self, identity: bytes, msg) -> None:
+    def send(self, identity: bytes, msg: msgspec.Struct) -> None:
         try:
-            self.sock.send_multipart([identity, m.encode(msg)], self._zmq.NOBLOCK)
+            self.sock.send_multipart([identity, messages.encode(msg)], self._zmq.NOBLOCK)
         except self._zmq.ZMQError as exc:  # the client is gone or its queue is full
             log.debug("could not send %s: %s", type(msg).__name__, exc)
 
-    def pong(self, rid: str) -> m.Pong:
+    def pong(self, rid: str) -> messages.Pong:
         info = {"model": self.runner.describe(), "memory": self.runner.memory_info(),
                 "batches": self.batches, "aborted": self.aborted,
                 "generated_tokens": self.generated_tokens}
-        return m.Pong(rid, self.dp_rank, os.getpid(), self.runner.source.served_name,
+        return messages.Pong(rid, self.dp_rank, os.getpid(), self.runner.source.served_name,
                       self.runner.kind, len(self.queue), info)
 
-    def _broadcast(self, msg) -> None:
+    def _broadcast(self, msg: msgspec.Struct) -> None:
         from launcher.workers.distributed import broadcast_bytes
 
-        broadcast_bytes(m.encode(msg))
+        broadcast_bytes(messages.encode(msg))
         self.last_broadcast = time.monotonic()
 
 
-def follow(runner: ModelRunner, ctx) -> None:
+def follow(runner: ModelRunner, ctx: WorkerContext) -> None:
     """A tensor-parallel rank > 0: run what rank 0 broadcasts until it says stop."""
     from launcher.workers.distributed import broadcast_bytes
 
     while True:
-        work = m.decode_to_follower(broadcast_bytes(None))
-        if isinstance(work, m.Stop):
+        work = messages.decode_to_follower(broadcast_bytes(None))
+        if isinstance(work, messages.Stop):
             # Rank 0 stops because the supervisor is stopping the group: wait for our own SIGTERM,
             # so that returning is not mistaken for a crash.
             ctx.stopping.wait(timeout=30)
             return
-        if isinstance(work, m.Batch):
+        if isinstance(work, messages.Batch):
             seqs = [Sequence(w.rid, w.prompt_ids, w.params, w.seed, w.stream) for w in work.seqs]
             runner.generate(seqs)

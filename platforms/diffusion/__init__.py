@@ -11,7 +11,7 @@ distribution supplied the platform. Importing this package imports no torch and 
 
 from __future__ import annotations
 
-from .._selection import PlatformSelectionError, Selection
+from .._selection import PlatformSelectionError, ProbeRequired, Selection
 from .._state import LazyPlatform, PlatformSlot
 from ..device_mixin import CpuArchEnum, DeviceCapability
 from ..runtimes import DIFFUSION
@@ -23,6 +23,7 @@ __all__ = [
     "Platform",
     "PlatformEnum",
     "PlatformSelectionError",
+    "ProbeRequired",
     "Selection",
     "current_platform",
     "current_selection",
@@ -36,9 +37,10 @@ _slot = PlatformSlot(DIFFUSION)
 current_platform: Platform = LazyPlatform(_slot)  # type: ignore[assignment]
 
 
-def current_selection() -> Selection:
-    """What diffusion selected in this process (resolving it if nothing has yet)."""
-    return _slot.selection()
+def current_selection(probe: bool = True) -> Selection:
+    """What diffusion selected in this process (resolving it if nothing has yet); ``probe=False``
+    as in ``platforms.current_selection``."""
+    return _slot.selection(probe)
 
 
 def pin_selection(key: str) -> None:

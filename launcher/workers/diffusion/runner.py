@@ -27,7 +27,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from launcher.workers.diffusion.source import DIFFUSION_EXTRA, pipeline_class_name, resolve_pipeline
+from launcher.model_source import DIFFUSION_EXTRA, pipeline_class_name, resolve_pipeline
 
 log = logging.getLogger("sglang_launch.diffusion")
 

@@ -53,7 +53,7 @@ class ImageScheduler(Scheduler):
             self.check(req)
             shape = self.runner.shape_of(req.width, req.height, req.steps, req.guidance_scale)
         except InputError as exc:
-            self.send(identity, m.Failed(req.rid, 400, str(exc), exc.param))
+            self.send(identity, m.RequestFailed(req.rid, 400, str(exc), exc.param))
             return
         item = _Queued(identity, req, time.monotonic())
         item.shape = shape
@@ -112,7 +112,7 @@ class ImageScheduler(Scheduler):
         except Exception as exc:  # noqa: BLE001 - one failed batch must not end the worker
             log.exception("image batch of %d request(s) failed", len(batch))
             for item in batch:
-                self.send(item.identity, m.Failed(item.request.rid, 500, (
+                self.send(item.identity, m.RequestFailed(item.request.rid, 500, (
                     f"the pipeline failed on this batch: {type(exc).__name__}: {exc}")))
             self.runner.platform.empty_cache()
         finally:

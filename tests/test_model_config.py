@@ -1,0 +1,48 @@
+"""``launcher.model_config``: what a model's config.json tells the argument checks (unit tests,
+real files in a temporary folder)."""
+
+from __future__ import annotations
+
+import json
+
+from launcher.model_config import read_model_facts, tp_problems
+
+
+def write_config(folder, config) -> None:
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(
+        json.dumps(config) if not isinstance(config, str) else config
+    )
+
+
+def test_a_causal_lm_whose_heads_the_tp_size_divides_passes(tmp_path):
+    write_config(
+        tmp_path,
+        {"architectures": ["LlamaForCausalLM"], "num_attention_heads": 8, "num_key_value_heads": 4},
+    )
+    facts = read_model_facts(tmp_path)
+    assert (facts.architecture, facts.kv_heads) == ("LlamaForCausalLM", 4)
+    assert tp_problems(facts, 2, 1) == [] and tp_problems(facts, 4, 2) == []
+
+
+def test_heads_the_tp_size_does_not_divide_are_named_with_the_fix(tmp_path):
+    write_config(tmp_path, {"architectures": ["GPT2LMHeadModel"], "num_attention_heads": 3})
+    [problem] = tp_problems(read_model_facts(tmp_path), 2, 1)
+    assert "--tp-size 2 does not divide the model's 3 key/value heads" in problem
+    assert "pass a tp size that divides 3" in problem
+
+
+def test_an_encoder_cannot_take_tp_and_is_pointed_at_dp(tmp_path):
+    write_config(tmp_path, {"architectures": ["BertModel"], "num_attention_heads": 12})
+    [problem] = tp_problems(read_model_facts(tmp_path), 4, 1)
+    assert "--tp-size 4 needs a causal LM" in problem and "BertModel encoder" in problem
+    assert problem.endswith("serve it with --tp-size 1 and scale out with --dp-size 4")
+    assert tp_problems(read_model_facts(tmp_path), 1, 1) == []
+
+
+def test_an_unreadable_config_leaves_the_verdict_to_the_worker(tmp_path):
+    write_config(tmp_path, "{not json")
+    assert read_model_facts(tmp_path) is None
+    assert tp_problems(None, 2, 1) == []
+    write_config(tmp_path, {"model_type": "custom"})  # no architectures: nothing to say
+    assert tp_problems(read_model_facts(tmp_path), 2, 1) == []
