@@ -37,8 +37,13 @@ from serving_support import server_env, start_server  # noqa: E402
 
 
 def body(opts, seed: int) -> dict:
-    return {"prompt": "a photo of a cat", "width": opts.size, "height": opts.size,
-            "num_inference_steps": opts.steps, "seed": seed}
+    return {
+        "prompt": "a photo of a cat",
+        "width": opts.size,
+        "height": opts.size,
+        "num_inference_steps": opts.steps,
+        "seed": seed,
+    }
 
 
 def in_process(model_path: str):
@@ -52,8 +57,14 @@ def in_process(model_path: str):
     initialize_current_platform()
     if current_platform.is_cpu():
         share_cpu_threads(ranks_on_node=1)
-    args = SimpleNamespace(model_path=model_path, served_model_name=None, dtype="auto", seed=0,
-                           attention_backend=None, device=None)
+    args = SimpleNamespace(
+        model_path=model_path,
+        served_model_name=None,
+        dtype="auto",
+        seed=0,
+        attention_backend=None,
+        device=None,
+    )
     worker = DiffusionWorker(args, current_platform)
     worker.init_device_and_model()
 
@@ -83,7 +94,9 @@ def main() -> int:
 
         model_path = str(build_tiny_pipeline(tmp / "tiny-sd"))
     env = server_env(SGLANG_USE_CPU_ENGINE=None)
-    server = start_server(["--runtime", "diffusion", "--model-path", model_path], tmp, "bench", env=env)
+    server = start_server(
+        ["--runtime", "diffusion", "--model-path", model_path], tmp, "bench", env=env
+    )
     try:
         run_local = in_process(model_path)
         client = httpx.Client(timeout=600)
@@ -101,8 +114,13 @@ def main() -> int:
                 start = time.perf_counter()
                 run_local(opts, r * 100 + i)
                 local_times.append(time.perf_counter() - start)
-        http_ms, local_ms = statistics.median(http_times) * 1e3, statistics.median(local_times) * 1e3
-        print(f"batch 1, {opts.size}x{opts.size}, {opts.steps} steps, {len(http_times)} requests a side:")
+        http_ms, local_ms = (
+            statistics.median(http_times) * 1e3,
+            statistics.median(local_times) * 1e3,
+        )
+        print(
+            f"batch 1, {opts.size}x{opts.size}, {opts.steps} steps, {len(http_times)} requests a side:"
+        )
         print(f"  HTTP        median {http_ms:8.1f} ms")
         print(f"  in-process  median {local_ms:8.1f} ms")
         print(f"  ratio HTTP / in-process: {http_ms / local_ms:.3f}x (target <= 1.05x)")

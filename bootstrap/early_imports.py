@@ -18,7 +18,9 @@ from bootstrap.targets import module_of
 RUNTIME_MODULES = ("launcher.workers", "torch", "transformers", "diffusers", "starlette", "uvicorn")
 
 
-def early_imports(target: str | None = None, modules: Mapping[str, object] | None = None) -> list[str]:
+def early_imports(
+    target: str | None = None, modules: Mapping[str, object] | None = None
+) -> list[str]:
     """Which of ``RUNTIME_MODULES`` (plus the worker target's module) are already imported."""
     loaded = sys.modules if modules is None else modules
     watched = list(RUNTIME_MODULES)
@@ -37,5 +39,5 @@ def warning_text(worker: str, names: list[str]) -> str:
         f"platform initialization and plugin hooks: {', '.join(names)}. spawn re-ran the launching "
         "script's module scope; hooks can still patch these modules, but classes and registrations "
         "created while importing them are past reach. Move those imports under "
-        "`if __name__ == \"__main__\":` or into the function that uses them."
+        '`if __name__ == "__main__":` or into the function that uses them.'
     )

@@ -281,7 +281,9 @@ class _ChildState:
         # The traceback is printed once: by the supervisor, from the report. This process's
         # stderr gets it only when no report could be sent; otherwise one line, and none for a
         # failure after a stop request (the supervisor decides whether that is worth a word).
-        headline = f"{self.spec.worker_id} failed while {phases.DOING[phase]} (phase {phase}, exit {code})"
+        headline = (
+            f"{self.spec.worker_id} failed while {phases.DOING[phase]} (phase {phase}, exit {code})"
+        )
         if not reported:
             sys.stderr.write(f"{headline}:\n{tb}")
         elif phase != phases.STOPPING:

@@ -21,7 +21,9 @@ def main() -> int:
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--prompt", default="a watercolor painting of a lighthouse")
     parser.add_argument("--n", type=int, default=1)
-    parser.add_argument("--size", type=int, default=None, help="width and height (default: the pipeline's)")
+    parser.add_argument(
+        "--size", type=int, default=None, help="width and height (default: the pipeline's)"
+    )
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", default="images")
@@ -29,8 +31,14 @@ def main() -> int:
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with DiffGenerator.from_pretrained(model_path=opts.model_path) as generator:
-        images = generator.generate(opts.prompt, n=opts.n, width=opts.size, height=opts.size,
-                                    num_inference_steps=opts.steps, seed=opts.seed)
+        images = generator.generate(
+            opts.prompt,
+            n=opts.n,
+            width=opts.size,
+            height=opts.size,
+            num_inference_steps=opts.steps,
+            seed=opts.seed,
+        )
         for i, image in enumerate(images):
             path = out / f"image-{i}.png"
             image.save(path)

@@ -21,6 +21,12 @@ import secrets
 import socket
 import urllib.error
 import urllib.request
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+    from launcher._embedded import Launcher
 
 
 def _free_port() -> int:
@@ -32,13 +38,13 @@ def _free_port() -> int:
 class DiffGenerator:
     """A running diffusion launch that generates images for this process."""
 
-    def __init__(self, launcher, url: str, api_key: str) -> None:
+    def __init__(self, launcher: Launcher, url: str, api_key: str) -> None:
         self.launcher = launcher
         self.url = url
         self._api_key = api_key
 
     @classmethod
-    def from_pretrained(cls, model_path: str, **options) -> DiffGenerator:
+    def from_pretrained(cls, model_path: str, **options: Any) -> DiffGenerator:
         """Start the workers for the diffusers pipeline directory ``model_path``; ``options`` are
         ``ServerArgs`` fields (``dp_size``, ``dtype``, ``enable_torch_compile``...). Returns once
         every worker is ready; raises ``LaunchError`` (with the root cause) if the launch fails."""
@@ -46,29 +52,55 @@ class DiffGenerator:
 
         for reserved in ("runtime", "host", "api_key", "http_target"):
             if reserved in options:
-                raise TypeError(f"DiffGenerator.from_pretrained sets {reserved} itself; leave it out")
+                raise TypeError(
+                    f"DiffGenerator.from_pretrained sets {reserved} itself; leave it out"
+                )
         port = options.pop("port", None) or _free_port()
         api_key = secrets.token_urlsafe(24)
-        launcher = Launcher(runtime="diffusion", model_path=str(model_path), host="127.0.0.1", port=port,
-                            api_key=api_key, **options)
+        launcher = Launcher(
+            runtime="diffusion",
+            model_path=str(model_path),
+            host="127.0.0.1",
+            port=port,
+            api_key=api_key,
+            **options,
+        )
         launcher.start()
         return cls(launcher, f"http://127.0.0.1:{port}", api_key)
 
-    def generate(self, prompt: str, *, negative_prompt: str | None = None, n: int = 1, width: int | None = None,
-                 height: int | None = None, num_inference_steps: int | None = None,
-                 guidance_scale: float | None = None, seed: int | None = None,
-                 timeout: float | None = None) -> list:
+    def generate(
+        self,
+        prompt: str,
+        *,
+        negative_prompt: str | None = None,
+        n: int = 1,
+        width: int | None = None,
+        height: int | None = None,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
+        seed: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Image]:
         """``n`` images (``PIL.Image.Image``) for ``prompt``; ``None`` leaves a value to the
         pipeline's default (a random seed for ``seed``). ``ValueError`` names a refused value."""
-        from PIL import Image
+        from PIL import Image as PILImage
 
-        body = {"prompt": prompt, "negative_prompt": negative_prompt, "n": n, "width": width, "height": height,
-                "num_inference_steps": num_inference_steps, "guidance_scale": guidance_scale, "seed": seed,
-                "output_format": "png"}
+        body = {
+            "prompt": prompt,
+            "negative_prompt": negative_prompt,
+            "n": n,
+            "width": width,
+            "height": height,
+            "num_inference_steps": num_inference_steps,
+            "guidance_scale": guidance_scale,
+            "seed": seed,
+            "output_format": "png",
+        }
         request = urllib.request.Request(
             self.url + "/v1/images/generations",
             json.dumps({k: v for k, v in body.items() if v is not None}).encode(),
-            {"Content-Type": "application/json", "Authorization": f"Bearer {self._api_key}"})
+            {"Content-Type": "application/json", "Authorization": f"Bearer {self._api_key}"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 data = json.load(response)
@@ -80,9 +112,9 @@ class DiffGenerator:
             if 400 <= exc.code < 500:
                 raise ValueError(message) from None
             raise RuntimeError(f"image generation failed: {message}") from None
-        images = []
+        images: list[Image] = []
         for item in data["data"]:
-            image = Image.open(io.BytesIO(base64.b64decode(item["b64_json"])))
+            image = PILImage.open(io.BytesIO(base64.b64decode(item["b64_json"])))
             image.load()
             images.append(image)
         return images
@@ -94,5 +126,5 @@ class DiffGenerator:
     def __enter__(self) -> DiffGenerator:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -52,14 +52,18 @@ def plan_children(
             f"evenly over --nnodes {args.nnodes}; make the product a positive multiple of nnodes"
         )
     if not 0 <= args.node_rank < args.nnodes:
-        raise PlanError(f"--node-rank {args.node_rank} must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}")
+        raise PlanError(
+            f"--node-rank {args.node_rank} must be in 0..{args.nnodes - 1} for --nnodes {args.nnodes}"
+        )
     local = world // args.nnodes
     try:
         master_addr, master_port = master_address(args.dist_init_addr, args.nnodes)
     except RendezvousError as exc:
         raise PlanError(str(exc)) from None
 
-    def spec(role: str, target: str, rank: int, local_rank: int, env: dict[str, str]) -> ProcessSpec:
+    def spec(
+        role: str, target: str, rank: int, local_rank: int, env: dict[str, str]
+    ) -> ProcessSpec:
         return ProcessSpec(
             role=role,
             target=target,
@@ -78,7 +82,9 @@ def plan_children(
             env=env,
             log_level=args.log_level,
             entry_points=entry_points,
-            stop_marker=os.path.join(endpoints.runtime_dir, f"stop.{role}.{rank}") if endpoints.runtime_dir else "",
+            stop_marker=os.path.join(endpoints.runtime_dir, f"stop.{role}.{rank}")
+            if endpoints.runtime_dir
+            else "",
         )
 
     children = []
@@ -95,5 +101,8 @@ def plan_children(
             "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(master_port),
         }
+        assert args.scheduler_target, (
+            "ServerArgs.__post_init__ fills in the runtime's worker target"
+        )
         children.append(spec("scheduler", args.scheduler_target, rank, local_rank, env))
     return children

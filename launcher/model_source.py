@@ -52,7 +52,9 @@ def default_model_dir() -> Path:
     )
 
 
-def resolve_model(model_path: str | os.PathLike | None, served_model_name: str | None = None) -> ModelSource:
+def resolve_model(
+    model_path: str | os.PathLike | None, served_model_name: str | None = None
+) -> ModelSource:
     """Resolve ``--model-path`` (None = the embedded default) to a checked model directory."""
     if model_path is None or str(model_path) == "":
         path = default_model_dir()
@@ -63,7 +65,11 @@ def resolve_model(model_path: str | os.PathLike | None, served_model_name: str |
             f"--model-path {str(model_path)!r} does not exist; pass a local Hugging Face model "
             f"directory (this server loads models from disk only, it never downloads)"
         )
-    if path.is_dir() and not (path / "config.json").is_file() and (path / "model_index.json").is_file():
+    if (
+        path.is_dir()
+        and not (path / "config.json").is_file()
+        and (path / "model_index.json").is_file()
+    ):
         raise ModelSourceError(
             f"--model-path {str(model_path)!r} is a diffusers pipeline (it has model_index.json), "
             f"which the text runtime cannot serve; serve it with --runtime diffusion"
@@ -93,7 +99,9 @@ def pipeline_class_name(path: Path) -> str:
     return name
 
 
-def resolve_pipeline(model_path: str | os.PathLike | None, served_model_name: str | None = None) -> ModelSource:
+def resolve_pipeline(
+    model_path: str | os.PathLike | None, served_model_name: str | None = None
+) -> ModelSource:
     """Resolve ``--model-path`` to a checked diffusers pipeline directory, or raise
     ``ModelSourceError`` naming the fix (a missing path, a transformers model, a folder that is
     not a pipeline, ``diffusers`` not installed)."""

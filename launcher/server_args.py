@@ -60,19 +60,24 @@ class ServerArgs:
     model_path: str | None = _opt(
         None, "local model directory (default: the embedded demo model)", metavar="PATH"
     )
-    served_model_name: str | None = _opt(None, "model name reported by the API (default: from the path)")
+    served_model_name: str | None = _opt(
+        None, "model name reported by the API (default: from the path)"
+    )
     # HTTP
     host: str = _opt("127.0.0.1", "address the HTTP server binds (loopback unless you change it)")
     port: int = _opt(30000, "TCP port of the HTTP server")
     api_key: str | None = field(
         default=None,
         repr=False,
-        metadata={"help": "require this key as 'Authorization: Bearer KEY' on API requests; other "
-                          "local users can read a command line, so prefer --api-key-file or the "
-                          "SGLANG_API_KEY environment variable"},
+        metadata={
+            "help": "require this key as 'Authorization: Bearer KEY' on API requests; other "
+            "local users can read a command line, so prefer --api-key-file or the "
+            "SGLANG_API_KEY environment variable"
+        },
     )
     api_key_file: str | None = _opt(
-        None, "read the API key from the first line of this file (recommended; or set SGLANG_API_KEY)",
+        None,
+        "read the API key from the first line of this file (recommended; or set SGLANG_API_KEY)",
         metavar="PATH",
     )
     # Parallelism and nodes
@@ -94,7 +99,9 @@ class ServerArgs:
     stop_grace_period: float = _opt(
         10.0, "seconds workers get to exit after SIGTERM before they are killed"
     )
-    runtime: str = _opt("srt", "which runtime's platforms and plugins the workers use", choices=RUNTIMES)
+    runtime: str = _opt(
+        "srt", "which runtime's platforms and plugins the workers use", choices=RUNTIMES
+    )
     scheduler_target: str | None = _opt(
         None,
         "dotted path of the worker function started once per rank (default: the runtime's own, "
@@ -119,8 +126,9 @@ class ServerArgs:
         False, "compile the denoiser with torch.compile (backend and options from the platform)"
     )
     dit_layerwise_offload: bool | None = _opt(
-        None, "keep the denoiser's weights on the host and move one block at a time to the device "
-              "(default: the diffusion platform's enable_dit_layerwise_offload_by_default())"
+        None,
+        "keep the denoiser's weights on the host and move one block at a time to the device "
+        "(default: the diffusion platform's enable_dit_layerwise_offload_by_default())",
     )
 
     def __post_init__(self) -> None:
@@ -131,7 +139,9 @@ class ServerArgs:
         spec = runtime_spec(self.runtime)
         if self.scheduler_target is None:
             self.scheduler_target = spec.worker_target
-        importlib.import_module(spec.platform_module).current_platform.apply_server_args_defaults(self)
+        importlib.import_module(spec.platform_module).current_platform.apply_server_args_defaults(
+            self
+        )
 
     # -- command line ----------------------------------------------------------------------------
     @classmethod
@@ -179,8 +189,14 @@ class ServerArgs:
 
         need(bool(self.host), "--host is empty; pass an address such as 127.0.0.1 or 0.0.0.0")
         need(1 <= self.port <= 65535, f"--port {self.port} is out of range; use 1..65535")
-        for name in ("tp_size", "dp_size", "nnodes", "max_batch_size", "max_input_tokens",
-                     "max_request_bytes"):
+        for name in (
+            "tp_size",
+            "dp_size",
+            "nnodes",
+            "max_batch_size",
+            "max_input_tokens",
+            "max_request_bytes",
+        ):
             value = getattr(self, name)
             need(value >= 1, f"{_flag(name)} {value} must be at least 1")
         need(
@@ -201,8 +217,14 @@ class ServerArgs:
                 f"split evenly over --nnodes {self.nnodes}; make the product a multiple of nnodes",
             )
         need(self.seed >= 0, f"--seed {self.seed} must be 0 or more")
-        need(self.startup_timeout > 0, f"--startup-timeout {self.startup_timeout} must be more than 0 seconds")
-        need(self.stop_grace_period >= 0, f"--stop-grace-period {self.stop_grace_period} must be 0 or more seconds")
+        need(
+            self.startup_timeout > 0,
+            f"--startup-timeout {self.startup_timeout} must be more than 0 seconds",
+        )
+        need(
+            self.stop_grace_period >= 0,
+            f"--stop-grace-period {self.stop_grace_period} must be 0 or more seconds",
+        )
         need(self.batch_wait_ms >= 0, f"--batch-wait-ms {self.batch_wait_ms} must be 0 or more")
         need(
             self.max_total_tokens >= self.max_input_tokens,
@@ -222,14 +244,18 @@ class ServerArgs:
             )
         spec = _RUNTIME_SPECS.get(self.runtime)
         if spec is not None and not spec.tensor_parallel and self.tp_size > 1:
-            problems.append(f"--runtime {self.runtime} runs one rank per replica, not --tp-size "
-                            f"{self.tp_size}; use --tp-size 1 and --dp-size for more replicas")
+            problems.append(
+                f"--runtime {self.runtime} runs one rank per replica, not --tp-size "
+                f"{self.tp_size}; use --tp-size 1 and --dp-size for more replicas"
+            )
         if spec is not None and self.scheduler_target in (None, spec.worker_target):
             # The runtime's own worker needs its model on disk: say so now, before any worker
             # starts (the check is standard library only; another engine's target checks its own).
             module, _, function = spec.model_check.partition(":")
             try:
-                source = getattr(importlib.import_module(module), function)(self.model_path, self.served_model_name)
+                source = getattr(importlib.import_module(module), function)(
+                    self.model_path, self.served_model_name
+                )
             except ValueError as exc:
                 problems.append(str(exc))
             else:
@@ -238,7 +264,9 @@ class ServerArgs:
                     # --tp-size 2): from its config.json, so the launch stops before any worker starts.
                     from launcher.model_config import read_model_facts, tp_problems
 
-                    problems.extend(tp_problems(read_model_facts(source.path), self.tp_size, self.dp_size))
+                    problems.extend(
+                        tp_problems(read_model_facts(source.path), self.tp_size, self.dp_size)
+                    )
         if problems:
             raise ServerArgsError(problems)
 

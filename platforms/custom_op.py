@@ -56,7 +56,9 @@ class CustomOp(torch.nn.Module):
         """Use ``fn(op, *args, **kwargs)`` for ops of exactly ``op_cls`` when the platform's
         dispatch key is ``platform_key``. A later registration for the same pair replaces it."""
         if not (isinstance(op_cls, type) and issubclass(op_cls, CustomOp)):
-            raise TypeError(f"register_oot_forward: op_cls must be a CustomOp subclass, got {op_cls!r}")
+            raise TypeError(
+                f"register_oot_forward: op_cls must be a CustomOp subclass, got {op_cls!r}"
+            )
         if not callable(fn):
             raise TypeError(f"register_oot_forward: fn must be callable, got {fn!r}")
         if not isinstance(platform_key, str) or not platform_key.strip():

@@ -78,16 +78,35 @@ SRT = RuntimeSpec(
     plugin_group=entrypoints.SRT_PLUGINS,
     selector_env="SGLANG_PLATFORM",
     builtins=(
-        Builtin("cpu", "platforms.builtin.cpu.CpuSRTPlatform", env_flag="SGLANG_USE_CPU_ENGINE",
-                why="SGLANG_USE_CPU_ENGINE is set"),
-        Builtin("cuda", "platforms.builtin.cuda.CudaSRTPlatform", probe="platforms.builtin.cuda:available",
-                why="CUDA is available"),
-        Builtin("rocm", "platforms.builtin.rocm.RocmSRTPlatform", probe="platforms.builtin.rocm:available",
-                why="ROCm is available"),
-        Builtin("xpu", "platforms.builtin.xpu.XpuSRTPlatform", probe="platforms.builtin.xpu:available",
-                why="XPU is available"),
-        Builtin("base", "platforms.interface.SRTPlatform",
-                why="neither SGLANG_USE_CPU_ENGINE nor CUDA, ROCm or XPU is available"),
+        Builtin(
+            "cpu",
+            "platforms.builtin.cpu.CpuSRTPlatform",
+            env_flag="SGLANG_USE_CPU_ENGINE",
+            why="SGLANG_USE_CPU_ENGINE is set",
+        ),
+        Builtin(
+            "cuda",
+            "platforms.builtin.cuda.CudaSRTPlatform",
+            probe="platforms.builtin.cuda:available",
+            why="CUDA is available",
+        ),
+        Builtin(
+            "rocm",
+            "platforms.builtin.rocm.RocmSRTPlatform",
+            probe="platforms.builtin.rocm:available",
+            why="ROCm is available",
+        ),
+        Builtin(
+            "xpu",
+            "platforms.builtin.xpu.XpuSRTPlatform",
+            probe="platforms.builtin.xpu:available",
+            why="XPU is available",
+        ),
+        Builtin(
+            "base",
+            "platforms.interface.SRTPlatform",
+            why="neither SGLANG_USE_CPU_ENGINE nor CUDA, ROCm or XPU is available",
+        ),
     ),
     base_class="platforms.interface:SRTPlatform",
     enum_class="platforms.device_mixin:PlatformEnum",
@@ -96,8 +115,12 @@ SRT = RuntimeSpec(
 )
 
 _DIFFUSION_BUILTINS = tuple(
-    Builtin(name, f"platforms.builtin.{name}.{cls}", probe=f"platforms.builtin.{name}:available",
-            why=f"{label} is available")
+    Builtin(
+        name,
+        f"platforms.builtin.{name}.{cls}",
+        probe=f"platforms.builtin.{name}:available",
+        why=f"{label} is available",
+    )
     for name, cls, label in (
         ("mps", "MpsPlatform", "MPS"),
         ("xpu", "XpuPlatform", "XPU"),
@@ -116,7 +139,9 @@ DIFFUSION = RuntimeSpec(
     builtins=_DIFFUSION_BUILTINS,
     base_class="platforms.diffusion.interface:Platform",
     enum_class="platforms.diffusion.interface:PlatformEnum",
-    explicit_builtins=frozenset({"cpu", "cuda", "rocm", "mps", "npu", "musa"}),  # XPU: automatic only
+    explicit_builtins=frozenset(
+        {"cpu", "cuda", "rocm", "mps", "npu", "musa"}
+    ),  # XPU: automatic only
     reserved_names=frozenset(b.name for b in _DIFFUSION_BUILTINS),
     reject_duplicate_names=True,
     platform_module="platforms.diffusion",
@@ -137,4 +162,6 @@ def runtime_spec(name: str) -> RuntimeSpec:
     try:
         return RUNTIMES[name]
     except KeyError:
-        raise ValueError(f"unknown runtime {name!r}; known runtimes: {', '.join(RUNTIMES)}") from None
+        raise ValueError(
+            f"unknown runtime {name!r}; known runtimes: {', '.join(RUNTIMES)}"
+        ) from None

@@ -14,8 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 TRAINING_TEXT = [
-    "a photo of a cat", "a red apple on a wooden table", "an astronaut riding a horse on the moon",
-    "a watercolor painting of a lighthouse", "two dogs playing in the snow", "a bowl of fruit",
+    "a photo of a cat",
+    "a red apple on a wooden table",
+    "an astronaut riding a horse on the moon",
+    "a watercolor painting of a lighthouse",
+    "two dogs playing in the snow",
+    "a bowl of fruit",
 ]
 SIZE = 32  # a valid width and height for the tiny pipeline (multiples of 8)
 
@@ -28,28 +32,56 @@ def tiny_tokenizer():
     bpe = Tokenizer(models.BPE(unk_token="<|endoftext|>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(TRAINING_TEXT, trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<|startoftext|>", "<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return CLIPTokenizerFast(tokenizer_object=bpe, bos_token="<|startoftext|>", eos_token="<|endoftext|>",
-                             unk_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=16)
+    bpe.train_from_iterator(
+        TRAINING_TEXT,
+        trainers.BpeTrainer(
+            vocab_size=320,
+            special_tokens=["<|startoftext|>", "<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    return CLIPTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        model_max_length=16,
+    )
 
 
 def _text_config(tokenizer, **extra):
     from transformers import CLIPTextConfig
 
-    return CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                          num_attention_heads=4, max_position_embeddings=16, bos_token_id=0, eos_token_id=1,
-                          pad_token_id=1, **extra)
+    return CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=16,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+        **extra,
+    )
 
 
 def _vae(**extra):
     from diffusers import AutoencoderKL
 
     return AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
-        layers_per_block=1, norm_num_groups=8, sample_size=32, **extra)
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        latent_channels=4,
+        layers_per_block=1,
+        norm_num_groups=8,
+        sample_size=32,
+        **extra,
+    )
 
 
 def build_tiny_pipeline(path: Path, seed: int = 0) -> Path:
@@ -61,15 +93,35 @@ def build_tiny_pipeline(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     tokenizer = tiny_tokenizer()
     unet = UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 32),
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(32, 32),
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8)
-    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                              clip_sample=False, set_alpha_to_one=False, steps_offset=1)
-    pipe = StableDiffusionPipeline(vae=_vae(), text_encoder=CLIPTextModel(_text_config(tokenizer)),
-                                   tokenizer=tokenizer, unet=unet, scheduler=scheduler, safety_checker=None,
-                                   feature_extractor=None, requires_safety_checker=False)
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        norm_num_groups=8,
+    )
+    scheduler = DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
+    pipe = StableDiffusionPipeline(
+        vae=_vae(),
+        text_encoder=CLIPTextModel(_text_config(tokenizer)),
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
     path.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(path)
     return path
@@ -79,21 +131,47 @@ def build_tiny_dit_pipeline(path: Path, seed: int = 0) -> Path:
     """Build and save a tiny DiT pipeline (``StableDiffusion3Pipeline``: an ``SD3Transformer2DModel``
     with RMSNorm on queries and keys, two small CLIP text encoders, no T5) into ``path``."""
     import torch
-    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
     from transformers import CLIPTextModelWithProjection
 
     torch.manual_seed(seed)
     tokenizer = tiny_tokenizer()
     transformer = SD3Transformer2DModel(
-        sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
-        caption_projection_dim=32, joint_attention_dim=32, pooled_projection_dim=64, out_channels=4,
-        qk_norm="rms_norm")
-    encoders = [CLIPTextModelWithProjection(_text_config(tokenizer, projection_dim=32)) for _ in range(2)]
+        sample_size=16,
+        patch_size=2,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        caption_projection_dim=32,
+        joint_attention_dim=32,
+        pooled_projection_dim=64,
+        out_channels=4,
+        qk_norm="rms_norm",
+    )
+    encoders = [
+        CLIPTextModelWithProjection(_text_config(tokenizer, projection_dim=32)) for _ in range(2)
+    ]
     pipe = StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(),
-        vae=_vae(shift_factor=0.0609, scaling_factor=1.5035, use_quant_conv=False, use_post_quant_conv=False),
-        text_encoder=encoders[0], tokenizer=tokenizer, text_encoder_2=encoders[1], tokenizer_2=tokenizer,
-        text_encoder_3=None, tokenizer_3=None)
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=_vae(
+            shift_factor=0.0609,
+            scaling_factor=1.5035,
+            use_quant_conv=False,
+            use_post_quant_conv=False,
+        ),
+        text_encoder=encoders[0],
+        tokenizer=tokenizer,
+        text_encoder_2=encoders[1],
+        tokenizer_2=tokenizer,
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
     path.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(path)
     return path

@@ -5,7 +5,6 @@ on the pip-installed demo platform; and the row's skip, naming the extra, withou
 from __future__ import annotations
 
 import pytest
-
 from test_check_platform import check_platform, row
 
 pytestmark = pytest.mark.e2e
@@ -13,10 +12,16 @@ pytestmark = pytest.mark.e2e
 
 def test_workload_row_runs_a_denoising_step_on_cpu_and_on_the_demo_platform(demo_site):
     (cpu, demo), result = check_platform(
-        [(["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"}),
-         (["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "demo",
-                                                 "DEMO_PLATFORM_ENABLE": "1"})],
-        sites=[demo_site], timeout=600)
+        [
+            (["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"}),
+            (
+                ["--json", "--runtime", "diffusion"],
+                {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "demo", "DEMO_PLATFORM_ENABLE": "1"},
+            ),
+        ],
+        sites=[demo_site],
+        timeout=600,
+    )
     on_cpu = row(cpu["report"], "workload.diffusion_step")
     assert on_cpu["status"] == "pass", on_cpu
     assert "1 step + VAE decode on cpu" in on_cpu["detail"]
@@ -42,8 +47,11 @@ def test_workload_row_is_skipped_without_diffusers(tmp_path):
     site = tmp_path / "hide"
     site.mkdir()
     (site / "sitecustomize.py").write_text(HIDE_DIFFUSERS)
-    (cpu,), result = check_platform([(["--json", "--runtime", "diffusion"],
-                                      {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"})], sites=[site], timeout=600)
+    (cpu,), result = check_platform(
+        [(["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"})],
+        sites=[site],
+        timeout=600,
+    )
     skipped = row(cpu["report"], "workload.diffusion_step")
     assert skipped["status"] == "skipped", skipped
     assert "sglang-launch[diffusion]" in skipped["detail"]

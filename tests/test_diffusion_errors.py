@@ -8,21 +8,30 @@ import subprocess
 import sys
 
 import pytest
-
 from serving_support import cli_command, server_env
 
 pytestmark = pytest.mark.e2e
 
 
-def launch(*args: str, env: dict | None = None, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*(prefix or cli_command()), *args, "--port", "1"], capture_output=True, text=True,
-                          env=env or server_env(), timeout=120)
+def launch(
+    *args: str, env: dict | None = None, prefix: list[str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*(prefix or cli_command()), *args, "--port", "1"],
+        capture_output=True,
+        text=True,
+        env=env or server_env(),
+        timeout=120,
+    )
 
 
 def test_a_folder_that_is_not_a_pipeline(tmp_path):
     result = launch("--runtime", "diffusion", "--model-path", str(tmp_path))
     assert result.returncode == 2, result
-    assert "not a diffusers pipeline directory" in result.stderr and "model_index.json" in result.stderr
+    assert (
+        "not a diffusers pipeline directory" in result.stderr
+        and "model_index.json" in result.stderr
+    )
     assert "spawned" not in result.stderr + result.stdout  # no worker started
 
 
@@ -70,7 +79,12 @@ sys.exit(main())
 
 
 def test_diffusers_not_installed_names_the_extra(tiny_pipeline):
-    result = launch("--runtime", "diffusion", "--model-path", str(tiny_pipeline),
-                    prefix=[sys.executable, "-c", _WITHOUT_DIFFUSERS])
+    result = launch(
+        "--runtime",
+        "diffusion",
+        "--model-path",
+        str(tiny_pipeline),
+        prefix=[sys.executable, "-c", _WITHOUT_DIFFUSERS],
+    )
     assert result.returncode == 2, result
     assert "'diffusers'" in result.stderr and "sglang-launch[diffusion]" in result.stderr

@@ -6,7 +6,6 @@ entry point for the out-of-tree key), so no selection leaks between tests."""
 from __future__ import annotations
 
 import pytest
-
 from support import clean_env, make_dist, run_python
 
 EQUALITY = """
@@ -34,7 +33,9 @@ print("RESULT:" + json.dumps({
 
 
 def test_custom_ops_compute_what_the_modules_they_replace_compute():
-    result = run_python(EQUALITY, env=clean_env(SGLANG_DIFFUSION_PLATFORM_OVERRIDE="cpu"), timeout=180)
+    result = run_python(
+        EQUALITY, env=clean_env(SGLANG_DIFFUSION_PLATFORM_OVERRIDE="cpu"), timeout=180
+    )
     assert result.returncode == 0, result
     assert result.data["count"] == 3
     assert result.data["types"] == ["GroupNorm", "LayerNorm", "RMSNorm"]
@@ -89,13 +90,20 @@ print("RESULT:" + json.dumps({"out": out, "late": late,
 
 
 def test_resolution_order_registered_then_forward_key_then_oot(site):
-    make_dist(site, "keyed-platform", entry_points={"sglang.multimodal_gen.platforms": {"keyed": "keyed:activate"}},
-              modules={"keyed.py": KEYED})
-    result = run_python(ORDER, sites=[site], env=clean_env(SGLANG_DIFFUSION_PLATFORM_OVERRIDE="keyed"),
-                        timeout=180)
+    make_dist(
+        site,
+        "keyed-platform",
+        entry_points={"sglang.multimodal_gen.platforms": {"keyed": "keyed:activate"}},
+        modules={"keyed.py": KEYED},
+    )
+    result = run_python(
+        ORDER, sites=[site], env=clean_env(SGLANG_DIFFUSION_PLATFORM_OVERRIDE="keyed"), timeout=180
+    )
     assert result.returncode == 0, result
     how = result.data["how"]
-    assert how["registered"] == "registered keyed.rms_keyed" and result.data["out"]["registered"] == 7
+    assert (
+        how["registered"] == "registered keyed.rms_keyed" and result.data["out"]["registered"] == 7
+    )
     assert how["own"] == "forward_keyed" and result.data["out"]["own"] == 3
     assert how["oot"] == "forward_oot" and result.data["late"] != 5
     assert how["before"] == "forward_oot"

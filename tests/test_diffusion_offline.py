@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from PIL import Image
-
 from diffusion_support import SIZE
+from PIL import Image
 from support import REPO, clean_env, descendants, run_python
 
 pytestmark = pytest.mark.e2e
@@ -18,8 +17,14 @@ pytestmark = pytest.mark.e2e
 
 def run_script(args: list[str], tmp_path, timeout: float = 300) -> tuple[int, str, str]:
     env = clean_env(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=str(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
@@ -44,8 +49,22 @@ def test_the_lazy_name_imports_nothing_heavy():
 
 
 def test_offline_example_end_to_end(tiny_pipeline, tmp_path):
-    code, out, err = run_script([str(REPO / "examples" / "offline_generate.py"), "--model-path", str(tiny_pipeline),
-                                 "--n", "2", "--size", str(SIZE), "--steps", "2", "--out-dir", "out"], tmp_path)
+    code, out, err = run_script(
+        [
+            str(REPO / "examples" / "offline_generate.py"),
+            "--model-path",
+            str(tiny_pipeline),
+            "--n",
+            "2",
+            "--size",
+            str(SIZE),
+            "--steps",
+            "2",
+            "--out-dir",
+            "out",
+        ],
+        tmp_path,
+    )
     assert code == 0, f"{out}\n{err}"
     assert "stopped; every worker is gone" in out
     for i in range(2):

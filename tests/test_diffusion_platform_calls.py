@@ -12,14 +12,13 @@ import json
 
 import httpx
 import pytest
-
 from diffusion_support import SIZE
-from support import make_dist
 from serving_support import Server, server_env, start_server
+from support import make_dist
 
 pytestmark = pytest.mark.e2e
 
-RECORDER = '''
+RECORDER = """
 import json, os
 
 from platforms.builtin.cpu import CpuDevice
@@ -103,9 +102,9 @@ class RecordingPlatform(Platform, CpuDevice):
     def get_available_gpu_memory(self, device_id=0, distributed=False, empty_cache=True, cpu_group=None):
         record("get_available_gpu_memory")
         return super().get_available_gpu_memory(device_id, distributed, empty_cache, cpu_group)
-'''
+"""
 
-HOOKS = '''
+HOOKS = """
 import os
 
 from recording_platform import record
@@ -118,22 +117,38 @@ def register():
 
     HookRegistry.register("launcher.workers.diffusion.runner.DiffusionWorker.init_device_and_model",
                           before, HookType.BEFORE)
-'''
+"""
 
 WORKER_CALLS = {
-    "init_backend", "verify_model_arch", "get_device", "set_device", "get_local_torch_device",
-    "get_attn_backend_cls_str", "optimize_vae", "inference_mode", "seed_everything",
-    "get_compile_backend", "get_compile_options", "enable_dit_layerwise_offload_by_default",
-    "get_device_total_memory", "get_available_gpu_memory", "hook:init_device_and_model",
+    "init_backend",
+    "verify_model_arch",
+    "get_device",
+    "set_device",
+    "get_local_torch_device",
+    "get_attn_backend_cls_str",
+    "optimize_vae",
+    "inference_mode",
+    "seed_everything",
+    "get_compile_backend",
+    "get_compile_options",
+    "enable_dit_layerwise_offload_by_default",
+    "get_device_total_memory",
+    "get_available_gpu_memory",
+    "hook:init_device_and_model",
 }
 
 
 @pytest.fixture
 def recorder(site, tmp_path):
-    make_dist(site, "recording-diffusion-platform",
-              entry_points={"sglang.multimodal_gen.platforms": {"recorder": "recording_platform:activate"},
-                            "sglang.multimodal_gen.plugins": {"recorder": "recording_hooks:register"}},
-              modules={"recording_platform.py": RECORDER, "recording_hooks.py": HOOKS})
+    make_dist(
+        site,
+        "recording-diffusion-platform",
+        entry_points={
+            "sglang.multimodal_gen.platforms": {"recorder": "recording_platform:activate"},
+            "sglang.multimodal_gen.plugins": {"recorder": "recording_hooks:register"},
+        },
+        modules={"recording_platform.py": RECORDER, "recording_hooks.py": HOOKS},
+    )
     log = tmp_path / "calls.jsonl"
     env = server_env(RECORD_LOG=str(log))
     env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
@@ -146,11 +161,18 @@ def calls(log) -> list[dict]:
 
 def test_each_contract_call_happens_on_a_real_launch(recorder, tiny_pipeline, tmp_path):
     env, log = recorder
-    srv = start_server(["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--enable-torch-compile"],
-                       tmp_path, "recorder", env=env)
+    srv = start_server(
+        ["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--enable-torch-compile"],
+        tmp_path,
+        "recorder",
+        env=env,
+    )
     try:
-        reply = httpx.post(srv.url + "/v1/images/generations", timeout=300,
-                           json={"prompt": "a cat", "size": f"{SIZE}x{SIZE}", "num_inference_steps": 2, "seed": 1})
+        reply = httpx.post(
+            srv.url + "/v1/images/generations",
+            timeout=300,
+            json={"prompt": "a cat", "size": f"{SIZE}x{SIZE}", "num_inference_steps": 2, "seed": 1},
+        )
         assert reply.status_code == 200, reply.text
         info = httpx.get(srv.url + "/get_server_info", timeout=30).json()
         worker_pid = info["schedulers"][0]["pid"]
@@ -161,18 +183,29 @@ def test_each_contract_call_happens_on_a_real_launch(recorder, tiny_pipeline, tm
     assert WORKER_CALLS <= in_worker, sorted(WORKER_CALLS - in_worker)
     assert "apply_server_args_defaults" in {c["call"] for c in seen}  # the launcher's ServerArgs
     order = [c["call"] for c in seen if c["pid"] == worker_pid]
-    assert order.index("init_backend") < order.index("hook:init_device_and_model") < order.index("get_device")
+    assert (
+        order.index("init_backend")
+        < order.index("hook:init_device_and_model")
+        < order.index("get_device")
+    )
     assert order.index("verify_model_arch") < order.index("optimize_vae")
-    assert [c["detail"] for c in seen if c["call"] == "verify_model_arch"] == ["StableDiffusionPipeline"]
+    assert [c["detail"] for c in seen if c["call"] == "verify_model_arch"] == [
+        "StableDiffusionPipeline"
+    ]
 
     model = info["model"]
     assert info["platform"]["platform_class"] == "recording_platform.RecordingPlatform"
     # GroupNorm: the forward init_backend registered; LayerNorm: no forward_recorder, so forward_oot.
     ops = model["custom_ops"]
-    assert ops["GroupNorm"]["forward"] == {"registered recording_platform.group_norm_forward": ops["GroupNorm"]["count"]}
+    assert ops["GroupNorm"]["forward"] == {
+        "registered recording_platform.group_norm_forward": ops["GroupNorm"]["count"]
+    }
     assert ops["LayerNorm"]["forward"] == {"forward_oot": ops["LayerNorm"]["count"]}
-    assert model["attention"] == {"backend": "diffusers.models.attention_processor.AttnProcessor",
-                                  "processors": ["AttnProcessor"], "requested": None}
+    assert model["attention"] == {
+        "backend": "diffusers.models.attention_processor.AttnProcessor",
+        "processors": ["AttnProcessor"],
+        "requested": None,
+    }
     assert model["layerwise_offload"] is True
     assert model["torch_compile"] == {"backend": "eager", "options": {}}
 
@@ -180,7 +213,11 @@ def test_each_contract_call_happens_on_a_real_launch(recorder, tiny_pipeline, tm
 def test_a_refused_architecture_stops_the_launch_naming_it(recorder, tiny_pipeline, tmp_path):
     env, log = recorder
     env["RECORD_REFUSE"] = "1"
-    srv = Server(["--runtime", "diffusion", "--model-path", str(tiny_pipeline)], tmp_path / "refused.log", env=env)
+    srv = Server(
+        ["--runtime", "diffusion", "--model-path", str(tiny_pipeline)],
+        tmp_path / "refused.log",
+        env=env,
+    )
     try:
         code = srv.wait_exit(timeout=240)
     finally:

@@ -13,9 +13,8 @@ import time
 import httpx
 import psutil
 import pytest
-from PIL import Image
-
 from diffusion_support import SIZE
+from PIL import Image
 from serving_support import start_server
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +25,12 @@ ROUTE = "/v1/images/generations"
 
 
 def body(**extra) -> dict:
-    return {"prompt": "a photo of a cat", "size": f"{SIZE}x{SIZE}", "num_inference_steps": 2, **extra}
+    return {
+        "prompt": "a photo of a cat",
+        "size": f"{SIZE}x{SIZE}",
+        "num_inference_steps": 2,
+        **extra,
+    }
 
 
 def images_of(reply: httpx.Response) -> list[bytes]:
@@ -46,8 +50,11 @@ def wait_for(condition, timeout: float = 120.0, what: str = "condition"):
 
 @pytest.fixture(scope="module")
 def server(tiny_pipeline, tmp_path_factory):
-    srv = start_server(["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--api-key", KEY],
-                       tmp_path_factory.mktemp("diffusion-serving"), "diffusion")
+    srv = start_server(
+        ["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--api-key", KEY],
+        tmp_path_factory.mktemp("diffusion-serving"),
+        "diffusion",
+    )
     yield srv
     srv.stop()
 
@@ -83,21 +90,28 @@ def test_output_formats(server, leak_ok, fmt, pil):
     assert reply.json()["output_format"] == fmt
 
 
-@pytest.mark.parametrize("extra, param, words", [
-    ({"response_format": "url"}, "response_format", ["b64_json"]),
-    ({"size": "36x32"}, "width", ["width 36", "multiple of 8"]),
-    ({"size": None, "width": 32, "height": 20}, "height", ["height 20", "multiple of 8"]),
-    ({"size": "big"}, "size", ["WIDTHxHEIGHT"]),
-    ({"n": 0}, "n", ["n must be between 1 and 10"]),
-    ({"n": 11}, "n", ["n must be between 1 and 10"]),
-    ({"num_inference_steps": 0}, "num_inference_steps", ["between 1 and 1000"]),
-    ({"num_inference_steps": 5000}, "num_inference_steps", ["between 1 and 1000"]),
-    ({"num_inference_steps": 1000}, "num_inference_steps", ["num_inference_steps 1000", "between 1 and 999"]),
-    ({"prompt": "   "}, "prompt", ["prompt must not be empty"]),
-    ({"output_format": "gif"}, "output_format", ["png, jpeg, webp"]),
-    ({"seed": -1}, "seed", ["seed must be between 0"]),
-    ({"model": "other"}, "model", ["'other'", "/v1/models"]),
-])
+@pytest.mark.parametrize(
+    "extra, param, words",
+    [
+        ({"response_format": "url"}, "response_format", ["b64_json"]),
+        ({"size": "36x32"}, "width", ["width 36", "multiple of 8"]),
+        ({"size": None, "width": 32, "height": 20}, "height", ["height 20", "multiple of 8"]),
+        ({"size": "big"}, "size", ["WIDTHxHEIGHT"]),
+        ({"n": 0}, "n", ["n must be between 1 and 10"]),
+        ({"n": 11}, "n", ["n must be between 1 and 10"]),
+        ({"num_inference_steps": 0}, "num_inference_steps", ["between 1 and 1000"]),
+        ({"num_inference_steps": 5000}, "num_inference_steps", ["between 1 and 1000"]),
+        (
+            {"num_inference_steps": 1000},
+            "num_inference_steps",
+            ["num_inference_steps 1000", "between 1 and 999"],
+        ),
+        ({"prompt": "   "}, "prompt", ["prompt must not be empty"]),
+        ({"output_format": "gif"}, "output_format", ["png, jpeg, webp"]),
+        ({"seed": -1}, "seed", ["seed must be between 0"]),
+        ({"model": "other"}, "model", ["'other'", "/v1/models"]),
+    ],
+)
 def test_bad_input_is_a_json_4xx_naming_field_and_limit(server, leak_ok, extra, param, words):
     reply = post(server, **extra)
     assert 400 <= reply.status_code < 500, reply.text
@@ -110,7 +124,9 @@ def test_bad_input_is_a_json_4xx_naming_field_and_limit(server, leak_ok, extra, 
 def test_api_key_and_the_text_routes_refuse_clearly(server, leak_ok):
     assert httpx.post(server.url + ROUTE, json=body(), timeout=30).status_code == 401
     assert httpx.get(server.url + "/health", timeout=30).status_code == 200  # public
-    reply = httpx.post(server.url + "/v1/completions", json={"prompt": "hi"}, headers=AUTH, timeout=30)
+    reply = httpx.post(
+        server.url + "/v1/completions", json={"prompt": "hi"}, headers=AUTH, timeout=30
+    )
     assert reply.status_code == 400 and "/v1/images/generations" in reply.json()["error"]["message"]
 
 
@@ -126,7 +142,9 @@ def test_models_ready_info_and_metrics(server, leak_ok, tiny_pipeline):
     assert model["attention"]["backend"] == "torch.nn.functional.scaled_dot_product_attention"
     assert model["attention"]["processors"] == ["AttnProcessor2_0"]
     # The CPU platform's key is "native": each norm resolved to forward_native, once.
-    assert model["custom_ops"]["GroupNorm"]["forward"] == {"forward_native": model["custom_ops"]["GroupNorm"]["count"]}
+    assert model["custom_ops"]["GroupNorm"]["forward"] == {
+        "forward_native": model["custom_ops"]["GroupNorm"]["count"]
+    }
     assert model["custom_ops"]["LayerNorm"]["count"] > 0
     memory = info["schedulers"][0]["memory"]
     assert memory["total_gib"] > 0 and memory["available_gib"] > 0
@@ -142,8 +160,10 @@ def test_same_shape_requests_that_arrive_together_share_a_batch(server, leak_ok)
 
     before = batches()
     replies: list[httpx.Response] = []
-    threads = [threading.Thread(target=lambda i=i: replies.append(post(server, seed=100 + i)))
-               for i in range(6)]
+    threads = [
+        threading.Thread(target=lambda i=i: replies.append(post(server, seed=100 + i)))
+        for i in range(6)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -165,25 +185,44 @@ def test_a_client_that_disconnects_cancels_its_request(server, leak_ok):
 
 
 def test_dp2_serves_on_both_replicas_and_sigint_leaves_nothing(tiny_pipeline, tmp_path):
-    srv = start_server(["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--dp-size", "2"],
-                       tmp_path, "diffusion-dp2")
+    srv = start_server(
+        ["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--dp-size", "2"],
+        tmp_path,
+        "diffusion-dp2",
+    )
     try:
-        tree = [psutil.Process(srv.proc.pid), *psutil.Process(srv.proc.pid).children(recursive=True)]
+        tree = [
+            psutil.Process(srv.proc.pid),
+            *psutil.Process(srv.proc.pid).children(recursive=True),
+        ]
         assert len(tree) >= 4  # supervisor, HTTP child, two workers
         replies: list[httpx.Response] = []
-        threads = [threading.Thread(target=lambda i=i: replies.append(
-            httpx.post(srv.url + ROUTE, json=body(seed=i, num_inference_steps=3), timeout=120)))
-            for i in range(6)]
+        threads = [
+            threading.Thread(
+                target=lambda i=i: replies.append(
+                    httpx.post(
+                        srv.url + ROUTE, json=body(seed=i, num_inference_steps=3), timeout=120
+                    )
+                )
+            )
+            for i in range(6)
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         assert [r.status_code for r in replies] == [200] * 6, [r.text for r in replies]
         info = httpx.get(srv.url + "/get_server_info", timeout=30).json()
-        assert [s["batches"] > 0 for s in info["schedulers"]] == [True, True]  # least-loaded routing
+        assert [s["batches"] > 0 for s in info["schedulers"]] == [
+            True,
+            True,
+        ]  # least-loaded routing
         srv.proc.send_signal(signal.SIGINT)
         assert srv.wait_exit(timeout=60) == 0, srv.log
-        wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
-                 timeout=30, what="every process of the launch gone")
+        wait_for(
+            lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
+            timeout=30,
+            what="every process of the launch gone",
+        )
     finally:
         srv.stop()

@@ -69,11 +69,15 @@ def custom_op(probe: Probe) -> str:
     want = own if key.isidentifier() and callable(getattr(Op, own, None)) else "forward_oot"
     got = Op()()
     if got != want:
-        raise CheckFailed(f"with key {key!r} and no registration the probe op ran {got}, expected {want}")
+        raise CheckFailed(
+            f"with key {key!r} and no registration the probe op ran {got}, expected {want}"
+        )
     CustomOp.register_oot_forward(Op, fn=lambda op: "registered", platform_key=key)
     got = Op()()
     if got != "registered":
-        raise CheckFailed(f"after register_oot_forward(..., platform_key={key!r}) the probe op ran {got}")
+        raise CheckFailed(
+            f"after register_oot_forward(..., platform_key={key!r}) the probe op ran {got}"
+        )
     return f"key {key!r}: {want} without a registration, the registered function with one"
 
 
@@ -113,14 +117,27 @@ def communicator(probe: Probe) -> str:
     legacy = p.get_device_communicator_cls()
     overridden = type(p).get_all_to_all_communicator_cls is not base.get_all_to_all_communicator_cls
     if not overridden and value != legacy:
-        raise CheckFailed(f"returned {value!r}, but the fallback get_device_communicator_cls() is {legacy!r}")
+        raise CheckFailed(
+            f"returned {value!r}, but the fallback get_device_communicator_cls() is {legacy!r}"
+        )
     if value is not None:
         if not isinstance(value, str):
-            raise CheckFailed(f"returned {type(value).__name__} {value!r}, not a class path or None")
+            raise CheckFailed(
+                f"returned {type(value).__name__} {value!r}, not a class path or None"
+            )
         try:
             import_object(value)
         except Exception as exc:  # noqa: BLE001
-            raise CheckFailed(f"{value!r} cannot be imported: {type(exc).__name__}: {exc}") from None
-    how = "overridden" if overridden else f"via the fallback get_device_communicator_cls() = {legacy!r}"
-    return f"{value!r} ({how})" if value is not None else f"None: the default all_to_all_4D path ({how})"
-
+            raise CheckFailed(
+                f"{value!r} cannot be imported: {type(exc).__name__}: {exc}"
+            ) from None
+    how = (
+        "overridden"
+        if overridden
+        else f"via the fallback get_device_communicator_cls() = {legacy!r}"
+    )
+    return (
+        f"{value!r} ({how})"
+        if value is not None
+        else f"None: the default all_to_all_4D path ({how})"
+    )

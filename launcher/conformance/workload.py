@@ -32,8 +32,24 @@ from .rows import CheckFailed, Skip
 if TYPE_CHECKING:
     from .probe import Probe
 
-_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "launch", "will", "work", "on", "this",
-          "platform", "check", "##s", "the", "model"]
+_VOCAB = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "a",
+    "launch",
+    "will",
+    "work",
+    "on",
+    "this",
+    "platform",
+    "check",
+    "##s",
+    "the",
+    "model",
+]
 _TEXT = "a launch will work on this platform"
 _MIN_COSINE = 0.99  # device vs CPU float32: loose enough for half precision, tight enough for bugs
 
@@ -50,8 +66,13 @@ def build_tiny_encoder(folder: str) -> str:
         f.write("\n".join(_VOCAB) + "\n")
     transformers.BertTokenizer(vocab_file=vocab, do_lower_case=True).save_pretrained(folder)
     config = transformers.BertConfig(
-        vocab_size=len(_VOCAB), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=64, pad_token_id=0,
+        vocab_size=len(_VOCAB),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
     )
     torch.manual_seed(0)
     transformers.BertModel(config).save_pretrained(folder)
@@ -70,28 +91,40 @@ def srt_forward(probe: Probe) -> str:
     try:
         import transformers  # noqa: F401 - the serving runtime's model library
     except ImportError as exc:
-        raise Skip(f"the serving runtime is not installed ({exc}); install the serve extra "
-                   "(pip install 'sglang-launch[serve]')") from exc
+        raise Skip(
+            f"the serving runtime is not installed ({exc}); install the serve extra "
+            "(pip install 'sglang-launch[serve]')"
+        ) from exc
     torch = probe.torch
     folder = build_tiny_encoder(os.path.join(probe.workdir, "tiny-encoder"))
-    args = importlib.import_module("launcher.server_args").ServerArgs(runtime=probe.runtime, model_path=folder)
+    args = importlib.import_module("launcher.server_args").ServerArgs(
+        runtime=probe.runtime, model_path=folder
+    )
     scheduler = importlib.import_module("launcher.workers.scheduler")
     runner = scheduler.load_runner(args, probe.platform, local_rank=0)
     runner.warm_up()
     ids = runner.encode_embedding_input(_TEXT)
     vector = runner.embed_matrix([ids])
     if tuple(vector.shape) != (1, runner.dimensions):
-        raise CheckFailed(f"embed_matrix gave shape {tuple(vector.shape)}, expected (1, {runner.dimensions})")
+        raise CheckFailed(
+            f"embed_matrix gave shape {tuple(vector.shape)}, expected (1, {runner.dimensions})"
+        )
     if not bool(torch.isfinite(vector).all()):
-        raise CheckFailed(f"the forward on {runner.device} ({runner.dtype}) produced non-finite values")
+        raise CheckFailed(
+            f"the forward on {runner.device} ({runner.dtype}) produced non-finite values"
+        )
     reference = _cpu_reference(folder, ids, runner)
     cosine = float(torch.nn.functional.cosine_similarity(vector.float(), reference, dim=1)[0])
     if cosine < _MIN_COSINE:
-        raise CheckFailed(f"the vector computed on {runner.device} ({runner.dtype}, attention "
-                          f"{runner.attn_implementation}) differs from the CPU's: cosine {cosine:.4f}")
+        raise CheckFailed(
+            f"the vector computed on {runner.device} ({runner.dtype}, attention "
+            f"{runner.attn_implementation}) differs from the CPU's: cosine {cosine:.4f}"
+        )
     dtype = str(runner.dtype).replace("torch.", "")
-    return (f"{runner.architecture} on {runner.device}, {dtype}, attention {runner.attn_implementation}: "
-            f"1 x {runner.dimensions} vector, cosine {cosine:.4f} to the CPU float32 result")
+    return (
+        f"{runner.architecture} on {runner.device}, {dtype}, attention {runner.attn_implementation}: "
+        f"1 x {runner.dimensions} vector, cosine {cosine:.4f} to the CPU float32 result"
+    )
 
 
 def _cpu_reference(folder: str, ids: list[int], runner: Any) -> Any:
@@ -100,9 +133,14 @@ def _cpu_reference(folder: str, ids: list[int], runner: Any) -> Any:
     import transformers
 
     pooling = importlib.import_module("launcher.workers.pooling")
-    model = transformers.AutoModel.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    model = transformers.AutoModel.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    )
     model.eval()
-    enc = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones((1, len(ids)), dtype=torch.long)}
+    enc = {
+        "input_ids": torch.tensor([ids]),
+        "attention_mask": torch.ones((1, len(ids)), dtype=torch.long),
+    }
     if "token_type_ids" in runner.tokenizer.model_input_names:
         enc["token_type_ids"] = torch.zeros_like(enc["input_ids"])
     with torch.inference_mode():
@@ -110,23 +148,45 @@ def _cpu_reference(folder: str, ids: list[int], runner: Any) -> Any:
         return pooling.pool(hidden, enc["attention_mask"], runner.pooling).float()
 
 
-def _tiny_denoising_parts(torch):
+def _tiny_denoising_parts(torch: Any) -> tuple[Any, Any, Any]:
     """A seeded, randomly initialised UNet, VAE and DDIM scheduler small enough for one step on
     any device in well under a second (diffusers' real classes; nothing is downloaded)."""
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
 
     torch.manual_seed(0)
     unet = UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 32),
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8)
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(32, 32),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32,
+        attention_head_dim=8,
+        norm_num_groups=8,
+    )
     vae = AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
-        layers_per_block=1, norm_num_groups=8)
-    scheduler = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
-                              clip_sample=False, steps_offset=1)
-    return unet.eval(), vae.eval(), scheduler
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        latent_channels=4,
+        layers_per_block=1,
+        norm_num_groups=8,
+    )
+    scheduler = DDIMScheduler(
+        beta_schedule="scaled_linear",
+        beta_start=0.00085,
+        beta_end=0.012,
+        clip_sample=False,
+        steps_offset=1,
+    )
+    parts: tuple[Any, Any, Any] = (unet, vae, scheduler)
+    for part in parts[:2]:
+        part.eval()
+    return parts
 
 
 @check(
@@ -143,8 +203,10 @@ def diffusion_step(probe: Probe) -> str:
     try:
         import diffusers  # noqa: F401
     except ImportError:
-        raise Skip("diffusers is not installed; install the diffusion extra "
-                   "(pip install 'sglang-launch[diffusion]')") from None
+        raise Skip(
+            "diffusers is not installed; install the diffusion extra "
+            "(pip install 'sglang-launch[diffusion]')"
+        ) from None
     from platforms.diffusion.layers import adopt_custom_ops, custom_op_report
 
     unet, vae, scheduler = _tiny_denoising_parts(torch)
@@ -156,9 +218,11 @@ def diffusion_step(probe: Probe) -> str:
     latents = torch.randn(1, 4, 16, 16, generator=generator)
     context = torch.randn(1, 8, 32, generator=generator)
 
-    def run(where, decoder):
+    def run(where: Any, decoder: Any) -> Any:
         with platform.inference_mode():
-            noise = unet.to(where)(latents.to(where), step, encoder_hidden_states=context.to(where)).sample
+            noise = unet.to(where)(
+                latents.to(where), step, encoder_hidden_states=context.to(where)
+            ).sample
             prev = scheduler.step(noise, step, latents.to(where)).prev_sample
             image = decoder.to(where).decode(prev / decoder.config.scaling_factor).sample
         platform.synchronize()
@@ -167,11 +231,18 @@ def diffusion_step(probe: Probe) -> str:
     reference = run(torch.device("cpu"), vae)
     image = run(device, platform.optimize_vae(vae))
     if tuple(image.shape) != (1, 3, 32, 32):
-        raise CheckFailed(f"the decoded image has shape {tuple(image.shape)}, expected (1, 3, 32, 32)")
+        raise CheckFailed(
+            f"the decoded image has shape {tuple(image.shape)}, expected (1, 3, 32, 32)"
+        )
     if not bool(torch.isfinite(image).all()):
         raise CheckFailed("the denoising step produced NaN or infinite values on the device")
     diff = float((image - reference).abs().max())
     if diff > 1e-2:
-        raise CheckFailed(f"the step on {device} differs from the CPU by up to {diff:.3g} (allowed 0.01)")
-    how = ", ".join(f"{name} x{entry['count']}: {'/'.join(entry['forward'])}" for name, entry in sorted(ops.items()))
+        raise CheckFailed(
+            f"the step on {device} differs from the CPU by up to {diff:.3g} (allowed 0.01)"
+        )
+    how = ", ".join(
+        f"{name} x{entry['count']}: {'/'.join(entry['forward'])}"
+        for name, entry in sorted(ops.items())
+    )
     return f"1 step + VAE decode on {device}, max |diff| vs CPU {diff:.2g}; custom ops {how}"

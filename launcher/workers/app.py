@@ -53,8 +53,14 @@ from launcher.workers.schemas import (
     decode_body,
 )
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "service_unavailable",
+}
 _json = msgspec.json.Encoder()
 log = logging.getLogger("sglang_launch.http")
 
@@ -70,7 +76,9 @@ Handler = Callable[[Any, Receive], Awaitable[Response]]
 def error_body(status: int, message: str, param: str | None = None) -> bytes:
     """An error in OpenAI's JSON shape."""
     kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return _json.encode({"error": {"message": message, "type": kind, "param": param, "code": status}})
+    return _json.encode(
+        {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    )
 
 
 def json_response(obj: object, status: int = 200) -> Response:
@@ -78,11 +86,16 @@ def json_response(obj: object, status: int = 200) -> Response:
     return Response(_json.encode(obj), status_code=status, media_type="application/json")
 
 
-def error_response(status: int, message: str, param: str | None = None,
-                   headers: Mapping[str, str] | None = None) -> Response:
+def error_response(
+    status: int, message: str, param: str | None = None, headers: Mapping[str, str] | None = None
+) -> Response:
     """An error response (``error_body``)."""
-    return Response(error_body(status, message, param), status_code=status,
-                    media_type="application/json", headers=headers)
+    return Response(
+        error_body(status, message, param),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,15 +189,23 @@ class App:
         by_method = self.routes.get(path)
         public = by_method is not None and any(r.public for r in by_method.values())
         if state.api_key and not public and not self._authorised(scope):
-            return await _send_error(send, 401, "missing or wrong API key; send the header "
-                                                "'Authorization: Bearer <key>' with the server's --api-key")
+            return await _send_error(
+                send,
+                401,
+                "missing or wrong API key; send the header "
+                "'Authorization: Bearer <key>' with the server's --api-key",
+            )
         if by_method is None:
             return await _send_error(send, 404, f"no route {path}; see /docs for the routes")
         route = by_method.get(scope["method"])
         if route is None:
             allowed = ", ".join(sorted(by_method))
-            return await _send_error(send, 405, f"{scope['method']} is not allowed on {path}; use {allowed}",
-                                     [(b"allow", allowed.encode())])
+            return await _send_error(
+                send,
+                405,
+                f"{scope['method']} is not allowed on {path}; use {allowed}",
+                [(b"allow", allowed.encode())],
+            )
         body = None
         if route.body is not None:
             data = await self._read_body(scope, receive, send)
@@ -250,7 +271,12 @@ class App:
                 try:
                     await client.start()
                 except Exception as exc:  # noqa: BLE001 - reported to the server, which stops
-                    await send({"type": "lifespan.startup.failed", "message": f"{type(exc).__name__}: {exc}"})
+                    await send(
+                        {
+                            "type": "lifespan.startup.failed",
+                            "message": f"{type(exc).__name__}: {exc}",
+                        }
+                    )
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -263,19 +289,30 @@ class App:
     def openapi(self) -> dict:
         """The OpenAPI 3.1 document of the route table (request bodies from their structs)."""
         ref = "#/components/schemas/{name}"
-        routes = [r for by_method in self.routes.values() for r in by_method.values() if r.in_schema]
+        routes = [
+            r for by_method in self.routes.values() for r in by_method.values() if r.in_schema
+        ]
         bodies = list(dict.fromkeys(r.body for r in routes if r.body is not None))
         _, schemas = msgspec.json.schema_components([*bodies, ErrorBody], ref_template=ref)
-        error = {"description": "refused: the message says why, param names the field",
-                 "content": {"application/json": {"schema": {"$ref": ref.format(name="ErrorBody")}}}}
+        error = {
+            "description": "refused: the message says why, param names the field",
+            "content": {"application/json": {"schema": {"$ref": ref.format(name="ErrorBody")}}},
+        }
         paths: dict[str, dict] = {}
         for r in routes:
             responses: dict[str, dict] = {"200": {"description": "success"}}
-            operation: dict[str, Any] = {"summary": r.summary, "responses": responses,
-                                         "operationId": f"{r.handler.__name__}_{r.method.lower()}"}
+            operation: dict[str, Any] = {
+                "summary": r.summary,
+                "responses": responses,
+                "operationId": f"{r.handler.__name__}_{r.method.lower()}",
+            }
             if r.body is not None:
-                operation["requestBody"] = {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": ref.format(name=r.body.__name__)}}}}
+                operation["requestBody"] = {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": {"$ref": ref.format(name=r.body.__name__)}}
+                    },
+                }
                 responses.update({"400": error, "404": error, "413": error})
             if self.state.api_key and not r.public:
                 operation["security"] = [{"bearer": []}]
@@ -283,27 +320,43 @@ class App:
             paths.setdefault(r.path, {})[r.method.lower()] = operation
         document: dict[str, Any] = {
             "openapi": "3.1.0",
-            "info": {"title": "sglang-launch", "version": VERSION,
-                     "description": "OpenAI-compatible and SGLang-native serving of one model."},
+            "info": {
+                "title": "sglang-launch",
+                "version": VERSION,
+                "description": "OpenAI-compatible and SGLang-native serving of one model.",
+            },
             "paths": paths,
             "components": {"schemas": schemas},
         }
         if self.state.api_key:
-            document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            document["components"]["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer"}
+            }
         return document
 
 
 def _too_large(size: int, limit: int) -> str:
-    return (f"the request body has {size} bytes, more than the limit of {limit} "
-            f"(--max-request-bytes); send fewer or shorter inputs per request")
+    return (
+        f"the request body has {size} bytes, more than the limit of {limit} "
+        f"(--max-request-bytes); send fewer or shorter inputs per request"
+    )
 
 
-async def _send_error(send: Send, status: int, message: str, headers: list | None = None,
-                      param: str | None = None) -> None:
+async def _send_error(
+    send: Send, status: int, message: str, headers: list | None = None, param: str | None = None
+) -> None:
     body = error_body(status, message, param)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()), *(headers or ())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or ()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -358,8 +411,10 @@ def _args_dict(server_args: object) -> dict:
         data = dict(vars(server_args)) if server_args is not None else {}
     if data.get("api_key"):
         data["api_key"] = "***"
-    return {k: v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
-            for k, v in data.items()}
+    return {
+        k: v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v)
+        for k, v in data.items()
+    }
 
 
 def _embedding_rows(reply: messages.Embeddings, encoding: str) -> list:
@@ -368,7 +423,9 @@ def _embedding_rows(reply: messages.Embeddings, encoding: str) -> list:
     if encoding == "base64":
         row = reply.dim * 4
         data = reply.vectors
-        return [base64.b64encode(data[at:at + row]).decode("ascii") for at in range(0, len(data), row)]
+        return [
+            base64.b64encode(data[at : at + row]).decode("ascii") for at in range(0, len(data), row)
+        ]
     return messages.unpack_vectors(reply.vectors, reply.dim)
 
 
@@ -382,7 +439,9 @@ DOCS_PAGE = b"""<!doctype html>
 """
 
 
-def _generate_for(text: str, params: messages.SamplingParams) -> Callable[[str], messages.GenerateRequest]:
+def _generate_for(
+    text: str, params: messages.SamplingParams
+) -> Callable[[str], messages.GenerateRequest]:
     """What makes the scheduler request for one prompt: a request id in, its request out."""
     return lambda rid: messages.GenerateRequest(rid, text, params)
 
@@ -393,8 +452,12 @@ def create_app(state: AppState) -> App:
 
     def wrong_model(name: str | None) -> Response | None:
         if name and name != state.served_name:
-            return error_response(404, f"model {name!r} is not served here; this server serves "
-                                       f"{state.served_name!r} (see /v1/models)", "model")
+            return error_response(
+                404,
+                f"model {name!r} is not served here; this server serves "
+                f"{state.served_name!r} (see /v1/models)",
+                "model",
+            )
         return None
 
     async def health(body: None, receive: Receive) -> Response:
@@ -409,35 +472,73 @@ def create_app(state: AppState) -> App:
         pongs = await client.ping_all(timeout=1.0)
         missing = [i for i, p in enumerate(pongs) if p is None]
         if missing:
-            return json_response({"ready": False, "reason": f"scheduler(s) dp={missing} not answering yet: "
-                                                            f"{client.unanswered_reason(missing)}"}, 503)
-        return json_response({"ready": True, "schedulers": [
-            {"dp_rank": p.dp_rank, "pid": p.pid, "queue_depth": p.queue_depth} for p in pongs if p]})
+            return json_response(
+                {
+                    "ready": False,
+                    "reason": f"scheduler(s) dp={missing} not answering yet: "
+                    f"{client.unanswered_reason(missing)}",
+                },
+                503,
+            )
+        return json_response(
+            {
+                "ready": True,
+                "schedulers": [
+                    {"dp_rank": p.dp_rank, "pid": p.pid, "queue_depth": p.queue_depth}
+                    for p in pongs
+                    if p
+                ],
+            }
+        )
 
     async def models(body: None, receive: Receive) -> Response:
-        return json_response({"object": "list", "data": [{
-            "id": state.served_name, "object": "model", "created": state.started,
-            "owned_by": "sglang-launch", "root": state.model_path}]})
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": state.served_name,
+                        "object": "model",
+                        "created": state.started,
+                        "owned_by": "sglang-launch",
+                        "root": state.model_path,
+                    }
+                ],
+            }
+        )
 
     async def embeddings(body: EmbeddingRequest, receive: Receive) -> Response:
         refused = wrong_model(body.model)
         if refused:
             return refused
         if body.dimensions is not None:
-            return error_response(400, f"dimensions is not supported by model {state.served_name!r}: it "
-                                       f"returns its native embedding size; leave dimensions out", "dimensions")
+            return error_response(
+                400,
+                f"dimensions is not supported by model {state.served_name!r}: it "
+                f"returns its native embedding size; leave dimensions out",
+                "dimensions",
+            )
         texts = [body.input] if isinstance(body.input, str) else list(body.input)
-        reply = await _unless_disconnected(receive, client.one(lambda rid: messages.EmbedRequest(rid, texts)))
+        reply = await _unless_disconnected(
+            receive, client.one(lambda rid: messages.EmbedRequest(rid, texts))
+        )
         if reply is None:
             return Response(status_code=499)
         metrics.observe_result(reply.batch_size, reply.prompt_tokens)
-        return json_response({
-            "object": "list",
-            "data": [{"object": "embedding", "index": i, "embedding": v}
-                     for i, v in enumerate(_embedding_rows(reply, body.encoding_format))],
-            "model": state.served_name,
-            "usage": {"prompt_tokens": reply.prompt_tokens, "total_tokens": reply.prompt_tokens},
-        })
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": v}
+                    for i, v in enumerate(_embedding_rows(reply, body.encoding_format))
+                ],
+                "model": state.served_name,
+                "usage": {
+                    "prompt_tokens": reply.prompt_tokens,
+                    "total_tokens": reply.prompt_tokens,
+                },
+            }
+        )
 
     async def completions(body: CompletionRequest, receive: Receive) -> Response:
         refused = wrong_model(body.model)
@@ -450,42 +551,73 @@ def create_app(state: AppState) -> App:
             usage = body.stream_options is not None and body.stream_options.include_usage
 
             def chunk(reply: messages.Generated) -> dict:
-                return {"id": cid, "object": "text_completion", "created": created,
-                        "model": state.served_name,
-                        "choices": [{"index": 0, "text": reply.text, "logprobs": None,
-                                     "finish_reason": reply.finish_reason if reply.finished else None}]}
+                return {
+                    "id": cid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": state.served_name,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": reply.text,
+                            "logprobs": None,
+                            "finish_reason": reply.finish_reason if reply.finished else None,
+                        }
+                    ],
+                }
 
             def last(reply: messages.Generated) -> dict | None:
                 if not usage:
                     return None
-                return {"id": cid, "object": "text_completion", "created": created,
-                        "model": state.served_name, "choices": [],
-                        "usage": _usage(reply.prompt_tokens, reply.completion_tokens)}
+                return {
+                    "id": cid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": state.served_name,
+                    "choices": [],
+                    "usage": _usage(reply.prompt_tokens, reply.completion_tokens),
+                }
 
-            return await _stream(client.call(lambda rid: messages.GenerateRequest(rid, prompts[0], params, True)),
-                                 chunk, metrics, last)
+            return await _stream(
+                client.call(lambda rid: messages.GenerateRequest(rid, prompts[0], params, True)),
+                chunk,
+                metrics,
+                last,
+            )
         calls = [client.one(_generate_for(p, params)) for p in prompts]
         replies = await _unless_disconnected(receive, asyncio.gather(*calls))
         if replies is None:
             return Response(status_code=499)
         for r in replies:
             metrics.observe_result(r.batch_size, r.prompt_tokens, r.completion_tokens)
-        return json_response({
-            "id": cid, "object": "text_completion", "created": created, "model": state.served_name,
-            "choices": [{"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
-                        for i, r in enumerate(replies)],
-            "usage": _usage(sum(r.prompt_tokens for r in replies), sum(r.completion_tokens for r in replies)),
-        })
+        return json_response(
+            {
+                "id": cid,
+                "object": "text_completion",
+                "created": created,
+                "model": state.served_name,
+                "choices": [
+                    {"index": i, "text": r.text, "logprobs": None, "finish_reason": r.finish_reason}
+                    for i, r in enumerate(replies)
+                ],
+                "usage": _usage(
+                    sum(r.prompt_tokens for r in replies), sum(r.completion_tokens for r in replies)
+                ),
+            }
+        )
 
     async def generate(body: GenerateRequest, receive: Receive) -> Response:
         sp = body.sampling_params
         params = _sampling(sp, sp.max_new_tokens)
 
         def meta(reply: messages.Generated, rid: str) -> dict:
-            return {"id": rid, "prompt_tokens": reply.prompt_tokens,
-                    "completion_tokens": reply.completion_tokens,
-                    "finish_reason": {"type": reply.finish_reason} if reply.finish_reason else None,
-                    "seed": reply.seed}
+            return {
+                "id": rid,
+                "prompt_tokens": reply.prompt_tokens,
+                "completion_tokens": reply.completion_tokens,
+                "finish_reason": {"type": reply.finish_reason} if reply.finish_reason else None,
+                "seed": reply.seed,
+            }
 
         if body.stream:
             text = [""]
@@ -494,10 +626,14 @@ def create_app(state: AppState) -> App:
                 text[0] += reply.text  # the native stream carries the text so far
                 return {"text": text[0], "meta_info": meta(reply, reply.rid)}
 
-            return await _stream(client.call(lambda rid: messages.GenerateRequest(rid, body.text, params, True)),
-                                 chunk, metrics)
+            return await _stream(
+                client.call(lambda rid: messages.GenerateRequest(rid, body.text, params, True)),
+                chunk,
+                metrics,
+            )
         reply = await _unless_disconnected(
-            receive, client.one(lambda rid: messages.GenerateRequest(rid, body.text, params)))
+            receive, client.one(lambda rid: messages.GenerateRequest(rid, body.text, params))
+        )
         if reply is None:
             return Response(status_code=499)
         metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
@@ -507,19 +643,30 @@ def create_app(state: AppState) -> App:
         pongs = await client.ping_all(timeout=2.0)
         live = [p for p in pongs if p is not None]
         model = live[0].info.get("model") if live else None
-        return json_response({
-            "version": VERSION,
-            "platform": state.platform,
-            "device": (model or {}).get("device"),
-            "model": model,
-            "schedulers": [None if p is None else {
-                "dp_rank": p.dp_rank, "pid": p.pid, "queue_depth": p.queue_depth,
-                "batches": p.info.get("batches"), "aborted": p.info.get("aborted"),
-                "generated_tokens": p.info.get("generated_tokens"),
-                "memory": p.info.get("memory")} for p in pongs],
-            "server_args": _args_dict(state.server_args),
-            "healthy": client.healthy,
-        })
+        return json_response(
+            {
+                "version": VERSION,
+                "platform": state.platform,
+                "device": (model or {}).get("device"),
+                "model": model,
+                "schedulers": [
+                    None
+                    if p is None
+                    else {
+                        "dp_rank": p.dp_rank,
+                        "pid": p.pid,
+                        "queue_depth": p.queue_depth,
+                        "batches": p.info.get("batches"),
+                        "aborted": p.info.get("aborted"),
+                        "generated_tokens": p.info.get("generated_tokens"),
+                        "memory": p.info.get("memory"),
+                    }
+                    for p in pongs
+                ],
+                "server_args": _args_dict(state.server_args),
+                "healthy": client.healthy,
+            }
+        )
 
     async def prometheus(body: None, receive: Receive) -> Response:
         page, media_type = metrics.render()
@@ -533,23 +680,54 @@ def create_app(state: AppState) -> App:
 
     completion_fields = {"input": "prompt", "max_new_tokens": "max_tokens"}
     generate_fields = {"input": "text", "max_new_tokens": "sampling_params.max_new_tokens"}
-    app = App(state, [
-        Route("GET", "/health", health, "liveness: false as soon as any scheduler is dead", public=True),
-        Route("GET", "/ready", ready, "true once every scheduler answers (model loaded, warmed up)",
-              public=True),
-        Route("GET", "/v1/models", models, "the served model (OpenAI shape)"),
-        Route("POST", "/v1/embeddings", embeddings, "embeddings (OpenAI shape)", EmbeddingRequest),
-        Route("POST", "/v1/completions", completions,
-              "text completion (OpenAI shape; stream with server-sent events)", CompletionRequest,
-              params=completion_fields),
-        Route("POST", "/generate", generate,
-              "generation (SGLang's native shape; stream with server-sent events)", GenerateRequest,
-              params=generate_fields),
-        Route("GET", "/get_server_info", server_info, "platform, device, memory, model and arguments"),
-        Route("GET", "/metrics", prometheus, "Prometheus metrics"),
-        Route("GET", "/openapi.json", openapi, "this document", in_schema=False),
-        Route("GET", "/docs", docs, "the API, browsable", in_schema=False),
-    ])
+    app = App(
+        state,
+        [
+            Route(
+                "GET",
+                "/health",
+                health,
+                "liveness: false as soon as any scheduler is dead",
+                public=True,
+            ),
+            Route(
+                "GET",
+                "/ready",
+                ready,
+                "true once every scheduler answers (model loaded, warmed up)",
+                public=True,
+            ),
+            Route("GET", "/v1/models", models, "the served model (OpenAI shape)"),
+            Route(
+                "POST", "/v1/embeddings", embeddings, "embeddings (OpenAI shape)", EmbeddingRequest
+            ),
+            Route(
+                "POST",
+                "/v1/completions",
+                completions,
+                "text completion (OpenAI shape; stream with server-sent events)",
+                CompletionRequest,
+                params=completion_fields,
+            ),
+            Route(
+                "POST",
+                "/generate",
+                generate,
+                "generation (SGLang's native shape; stream with server-sent events)",
+                GenerateRequest,
+                params=generate_fields,
+            ),
+            Route(
+                "GET",
+                "/get_server_info",
+                server_info,
+                "platform, device, memory, model and arguments",
+            ),
+            Route("GET", "/metrics", prometheus, "Prometheus metrics"),
+            Route("GET", "/openapi.json", openapi, "this document", in_schema=False),
+            Route("GET", "/docs", docs, "the API, browsable", in_schema=False),
+        ],
+    )
     if state.api_routes is not None:
         for route in state.api_routes(RouteKit(state, wrong_model, _unless_disconnected)):
             app.add_route(route)
@@ -557,12 +735,19 @@ def create_app(state: AppState) -> App:
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-async def _stream(replies: AsyncGenerator[Any, None], chunk: Callable[[messages.Generated], dict], metrics: Metrics,
-                  last: Callable[[messages.Generated], dict | None] | None = None) -> Response:
+async def _stream(
+    replies: AsyncGenerator[Any, None],
+    chunk: Callable[[messages.Generated], dict],
+    metrics: Metrics,
+    last: Callable[[messages.Generated], dict | None] | None = None,
+) -> Response:
     """Server-sent events of ``chunk(reply)`` (and ``last(final reply)`` when it gives one); the
     first reply is awaited before the response starts, so a rejected request is still a plain
     4xx. Closing the stream early (the client went away) closes ``replies``, which cancels the
@@ -581,7 +766,9 @@ async def _stream(replies: AsyncGenerator[Any, None], chunk: Callable[[messages.
             while reply is not None:
                 yield b"data: " + _json.encode(chunk(reply)) + b"\n\n"
                 if reply.finished:
-                    metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
+                    metrics.observe_result(
+                        reply.batch_size, reply.prompt_tokens, reply.completion_tokens
+                    )
                     extra = last(reply) if last else None
                     if extra is not None:
                         yield b"data: " + _json.encode(extra) + b"\n\n"

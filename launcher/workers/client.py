@@ -83,9 +83,14 @@ class SchedulerClient:
     socket; ``tp_size`` maps a scheduler rank in an ops topic to its replica.
     """
 
-    def __init__(self, endpoints: list[str | None], ops_endpoint: str | None = None, tp_size: int = 1,
-                 metrics: Metrics | None = None,
-                 resolve: Callable[[int], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: list[str | None],
+        ops_endpoint: str | None = None,
+        tp_size: int = 1,
+        metrics: Metrics | None = None,
+        resolve: Callable[[int], str | None] | None = None,
+    ) -> None:
         self.replicas = [Replica(i, ep) for i, ep in enumerate(endpoints)]
         self.resolve = resolve
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -115,10 +120,13 @@ class SchedulerClient:
         pending = [r for r in self.replicas if not r.endpoint]
         if pending:
             if self.resolve is None:
-                raise ValueError(f"scheduler dp={[r.dp_rank for r in pending]} have no address and "
-                                 f"no resolver was given")
-            threading.Thread(target=self._resolve_all, args=(pending,), name="resolve-schedulers",
-                             daemon=True).start()
+                raise ValueError(
+                    f"scheduler dp={[r.dp_rank for r in pending]} have no address and "
+                    f"no resolver was given"
+                )
+            threading.Thread(
+                target=self._resolve_all, args=(pending,), name="resolve-schedulers", daemon=True
+            ).start()
         if self.ops_endpoint:
             sub = zctx.socket(zmq.SUB)
             sub.setsockopt(zmq.LINGER, 0)
@@ -166,8 +174,11 @@ class SchedulerClient:
                     reason = f"{type(exc).__name__}: {exc}"
                     for r in pending:
                         deliver(setattr, r, "unreachable", reason)
-                    log.error("cannot learn the address of scheduler(s) dp=%s: %s",
-                              [r.dp_rank for r in pending], reason)
+                    log.error(
+                        "cannot learn the address of scheduler(s) dp=%s: %s",
+                        [r.dp_rank for r in pending],
+                        reason,
+                    )
                     return
                 if endpoint:
                     pending.remove(rep)
@@ -203,7 +214,9 @@ class SchedulerClient:
     def unhealthy_reason(self) -> str | None:
         if self.server_failure:
             return self.server_failure
-        dead = [f"scheduler dp={r.dp_rank}: {r.dead_reason}" for r in self.replicas if r.dead_reason]
+        dead = [
+            f"scheduler dp={r.dp_rank}: {r.dead_reason}" for r in self.replicas if r.dead_reason
+        ]
         return "; ".join(dead) or None
 
     def _mark_dead(self, rep: Replica, reason: str) -> None:
@@ -214,8 +227,14 @@ class SchedulerClient:
         for rid in list(rep.inflight):
             deliver = self._pending.get(rid)
             if deliver is not None:
-                deliver(messages.RequestFailed(rid, 503, f"scheduler dp={rep.dp_rank} is gone ({reason}); "
-                                                    f"the server is shutting down"))
+                deliver(
+                    messages.RequestFailed(
+                        rid,
+                        503,
+                        f"scheduler dp={rep.dp_rank} is gone ({reason}); "
+                        f"the server is shutting down",
+                    )
+                )
 
     async def _watch(self, rep: Replica, monitor: zmq.asyncio.Socket) -> None:
         import zmq
@@ -253,7 +272,9 @@ class SchedulerClient:
     def _on_ops_event(self, topic: str, body: dict) -> None:
         parts = topic.split(".")
         if parts[0] == "server" and len(parts) > 1 and parts[1] in ("failed", "stopping"):
-            self.server_failure = f"the supervisor reported {topic}: {body.get('reason') or body.get('message') or ''}".rstrip(": ")
+            self.server_failure = f"the supervisor reported {topic}: {body.get('reason') or body.get('message') or ''}".rstrip(
+                ": "
+            )
         elif len(parts) >= 4 and parts[:2] == ["worker", "scheduler"] and parts[3] in _DEAD_PHASES:
             try:
                 dp = int(parts[2]) // self.tp_size
@@ -271,8 +292,12 @@ class SchedulerClient:
         """The live replica with the fewest unanswered requests (ties: lowest dp rank)."""
         live = [r for r in self.replicas if not r.dead_reason and r.io is not None]
         if not live or self.server_failure:
-            raise SchedulerError(503, self.unhealthy_reason or "no scheduler is reachable yet: "
-                                 + self.unanswered_reason([r.dp_rank for r in self.replicas]))
+            raise SchedulerError(
+                503,
+                self.unhealthy_reason
+                or "no scheduler is reachable yet: "
+                + self.unanswered_reason([r.dp_rank for r in self.replicas]),
+            )
         return min(live, key=lambda r: (len(r.inflight), not r.connected, r.dp_rank))
 
     async def call(
@@ -329,9 +354,18 @@ class SchedulerClient:
             msg.inflight = len(rep.inflight) + 1
         try:
             frame = messages.encode(msg)
-        except (msgspec.EncodeError, OverflowError, UnicodeEncodeError, TypeError, ValueError) as exc:
-            raise SchedulerError(400, f"the request cannot be encoded: {exc}; send plain UTF-8 text "
-                                      f"and integers within 64 bits") from None
+        except (
+            msgspec.EncodeError,
+            OverflowError,
+            UnicodeEncodeError,
+            TypeError,
+            ValueError,
+        ) as exc:
+            raise SchedulerError(
+                400,
+                f"the request cannot be encoded: {exc}; send plain UTF-8 text "
+                f"and integers within 64 bits",
+            ) from None
         self._pending[rid] = deliver
         self._owner[rid] = rep
         rep.inflight.add(rid)
@@ -361,8 +395,11 @@ class SchedulerClient:
         try:
             rep.io.send(frame, zmq.NOBLOCK)
         except zmq.Again:
-            raise SchedulerError(503, f"scheduler dp={rep.dp_rank} has too many requests queued "
-                                      f"({rep.io.getsockopt(zmq.SNDHWM)}); retry shortly") from None
+            raise SchedulerError(
+                503,
+                f"scheduler dp={rep.dp_rank} has too many requests queued "
+                f"({rep.io.getsockopt(zmq.SNDHWM)}); retry shortly",
+            ) from None
         # The socket's descriptor signals edges, and a send can take in a waiting reply's edge
         # on the way: read what is there on the next turn of the loop.
         if rep.io.getsockopt(zmq.EVENTS) & zmq.POLLIN and self.loop is not None:
@@ -375,7 +412,9 @@ class SchedulerClient:
             if rep.dead_reason or rep.io is None:
                 return None
             try:
-                return await asyncio.wait_for(self.one(lambda rid: messages.Ping(rid), rep), timeout)
+                return await asyncio.wait_for(
+                    self.one(lambda rid: messages.Ping(rid), rep), timeout
+                )
             except (TimeoutError, SchedulerError):
                 return None
 

@@ -43,8 +43,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise OSError(exc.errno, f"cannot listen on {host}:{port} ({exc.strerror}); pick a free "
-                                 f"port with --port or another address with --host") from None
+        raise OSError(
+            exc.errno,
+            f"cannot listen on {host}:{port} ({exc.strerror}); pick a free "
+            f"port with --port or another address with --host",
+        ) from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
@@ -57,9 +60,13 @@ def platform_summary(ctx: WorkerContext, platform_module: str = "platforms") -> 
     try:
         module = importlib.import_module(platform_module)
         current_platform, selection = module.current_platform, module.current_selection()
-        summary.update(key=selection.key, platform_class=selection.qualname,
-                       distribution=selection.distribution, reason=selection.reason,
-                       device_type=current_platform.device_type)
+        summary.update(
+            key=selection.key,
+            platform_class=selection.qualname,
+            distribution=selection.distribution,
+            reason=selection.reason,
+            device_type=current_platform.device_type,
+        )
         summary["device_name"] = current_platform.get_device_name(0)
     except Exception as exc:  # noqa: BLE001 - the summary is informative only
         summary.setdefault("error", f"{type(exc).__name__}: {exc}")
@@ -79,9 +86,12 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
     nnodes = server_args.nnodes
     # A replica whose rank 0 runs on node 0 (this node) has its private ipc:// socket; one on
     # another node announces a TCP address in the launch's store.
-    endpoints = [ctx.endpoint(scheduler_endpoint_name(i))
-                 if nnodes == 1 or replica_node(i, tp_size, dp_size, nnodes) == 0 else None
-                 for i in range(dp_size)]
+    endpoints = [
+        ctx.endpoint(scheduler_endpoint_name(i))
+        if nnodes == 1 or replica_node(i, tp_size, dp_size, nnodes) == 0
+        else None
+        for i in range(dp_size)
+    ]
     directory = None
     if None in endpoints:
         directory = EndpointDirectory(server_args, timeout_s=server_args.startup_timeout)
@@ -146,8 +156,10 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
             server.should_exit = True
             thread.join(timeout=10)
             return
-        raise RuntimeError(f"the HTTP server did not start on {host}:{port}: "
-                           f"{failure[0] if failure else 'uvicorn exited during start-up'}")
+        raise RuntimeError(
+            f"the HTTP server did not start on {host}:{port}: "
+            f"{failure[0] if failure else 'uvicorn exited during start-up'}"
+        )
     url_host = f"[{host}]" if ":" in host else host
     url = f"http://{url_host}:{port}"
     log.info("HTTP server listening on %s", url)
@@ -164,8 +176,10 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
     thread.join(timeout=server_args.stop_grace_period)
     sock.close()
     if not ctx.stopping.is_set():
-        raise RuntimeError(f"the HTTP server on {url} stopped unexpectedly: "
-                           f"{failure[0] if failure else 'uvicorn exited'}")
+        raise RuntimeError(
+            f"the HTTP server on {url} stopped unexpectedly: "
+            f"{failure[0] if failure else 'uvicorn exited'}"
+        )
 
 
 def wait_for_schedulers(
@@ -180,8 +194,9 @@ def wait_for_schedulers(
         missing = list(range(len(client.replicas)))
         if client.loop is not None:
             try:
-                pongs = asyncio.run_coroutine_threadsafe(client.ping_all(timeout=1.0),
-                                                         client.loop).result(timeout=10)
+                pongs = asyncio.run_coroutine_threadsafe(
+                    client.ping_all(timeout=1.0), client.loop
+                ).result(timeout=10)
                 missing = [i for i, p in enumerate(pongs) if p is None]
             except Exception as exc:  # noqa: BLE001 - the loop is stopping; seen above next time
                 log.debug("ping of the schedulers failed: %s", exc)
@@ -189,9 +204,11 @@ def wait_for_schedulers(
             return True
         now = time.monotonic()
         if now >= deadline:
-            raise RuntimeError(f"scheduler replica(s) did not answer the HTTP child before the start-up "
-                               f"timeout: {client.unanswered_reason(missing)}; check that node 0 can "
-                               f"reach every node (--dist-init-addr, firewalls) and the nodes' logs")
+            raise RuntimeError(
+                f"scheduler replica(s) did not answer the HTTP child before the start-up "
+                f"timeout: {client.unanswered_reason(missing)}; check that node 0 can "
+                f"reach every node (--dist-init-addr, firewalls) and the nodes' logs"
+            )
         if now - last_log > 15:
             last_log = now
             log.info("waiting for scheduler(s) to answer: %s", client.unanswered_reason(missing))

@@ -118,7 +118,7 @@ def unpack_vectors(data: bytes, dim: int) -> list[list[float]]:
     if sys.byteorder != "little":
         values.byteswap()
     flat = values.tolist()
-    return [flat[at:at + dim] for at in range(0, len(flat), dim)] if dim > 0 else []
+    return [flat[at : at + dim] for at in range(0, len(flat), dim)] if dim > 0 else []
 
 
 class Generated(msgspec.Struct, tag="generated"):

@@ -41,10 +41,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("sglang_launch.scheduler")
 
 _TICK_SECONDS = 1.0
-_REQUEST_KINDS = {messages.EmbedRequest: "embedding", messages.GenerateRequest: "generation",
-                  messages.ImageRequest: "image"}
-_KIND_ROUTES = {"embedding": "/v1/embeddings", "generation": "/v1/completions or /generate",
-                "image": "/v1/images/generations"}
+_REQUEST_KINDS = {
+    messages.EmbedRequest: "embedding",
+    messages.GenerateRequest: "generation",
+    messages.ImageRequest: "image",
+}
+_KIND_ROUTES = {
+    "embedding": "/v1/embeddings",
+    "generation": "/v1/completions or /generate",
+    "image": "/v1/images/generations",
+}
 
 
 def run_scheduler_process(server_args: ServerArgs, ctx: WorkerContext) -> None:
@@ -64,14 +70,25 @@ def run_scheduler_process(server_args: ServerArgs, ctx: WorkerContext) -> None:
         share_cpu_threads(ranks_on_node=tp_size * dp_size // nnodes)
     # Several nodes: global rank 0 serves the launch's rendezvous store at --dist-init-addr, the
     # other ranks connect to it (tp groups meet there, remote replicas announce their address).
-    store = launch_store(server_args, host=ctx.rank == 0, timeout_s=timeout_s) if nnodes > 1 else None
+    store = (
+        launch_store(server_args, host=ctx.rank == 0, timeout_s=timeout_s) if nnodes > 1 else None
+    )
     remote = nnodes > 1 and replica_node(ctx.dp_rank, tp_size, dp_size, nnodes) != 0
     if tp_size > 1:
-        init_tp_group(current_platform.get_torch_distributed_backend_str(), ctx.runtime_dir,
-                      ctx.dp_rank, ctx.tp_rank, tp_size, timeout_s=timeout_s, store=store)
+        init_tp_group(
+            current_platform.get_torch_distributed_backend_str(),
+            ctx.runtime_dir,
+            ctx.dp_rank,
+            ctx.tp_rank,
+            tp_size,
+            timeout_s=timeout_s,
+            store=store,
+        )
         ctx.phase("tp_group_joined")
     try:
-        runner = load_runner(server_args, current_platform, local_rank=ctx.local_rank, tp_size=tp_size)
+        runner = load_runner(
+            server_args, current_platform, local_rank=ctx.local_rank, tp_size=tp_size
+        )
         ctx.phase("model_loaded")
         runner.warm_up()
         ctx.phase("warmed_up")
@@ -95,7 +112,9 @@ def share_cpu_threads(ranks_on_node: int) -> None:
         return
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     torch.set_num_threads(max(1, cores // max(ranks_on_node, 1)))
 
 
@@ -162,17 +181,31 @@ class Scheduler:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.server_args = server_args
         self.store = store
-        self.endpoint = None if store is not None else ctx.endpoint(messages.scheduler_endpoint_name(self.dp_rank))
+        self.endpoint = (
+            None
+            if store is not None
+            else ctx.endpoint(messages.scheduler_endpoint_name(self.dp_rank))
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     def serve(self) -> None:
         try:
             self.bind()
-            self.ctx.ready(dp_rank=self.dp_rank, endpoint=self.endpoint, pid=os.getpid(),
-                           model=self.runner.describe(), memory=self.runner.memory_info())
-            log.info("scheduler dp=%d serving %s (%s) at %s", self.dp_rank,
-                     self.runner.source.served_name, self.runner.kind, self.endpoint)
+            self.ctx.ready(
+                dp_rank=self.dp_rank,
+                endpoint=self.endpoint,
+                pid=os.getpid(),
+                model=self.runner.describe(),
+                memory=self.runner.memory_info(),
+            )
+            log.info(
+                "scheduler dp=%d serving %s (%s) at %s",
+                self.dp_rank,
+                self.runner.source.served_name,
+                self.runner.kind,
+                self.endpoint,
+            )
             while not self.ctx.stopping.is_set():
                 self.step()
         finally:
@@ -218,9 +251,11 @@ class Scheduler:
         """Run now when the batch is full, when every request the HTTP child has outstanding
         here is already queued (nothing more is on the way), or when the oldest has waited
         ``batch_wait_ms``."""
-        return (len(self.queue) >= self.max_batch_size
-                or len(self.queue) >= self.queue[-1].request.inflight
-                or time.monotonic() >= self.queue[0].arrived + self.batch_wait)
+        return (
+            len(self.queue) >= self.max_batch_size
+            or len(self.queue) >= self.queue[-1].request.inflight
+            or time.monotonic() >= self.queue[0].arrived + self.batch_wait
+        )
 
     # ---- receiving -------------------------------------------------------------------------
 
@@ -233,7 +268,9 @@ class Scheduler:
             except zmq.Again:
                 return
             if len(frames) != 2:
-                log.warning("dropped a message of %d frames (expected identity + body)", len(frames))
+                log.warning(
+                    "dropped a message of %d frames (expected identity + body)", len(frames)
+                )
                 continue
             self.handle(frames[0], frames[1])
 
@@ -253,15 +290,28 @@ class Scheduler:
         else:
             self.enqueue(identity, msg)
 
-    def enqueue(self, identity: bytes, req: messages.EmbedRequest | messages.GenerateRequest) -> None:
+    def enqueue(
+        self,
+        identity: bytes,
+        req: messages.EmbedRequest | messages.GenerateRequest | messages.ImageRequest,
+    ) -> None:
         kind = _REQUEST_KINDS.get(type(req), "generation")
         runner = self.runner
         if kind != runner.kind:
             route = _KIND_ROUTES.get(runner.kind, "/v1/models to see what is served")
-            self.send(identity, messages.RequestFailed(req.rid, 400, (
-                f"model {runner.source.served_name!r} serves {runner.kind}, not {kind}; use {route}"),
-                "model"))
+            self.send(
+                identity,
+                messages.RequestFailed(
+                    req.rid,
+                    400,
+                    (
+                        f"model {runner.source.served_name!r} serves {runner.kind}, not {kind}; use {route}"
+                    ),
+                    "model",
+                ),
+            )
             return
+        assert not isinstance(req, messages.ImageRequest)  # no text runner serves images
         item = _Queued(identity, req, time.monotonic())
         try:
             if isinstance(req, messages.EmbedRequest):
@@ -272,12 +322,16 @@ class Scheduler:
                         input_ids.append(runner.encode_embedding_input(text))
                     except InputError as exc:
                         where = f"input[{i}]: " if len(req.texts) > 1 else ""
-                        raise InputError(where + str(exc), f"input[{i}]" if where else "input") from None
+                        raise InputError(
+                            where + str(exc), f"input[{i}]" if where else "input"
+                        ) from None
                 item.prompt_tokens = sum(map(len, input_ids))
             else:
                 item.prompt_ids = runner.encode_prompt(req.text, req.params.max_new_tokens)
                 item.prompt_tokens = len(item.prompt_ids)
-                item.seed = req.params.seed if req.params.seed is not None else random.getrandbits(31)
+                item.seed = (
+                    req.params.seed if req.params.seed is not None else random.getrandbits(31)
+                )
         except InputError as exc:
             self.send(identity, messages.RequestFailed(req.rid, 400, str(exc), exc.field))
             return
@@ -309,8 +363,14 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - one failed batch must not end the scheduler
             log.exception("batch of %d failed", len(batch))
             for item in batch:
-                self.send(item.identity, messages.RequestFailed(
-                    item.request.rid, 500, f"the model failed on this batch: {type(exc).__name__}: {exc}"))
+                self.send(
+                    item.identity,
+                    messages.RequestFailed(
+                        item.request.rid,
+                        500,
+                        f"the model failed on this batch: {type(exc).__name__}: {exc}",
+                    ),
+                )
             self.runner.platform.empty_cache()
         finally:
             self.cancelled.clear()
@@ -324,8 +384,16 @@ class Scheduler:
         for item in batch:
             n = len(item.input_ids or ())
             if item.request.rid not in self.cancelled:
-                self.send(item.identity, messages.Embeddings(item.request.rid, packed[at * row:(at + n) * row],
-                                                      dim, item.prompt_tokens, batch_size=len(inputs)))
+                self.send(
+                    item.identity,
+                    messages.Embeddings(
+                        item.request.rid,
+                        packed[at * row : (at + n) * row],
+                        dim,
+                        item.prompt_tokens,
+                        batch_size=len(inputs),
+                    ),
+                )
             at += n
 
     def _run_generation(self, batch: list[_Queued]) -> None:
@@ -333,7 +401,9 @@ class Scheduler:
         for q in batch:
             req = q.request
             if not isinstance(req, messages.GenerateRequest) or q.prompt_ids is None:
-                raise TypeError(f"request {req.rid} in a generation batch is not a generation request")
+                raise TypeError(
+                    f"request {req.rid} in a generation batch is not a generation request"
+                )
             work.append(messages.SeqWork(req.rid, q.prompt_ids, req.params, q.seed, req.stream))
         if self.runner.tp_size > 1:
             self._broadcast(messages.Batch(work))
@@ -345,9 +415,19 @@ class Scheduler:
             text = seq.take_increment() if seq.stream else seq.text
             if seq.stream and not text and not seq.finished:
                 return
-            self.send(owner.identity, messages.Generated(
-                seq.rid, text, owner.prompt_tokens, len(seq.output_ids), finished=seq.finished,
-                finish_reason=seq.finish_reason, seed=seq.seed, batch_size=len(seqs)))
+            self.send(
+                owner.identity,
+                messages.Generated(
+                    seq.rid,
+                    text,
+                    owner.prompt_tokens,
+                    len(seq.output_ids),
+                    finished=seq.finished,
+                    finish_reason=seq.finish_reason,
+                    seed=seq.seed,
+                    batch_size=len(seqs),
+                ),
+            )
 
         def cancelled() -> set[str]:
             self.drain()
@@ -366,11 +446,22 @@ class Scheduler:
             log.debug("could not send %s: %s", type(msg).__name__, exc)
 
     def pong(self, rid: str) -> messages.Pong:
-        info = {"model": self.runner.describe(), "memory": self.runner.memory_info(),
-                "batches": self.batches, "aborted": self.aborted,
-                "generated_tokens": self.generated_tokens}
-        return messages.Pong(rid, self.dp_rank, os.getpid(), self.runner.source.served_name,
-                      self.runner.kind, len(self.queue), info)
+        info = {
+            "model": self.runner.describe(),
+            "memory": self.runner.memory_info(),
+            "batches": self.batches,
+            "aborted": self.aborted,
+            "generated_tokens": self.generated_tokens,
+        }
+        return messages.Pong(
+            rid,
+            self.dp_rank,
+            os.getpid(),
+            self.runner.source.served_name,
+            self.runner.kind,
+            len(self.queue),
+            info,
+        )
 
     def _broadcast(self, msg: msgspec.Struct) -> None:
         from launcher.workers.distributed import broadcast_bytes

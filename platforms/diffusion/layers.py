@@ -16,6 +16,7 @@ imports torch; ``import platforms.diffusion`` does not import it.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +27,17 @@ from ..custom_op import CustomOp
 class LayerNorm(CustomOp):
     """Layer normalisation over the last ``len(normalized_shape)`` dimensions."""
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, weight=None, bias=None) -> None:
+    def __init__(
+        self,
+        normalized_shape: tuple[int, ...] | list[int] | int,
+        eps: float = 1e-5,
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
-        self.normalized_shape = tuple(normalized_shape)
+        self.normalized_shape = (
+            (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        )
         self.eps = eps
         self.weight = weight
         self.bias = bias
@@ -40,7 +49,14 @@ class LayerNorm(CustomOp):
 class GroupNorm(CustomOp):
     """Group normalisation of the channel dimension (dimension 1) in ``num_groups`` groups."""
 
-    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, weight=None, bias=None) -> None:
+    def __init__(
+        self,
+        num_groups: int,
+        num_channels: int,
+        eps: float = 1e-5,
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.num_groups = num_groups
         self.num_channels = num_channels
@@ -56,7 +72,13 @@ class RMSNorm(CustomOp):
     """Root-mean-square normalisation of the last dimension, statistics in float32; the result
     takes the weight's dtype when the weight is half precision, else the product's."""
 
-    def __init__(self, dim: int, eps: float = 1e-6, weight=None, bias=None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        eps: float = 1e-6,
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.dim = dim
         self.eps = eps
@@ -80,10 +102,13 @@ def _replacement(module: torch.nn.Module) -> CustomOp | None:
     if type(module) is torch.nn.LayerNorm:
         return LayerNorm(module.normalized_shape, module.eps, module.weight, module.bias)
     if type(module) is torch.nn.GroupNorm:
-        return GroupNorm(module.num_groups, module.num_channels, module.eps, module.weight, module.bias)
+        return GroupNorm(
+            module.num_groups, module.num_channels, module.eps, module.weight, module.bias
+        )
     if type(module).__name__ == "RMSNorm" and type(module).__module__.startswith("diffusers."):
-        dim = module.dim[-1] if isinstance(module.dim, (tuple, list, torch.Size)) else int(module.dim)
-        return RMSNorm(dim, module.eps, module.weight, getattr(module, "bias", None))
+        found: Any = module  # diffusers' RMSNorm: dim (an int or a shape), eps, weight, bias
+        dim = found.dim[-1] if isinstance(found.dim, (tuple, list, torch.Size)) else int(found.dim)
+        return RMSNorm(dim, float(found.eps), found.weight, getattr(found, "bias", None))
     return None
 
 
@@ -106,7 +131,9 @@ def resolved_forward(op: CustomOp) -> str:
     chosen = op.forward_method
     if isinstance(chosen, functools.partial):
         fn = chosen.func
-        return f"registered {getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+        return (
+            f"registered {getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+        )
     return getattr(chosen, "__name__", repr(chosen))
 
 

@@ -12,16 +12,17 @@ class DemoDiffusionPlatform(Platform, DemoDeviceMixin):
     def get_dispatch_key_name(self) -> str:
         return "demo"
 
-    def get_attn_backend_cls_str(self, selected_backend=None, head_size: int = 0, dtype=None) -> str:
+    def get_attn_backend_cls_str(
+        self, selected_backend=None, head_size: int = 0, dtype=None
+    ) -> str:
         return "torch.nn.functional.scaled_dot_product_attention"
 
     def init_backend(self) -> None:
         """The shared set-up, then the demo's out-of-tree forward for the diffusion runtime's own
         RMSNorm (``platforms.diffusion.layers.RMSNorm``), under this platform's key ``demo``."""
         _backend.init_backend()
+        from demo_platform_plugin.ops import diffusion_rms_norm_demo
         from platforms.custom_op import CustomOp
         from platforms.diffusion.layers import RMSNorm
-
-        from demo_platform_plugin.ops import diffusion_rms_norm_demo
 
         CustomOp.register_oot_forward(RMSNorm, fn=diffusion_rms_norm_demo, platform_key="demo")

@@ -19,6 +19,7 @@ import time
 from typing import Annotated, Any
 
 import msgspec
+from starlette.responses import Response
 
 from launcher.workers import messages as m
 from launcher.workers.app import Receive, Route, RouteKit, error_response, json_response
@@ -51,12 +52,18 @@ class ImageGenerationRequest(Body, kw_only=True):
     n: Annotated[int, _doc("how many images", minimum=1, maximum=MAX_IMAGES)] = 1
     size: Annotated[str | None, _doc("WIDTHxHEIGHT, e.g. 512x512 (or width and height)")] = None
     width: Annotated[int | None, _doc("image width in pixels", minimum=1, maximum=MAX_SIDE)] = None
-    height: Annotated[int | None, _doc("image height in pixels", minimum=1, maximum=MAX_SIDE)] = None
-    num_inference_steps: Annotated[int | None, _doc("denoising steps", minimum=1, maximum=MAX_STEPS)] = None
-    guidance_scale: Annotated[float | None, _doc("classifier-free guidance", minimum=0,
-                                                 maximum=MAX_GUIDANCE)] = None
-    seed: Annotated[int | None, _doc("image i starts from the noise of seed + i", minimum=0,
-                                     maximum=MAX_SEED)] = None
+    height: Annotated[int | None, _doc("image height in pixels", minimum=1, maximum=MAX_SIDE)] = (
+        None
+    )
+    num_inference_steps: Annotated[
+        int | None, _doc("denoising steps", minimum=1, maximum=MAX_STEPS)
+    ] = None
+    guidance_scale: Annotated[
+        float | None, _doc("classifier-free guidance", minimum=0, maximum=MAX_GUIDANCE)
+    ] = None
+    seed: Annotated[
+        int | None, _doc("image i starts from the noise of seed + i", minimum=0, maximum=MAX_SEED)
+    ] = None
     response_format: Annotated[str, _doc("only b64_json", enum=["b64_json"])] = "b64_json"
     output_format: Annotated[str, _doc("image encoding", enum=list(OUTPUT_FORMATS))] = "png"
     user: Annotated[str | None, _doc("accepted and ignored")] = None
@@ -65,12 +72,17 @@ class ImageGenerationRequest(Body, kw_only=True):
         if not self.prompt.strip():
             raise BodyError("prompt must not be empty; send the text to draw", "prompt")
         if self.response_format != "b64_json":
-            raise BodyError(f"response_format {self.response_format!r} is not supported; use \"b64_json\" "
-                            f"(this server returns images inline and keeps no files to link to)",
-                            "response_format")
+            raise BodyError(
+                f'response_format {self.response_format!r} is not supported; use "b64_json" '
+                f"(this server returns images inline and keeps no files to link to)",
+                "response_format",
+            )
         if self.output_format not in OUTPUT_FORMATS:
-            raise BodyError(f"output_format must be one of {', '.join(OUTPUT_FORMATS)}, not "
-                            f"{self.output_format!r}", "output_format")
+            raise BodyError(
+                f"output_format must be one of {', '.join(OUTPUT_FORMATS)}, not "
+                f"{self.output_format!r}",
+                "output_format",
+            )
         _bound(self.n, "n", 1, MAX_IMAGES)
         if self.num_inference_steps is not None:
             _bound(self.num_inference_steps, "num_inference_steps", 1, MAX_STEPS)
@@ -85,13 +97,19 @@ class ImageGenerationRequest(Body, kw_only=True):
         if self.size is not None:
             match = _SIZE.match(self.size)
             if not match:
-                raise BodyError(f"size {self.size!r} is not WIDTHxHEIGHT; send e.g. \"512x512\"", "size")
+                raise BodyError(
+                    f'size {self.size!r} is not WIDTHxHEIGHT; send e.g. "512x512"', "size"
+                )
             for name, value in (("width", int(match.group(1))), ("height", int(match.group(2)))):
                 given = getattr(self, name)
                 if given is not None and given != value:
-                    raise BodyError(f"size {self.size!r} and {name} {given} disagree; send one of them", "size")
+                    raise BodyError(
+                        f"size {self.size!r} and {name} {given} disagree; send one of them", "size"
+                    )
                 if not 1 <= value <= MAX_SIDE:
-                    raise BodyError(f"size {self.size!r}: {name} must be between 1 and {MAX_SIDE}", "size")
+                    raise BodyError(
+                        f"size {self.size!r}: {name} must be between 1 and {MAX_SIDE}", "size"
+                    )
                 setattr(self, name, value)
 
 
@@ -99,30 +117,49 @@ def add_image_routes(kit: RouteKit) -> list[Route]:
     """The diffusion runtime's routes for the HTTP child's app (see the module docstring)."""
     state, client, metrics = kit.state, kit.state.client, kit.state.metrics
 
-    async def images(body: ImageGenerationRequest, receive: Receive):
+    async def images(body: ImageGenerationRequest, receive: Receive) -> Response:
         refused = kit.wrong_model(body.model)
         if refused:
             return refused
 
         def request(rid: str) -> m.ImageRequest:
             return m.ImageRequest(
-                rid, body.prompt, n=body.n, negative_prompt=body.negative_prompt, width=body.width,
-                height=body.height, steps=body.num_inference_steps, guidance_scale=body.guidance_scale,
-                seed=body.seed, output_format=body.output_format)
+                rid,
+                body.prompt,
+                n=body.n,
+                negative_prompt=body.negative_prompt,
+                width=body.width,
+                height=body.height,
+                steps=body.num_inference_steps,
+                guidance_scale=body.guidance_scale,
+                seed=body.seed,
+                output_format=body.output_format,
+            )
 
         reply = await kit.unless_disconnected(receive, client.one(request))
         if reply is None:
             return error_response(499, "the client went away")
         metrics.observe_result(reply.batch_size, 0)
-        return json_response({
-            "created": int(time.time()),
-            "model": state.served_name,
-            "data": [{"b64_json": base64.b64encode(blob).decode("ascii"), "seed": reply.seed + i}
-                     for i, blob in enumerate(reply.images)],
-            "output_format": body.output_format,
-            "size": f"{reply.width}x{reply.height}",
-            "num_inference_steps": reply.steps,
-        })
+        return json_response(
+            {
+                "created": int(time.time()),
+                "model": state.served_name,
+                "data": [
+                    {"b64_json": base64.b64encode(blob).decode("ascii"), "seed": reply.seed + i}
+                    for i, blob in enumerate(reply.images)
+                ],
+                "output_format": body.output_format,
+                "size": f"{reply.width}x{reply.height}",
+                "num_inference_steps": reply.steps,
+            }
+        )
 
-    return [Route("POST", "/v1/images/generations", images,
-                  "text-to-image generation (OpenAI shape; images as b64_json)", ImageGenerationRequest)]
+    return [
+        Route(
+            "POST",
+            "/v1/images/generations",
+            images,
+            "text-to-image generation (OpenAI shape; images as b64_json)",
+            ImageGenerationRequest,
+        )
+    ]

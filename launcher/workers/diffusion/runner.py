@@ -25,7 +25,10 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from launcher.model_source import DIFFUSION_EXTRA, pipeline_class_name, resolve_pipeline
 
@@ -35,6 +38,10 @@ OUTPUT_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 MAX_SIDE = 4096
 _GIB = float(1 << 30)
 _DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+# Called after each denoising step with the step's index; returning True stops the loop.
+StepCallback = Callable[[int], bool]
 
 
 class ModelLoadError(RuntimeError):
@@ -78,18 +85,20 @@ class DiffusionWorker:
     kind = "image"
     tp_size = 1
 
-    def __init__(self, server_args, platform=None, local_rank: int = 0) -> None:
+    def __init__(self, server_args: Any, platform: Any = None, local_rank: int = 0) -> None:
         if platform is None:
             from platforms.diffusion import current_platform as platform
         self.server_args = server_args
         self.platform = platform
         self.local_rank = local_rank
-        self.source = resolve_pipeline(getattr(server_args, "model_path", None),
-                                       getattr(server_args, "served_model_name", None))
-        self.pipeline = None
-        self.denoiser_name = None
-        self.device = None
-        self.dtype = None
+        self.source = resolve_pipeline(
+            getattr(server_args, "model_path", None),
+            getattr(server_args, "served_model_name", None),
+        )
+        self.pipeline: Any = None
+        self.denoiser_name: str = "unet"
+        self.device: Any = None  # a torch.device once set up
+        self.dtype: Any = None
         self.attention: dict = {}
         self.custom_ops: dict = {}
         self.offload = False
@@ -115,7 +124,7 @@ class DiffusionWorker:
         self.pipeline = self.load_pipeline()
         self.load_seconds = time.monotonic() - started
 
-    def resolve_dtype(self):
+    def resolve_dtype(self) -> Any:
         import torch
 
         name = str(getattr(self.server_args, "dtype", "auto") or "auto")
@@ -125,7 +134,7 @@ class DiffusionWorker:
             raise ModelLoadError(f"--dtype {name!r} is not one of auto, {', '.join(_DTYPES)}")
         return getattr(torch, _DTYPES[name])
 
-    def load_pipeline(self):
+    def load_pipeline(self) -> Any:
         """Load ``--model-path`` with diffusers and prepare it on the device (a hook target)."""
         platform = self.platform
         try:
@@ -134,34 +143,48 @@ class DiffusionWorker:
             raise ModelLoadError(
                 f"the platform {type(platform).__qualname__} refuses the pipeline {self.pipeline_class} "
                 f"of {self.source.path}: {exc}; serve another pipeline or select another platform "
-                f"(SGLANG_DIFFUSION_PLATFORM_OVERRIDE)") from exc
+                f"(SGLANG_DIFFUSION_PLATFORM_OVERRIDE)"
+            ) from exc
         try:
             import diffusers
         except ImportError as exc:
-            raise ModelLoadError(f"the diffusion runtime needs 'diffusers' ({exc}); install the "
-                                 f"diffusion extra ({DIFFUSION_EXTRA})") from exc
+            raise ModelLoadError(
+                f"the diffusion runtime needs 'diffusers' ({exc}); install the "
+                f"diffusion extra ({DIFFUSION_EXTRA})"
+            ) from exc
         from platforms.diffusion.layers import adopt_custom_ops, custom_op_report
 
         self.dtype = self.resolve_dtype()
         try:
             pipe = diffusers.DiffusionPipeline.from_pretrained(
-                str(self.source.path), torch_dtype=self.dtype, local_files_only=True,
-                **absent_components(self.source.path))
+                str(self.source.path),
+                torch_dtype=self.dtype,
+                local_files_only=True,
+                **absent_components(self.source.path),
+            )
         except Exception as exc:
-            raise ModelLoadError(f"diffusers could not load the pipeline in {self.source.path}: "
-                                 f"{type(exc).__name__}: {exc}") from exc
+            raise ModelLoadError(
+                f"diffusers could not load the pipeline in {self.source.path}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         pipe.set_progress_bar_config(disable=True)
-        self.denoiser_name = "transformer" if getattr(pipe, "transformer", None) is not None else "unet"
+        self.denoiser_name = (
+            "transformer" if getattr(pipe, "transformer", None) is not None else "unet"
+        )
         denoiser = getattr(pipe, self.denoiser_name, None)
         if denoiser is None or not hasattr(pipe, "vae"):
-            raise ModelLoadError(f"{self.pipeline_class} in {self.source.path} has no unet or transformer "
-                                 f"and vae; the diffusion runtime serves text-to-image pipelines")
+            raise ModelLoadError(
+                f"{self.pipeline_class} in {self.source.path} has no unet or transformer "
+                f"and vae; the diffusion runtime serves text-to-image pipelines"
+            )
         adopt_custom_ops(denoiser)
         self.custom_ops = custom_op_report(denoiser)
         self.set_attention(denoiser)
         pipe.vae = platform.optimize_vae(pipe.vae)
         offload = getattr(self.server_args, "dit_layerwise_offload", None)
-        self.offload = bool(platform.enable_dit_layerwise_offload_by_default() if offload is None else offload)
+        self.offload = bool(
+            platform.enable_dit_layerwise_offload_by_default() if offload is None else offload
+        )
         pipe.to(self.device)
         if self.offload:
             layerwise_offload(denoiser, self.device)
@@ -169,12 +192,18 @@ class DiffusionWorker:
             import torch
 
             backend, options = platform.get_compile_backend(), platform.get_compile_options()
-            setattr(pipe, self.denoiser_name,
-                    torch.compile(denoiser, backend=backend, options=dict(options) or None))
-            self.compiled = {"backend": backend, "options": {k: str(v) for k, v in dict(options).items()}}
+            setattr(
+                pipe,
+                self.denoiser_name,
+                torch.compile(denoiser, backend=backend, options=dict(options) or None),
+            )
+            self.compiled = {
+                "backend": backend,
+                "options": {k: str(v) for k, v in dict(options).items()},
+            }
         return pipe
 
-    def set_attention(self, denoiser) -> None:
+    def set_attention(self, denoiser: Any) -> None:
         """Run the attention ``get_attn_backend_cls_str()`` names in every attention layer."""
         import importlib
 
@@ -188,8 +217,10 @@ class DiffusionWorker:
         try:
             target = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError, ValueError) as exc:
-            raise ModelLoadError(f"the platform's attention backend {name!r} cannot be imported ({exc}); "
-                                 f"fix get_attn_backend_cls_str() or pass --attention-backend") from exc
+            raise ModelLoadError(
+                f"the platform's attention backend {name!r} cannot be imported ({exc}); "
+                f"fix get_attn_backend_cls_str() or pass --attention-backend"
+            ) from exc
         processors = getattr(denoiser, "attn_processors", None) or {}
         if target is F.scaled_dot_product_attention:
             # diffusers' own processors for this model call torch's SDPA: check, keep them.
@@ -200,14 +231,19 @@ class DiffusionWorker:
                     raise ModelLoadError(
                         f"the platform asks for torch's scaled_dot_product_attention, but this pipeline's "
                         f"attention processor {proc.__name__} does not use it; name an attention "
-                        f"processor class in get_attn_backend_cls_str() or --attention-backend")
+                        f"processor class in get_attn_backend_cls_str() or --attention-backend"
+                    )
         elif isinstance(target, type):
             if processors:
                 denoiser.set_attn_processor(target())
         else:
-            raise ModelLoadError(f"the attention backend {name!r} is neither torch's "
-                                 f"scaled_dot_product_attention nor an attention processor class")
-        used = sorted({type(p).__name__ for p in (getattr(denoiser, "attn_processors", None) or {}).values()})
+            raise ModelLoadError(
+                f"the attention backend {name!r} is neither torch's "
+                f"scaled_dot_product_attention nor an attention processor class"
+            )
+        used = sorted(
+            {type(p).__name__ for p in (getattr(denoiser, "attn_processors", None) or {}).values()}
+        )
         self.attention = {"backend": str(name), "processors": used, "requested": requested}
 
     # ---- requests -------------------------------------------------------------------------
@@ -239,7 +275,13 @@ class DiffusionWorker:
         multiple = self.size_multiple
         return max(multiple, size // multiple * multiple)
 
-    def shape_of(self, width, height, steps, guidance_scale) -> Shape:
+    def shape_of(
+        self,
+        width: int | None,
+        height: int | None,
+        steps: int | None,
+        guidance_scale: float | None,
+    ) -> Shape:
         """The checked ``Shape`` of a request (``None``: the pipeline's default); ``InputError``
         names the field and its limit."""
         default = self.default_size()
@@ -248,28 +290,38 @@ class DiffusionWorker:
         height = default if height is None else int(height)
         for field, value in (("width", width), ("height", height)):
             if not multiple <= value <= MAX_SIDE or value % multiple:
-                raise InputError(f"{field} {value} must be a multiple of {multiple} (the VAE scale factor "
-                                 f"times the denoiser's downsampling) between {multiple} and {MAX_SIDE}; "
-                                 f"for example {default}", field)
+                raise InputError(
+                    f"{field} {value} must be a multiple of {multiple} (the VAE scale factor "
+                    f"times the denoiser's downsampling) between {multiple} and {MAX_SIDE}; "
+                    f"for example {default}",
+                    field,
+                )
         steps = 50 if steps is None else int(steps)
         most = self.max_steps()
         if not 1 <= steps <= most:
-            raise InputError(f"num_inference_steps {steps} must be between 1 and {most} (this pipeline's "
-                             f"scheduler has {most} usable training timesteps)", "num_inference_steps")
+            raise InputError(
+                f"num_inference_steps {steps} must be between 1 and {most} (this pipeline's "
+                f"scheduler has {most} usable training timesteps)",
+                "num_inference_steps",
+            )
         guidance = 7.5 if guidance_scale is None else float(guidance_scale)
         return Shape(width, height, steps, guidance)
 
-    def generate(self, shape: Shape, jobs: list[ImageJob], step_callback=None) -> list[list[bytes]]:
+    def generate(
+        self, shape: Shape, jobs: list[ImageJob], step_callback: StepCallback | None = None
+    ) -> list[list[bytes]]:
         """Run ``jobs`` as one pipeline batch of ``shape``; each job's images, encoded (a hook
         target). ``step_callback(step)`` runs after each denoising step; returning True stops."""
         images = self.denoise(shape, jobs, step_callback)
         out, at = [], 0
         for job in jobs:
-            out.append([encode_image(img, job.output_format) for img in images[at:at + job.n]])
+            out.append([encode_image(img, job.output_format) for img in images[at : at + job.n]])
             at += job.n
         return out
 
-    def denoise(self, shape: Shape, jobs: list[ImageJob], step_callback=None) -> list:
+    def denoise(
+        self, shape: Shape, jobs: list[ImageJob], step_callback: StepCallback | None = None
+    ) -> list:
         """The pipeline call for ``jobs``: PIL images, ``sum(job.n)`` of them, in job order."""
         import torch
 
@@ -282,22 +334,35 @@ class DiffusionWorker:
         pipe = self.pipeline
         kwargs = {}
         if step_callback is not None:
-            def on_step_end(pipeline, step, timestep, tensors):
+
+            def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict) -> dict:
                 if step_callback(step):
                     pipeline._interrupt = True
                 return tensors
 
             kwargs["callback_on_step_end"] = on_step_end
         with self.platform.inference_mode():
-            result = pipe(prompt=prompts, negative_prompt=negatives, width=shape.width, height=shape.height,
-                          num_inference_steps=shape.steps, guidance_scale=shape.guidance_scale,
-                          generator=generators, output_type="pil", **kwargs)
+            result = pipe(
+                prompt=prompts,
+                negative_prompt=negatives,
+                width=shape.width,
+                height=shape.height,
+                num_inference_steps=shape.steps,
+                guidance_scale=shape.guidance_scale,
+                generator=generators,
+                output_type="pil",
+                **kwargs,
+            )
         return list(result.images)
 
     # ---- reporting ------------------------------------------------------------------------
 
     def device_index(self) -> int:
-        return self.device.index if self.device is not None and self.device.index is not None else self.local_rank
+        return (
+            self.device.index
+            if self.device is not None and self.device.index is not None
+            else self.local_rank
+        )
 
     def memory_info(self) -> dict:
         """The device's total and free memory in GiB, from the platform."""
@@ -305,7 +370,9 @@ class DiffusionWorker:
         info: dict = {}
         try:
             info["total_gib"] = round(self.platform.get_device_total_memory(idx) / _GIB, 3)
-            info["available_gib"] = round(float(self.platform.get_available_gpu_memory(idx, empty_cache=False)), 3)
+            info["available_gib"] = round(
+                float(self.platform.get_available_gpu_memory(idx, empty_cache=False)), 3
+            )
         except Exception as exc:  # noqa: BLE001 - informative only
             info["error"] = f"{type(exc).__name__}: {exc}"
         return info
@@ -331,7 +398,7 @@ class DiffusionWorker:
         }
 
 
-def absent_components(path) -> dict:
+def absent_components(path: Path) -> dict:
     """``{name: None}`` for each component ``model_index.json`` records as saved without one
     (``[null, null]``, such as a pipeline saved without its third text encoder): diffusers wants
     those passed explicitly when loading."""
@@ -339,36 +406,41 @@ def absent_components(path) -> dict:
 
     with open(path / "model_index.json", encoding="utf-8") as f:
         index = json.load(f)
-    return {name: None for name, value in index.items()
-            if not name.startswith("_") and isinstance(value, list) and value[:2] == [None, None]}
+    return {
+        name: None
+        for name, value in index.items()
+        if not name.startswith("_") and isinstance(value, list) and value[:2] == [None, None]
+    }
 
 
-def encode_image(image, output_format: str) -> bytes:
+def encode_image(image: Any, output_format: str) -> bytes:
     """``image`` (PIL) as ``png``, ``jpeg`` or ``webp`` bytes (the same bytes for the same pixels)."""
     fmt = OUTPUT_FORMATS.get(output_format)
     if fmt is None:
-        raise InputError(f"output_format {output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}",
-                         "output_format")
+        raise InputError(
+            f"output_format {output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}",
+            "output_format",
+        )
     buf = io.BytesIO()
     image.convert("RGB").save(buf, format=fmt)
     return buf.getvalue()
 
 
-def layerwise_offload(model, device) -> None:
+def layerwise_offload(model: Any, device: Any) -> None:
     """Keep ``model``'s top-level blocks on the host and move each to ``device`` only while it runs."""
     import torch
 
     host = torch.device("cpu")
-    blocks = []
+    blocks: list[Any] = []
     for child in model.children():
         blocks.extend(child if isinstance(child, torch.nn.ModuleList) else [child])
     for block in blocks:
         block.to(host)
 
-        def to_device(module, args, _device=device):
+        def to_device(module: Any, args: Any, _device: Any = device) -> None:
             module.to(_device)
 
-        def to_host(module, args, output, _host=host):
+        def to_host(module: Any, args: Any, output: Any, _host: Any = host) -> None:
             module.to(_host)
 
         block.register_forward_pre_hook(to_device)

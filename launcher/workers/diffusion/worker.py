@@ -17,19 +17,26 @@ import logging
 import os
 import random
 import time
+from dataclasses import dataclass
+from typing import Any, cast
 
 from launcher.workers import messages as m
-from launcher.workers.diffusion.runner import OUTPUT_FORMATS, DiffusionWorker, ImageJob, InputError
+from launcher.workers.diffusion.runner import (
+    OUTPUT_FORMATS,
+    DiffusionWorker,
+    ImageJob,
+    InputError,
+    Shape,
+)
 from launcher.workers.scheduler import Scheduler, _Queued
 
 log = logging.getLogger("sglang_launch.diffusion")
 
 
-def run_diffusion_worker(server_args, ctx) -> None:
+def run_diffusion_worker(server_args: Any, ctx: Any) -> None:
     """The bootstrap's diffusion target: set up, load, report ready, serve until stopping."""
-    from platforms.diffusion import current_platform
-
     from launcher.workers.scheduler import share_cpu_threads
+    from platforms.diffusion import current_platform
 
     if current_platform.is_cpu():
         share_cpu_threads(ranks_on_node=max(int(getattr(ctx, "dp_size", 1) or 1), 1))
@@ -39,14 +46,24 @@ def run_diffusion_worker(server_args, ctx) -> None:
     ImageScheduler(worker, server_args, ctx).serve()
 
 
+@dataclass
+class Queued(_Queued):
+    """A queued image request and its checked ``Shape``."""
+
+    shape: Shape | None = None
+
+
 class ImageScheduler(Scheduler):
     """The text scheduler's socket, queue and batching rules, running image requests."""
 
-    def __init__(self, worker: DiffusionWorker, server_args, ctx, store=None) -> None:
-        super().__init__(worker, server_args, ctx, store=store)
+    def __init__(
+        self, worker: DiffusionWorker, server_args: Any, ctx: Any, store: Any = None
+    ) -> None:
+        super().__init__(worker, server_args, ctx, store=store)  # type: ignore[arg-type]
+        self.runner: Any = worker
         self.images_made = 0
 
-    def enqueue(self, identity: bytes, req) -> None:
+    def enqueue(self, identity: bytes, req: Any) -> None:
         if not isinstance(req, m.ImageRequest):
             return super().enqueue(identity, req)  # answers that this server serves images
         try:
@@ -55,8 +72,7 @@ class ImageScheduler(Scheduler):
         except InputError as exc:
             self.send(identity, m.RequestFailed(req.rid, 400, str(exc), exc.param))
             return
-        item = _Queued(identity, req, time.monotonic())
-        item.shape = shape
+        item = Queued(identity, cast(Any, req), time.monotonic(), shape=shape)
         item.seed = req.seed if req.seed is not None else random.getrandbits(31)
         self.queue.append(item)
 
@@ -65,20 +81,24 @@ class ImageScheduler(Scheduler):
         if not req.prompt.strip():
             raise InputError("prompt is empty; send the text to draw", "prompt")
         if not 1 <= req.n <= self.max_batch_size:
-            raise InputError(f"n {req.n} must be between 1 and {self.max_batch_size} (--max-batch-size)", "n")
+            raise InputError(
+                f"n {req.n} must be between 1 and {self.max_batch_size} (--max-batch-size)", "n"
+            )
         if req.output_format not in OUTPUT_FORMATS:
-            raise InputError(f"output_format {req.output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}",
-                             "output_format")
+            raise InputError(
+                f"output_format {req.output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}",
+                "output_format",
+            )
         if req.seed is not None and not 0 <= req.seed < 2**63 - req.n:
             raise InputError(f"seed {req.seed} must be between 0 and 2**63 - n", "seed")
 
-    def take_batch(self) -> list[_Queued]:
+    def take_batch(self) -> list[Any]:
         """The oldest request and the queued ones of its shape, at most ``max_batch_size``
         images in all; the others keep their places."""
-        first = self.queue.popleft()
+        first: Any = self.queue.popleft()
         batch, images, rest = [first], first.request.n, []
         while self.queue:
-            item = self.queue.popleft()
+            item: Any = self.queue.popleft()
             if item.shape == first.shape and images + item.request.n <= self.max_batch_size:
                 batch.append(item)
                 images += item.request.n
@@ -91,8 +111,17 @@ class ImageScheduler(Scheduler):
         batch = self.take_batch()
         self.batches += 1
         rids = {item.request.rid for item in batch}
-        jobs = [ImageJob(q.request.rid, q.request.prompt, q.request.n, q.request.negative_prompt, q.seed,
-                         q.request.output_format) for q in batch]
+        jobs = [
+            ImageJob(
+                q.request.rid,
+                q.request.prompt,
+                q.request.n,
+                q.request.negative_prompt,
+                q.seed,
+                q.request.output_format,
+            )
+            for q in batch
+        ]
 
         def every_step(step: int) -> bool:
             self.drain()  # take in cancellations (and queue new requests) between steps
@@ -101,19 +130,36 @@ class ImageScheduler(Scheduler):
         try:
             encoded = self.runner.generate(batch[0].shape, jobs, every_step)
             images = sum(j.n for j in jobs)
-            for item, job, blobs in zip(batch, jobs, encoded):
+            item: Any
+            for item, job, blobs in zip(batch, jobs, encoded, strict=True):
                 if job.rid in self.cancelled:
                     self.aborted += 1
                     continue
                 shape = item.shape
-                self.send(item.identity, m.Images(job.rid, blobs, job.seed, shape.width, shape.height,
-                                                  shape.steps, batch_size=images))
+                self.send(
+                    item.identity,
+                    m.Images(
+                        job.rid,
+                        blobs,
+                        job.seed,
+                        shape.width,
+                        shape.height,
+                        shape.steps,
+                        batch_size=images,
+                    ),
+                )
                 self.images_made += job.n
         except Exception as exc:  # noqa: BLE001 - one failed batch must not end the worker
             log.exception("image batch of %d request(s) failed", len(batch))
             for item in batch:
-                self.send(item.identity, m.RequestFailed(item.request.rid, 500, (
-                    f"the pipeline failed on this batch: {type(exc).__name__}: {exc}")))
+                self.send(
+                    item.identity,
+                    m.RequestFailed(
+                        item.request.rid,
+                        500,
+                        (f"the pipeline failed on this batch: {type(exc).__name__}: {exc}"),
+                    ),
+                )
             self.runner.platform.empty_cache()
         finally:
             self.cancelled.clear()
