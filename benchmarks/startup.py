@@ -137,7 +137,7 @@ def time_floor(processes: int, scan: bool = False) -> float:
 
 def time_detection(work: Path) -> float:
     """Seconds from a torch-importing worker's exit to the supervisor's exited event."""
-    from launcher import LaunchError, Launcher
+    from launcher import Launcher, LaunchError
 
     trigger, exit_time = work / "trigger", work / "exit_time"
     for path in (trigger, exit_time):

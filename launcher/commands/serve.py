@@ -53,6 +53,9 @@ def main(argv: list[str]) -> int:
         # Selected before ServerArgs is built: its __post_init__ applies the platform's defaults.
         _prepare.select_platform(runtime)
         _configure_logging(ns.log_level)
+        from launcher._secrets import warn_if_on_command_line
+
+        warn_if_on_command_line(argv)
         args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns))
         selection, payload = _prepare.finish(args)
     except LaunchError as exc:
