@@ -86,6 +86,8 @@ def _process_table() -> dict[int, tuple[int, str]]:
     """``{pid: (ppid, state)}`` of every process this one can see in ``/proc`` (Linux)."""
     table: dict[int, tuple[int, str]] = {}
     try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return table  # a /proc of another PID namespace: its pids are not ours to act on
         names = os.listdir("/proc")
     except OSError:
         return table

@@ -101,7 +101,13 @@ def check_args(args: ServerArgs) -> None:
 
 def finish(args: ServerArgs) -> tuple[Selection, bytes]:
     """Check ``args`` (and that the HTTP port is free), resolve the platform once, encode the
-    payload: ``(selection, payload)``."""
+    payload: ``(selection, payload)``. The API key is resolved first (``launcher._secrets``)."""
+    from launcher._secrets import ApiKeyError, resolve_api_key
+
+    try:
+        resolve_api_key(args)
+    except ApiKeyError as exc:
+        raise usage_error(exc) from exc
     check_args(args)
     check_port(args)
     selection = select_platform(args.runtime)

@@ -1,26 +1,42 @@
 """Where a running launcher keeps its IPC endpoints and how tools find it.
 
 Every launcher owns a private runtime directory (mode 0700) holding its ZeroMQ ``ipc://``
-endpoints, and a state file next to it naming those endpoints, so ``sglang-launch status`` and
-``sglang-launch events`` can find a launcher knowing at most its pid. Both live in the state
-directory: ``$XDG_RUNTIME_DIR/sglang-launch`` when ``XDG_RUNTIME_DIR`` is set, else
-``<tmp>/sglang-launch-<uid>``. A launcher removes both on exit; one that was SIGKILLed leaves
-them behind, and the next reader removes them once it sees that their pid is gone.
+endpoints, a state file next to it naming those endpoints, and a lock file that it holds
+(``flock``) for as long as it runs, so ``sglang-launch status`` and ``sglang-launch events`` can
+find a launcher knowing at most its pid. All three live in the state directory:
+
+- ``$XDG_RUNTIME_DIR/sglang-launch`` when ``XDG_RUNTIME_DIR`` is set (it must be yours and
+  private: an error names the fix otherwise);
+- else ``<tmp>/sglang-launch-<uid>``, if it is a real directory owned by this user (its mode is
+  tightened to 0700);
+- else, when that path was taken by someone else (a directory of another user or a symlink in a
+  shared, sticky tmp), ``~/.cache/sglang-launch-run``, with a warning naming the hostile path.
+
+A directory is named ``<pid>-<random>``, so launchers that are all pid 1 in their own PID
+namespaces never pick the same name. Whether its launcher still runs is decided by the lock,
+never by the pid (a pid means nothing across namespaces): a launcher removes its entries on exit;
+one that was SIGKILLed leaves them behind, unlocked, and the next launcher or reader removes them.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
+import secrets
 import shutil
 import stat
 import tempfile
 import threading
 from pathlib import Path
 
+log = logging.getLogger("launcher")
+
 # sockaddr_un holds 108 bytes; keep room for the longest endpoint name.
 _MAX_IPC_PATH = 100
 _LONGEST_ENDPOINT = "scheduler-000-000"
+_FALLBACK = Path("~/.cache/sglang-launch-run")
 
 _claimed: set[str] = set()  # runtime directory names held by launchers of this process
 _claim_lock = threading.Lock()
@@ -30,29 +46,59 @@ class RuntimeDirError(RuntimeError):
     """The state directory is unusable (not ours, not private, path too long)."""
 
 
-def state_dir() -> Path:
-    """The per-user directory of state files and runtime directories (created 0700)."""
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(xdg) / "sglang-launch" if xdg else Path(tempfile.gettempdir()) / f"sglang-launch-{os.getuid()}"
+def _private_dir(base: Path) -> str | None:
+    """Create ``base`` (0700) if missing; None when it is a directory of ours (mode fixed),
+    else why it cannot be used."""
     try:
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:
+        pass  # a symlink to nowhere or a file: described below
     except OSError as exc:
-        raise RuntimeDirError(
-            f"cannot create the launcher state directory {base}: {exc}; "
-            "set XDG_RUNTIME_DIR to a writable directory of yours"
-        ) from exc
-    info = base.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise RuntimeDirError(
-            f"{base} is not a directory owned by you; remove it, or set XDG_RUNTIME_DIR "
-            "to a private directory"
-        )
+        return f"cannot create it ({exc.strerror or exc})"
+    try:
+        info = base.lstat()
+    except OSError as exc:
+        return f"cannot inspect it ({exc.strerror or exc})"
+    if stat.S_ISLNK(info.st_mode):
+        return "it is a symbolic link"
+    if not stat.S_ISDIR(info.st_mode):
+        return "it is not a directory"
+    if info.st_uid != os.getuid():
+        return f"it belongs to another user (uid {info.st_uid})"
     if info.st_mode & 0o077:
         os.chmod(base, 0o700)
-    return base
+    return None
+
+
+def state_dir() -> Path:
+    """The per-user directory of state files, lock files and runtime directories (0700)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        base = Path(xdg) / "sglang-launch"
+        problem = _private_dir(base)
+        if problem:
+            raise RuntimeDirError(
+                f"cannot use the launcher state directory {base}: {problem}; set XDG_RUNTIME_DIR "
+                "to a private directory of yours (mkdir -m 700 DIR), or unset it"
+            )
+        return base
+    base = Path(tempfile.gettempdir()) / f"sglang-launch-{os.getuid()}"
+    problem = _private_dir(base)
+    if problem is None:
+        return base
+    fallback = _FALLBACK.expanduser()
+    other = _private_dir(fallback)
+    if other:
+        raise RuntimeDirError(
+            f"cannot use the launcher state directory {base} ({problem}) nor {fallback} ({other}); "
+            "set XDG_RUNTIME_DIR to a private directory of yours (mkdir -m 700 DIR)"
+        )
+    log.warning("not using %s (%s): state kept in %s instead; set XDG_RUNTIME_DIR to choose", base, problem, fallback)
+    return fallback
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists in this PID namespace (a hint only, see ``launcher_alive``)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -62,29 +108,62 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _lock_is_held(lock_path: Path) -> bool:
+    """Whether a live launcher holds ``lock_path`` (False when it is missing or free)."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+def launcher_alive(state: dict) -> bool:
+    """Whether the launcher of a state (from ``running_launchers``) still runs: its lock is held."""
+    return _lock_is_held(Path(state["state_file"]).with_suffix(".lock"))
+
+
 class RuntimeDir:
-    """One launcher's private directory and its state file; ``remove()`` deletes both."""
+    """One launcher's private directory, state file and held lock; ``remove()`` deletes them."""
 
     def __init__(self) -> None:
         base = state_dir()
         sweep_stale(base)
         pid = os.getpid()
         with _claim_lock:
-            k = 0
             while True:
-                name = str(pid) if k == 0 else f"{pid}-{k}"
+                name = f"{pid}-{secrets.token_hex(4)}"
+                if name in _claimed:
+                    continue
+                lock_path = base / f"{name}.lock"
+                try:
+                    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                except FileExistsError:
+                    continue
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    same = os.fstat(fd).st_ino == os.stat(lock_path).st_ino
+                except FileNotFoundError:
+                    same = False  # a sweeper took it for stale in between: pick another name
+                if not same:
+                    os.close(fd)
+                    continue
                 path = base / name
-                if name not in _claimed:
-                    if path.exists():  # left by an earlier process that had our pid
-                        _remove(path, base / f"{name}.json")
-                    path.mkdir(mode=0o700)
-                    _claimed.add(name)
-                    break
-                k += 1
-        os.chmod(path, 0o700)
+                path.mkdir(mode=0o700)
+                _claimed.add(name)
+                break
+        self._lock_fd: int | None = fd
         self.name = name
         self.path = path
         self.state_file = base / f"{name}.json"
+        self.lock_file = lock_path
         if len(str(path / _LONGEST_ENDPOINT)) > _MAX_IPC_PATH:
             self.remove()
             raise RuntimeDirError(
@@ -104,28 +183,55 @@ class RuntimeDir:
         os.replace(tmp, self.state_file)
 
     def remove(self) -> None:
+        """Delete the directory and the state file, then release and delete the lock."""
         _remove(self.path, self.state_file)
+        try:
+            self.lock_file.unlink()
+        except FileNotFoundError:
+            pass
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
         with _claim_lock:
             _claimed.discard(self.name)
 
 
 def _remove(path: Path, state_file: Path) -> None:
-    try:
-        state_file.unlink()
-    except FileNotFoundError:
-        pass
+    for leftover in (state_file, state_file.with_suffix(".tmp")):
+        try:
+            leftover.unlink()
+        except FileNotFoundError:
+            pass
     shutil.rmtree(path, ignore_errors=True)
 
 
 def sweep_stale(base: Path) -> None:
-    """Remove state files and runtime directories whose launcher process is gone."""
+    """Remove the entries of launchers that are gone: a lock file nobody holds, and a runtime
+    directory or state file with no lock file at all (a live launcher creates its lock first)."""
+    names = set()
     for entry in base.iterdir():
-        name = entry.name.removesuffix(".json")
-        pid_text = name.split("-")[0]
-        if not pid_text.isdigit() or entry.suffix not in ("", ".json"):
-            continue
-        if not pid_alive(int(pid_text)):
+        stem = entry.name.split(".", 1)[0]
+        if stem and stem[0].isdigit():
+            names.add(stem)
+    for name in names:
+        lock_path = base / f"{name}.lock"
+        try:
+            fd = os.open(lock_path, os.O_RDWR)
+        except FileNotFoundError:
             _remove(base / name, base / f"{name}.json")
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # held: its launcher runs
+        try:
+            _remove(base / name, base / f"{name}.json")
+            lock_path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
 
 
 class NoLauncherError(RuntimeError):
@@ -142,7 +248,7 @@ def running_launchers() -> list[dict]:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # being written or removed right now
-        if isinstance(data, dict) and pid_alive(int(data.get("pid", 0))):
+        if isinstance(data, dict) and _lock_is_held(path.with_suffix(".lock")):
             data["state_file"] = str(path)
             found.append(data)
     return found

@@ -66,7 +66,13 @@ class ServerArgs:
     api_key: str | None = field(
         default=None,
         repr=False,
-        metadata={"help": "require this key as 'Authorization: Bearer KEY' on API requests"},
+        metadata={"help": "require this key as 'Authorization: Bearer KEY' on API requests; other "
+                          "local users can read a command line, so prefer --api-key-file or the "
+                          "SGLANG_API_KEY environment variable"},
+    )
+    api_key_file: str | None = _opt(
+        None, "read the API key from the first line of this file (recommended; or set SGLANG_API_KEY)",
+        metavar="PATH",
     )
     # Parallelism and nodes
     tp_size: int = _opt(1, "tensor-parallel size (ranks per data-parallel group)")

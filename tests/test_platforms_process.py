@@ -9,7 +9,6 @@ threads, terminal failure, fork), ``pin_selection``, and the pip-installed demo 
 from __future__ import annotations
 
 import pytest
-
 from plugin_fixtures import DEMO_DISTRIBUTION, platform_plugin
 from support import clean_env, run_python
 

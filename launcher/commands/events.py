@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
 
 def _follow(sub: zmq.Socket, state: dict, last: int, timeout: float, zctx: zmq.Context) -> int:
     from launcher._client import QueryError, query
-    from launcher._rundir import pid_alive
+    from launcher._rundir import launcher_alive
 
     def emit_after(events: list[dict], before: int | None = None) -> bool:
         """Print the events newer than ``last`` (and older than ``before``); True at the end."""
@@ -99,12 +99,12 @@ def _follow(sub: zmq.Socket, state: dict, last: int, timeout: float, zctx: zmq.C
                 return 0
             continue
         # Quiet: close a gap left by a late subscription, and notice a launcher that vanished.
-        if not pid_alive(state["pid"]):
+        if not launcher_alive(state):
             print(f"sglang-launch events: launcher {state['pid']} is gone without stopping", file=sys.stderr)
             return 1
         try:
             if emit_after(history()):
                 return 0
         except QueryError:
-            if pid_alive(state["pid"]):
+            if launcher_alive(state):
                 raise
