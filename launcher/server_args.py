@@ -93,6 +93,12 @@ class ServerArgs:
     stop_grace_period: float = _opt(
         10.0, "seconds workers get to exit after SIGTERM before they are killed"
     )
+    watchdog_timeout: float = _opt(
+        10.0,
+        "seconds a ready worker may go without a heartbeat before it counts as hung: /health "
+        "turns 503 and the launch stops with the root cause (0: off; keep it above the longest "
+        "stall a worker process can have)",
+    )
     runtime: str = _opt("srt", "which runtime's platforms and plugins the workers use", choices=RUNTIMES)
     scheduler_target: str = _opt(
         _SERVING_SCHEDULER,
@@ -194,6 +200,7 @@ class ServerArgs:
             )
         need(self.seed >= 0, f"--seed {self.seed} must be 0 or more")
         need(self.startup_timeout > 0, f"--startup-timeout {self.startup_timeout} must be more than 0 seconds")
+        need(self.watchdog_timeout >= 0, f"--watchdog-timeout {self.watchdog_timeout} must be 0 (off) or more seconds")
         need(self.stop_grace_period >= 0, f"--stop-grace-period {self.stop_grace_period} must be 0 or more seconds")
         need(self.batch_wait_ms >= 0, f"--batch-wait-ms {self.batch_wait_ms} must be 0 or more")
         need(
