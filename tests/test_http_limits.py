@@ -92,3 +92,15 @@ def test_a_request_not_answered_in_time_gets_504_json(server):
     assert error["code"] == 504 and "--request-timeout 2s" in error["message"]
     ok = httpx.post(server.url + "/v1/embeddings", json={"input": "hello"}, timeout=60)
     assert ok.status_code == 200, ok.text
+
+
+def test_oversize_text_is_refused_by_its_length_before_tokenising(server):
+    huge = httpx.post(server.url + "/v1/embeddings", json={"input": "word " * 180_000}, timeout=60)
+    assert huge.status_code == 400, huge.text
+    assert "characters, far more than this model's limit" in huge.json()["error"]["message"]
+    # Just over the limit: tokenised, and refused by its token count as before.
+    over = httpx.post(server.url + "/v1/embeddings", json={"input": "word " * 600}, timeout=60)
+    assert over.status_code == 400 and "tokens, more than this model's limit" in over.json()["error"]["message"]
+    # Whitespace does not count towards the bound.
+    spaced = httpx.post(server.url + "/v1/embeddings", json={"input": "word" + " " * 50_000}, timeout=60)
+    assert spaced.status_code == 200, spaced.text
