@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         inner: dict[str, list[float]] = {name: [] for name in scenarios}
         wall: dict[str, list[float]] = {name: [] for name in scenarios}
         details: dict[str, dict] = {}
-        for name, (code, env) in scenarios.items():  # warm the page cache once per scenario
+        for code, env in scenarios.values():  # warm the page cache once per scenario
             run_child(code, site, env)
         for _ in range(args.runs):
             for name, (code, env) in scenarios.items():

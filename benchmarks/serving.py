@@ -113,11 +113,11 @@ def batch_one(url: str, model_path: str | None, requests: int, rounds: int
     in-process model ran."""
     import httpx
     import torch
-    from platforms import current_platform, current_selection
 
-    from launcher.workers.model_runner import ModelRunner
     from launcher.model_source import resolve_model
+    from launcher.workers.model_runner import ModelRunner
     from launcher.workers.scheduler import share_cpu_threads
+    from platforms import current_platform, current_selection
 
     if current_platform.is_cpu():
         share_cpu_threads(ranks_on_node=1)  # what the dp=1 server's scheduler does

@@ -12,7 +12,7 @@ import argparse
 import json
 import urllib.request
 
-from launcher import LaunchError, Launcher
+from launcher import Launcher, LaunchError
 
 
 def embed(url: str, text: str) -> list[float]:

@@ -159,7 +159,7 @@ class RuntimeDir:
                 path.mkdir(mode=0o700)
                 _claimed.add(name)
                 break
-        self._lock_fd = fd
+        self._lock_fd: int | None = fd
         self.name = name
         self.path = path
         self.state_file = base / f"{name}.json"

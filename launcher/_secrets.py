@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.server_args import ServerArgs
 
 log = logging.getLogger("launcher")
 
@@ -24,13 +28,13 @@ class ApiKeyError(ValueError):
     """The key's source is unusable; the message names the problem and the fix."""
 
 
-def resolve_api_key(args) -> None:
+def resolve_api_key(args: ServerArgs) -> None:
     """Fill ``args.api_key`` from ``args.api_key_file`` or ``SGLANG_API_KEY`` when the key was not
     given directly; raise ``ApiKeyError`` for a file that cannot be read, an empty key, or two
     sources at once."""
-    key_file = getattr(args, "api_key_file", None)
+    key_file = args.api_key_file
     if key_file:
-        if getattr(args, "api_key", None):
+        if args.api_key:
             raise ApiKeyError("--api-key and --api-key-file were both given; keep only --api-key-file")
         try:
             with open(key_file, encoding="utf-8") as fh:
@@ -46,7 +50,7 @@ def resolve_api_key(args) -> None:
             raise ApiKeyError(f"--api-key-file {key_file} is empty; put the key on its first line")
         args.api_key = first
         return
-    if not getattr(args, "api_key", None) and os.environ.get(API_KEY_ENV, "").strip():
+    if not args.api_key and os.environ.get(API_KEY_ENV, "").strip():
         args.api_key = os.environ[API_KEY_ENV].strip()
 
 

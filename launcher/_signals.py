@@ -22,6 +22,14 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
+
+Handler = Callable[[int, FrameType | None], None]
 
 log = logging.getLogger("launcher")
 
@@ -63,24 +71,24 @@ class StopRequested(BaseException):
 _pending: list[str] = []
 
 
-def _raise_stop(signum, frame) -> None:
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise StopRequested(name(signum))
 
 
-def _record_stop(signum, frame) -> None:
+def _record_stop(signum: int, frame: FrameType | None) -> None:
     _pending.append(name(signum))
 
 
-def _note_other(signum, frame) -> None:
+def _note_other(signum: int, frame: FrameType | None) -> None:
     log.warning("ignored %s (only SIGINT, SIGTERM, SIGHUP and SIGQUIT stop sglang-launch)", name(signum))
 
 
-def _set_all(stop_handler) -> None:
+def _set_all(stop_handler: Handler) -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, stop_handler)
-    for sig in other_fatal_signals():
+    for other in other_fatal_signals():
         try:
-            signal.signal(sig, _note_other)
+            signal.signal(other, _note_other)
         except (OSError, ValueError):
             pass
 
@@ -104,14 +112,18 @@ def take_pending() -> list[str]:
     return taken
 
 
-def install_on_loop(loop, on_stop, on_other=None) -> None:
+def install_on_loop(
+    loop: asyncio.AbstractEventLoop,
+    on_stop: Callable[[str], None],
+    on_other: Callable[[str], None] | None = None,
+) -> None:
     """Stage 3: ``on_stop(name)`` for each stop signal, ``on_other(name)`` (default: a warning)
     for the other would-be-fatal signals, run by ``loop``."""
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, on_stop, name(sig))
-    for sig in other_fatal_signals():
+    for other in other_fatal_signals():
         try:
-            loop.add_signal_handler(sig, on_other or _note_other_name, name(sig))
+            loop.add_signal_handler(other, on_other or _note_other_name, name(other))
         except (OSError, ValueError, RuntimeError):
             pass
 
@@ -120,7 +132,7 @@ def _note_other_name(signame: str) -> None:
     log.warning("ignored %s (only SIGINT, SIGTERM, SIGHUP and SIGQUIT stop sglang-launch)", signame)
 
 
-def restore(loop) -> None:
+def restore(loop: asyncio.AbstractEventLoop) -> None:
     """Take the loop's handlers back (the loop is about to close): stop signals are recorded,
     the others logged, with every one of them blocked while the handlers change hands."""
     sigs = {*STOP_SIGNALS, *other_fatal_signals()}

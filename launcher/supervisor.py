@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import zmq.asyncio
 
@@ -46,6 +47,13 @@ from launcher._prepare import is_cpu_fallback
 from launcher._rundir import RuntimeDir, RuntimeDirError
 from launcher._watchdog import Watchdog
 from launcher._state import FAILED, READY, STOPPED, STOPPING, LaunchState, WorkerState
+
+if TYPE_CHECKING:
+    import multiprocessing.process
+
+    from bootstrap import ProcessSpec
+    from launcher.server_args import ServerArgs
+    from platforms import Selection
 
 log = logging.getLogger("launcher")
 
@@ -93,8 +101,8 @@ class Supervisor:
 
     def __init__(
         self,
-        args,
-        selection,
+        args: ServerArgs,
+        selection: Selection,
         *,
         payload: bytes,
         listeners: tuple[Listener, ...] = (),
@@ -104,9 +112,9 @@ class Supervisor:
         self._worker_output = worker_output
         self._pipes: dict[int, bytearray] = {}  # read end of a worker's output pipe -> partial line
         self.selection = selection
-        self.runtime = getattr(args, "runtime", "srt")
+        self.runtime = args.runtime
         self._payload = payload
-        self._listeners = [*listeners, SystemdNotifier()]
+        self._listeners: list[Listener] = [*listeners, SystemdNotifier()]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: asyncio.Queue | None = None
         self._stop_reason: str | None = None
@@ -125,6 +133,42 @@ class Supervisor:
         # Set once ``state`` exists and the loop takes requests (or the launch ended before).
         self.opened = threading.Event()
 
+    # ----------------------------------------------------------------- what ``run`` set up
+    @property
+    def _launch(self) -> LaunchState:
+        """``state``, which ``_open`` made (everything that reads it runs after that)."""
+        if self.state is None:
+            raise RuntimeError("the supervisor has no launch state yet (run() opens it)")
+        return self.state
+
+    @property
+    def _channel(self) -> OpsChannel:
+        """``ops``, which ``_open`` made."""
+        if self.ops is None:
+            raise RuntimeError("the supervisor has no ops channel yet (run() opens it)")
+        return self.ops
+
+    @property
+    def _watcher(self) -> Children:
+        """The ``Children`` that ``_open`` made."""
+        if self._kids is None:
+            raise RuntimeError("the supervisor watches no children yet (run() opens it)")
+        return self._kids
+
+    @property
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop ``run`` runs on."""
+        if self._loop is None:
+            raise RuntimeError("the supervisor is not running")
+        return self._loop
+
+    @property
+    def _queue(self) -> asyncio.Queue:
+        """The inbox ``run`` made on its loop."""
+        if self._inbox is None:
+            raise RuntimeError("the supervisor is not running (run() makes its inbox)")
+        return self._inbox
+
     # ----------------------------------------------------------------- requests from outside
     def request_stop(self, reason: str = "stop requested") -> None:
         """Ask for a graceful stop; safe from any thread, a no-op once the launch has ended."""
@@ -142,7 +186,7 @@ class Supervisor:
         """SIGINT, SIGTERM, SIGHUP and SIGQUIT stop gracefully, a second one ends the grace
         period; other would-be-fatal signals are logged (see ``launcher._signals``). Call from
         ``run``'s thread, the main thread."""
-        _signals.install_on_loop(self._loop, self._on_stop_signal)
+        _signals.install_on_loop(self._running_loop, self._on_stop_signal)
         for signame in _signals.take_pending():
             self._on_stop_signal(signame)
 
@@ -213,19 +257,19 @@ class Supervisor:
                 return await self._exit_cause(item)
 
     async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> LaunchOutcome:
-        state = self.state
+        state = self._launch
         self._stopping = True
         self._watchdog = Watchdog(0, self._on_hung)  # a worker slow to stop is not a new failure
         if cause is not None:
             self._blamed = self._blamed or cause.worker
             state.phase = FAILED
             state.root_cause = cause.to_dict()
-            self.ops.emit("server.failed", root_cause=cause.to_dict(), root_cause_text=cause.format())
+            self._channel.emit("server.failed", root_cause=cause.to_dict(), root_cause_text=cause.format())
             reason = cause.summary
         else:
             reason = self._stop_reason or "stop requested"
         state.phase = STOPPING
-        self.ops.emit("server.stopping", reason=reason)
+        self._channel.emit("server.stopping", reason=reason)
         teardown = await self._stop_children(fail_fast=cause is not None)
         for child in self._children:
             failure = child.failure
@@ -237,7 +281,7 @@ class Supervisor:
             state.phase = STOPPED
         exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
         self._drain_pipes()
-        self.ops.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
+        self._channel.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
         return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 
     # ----------------------------------------------------------------- set-up and release
@@ -264,7 +308,7 @@ class Supervisor:
 
         args = self.args
         url = f"http://{_url_host(args.host)}:{args.port}" if any(s.role == "http" for s in specs) else None
-        self.state = LaunchState(
+        state = self.state = LaunchState(
             runtime=self.runtime,
             platform=self.selection.key,
             platform_reason=self.selection.reason,
@@ -273,16 +317,16 @@ class Supervisor:
             nnodes=args.nnodes,
             workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank) for s in specs],
         )
-        self._kids = Children(zctx, endpoints.status, self._on_message, self._on_sentinel)
-        self._children = [_Worker(self._kids.add(spec), ws) for spec, ws in zip(specs, self.state.workers, strict=True)]
-        self.ops = OpsChannel(zctx, self.state, endpoints.ops, endpoints.query)
+        kids = self._kids = Children(zctx, endpoints.status, self._on_message, self._on_sentinel)
+        self._children = [_Worker(kids.add(spec), ws) for spec, ws in zip(specs, state.workers, strict=True)]
+        ops = self.ops = OpsChannel(zctx, state, endpoints.ops, endpoints.query)
         for listener in self._listeners:
-            self.ops.add_listener(listener)
-        self.ops.start()
+            ops.add_listener(listener)
+        ops.start()
         self._rundir.write_state(
             {
                 "pid": os.getpid(),
-                "started_at": self.state.started_at,
+                "started_at": state.started_at,
                 "url": url,
                 "node_rank": args.node_rank,
                 "runtime_dir": endpoints.runtime_dir,
@@ -294,7 +338,7 @@ class Supervisor:
 
     def _close(self, zctx: zmq.asyncio.Context, handle_signals: bool) -> None:
         """Release everything ``_open`` made; the launch is over (or never started)."""
-        if handle_signals:
+        if handle_signals and self._loop is not None:
             _signals.restore(self._loop)
         if self._kids is not None:
             self._kids.close()  # kills leftovers only after an unexpected error: normally all are gone
@@ -370,17 +414,17 @@ class Supervisor:
         return bool(select.select([fd], [], [], 0)[0])
 
     # ----------------------------------------------------------------- inputs
-    def _post(self, kind: str, item=None) -> None:
+    def _post(self, kind: str, item: Any = None) -> None:
         if kind == "stop" and self._stop_reason is None:
             self._stop_reason = item
             log.debug("stopping: %s", item)
-        self._inbox.put_nowait((kind, item))
+        self._queue.put_nowait((kind, item))
 
-    async def _next(self, deadline: float | None):
+    async def _next(self, deadline: float | None) -> tuple[str, Any]:
         if deadline is None:
-            return await self._inbox.get()
+            return await self._queue.get()
         try:
-            return await asyncio.wait_for(self._inbox.get(), max(0.0, deadline - time.monotonic()))
+            return await asyncio.wait_for(self._queue.get(), max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             return "timeout", None
 
@@ -411,7 +455,7 @@ class Supervisor:
             if message.platform != self.selection.key:
                 self._blamed = self._blamed or ws.name
                 self._post("failed", self._mismatch_cause(child, message.platform))
-            elif self.state.all_ready():
+            elif self._launch.all_ready():
                 self._post("all_ready")
         elif isinstance(message, messages.Failed):
             ws.error = {
@@ -463,7 +507,7 @@ class Supervisor:
     async def _exit_cause(self, child: _Worker) -> RootCause:
         """A child exited on its own: record how, wait for its report if it sent one, explain."""
         code = await self._reap(child)
-        await self._kids.settle(child.child)
+        await self._watcher.settle(child.child)
         await self._sweep_adopted()
         if child.failure is not None:
             return self._failure_cause(child, code)
@@ -492,6 +536,8 @@ class Supervisor:
 
     def _failure_cause(self, child: _Worker, code: int | None) -> RootCause:
         failure, ws = child.failure, child.state
+        if failure is None:  # called once the child's ``failed`` report arrived
+            raise RuntimeError(f"{ws.name} sent no failure report")
         after_ready = failure.phase in (phases.SERVING, phases.STOPPING)
         return RootCause(
             summary=f"{ws.name} failed while {phases.DOING.get(failure.phase, failure.phase)}",
@@ -538,7 +584,7 @@ class Supervisor:
     async def _reap(self, child: _Worker) -> int | None:
         """The exit code of a child whose sentinel fired; its ``exited`` event the first time."""
         if not child.child.exit_seen:
-            await self._kids.reap(child.child)
+            await self._watcher.reap(child.child)
         self._emit_exited(child)
         return child.child.exitcode
 
@@ -568,7 +614,7 @@ class Supervisor:
                 worker.stopped_at_once = True
                 worker.state.phase = "stopped"
                 self._emit_worker(worker, "stopped", because_of=self._blamed, at_once=True)
-            await self._kids.stop([w.child for w in starting], 0)
+            await self._watcher.stop([w.child for w in starting], 0)
             for worker in starting:
                 self._emit_exited(worker)
         for roles in (("http",), ("scheduler",), None):
@@ -576,7 +622,7 @@ class Supervisor:
                 c for c in self._children
                 if c.process is not None and not c.child.exit_seen and (roles is None or c.spec.role in roles)
             ]
-            await self._kids.stop([c.child for c in group], grace, hurry=self._hurry)
+            await self._watcher.stop([c.child for c in group], grace, hurry=self._hurry)
             for child in group:
                 self._emit_exited(child)
         await self._sweep_adopted()
@@ -585,29 +631,29 @@ class Supervisor:
     async def _sweep_adopted(self) -> None:
         """As a subreaper, end and reap what a dead worker left behind (re-parented to us)."""
         if self._subreaper:
-            workers = {c.process.pid for c in self._children if c.process is not None}
+            workers = {c.child.pid for c in self._children if c.child.pid is not None}
             swept = await _proctree.sweep_adopted(workers)
             if swept:
                 log.debug("ended %d process(es) left behind by exited workers: %s", len(swept), swept)
 
     # ----------------------------------------------------------------- events
     def _emit_starting(self) -> None:
-        self.ops.emit(
+        self._channel.emit(
             "server.starting",
             platform=self.selection.key,
             platform_reason=self.selection.reason,
             cpu_fallback=is_cpu_fallback(self.selection),
             runtime=self.runtime,
-            url=self.state.url,
-            node_rank=self.state.node_rank,
-            nnodes=self.state.nnodes,
-            workers=[w.name for w in self.state.workers],
+            url=self._launch.url,
+            node_rank=self._launch.node_rank,
+            nnodes=self._launch.nnodes,
+            workers=[w.name for w in self._launch.workers],
         )
 
-    def _emit_worker(self, child: _Worker, phase: str, **extra) -> None:
+    def _emit_worker(self, child: _Worker, phase: str, **extra: object) -> None:
         ws = child.state
-        ready = sum(w.ready for w in self.state.workers)
-        self.ops.emit(
+        ready = sum(w.ready for w in self._launch.workers)
+        self._channel.emit(
             f"worker.{ws.role}.{ws.rank}.{phase}",
             worker=ws.name,
             role=ws.role,
@@ -615,18 +661,18 @@ class Supervisor:
             pid=ws.pid,
             phase=phase,
             ready_count=ready,
-            worker_count=len(self.state.workers),
+            worker_count=len(self._launch.workers),
             **extra,
         )
 
     def _emit_ready(self, startup_s: float) -> None:
-        self.state.phase = READY
-        self.state.ready_at = time.time()
-        self.ops.emit(
+        self._launch.phase = READY
+        self._launch.ready_at = time.time()
+        self._channel.emit(
             "server.ready",
-            url=self.state.url,
-            node_rank=self.state.node_rank,
-            worker_count=len(self.state.workers),
+            url=self._launch.url,
+            node_rank=self._launch.node_rank,
+            worker_count=len(self._launch.workers),
             startup_s=startup_s,
         )
 
@@ -661,7 +707,7 @@ def run_supervisor(supervisor: Supervisor, *, handle_signals: bool = False) -> L
     try:
         import uvloop
 
-        loop = uvloop.new_event_loop()
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     except ImportError:  # uvloop does not exist on Windows
         loop = asyncio.new_event_loop()
     try:

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support import REPO
 
 DEMO_SOURCE = REPO / "examples" / "demo-platform-plugin"

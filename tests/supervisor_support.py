@@ -27,7 +27,6 @@ import uuid
 from pathlib import Path
 
 import psutil
-
 from support import REPO, clean_env, make_dist, wait_for
 
 TESTS = Path(__file__).resolve().parent

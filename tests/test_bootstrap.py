@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support import REPO, clean_env, make_dist, run_python
 
 TESTS = Path(__file__).resolve().parent
@@ -50,9 +49,8 @@ def _harness(config: dict) -> dict:
     import platforms
 
     platforms.pin_selection(config.get("supervisor_platform", "builtin:cpu"))
-    from launcher.server_args import ServerArgs, encode_server_args
-
     import launcher.server_args as server_args_module
+    from launcher.server_args import ServerArgs, encode_server_args
 
     args = server_args_module.ServerArgs(**config.get("args", {}))
     assert isinstance(args, ServerArgs)
@@ -431,11 +429,11 @@ def test_child_names_runtime_modules_the_launching_script_imported_at_module_sco
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
                           timeout=120, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT:"))
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:"))
     child = json.loads(line[len("RESULT:"):])["children"]["w"]
     assert child["exitcode"] == 0, child
     assert child["messages"][0]["early_imports"] == ["workers_for_tests"]
-    warning = next(l for l in proc.stderr.splitlines() if "already imported" in l)
+    warning = next(ln for ln in proc.stderr.splitlines() if "already imported" in ln)
     assert "workers_for_tests" in warning and 'if __name__ == "__main__":' in warning
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from support import REPO, clean_env, wait_for
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes

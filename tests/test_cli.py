@@ -10,9 +10,8 @@ import subprocess
 import sys
 
 import pytest
-
-from support import REPO, clean_env, free_port, run_python
 from supervisor_support import FAST, READY_WAIT, TESTS, Run, short_runtime_dir
+from support import REPO, clean_env, free_port, run_python
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:

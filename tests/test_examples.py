@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO, clean_env, descendants, free_port
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes

@@ -169,7 +169,7 @@ def test_other_plugins_failures_are_logged_and_their_hooks_discarded(site):
         ("notcallable", "failed to load"),
         ("applyfail", "has no attribute 'no_such_function'"),
     ]:
-        line = next((l for l in err.splitlines() if f"plugin '{name}'" in l), None)
+        line = next((ln for ln in err.splitlines() if f"plugin '{name}'" in ln), None)
         assert line is not None and why in line, err
     assert err.count("Traceback (most recent call last)") >= 4
     assert "all hooks of plugin 'applyfail' (applyfail-plugin) are discarded" in err

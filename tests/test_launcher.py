@@ -17,9 +17,8 @@ import sys
 import textwrap
 
 import pytest
-
-from support import REPO, clean_env, free_port
 from supervisor_support import TESTS, short_runtime_dir
+from support import REPO, clean_env, free_port
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 

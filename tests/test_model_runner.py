@@ -7,19 +7,17 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from serving_support import build_tiny_llama, cosine
 
 pytestmark = pytest.mark.e2e  # loads real models through transformers (seconds each)
 
 pytest.importorskip("transformers")
 
-from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
-
+from launcher.model_source import ModelSourceError, default_model_dir, resolve_model  # noqa: E402
 from launcher.workers.messages import SamplingParams  # noqa: E402
 from launcher.workers.model_runner import InputError, ModelLoadError, ModelRunner  # noqa: E402
-from launcher.model_source import ModelSourceError, default_model_dir, resolve_model  # noqa: E402
 from launcher.workers.sampling import Sequence  # noqa: E402
+from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
 
 
 class RecordingCpu(CpuSRTPlatform):

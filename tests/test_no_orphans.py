@@ -14,9 +14,8 @@ import sys
 
 import psutil
 import pytest
-
-from support import free_port
 from supervisor_support import FAST, READY_WAIT, Run, wait_for
+from support import free_port
 
 pytestmark = [
     pytest.mark.e2e,

@@ -19,10 +19,9 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-
 from serving_support import server_env, start_server
-from support import REPO, clean_env, free_port, kill_tree, wait_for
 from supervisor_support import FAST, READY_WAIT, TESTS, Run, short_runtime_dir
+from support import REPO, clean_env, free_port, kill_tree, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -69,8 +68,9 @@ def test_the_key_from_a_file_or_the_environment_guards_the_api_and_shows_nowhere
         info = httpx.get(server.url + "/get_server_info", timeout=30, headers={"Authorization": f"Bearer {KEY}"})
         texts = _texts_of_the_launch(server.proc.pid, Path(runtime_dir))
         texts["/get_server_info"] = info.text
-        run = lambda *a: subprocess.run([sys.executable, "-m", "launcher", *a], env=env, cwd=str(REPO),
-                                        capture_output=True, text=True, timeout=60)
+        def run(*a: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "launcher", *a], env=env, cwd=str(REPO),
+                                  capture_output=True, text=True, timeout=60)
         status, events = run("status", "--json"), run("events")
         assert status.returncode == 0 and events.returncode == 0, (status.stderr, events.stderr)
         texts["status"], texts["events"] = status.stdout, events.stdout
@@ -206,7 +206,7 @@ def test_two_launchers_that_are_both_pid_1_share_a_state_directory():
             runs.append(Run([*BASIC, "--port", str(free_port())], runtime_dir=runtime_dir,
                             command=["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "launcher"]))
 
-            def all_ready(count=len(runs)):
+            def all_ready(count=len(runs)):  # noqa: B008 - this round's count, bound now
                 states = [json.loads(p.read_text()) for p in base.glob("*.json")]
                 snaps = [_query_snapshot(s) for s in states]
                 return len(states) == count and all(s and s["phase"] == "ready" for s in snaps) and states

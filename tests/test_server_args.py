@@ -11,9 +11,9 @@ import dataclasses
 
 import msgspec
 import pytest
+from support import clean_env, make_dist, run_python
 
 from bootstrap.payload import FORMAT, VERSION, PayloadError, decode_payload, encode_payload
-from support import clean_env, make_dist, run_python
 
 # The platform these tests' ServerArgs resolve: the CPU one, without probing for accelerators (the
 # probe imports torch, which these tests do not need; selection has tests of its own).

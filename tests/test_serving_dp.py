@@ -14,8 +14,14 @@ import time
 import httpx
 import psutil
 import pytest
-
-from serving_support import embedding_body, report, run_load, start_server, start_two_nodes, stop_all
+from serving_support import (
+    embedding_body,
+    report,
+    run_load,
+    start_server,
+    start_two_nodes,
+    stop_all,
+)
 from support import wait_for
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
@@ -91,8 +97,8 @@ def test_dp2_over_two_nodes_serves_from_both(tmp_path):
 def test_a_replica_node_0_cannot_reach_keeps_the_launch_from_claiming_ready(tmp_path):
     """Node 1 never starts: node 0's scheduler is up, but /ready names the missing replica and the
     supervisor never says ready; the start-up timeout ends the launch."""
-    from support import free_port
     from serving_support import Server
+    from support import free_port
 
     # The start-up timeout must outlast loading the model on a busy machine: the test needs
     # scheduler dp=0 ready and the HTTP child answering before the timeout ends the launch.

@@ -9,8 +9,15 @@ import json
 
 import httpx
 import pytest
-
-from serving_support import Server, build_tiny_llama, post, server_env, start_server, start_two_nodes, stop_all
+from serving_support import (
+    Server,
+    build_tiny_llama,
+    post,
+    server_env,
+    start_server,
+    start_two_nodes,
+    stop_all,
+)
 from support import wait_for
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from serving_support import build_tiny_llama, post, start_server
-from support import free_port, make_dist, wait_for
 from supervisor_support import FAST, READY_WAIT, Run
+from support import free_port, make_dist, wait_for
 
 pytestmark = pytest.mark.e2e
 

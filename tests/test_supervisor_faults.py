@@ -9,7 +9,6 @@ left anywhere (found by the tag every process of the launch inherits).
 from __future__ import annotations
 
 import pytest
-
 from supervisor_support import FAST, READY_WAIT, Run, fault_site
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes

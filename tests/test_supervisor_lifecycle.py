@@ -16,15 +16,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
-
 import pytest
-
-from support import REPO, free_port
 from supervisor_support import FAST, READY_WAIT, Run, wait_for
+from support import REPO, free_port
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 

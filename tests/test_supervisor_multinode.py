@@ -12,9 +12,8 @@ import os
 import signal
 
 import pytest
-
-from support import free_port
 from supervisor_support import FAST, READY_WAIT, Run, short_runtime_dir
+from support import free_port
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 

@@ -365,6 +365,11 @@ DOCS_PAGE = b"""<!doctype html>
 """
 
 
+def _generate_for(text: str, params: messages.SamplingParams) -> Callable[[str], messages.GenerateRequest]:
+    """What makes the scheduler request for one prompt: a request id in, its request out."""
+    return lambda rid: messages.GenerateRequest(rid, text, params)
+
+
 def create_app(state: AppState) -> App:
     """The app; ``state.client`` is started and closed by the ASGI lifespan."""
     client, metrics = state.client, state.metrics
@@ -442,7 +447,7 @@ def create_app(state: AppState) -> App:
 
             return await _stream(client.call(lambda rid: messages.GenerateRequest(rid, prompts[0], params, True)),
                                  chunk, metrics, last)
-        calls = [client.one(lambda rid, p=p: messages.GenerateRequest(rid, p, params)) for p in prompts]
+        calls = [client.one(_generate_for(p, params)) for p in prompts]
         replies = await _unless_disconnected(receive, asyncio.gather(*calls))
         if replies is None:
             return Response(status_code=499)

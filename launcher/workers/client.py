@@ -26,10 +26,19 @@ import logging
 import os
 import threading
 from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from launcher.workers import messages
+
+if TYPE_CHECKING:
+    import zmq.asyncio
+
+    from launcher.workers.metrics import Metrics
+
+# Builds the request for a fresh request id.
+MakeRequest = Callable[[str], msgspec.Struct]
 
 log = logging.getLogger("sglang_launch.http")
 
@@ -50,11 +59,11 @@ class SchedulerError(Exception):
 
 
 class Replica:
-    def __init__(self, dp_rank: int, endpoint: str) -> None:
+    def __init__(self, dp_rank: int, endpoint: str | None) -> None:
         self.dp_rank = dp_rank
         self.endpoint = endpoint
-        self.sock = None  # the asyncio socket (its monitor is awaited)
-        self.io = None  # a plain shadow of it: requests are sent and replies read through this
+        self.sock: Any = None  # the asyncio socket (its monitor is awaited)
+        self.io: Any = None  # a plain shadow of it: requests are sent and replies read through this
         self.inflight: set[str] = set()
         self.connected = False
         self.dead_reason: str | None = None
@@ -75,7 +84,8 @@ class SchedulerClient:
     """
 
     def __init__(self, endpoints: list[str | None], ops_endpoint: str | None = None, tp_size: int = 1,
-                 metrics=None, resolve=None) -> None:
+                 metrics: Metrics | None = None,
+                 resolve: Callable[[int], str | None] | None = None) -> None:
         self.replicas = [Replica(i, ep) for i, ep in enumerate(endpoints)]
         self.resolve = resolve
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -89,7 +99,7 @@ class SchedulerClient:
         self._ids = itertools.count()
         self._prefix = f"{os.getpid():x}-"
         self._tasks: list[asyncio.Task] = []
-        self._zctx = None
+        self._zctx: zmq.asyncio.Context | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -98,7 +108,7 @@ class SchedulerClient:
         import zmq.asyncio
 
         self.loop = asyncio.get_running_loop()
-        self._zctx = zmq.asyncio.Context()
+        zctx = self._zctx = zmq.asyncio.Context()
         for rep in self.replicas:
             if rep.endpoint:
                 self._connect(rep, rep.endpoint)
@@ -110,7 +120,7 @@ class SchedulerClient:
             threading.Thread(target=self._resolve_all, args=(pending,), name="resolve-schedulers",
                              daemon=True).start()
         if self.ops_endpoint:
-            sub = self._zctx.socket(zmq.SUB)
+            sub = zctx.socket(zmq.SUB)
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.SUBSCRIBE, b"worker.scheduler.")
             sub.setsockopt(zmq.SUBSCRIBE, b"server.")
@@ -120,7 +130,7 @@ class SchedulerClient:
     def _connect(self, rep: Replica, endpoint: str) -> None:
         import zmq
 
-        if self._closing or self._zctx is None:
+        if self._closing or self._zctx is None or self.loop is None:
             return
         sock = self._zctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -137,9 +147,13 @@ class SchedulerClient:
         """Poll ``resolve`` for each replica without an address until all are known (thread)."""
         import time
 
-        def deliver(fn, *args) -> bool:
+        loop, resolve = self.loop, self.resolve
+        if loop is None or resolve is None:  # start() sets both before this thread runs
+            return
+
+        def deliver(fn: Callable[..., object], *args: object) -> bool:
             try:
-                self.loop.call_soon_threadsafe(fn, *args)
+                loop.call_soon_threadsafe(fn, *args)
                 return True
             except RuntimeError:  # the loop is closed: the server is gone
                 return False
@@ -147,7 +161,7 @@ class SchedulerClient:
         while pending and not self._closing:
             for rep in list(pending):
                 try:
-                    endpoint = self.resolve(rep.dp_rank)
+                    endpoint = resolve(rep.dp_rank)
                 except Exception as exc:  # noqa: BLE001 - reported through /ready and start-up
                     reason = f"{type(exc).__name__}: {exc}"
                     for r in pending:
@@ -170,7 +184,8 @@ class SchedulerClient:
         self._tasks.clear()
         for rep in self.replicas:
             if rep.sock is not None:
-                self.loop.remove_reader(rep.io.FD)
+                if self.loop is not None and rep.io is not None:
+                    self.loop.remove_reader(rep.io.FD)
                 rep.io = None
                 rep.sock.disable_monitor()
                 rep.sock.close(0)
@@ -202,7 +217,7 @@ class SchedulerClient:
                 deliver(messages.RequestFailed(rid, 503, f"scheduler dp={rep.dp_rank} is gone ({reason}); "
                                                     f"the server is shutting down"))
 
-    async def _watch(self, rep: Replica, monitor) -> None:
+    async def _watch(self, rep: Replica, monitor: zmq.asyncio.Socket) -> None:
         import zmq
         from zmq.utils.monitor import recv_monitor_message
 
@@ -218,7 +233,7 @@ class SchedulerClient:
         except Exception:  # noqa: BLE001 - a monitor failure must not take the server down
             log.exception("socket monitor of scheduler dp=%d stopped", rep.dp_rank)
 
-    async def _follow_ops(self, sub) -> None:
+    async def _follow_ops(self, sub: zmq.asyncio.Socket) -> None:
         try:
             while True:
                 frames = await sub.recv_multipart()
@@ -260,7 +275,9 @@ class SchedulerClient:
                                  + self.unanswered_reason([r.dp_rank for r in self.replicas]))
         return min(live, key=lambda r: (len(r.inflight), not r.connected, r.dp_rank))
 
-    async def call(self, make, rep: Replica | None = None) -> AsyncGenerator:
+    async def call(
+        self, make: MakeRequest, rep: Replica | None = None
+    ) -> AsyncGenerator[Any, None]:
         """Send ``make(rid)`` and yield every message answering it until a final one.
 
         Raises ``SchedulerError`` for a ``RequestFailed`` answer. Leaving the iteration early (the
@@ -282,12 +299,12 @@ class SchedulerClient:
         finally:
             self._close(rid, rep, finished)
 
-    async def one(self, make, rep: Replica | None = None):
+    async def one(self, make: MakeRequest, rep: Replica | None = None) -> Any:
         """The single final answer to ``make(rid)`` (a request that is not streamed). Raises
         ``SchedulerError`` for a ``RequestFailed`` answer; cancelling the wait sends ``Cancel``."""
-        answer = self.loop.create_future()
+        answer = asyncio.get_running_loop().create_future()
 
-        def deliver(reply) -> None:
+        def deliver(reply: object) -> None:
             if not answer.done():
                 answer.set_result(reply)
 
@@ -300,7 +317,9 @@ class SchedulerClient:
             raise SchedulerError(reply.status, reply.message, reply.param)
         return reply
 
-    def _open(self, make, rep: Replica | None, deliver: Callable[[object], None]) -> tuple[str, Replica]:
+    def _open(
+        self, make: MakeRequest, rep: Replica | None, deliver: Callable[[object], None]
+    ) -> tuple[str, Replica]:
         """Pick a replica (unless given), send it ``make(rid)``; its replies go to ``deliver``
         until ``_close(rid)``."""
         rep = rep or self.pick()
@@ -346,13 +365,13 @@ class SchedulerClient:
                                       f"({rep.io.getsockopt(zmq.SNDHWM)}); retry shortly") from None
         # The socket's descriptor signals edges, and a send can take in a waiting reply's edge
         # on the way: read what is there on the next turn of the loop.
-        if rep.io.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if rep.io.getsockopt(zmq.EVENTS) & zmq.POLLIN and self.loop is not None:
             self.loop.call_soon(self._drain, rep)
 
     async def ping_all(self, timeout: float = 1.0) -> list[messages.Pong | None]:
         """Each replica's ``Pong`` (None for one that did not answer within ``timeout``)."""
 
-        async def ping(rep: Replica):
+        async def ping(rep: Replica) -> messages.Pong | None:
             if rep.dead_reason or rep.io is None:
                 return None
             try:

@@ -22,15 +22,17 @@ import socket
 import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed import Store, TCPStore
+
+    from launcher.server_args import ServerArgs
 
 STORE_PREFIX = "sglang-launch/"
 
-_store = None
+_store: TCPStore | None = None
 _store_lock = threading.Lock()
-
-
-def nnodes_of(server_args) -> int:
-    return max(int(getattr(server_args, "nnodes", 1) or 1), 1)
 
 
 def replica_node(dp_rank: int, tp_size: int, dp_size: int, nnodes: int) -> int:
@@ -44,17 +46,17 @@ def scheduler_key(dp_rank: int) -> str:
     return f"{STORE_PREFIX}scheduler/{dp_rank}"
 
 
-def rendezvous_address(server_args) -> tuple[str, int]:
+def rendezvous_address(server_args: ServerArgs) -> tuple[str, int]:
     """``(MASTER_ADDR, MASTER_PORT)``: a scheduler's environment, else ``--dist-init-addr``."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if addr and port and port.isdigit():
         return addr, int(port)
     from launcher.rendezvous import master_address
 
-    return master_address(getattr(server_args, "dist_init_addr", None), nnodes_of(server_args))
+    return master_address(server_args.dist_init_addr, server_args.nnodes)
 
 
-def launch_store(server_args, *, host: bool, timeout_s: float = 300.0):
+def launch_store(server_args: ServerArgs, *, host: bool, timeout_s: float = 300.0) -> TCPStore:
     """This process's handle on the launch's ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT`` (only
     with ``nnodes > 1``). ``host=True`` (global scheduler rank 0) serves it; the others connect,
     waiting up to ``timeout_s`` for the host to be up."""
@@ -66,15 +68,16 @@ def launch_store(server_args, *, host: bool, timeout_s: float = 300.0):
 
         addr, port = rendezvous_address(server_args)
         try:
-            _store = TCPStore(addr, port, is_master=host, timeout=timedelta(seconds=timeout_s),
-                              wait_for_workers=False)
+            store = TCPStore(addr, port, is_master=host, timeout=timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
         except Exception as exc:  # noqa: BLE001 - re-raised with the fix
             what = (f"cannot serve the launch's rendezvous store on port {port} (--dist-init-addr "
                     f"{addr}:{port}): is the port free on node 0?") if host else (
                     f"cannot reach the launch's rendezvous store at {addr}:{port} (--dist-init-addr) "
                     f"within {timeout_s:.0f} s: is node 0 running and the address reachable from here?")
             raise RuntimeError(f"{what} ({type(exc).__name__}: {exc})") from exc
-        return _store
+        _store = store
+        return store
 
 
 def advertised_host(master_addr: str, master_port: int) -> str:
@@ -83,14 +86,14 @@ def advertised_host(master_addr: str, master_port: int) -> str:
     family, _, _, _, sockaddr = infos[0]
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect(sockaddr)  # UDP: picks the route, sends nothing
-        return probe.getsockname()[0]
+        return str(probe.getsockname()[0])
 
 
 class EndpointDirectory:
     """Node 0's HTTP child's view of the replicas' announced addresses (``lookup`` never blocks
     once connected; the first call connects to the store, waiting for its host)."""
 
-    def __init__(self, server_args, timeout_s: float = 300.0) -> None:
+    def __init__(self, server_args: ServerArgs, timeout_s: float = 300.0) -> None:
         self.server_args = server_args
         self.timeout_s = timeout_s
 
@@ -99,11 +102,11 @@ class EndpointDirectory:
         key = scheduler_key(dp_rank)
         if not store.check([key]):
             return None
-        return store.get(key).decode()
+        return bytes(store.get(key)).decode()
 
 
 def init_tp_group(backend: str, runtime_dir: str, dp_rank: int, tp_rank: int, tp_size: int,
-                  timeout_s: float = 300.0, store=None) -> None:
+                  timeout_s: float = 300.0, store: Store | None = None) -> None:
     """Join replica ``dp_rank``'s group on ``backend`` (the platform's distributed backend):
     through ``store`` (the launch's ``TCPStore``, several nodes) or a file store in
     ``runtime_dir`` (one node)."""

@@ -17,10 +17,18 @@ import logging
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from launcher.model_source import resolve_model
-from launcher.workers.distributed import EndpointDirectory, nnodes_of, replica_node
+from launcher.workers.distributed import EndpointDirectory, replica_node
 from launcher.workers.messages import scheduler_endpoint_name
+
+if TYPE_CHECKING:
+    from bootstrap import WorkerContext
+    from launcher.server_args import ServerArgs
+    from launcher.workers.app import App
+    from launcher.workers.client import SchedulerClient
+    from launcher.workers.metrics import Metrics
 
 log = logging.getLogger("sglang_launch.http")
 
@@ -41,34 +49,32 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def platform_summary(ctx) -> dict:
+def platform_summary(ctx: WorkerContext) -> dict:
     """The platform as the HTTP child sees it: what was selected, why, and its device."""
-    summary: dict = {"key": getattr(ctx, "platform", None)}
+    summary: dict = {"key": ctx.platform}
     try:
         from platforms import current_platform, current_selection
 
         selection = current_selection()
         summary.update(key=selection.key, platform_class=selection.qualname,
                        distribution=selection.distribution, reason=selection.reason,
-                       device_type=getattr(current_platform, "device_type", None))
+                       device_type=current_platform.device_type)
         summary["device_name"] = current_platform.get_device_name(0)
     except Exception as exc:  # noqa: BLE001 - the summary is informative only
         summary.setdefault("error", f"{type(exc).__name__}: {exc}")
     return summary
 
 
-def build_app(server_args, ctx, metrics=None):
+def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | None = None) -> App:
     """The ASGI app for ``server_args`` talking to the schedulers of ``ctx``'s launch."""
     from launcher.workers.app import AppState, create_app
     from launcher.workers.client import SchedulerClient
     from launcher.workers.metrics import Metrics
 
-    source = resolve_model(getattr(server_args, "model_path", None),
-                           getattr(server_args, "served_model_name", None))
-    dp_size = max(int(getattr(ctx, "dp_size", 0) or getattr(server_args, "dp_size", 1) or 1), 1)
-    tp_size = max(int(getattr(ctx, "tp_size", 0) or getattr(server_args, "tp_size", 1) or 1), 1)
+    source = resolve_model(server_args.model_path, server_args.served_model_name)
+    dp_size, tp_size = ctx.dp_size, ctx.tp_size
     metrics = metrics or Metrics()
-    nnodes = nnodes_of(server_args)
+    nnodes = server_args.nnodes
     # A replica whose rank 0 runs on node 0 (this node) has its private ipc:// socket; one on
     # another node announces a TCP address in the launch's store.
     endpoints = [ctx.endpoint(scheduler_endpoint_name(i))
@@ -76,10 +82,10 @@ def build_app(server_args, ctx, metrics=None):
                  for i in range(dp_size)]
     directory = None
     if None in endpoints:
-        directory = EndpointDirectory(server_args, timeout_s=float(getattr(server_args, "startup_timeout", 300.0)))
+        directory = EndpointDirectory(server_args, timeout_s=server_args.startup_timeout)
     client = SchedulerClient(
         endpoints,
-        ops_endpoint=getattr(ctx, "ops_endpoint", None),
+        ops_endpoint=ctx.ops_endpoint or None,
         tp_size=tp_size,
         metrics=metrics,
         resolve=directory.lookup if directory else None,
@@ -91,18 +97,17 @@ def build_app(server_args, ctx, metrics=None):
         model_path=str(source.path),
         server_args=server_args,
         platform=platform_summary(ctx),
-        api_key=getattr(server_args, "api_key", None) or None,
-        max_request_bytes=int(getattr(server_args, "max_request_bytes", 1 << 20)),
+        api_key=server_args.api_key or None,
+        max_request_bytes=server_args.max_request_bytes,
     )
     return create_app(state)
 
 
-def run_http_server(server_args, ctx) -> None:
+def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
     """The bootstrap's HTTP target: serve until ``ctx.stopping`` is set."""
     import uvicorn
 
-    host = getattr(server_args, "host", "127.0.0.1") or "127.0.0.1"
-    port = int(getattr(server_args, "port", 30000))
+    host, port = server_args.host, server_args.port
     started = time.monotonic()
     sock = bind_socket(host, port)
     app = build_app(server_args, ctx)
@@ -115,9 +120,9 @@ def run_http_server(server_args, ctx) -> None:
         limit_concurrency=int(getattr(server_args, "max_connections", 0) or 0) or None,
         loop="uvloop",
         lifespan="on",
-        log_level=str(getattr(server_args, "log_level", "info")).lower(),
+        log_level=server_args.log_level.lower(),
         access_log=False,
-        timeout_graceful_shutdown=max(1, int(float(getattr(server_args, "stop_grace_period", 10.0)) / 2)),
+        timeout_graceful_shutdown=max(1, int(server_args.stop_grace_period / 2)),
     )
     server = uvicorn.Server(config)
     failure: list[BaseException] = []
@@ -142,7 +147,7 @@ def run_http_server(server_args, ctx) -> None:
     url_host = f"[{host}]" if ":" in host else host
     url = f"http://{url_host}:{port}"
     log.info("HTTP server listening on %s", url)
-    deadline = started + float(getattr(server_args, "startup_timeout", 300.0))
+    deadline = started + server_args.startup_timeout
     if not wait_for_schedulers(app.state.client, ctx, thread, deadline):
         server.should_exit = True
         thread.join(timeout=10)
@@ -152,14 +157,16 @@ def run_http_server(server_args, ctx) -> None:
     while not ctx.stopping.is_set() and thread.is_alive():
         ctx.stopping.wait(timeout=0.2)
     server.should_exit = True
-    thread.join(timeout=float(getattr(server_args, "stop_grace_period", 10.0)))
+    thread.join(timeout=server_args.stop_grace_period)
     sock.close()
     if not ctx.stopping.is_set():
         raise RuntimeError(f"the HTTP server on {url} stopped unexpectedly: "
                            f"{failure[0] if failure else 'uvicorn exited'}")
 
 
-def wait_for_schedulers(client, ctx, thread: threading.Thread, deadline: float) -> bool:
+def wait_for_schedulers(
+    client: SchedulerClient, ctx: WorkerContext, thread: threading.Thread, deadline: float
+) -> bool:
     """Wait until every replica answers a ping (True), or the stop request (False); raise when
     ``deadline`` passes or uvicorn stops first, naming the replicas that never answered."""
     last_log = time.monotonic()

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import array
 import sys
+from typing import TYPE_CHECKING
 
 import msgspec
+
+if TYPE_CHECKING:
+    import torch
 
 
 def scheduler_endpoint_name(dp_rank: int) -> str:
@@ -79,7 +83,7 @@ class Embeddings(msgspec.Struct, tag="embeddings"):
     batch_size: int = 1
 
 
-def pack_vectors(matrix) -> bytes:
+def pack_vectors(matrix: torch.Tensor) -> bytes:
     """The bytes of ``Embeddings.vectors`` from a 2-D float32 CPU tensor (rows ``i..j`` of it are
     bytes ``i * dim * 4 .. j * dim * 4`` of the result)."""
     rows = matrix.contiguous().numpy()
@@ -169,7 +173,7 @@ _from_scheduler = msgspec.msgpack.Decoder(FromScheduler)
 _to_follower = msgspec.msgpack.Decoder(ToFollower)
 
 
-def encode(message) -> bytes:
+def encode(message: msgspec.Struct) -> bytes:
     return _encoder.encode(message)
 
 

@@ -19,13 +19,16 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.model_config import is_causal_lm
 from launcher.model_source import ModelSource
 from launcher.workers.messages import SamplingParams
 from launcher.workers.pooling import PoolingConfig, pool, read_pooling_config
 from launcher.workers.sampling import Sequence, select_token
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("sglang_launch.model_runner")
 
@@ -88,7 +91,7 @@ def cannot_run_message(platform: Any, exc: BaseException) -> str:
     )
 
 
-def check_device_visible(device) -> None:
+def check_device_visible(device: torch.device) -> None:
     """``ModelLoadError`` when ``device`` (an accelerator with an index) is not among the devices
     torch sees on this node, which happens when a node runs more ranks than it has devices."""
     import torch
@@ -120,7 +123,7 @@ class ModelRunner:
         self,
         source: ModelSource,
         *,
-        platform,
+        platform: Any,
         local_rank: int = 0,
         tp_size: int = 1,
         device: str | None = None,
@@ -198,7 +201,7 @@ class ModelRunner:
 
     # ---- loading ---------------------------------------------------------------------------
 
-    def _check_tp_plan(self, config) -> None:
+    def _check_tp_plan(self, config: Any) -> None:
         if self.kind != "generation":
             raise ModelLoadError(
                 f"--tp-size {self.tp_size} needs a causal LM, but {self.source.path} is a "
@@ -218,7 +221,7 @@ class ModelRunner:
                 f"pick a tp size that divides {heads}"
             )
 
-    def _resolve_dtype(self, requested: str, config):
+    def _resolve_dtype(self, requested: str, config: Any) -> torch.dtype:
         import torch
 
         name = (requested or "auto").lower()
@@ -236,7 +239,7 @@ class ModelRunner:
             )
         return getattr(torch, _DTYPES[name])
 
-    def _load_model(self, transformers, torch, trust_remote_code: bool):
+    def _load_model(self, transformers: Any, torch: Any, trust_remote_code: bool) -> Any:
         auto = transformers.AutoModelForCausalLM if self.kind == "generation" else transformers.AutoModel
         kwargs = dict(dtype=self.dtype, local_files_only=True, trust_remote_code=trust_remote_code)
         if self.tp_size > 1:
@@ -266,7 +269,7 @@ class ModelRunner:
             model = model.to(self.device)
         return model.eval()
 
-    def _eos_ids(self, config) -> set[int]:
+    def _eos_ids(self, config: Any) -> set[int]:
         ids: set[int] = set()
         sources = [getattr(config, "eos_token_id", None), self.tokenizer.eos_token_id]
         gen = getattr(self.model, "generation_config", None)
@@ -279,7 +282,7 @@ class ModelRunner:
                 ids.update(v for v in value if isinstance(v, int))
         return ids
 
-    def _pad_id(self, config) -> int:
+    def _pad_id(self, config: Any) -> int:
         for value in (self.tokenizer.pad_token_id, getattr(config, "pad_token_id", None),
                       self.tokenizer.eos_token_id, *sorted(self.eos_ids)):
             if isinstance(value, int):
@@ -353,10 +356,14 @@ class ModelRunner:
         """``embed`` of inputs already tokenised (``encode_embedding_input``), right-padded."""
         return self.embed_matrix(inputs).tolist()
 
-    def embed_matrix(self, inputs: list[list[int]]):
+    def embed_matrix(self, inputs: list[list[int]]) -> torch.Tensor:
         """``embed_ids`` as one float32 tensor on the CPU, a row per input (the scheduler sends its
         bytes: no Python float per value on the scheduler's side)."""
         import torch
+
+        pooling = self.pooling
+        if pooling is None:
+            raise InputError(f"model {self.source.served_name!r} serves {self.kind}, not embeddings")
 
         pad = self.tokenizer.pad_token_id or 0
         rows = []
@@ -370,7 +377,7 @@ class ModelRunner:
                 enc["token_type_ids"] = torch.zeros_like(enc["input_ids"])
             with self.platform.inference_mode():
                 hidden = self.model(**enc).last_hidden_state
-                pooled = pool(hidden, enc["attention_mask"], self.pooling)
+                pooled = pool(hidden, enc["attention_mask"], pooling)
             self.platform.synchronize()
             rows.append(pooled.to(torch.float32).cpu())
         return rows[0] if len(rows) == 1 else torch.cat(rows)
@@ -428,7 +435,9 @@ class ModelRunner:
         self.platform.synchronize()
         return seqs
 
-    def _cancel_flags(self, seqs: list[Sequence], cancelled) -> list[bool]:
+    def _cancel_flags(
+        self, seqs: list[Sequence], cancelled: Callable[[], Iterable[str]] | None
+    ) -> list[bool]:
         gone = set(cancelled()) if cancelled is not None else set()
         flags = [s.rid in gone for s in seqs]
         if self.tp_size > 1:
@@ -438,7 +447,7 @@ class ModelRunner:
         return flags
 
     def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
 
     def warm_up(self) -> None:
         """Run one small batch through the model, then release what it cached."""

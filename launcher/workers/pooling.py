@@ -11,6 +11,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 _MODES = {
     "pooling_mode_cls_token": "cls",
@@ -60,7 +64,7 @@ def read_pooling_config(model_dir: Path) -> PoolingConfig:
     return PoolingConfig(mode, normalize, max_len, f"{modules_file.name}")
 
 
-def pool(hidden, attention_mask, config: PoolingConfig):
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, config: PoolingConfig) -> torch.Tensor:
     """Reduce ``hidden`` (batch, seq, dim) to (batch, dim) over the unmasked tokens."""
     import torch
 

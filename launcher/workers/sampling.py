@@ -7,12 +7,17 @@ the same logits and the same seed) picks the same token without exchanging it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from launcher.workers.messages import SamplingParams
 
+if TYPE_CHECKING:
+    import torch
 
-def select_token(logits, params: SamplingParams, generator) -> int:
+
+def select_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """The next token id for one sequence from its last-position ``logits`` (vocab,)."""
     import torch
 
@@ -50,7 +55,7 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def advance(self, token: int, eos_ids: set[int], decode) -> None:
+    def advance(self, token: int, eos_ids: set[int], decode: Callable[[list[int]], str]) -> None:
         """Append ``token``; set ``finish_reason`` on EOS, a stop string or the length limit."""
         self.output_ids.append(token)
         self.text = decode(self.output_ids)

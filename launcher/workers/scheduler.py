@@ -23,6 +23,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -31,26 +32,30 @@ from launcher.workers import messages
 from launcher.workers.model_runner import InputError, ModelRunner
 from launcher.workers.sampling import Sequence
 
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
+
+    from bootstrap import WorkerContext
+    from launcher.server_args import ServerArgs
+
 log = logging.getLogger("sglang_launch.scheduler")
 
 _TICK_SECONDS = 1.0
 
 
-def run_scheduler_process(server_args, ctx) -> None:
+def run_scheduler_process(server_args: ServerArgs, ctx: WorkerContext) -> None:
     """The bootstrap's scheduler target: load, warm up, report ready, serve until stopping."""
     from launcher.workers.distributed import (
         close_tp_group,
         init_tp_group,
         launch_store,
-        nnodes_of,
         replica_node,
     )
     from platforms import current_platform
 
-    tp_size = max(int(getattr(ctx, "tp_size", 1) or 1), 1)
-    dp_size = max(int(getattr(ctx, "dp_size", 1) or 1), 1)
-    nnodes = nnodes_of(server_args)
-    timeout_s = float(getattr(server_args, "startup_timeout", 300.0))
+    tp_size, dp_size = ctx.tp_size, ctx.dp_size
+    nnodes = server_args.nnodes
+    timeout_s = server_args.startup_timeout
     if current_platform.is_cpu():
         share_cpu_threads(ranks_on_node=tp_size * dp_size // nnodes)
     # Several nodes: global rank 0 serves the launch's rendezvous store at --dist-init-addr, the
@@ -90,23 +95,24 @@ def share_cpu_threads(ranks_on_node: int) -> None:
     torch.set_num_threads(max(1, cores // max(ranks_on_node, 1)))
 
 
-def load_runner(server_args, platform, local_rank: int = 0, tp_size: int = 1) -> ModelRunner:
-    """A ``ModelRunner`` configured from ``server_args`` (fields read with defaults)."""
-    source = resolve_model(getattr(server_args, "model_path", None),
-                           getattr(server_args, "served_model_name", None))
+def load_runner(
+    server_args: ServerArgs, platform: Any, local_rank: int = 0, tp_size: int = 1
+) -> ModelRunner:
+    """A ``ModelRunner`` configured from ``server_args``."""
+    source = resolve_model(server_args.model_path, server_args.served_model_name)
     return ModelRunner(
         source,
         platform=platform,
         local_rank=local_rank,
         tp_size=tp_size,
-        device=getattr(server_args, "device", None),
-        dtype=getattr(server_args, "dtype", "auto"),
-        attention_backend=getattr(server_args, "attention_backend", None),
-        seed=int(getattr(server_args, "seed", 0) or 0),
-        max_input_tokens=int(getattr(server_args, "max_input_tokens", 512)),
-        max_total_tokens=int(getattr(server_args, "max_total_tokens", 2048)),
-        max_batch_size=int(getattr(server_args, "max_batch_size", 32)),
-        trust_remote_code=bool(getattr(server_args, "trust_remote_code", False)),
+        device=server_args.device,
+        dtype=server_args.dtype,
+        attention_backend=server_args.attention_backend,
+        seed=server_args.seed,
+        max_input_tokens=server_args.max_input_tokens,
+        max_total_tokens=server_args.max_total_tokens,
+        max_batch_size=server_args.max_batch_size,
+        trust_remote_code=server_args.trust_remote_code,
     )
 
 
@@ -124,7 +130,13 @@ class _Queued:
 class Scheduler:
     """Rank 0 of a replica: the request socket, the queue, and the batches."""
 
-    def __init__(self, runner: ModelRunner, server_args, ctx, store=None) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        server_args: ServerArgs,
+        ctx: WorkerContext,
+        store: TCPStore | None = None,
+    ) -> None:
         """``store`` (the launch's rendezvous store) is given to a replica whose rank 0 runs on a
         node other than 0: it binds on TCP and announces the address there."""
         import zmq
@@ -132,8 +144,8 @@ class Scheduler:
         self.runner = runner
         self.ctx = ctx
         self.dp_rank = ctx.dp_rank
-        self.max_batch_size = max(1, int(getattr(server_args, "max_batch_size", 32)))
-        self.batch_wait = max(0.0, float(getattr(server_args, "batch_wait_ms", 2.0))) / 1000.0
+        self.max_batch_size = server_args.max_batch_size
+        self.batch_wait = server_args.batch_wait_ms / 1000.0
         self.queue: deque[_Queued] = deque()
         self.cancelled: set[str] = set()
         self.batches = 0
@@ -169,6 +181,7 @@ class Scheduler:
         """One node: the private ``ipc://`` path. A remote replica: TCP on this node's address on
         the route to node 0 (a free port), announced in the launch's store for the HTTP child."""
         if self.store is None:
+            self.endpoint = self.ctx.endpoint(messages.scheduler_endpoint_name(self.dp_rank))
             self.sock.bind(self.endpoint)
             return
         from launcher.workers.distributed import advertised_host, rendezvous_address, scheduler_key
@@ -236,7 +249,7 @@ class Scheduler:
         else:
             self.enqueue(identity, msg)
 
-    def enqueue(self, identity: bytes, req) -> None:
+    def enqueue(self, identity: bytes, req: messages.EmbedRequest | messages.GenerateRequest) -> None:
         kind = "embedding" if isinstance(req, messages.EmbedRequest) else "generation"
         runner = self.runner
         if kind != runner.kind:
@@ -247,15 +260,16 @@ class Scheduler:
             return
         item = _Queued(identity, req, time.monotonic())
         try:
-            if kind == "embedding":
-                item.input_ids = []
+            if isinstance(req, messages.EmbedRequest):
+                input_ids: list[list[int]] = []
+                item.input_ids = input_ids
                 for i, text in enumerate(req.texts):
                     try:
-                        item.input_ids.append(runner.encode_embedding_input(text))
+                        input_ids.append(runner.encode_embedding_input(text))
                     except InputError as exc:
                         where = f"input[{i}]: " if len(req.texts) > 1 else ""
                         raise InputError(where + str(exc), f"input[{i}]" if where else "input") from None
-                item.prompt_tokens = sum(map(len, item.input_ids))
+                item.prompt_tokens = sum(map(len, input_ids))
             else:
                 item.prompt_ids = runner.encode_prompt(req.text, req.params.max_new_tokens)
                 item.prompt_tokens = len(item.prompt_ids)
@@ -270,10 +284,10 @@ class Scheduler:
     def take_batch(self) -> list[_Queued]:
         """Up to ``max_batch_size`` requests (for embeddings: texts), oldest first, at least one."""
         batch = [self.queue.popleft()]
-        load = len(getattr(batch[0].request, "texts", ())) or 1
+        load = len(batch[0].input_ids or ()) or 1  # embeddings: one token list per text
         while self.queue:
             nxt = self.queue[0]
-            size = len(getattr(nxt.request, "texts", ())) or 1
+            size = len(nxt.input_ids or ()) or 1
             if len(batch) >= self.max_batch_size or load + size > self.max_batch_size:
                 break
             batch.append(self.queue.popleft())
@@ -298,21 +312,25 @@ class Scheduler:
             self.cancelled.clear()
 
     def _run_embeddings(self, batch: list[_Queued]) -> None:
-        inputs = [ids for item in batch for ids in item.input_ids]
+        inputs = [ids for item in batch for ids in item.input_ids or ()]
         matrix = self.runner.embed_matrix(inputs)
         dim = int(matrix.shape[1])
         packed, row = messages.pack_vectors(matrix), dim * 4
         at = 0
         for item in batch:
-            n = len(item.request.texts)
+            n = len(item.input_ids or ())
             if item.request.rid not in self.cancelled:
                 self.send(item.identity, messages.Embeddings(item.request.rid, packed[at * row:(at + n) * row],
                                                       dim, item.prompt_tokens, batch_size=len(inputs)))
             at += n
 
     def _run_generation(self, batch: list[_Queued]) -> None:
-        work = [messages.SeqWork(q.request.rid, q.prompt_ids, q.request.params, q.seed, q.request.stream)
-                for q in batch]
+        work = []
+        for q in batch:
+            req = q.request
+            if not isinstance(req, messages.GenerateRequest) or q.prompt_ids is None:
+                raise TypeError(f"request {req.rid} in a generation batch is not a generation request")
+            work.append(messages.SeqWork(req.rid, q.prompt_ids, req.params, q.seed, req.stream))
         if self.runner.tp_size > 1:
             self._broadcast(messages.Batch(work))
         owners = {q.request.rid: q for q in batch}
@@ -337,7 +355,7 @@ class Scheduler:
 
     # ---- sending ---------------------------------------------------------------------------
 
-    def send(self, identity: bytes, msg) -> None:
+    def send(self, identity: bytes, msg: msgspec.Struct) -> None:
         try:
             self.sock.send_multipart([identity, messages.encode(msg)], self._zmq.NOBLOCK)
         except self._zmq.ZMQError as exc:  # the client is gone or its queue is full
@@ -350,14 +368,14 @@ class Scheduler:
         return messages.Pong(rid, self.dp_rank, os.getpid(), self.runner.source.served_name,
                       self.runner.kind, len(self.queue), info)
 
-    def _broadcast(self, msg) -> None:
+    def _broadcast(self, msg: msgspec.Struct) -> None:
         from launcher.workers.distributed import broadcast_bytes
 
         broadcast_bytes(messages.encode(msg))
         self.last_broadcast = time.monotonic()
 
 
-def follow(runner: ModelRunner, ctx) -> None:
+def follow(runner: ModelRunner, ctx: WorkerContext) -> None:
     """A tensor-parallel rank > 0: run what rank 0 broadcasts until it says stop."""
     from launcher.workers.distributed import broadcast_bytes
 

@@ -10,9 +10,8 @@ def init_backend() -> None:
     register the demo implementation of ``RMSNorm`` for the ``demo`` dispatch key."""
     if os.environ.get("DEMO_PLATFORM_FAIL_INIT", "").strip() == "1":
         raise RuntimeError("demo platform: DEMO_PLATFORM_FAIL_INIT=1")
-    from platforms.custom_op import CustomOp
-
     from demo_platform_plugin.ops import RMSNorm, rms_norm_demo
+    from platforms.custom_op import CustomOp
 
     CustomOp.register_oot_forward(RMSNorm, fn=rms_norm_demo, platform_key="demo")
     demo_platform_plugin.INIT_CALLS.append(os.getpid())

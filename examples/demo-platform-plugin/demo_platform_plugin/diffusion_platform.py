@@ -1,9 +1,8 @@
 """The demo diffusion platform (zero-argument constructible, its own runtime's ``OOT``)."""
 
-from platforms.diffusion import Platform, PlatformEnum
-
 from demo_platform_plugin import _backend
 from demo_platform_plugin.device import DemoDeviceMixin
+from platforms.diffusion import Platform, PlatformEnum
 
 
 class DemoDiffusionPlatform(Platform, DemoDeviceMixin):

@@ -1,10 +1,9 @@
 """The demo SRT platform."""
 
-from platforms import PlatformEnum
-from platforms.interface import SRTPlatform
-
 from demo_platform_plugin import _backend
 from demo_platform_plugin.device import DemoDeviceMixin
+from platforms import PlatformEnum
+from platforms.interface import SRTPlatform
 
 
 class DemoSRTPlatform(SRTPlatform, DemoDeviceMixin):
