@@ -45,8 +45,8 @@ from launcher._ops import Listener, OpsChannel
 from launcher._plan import Endpoints, PlanError, plan_children
 from launcher._prepare import is_cpu_fallback
 from launcher._rundir import RuntimeDir, RuntimeDirError
-from launcher._watchdog import Watchdog
 from launcher._state import FAILED, READY, STOPPED, STOPPING, LaunchState, WorkerState
+from launcher._watchdog import Watchdog
 
 if TYPE_CHECKING:
     import multiprocessing.process
