@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from launcher._watchdog import heartbeat_interval
 from launcher.rendezvous import RendezvousError, master_address
 
 if TYPE_CHECKING:
@@ -82,9 +83,8 @@ def plan_children(
             env=env,
             log_level=args.log_level,
             entry_points=entry_points,
-            stop_marker=os.path.join(endpoints.runtime_dir, f"stop.{role}.{rank}")
-            if endpoints.runtime_dir
-            else "",
+            heartbeat_interval=heartbeat_interval(float(getattr(args, "watchdog_timeout", 0) or 0)),
+            stop_marker=os.path.join(endpoints.runtime_dir, f"stop.{role}.{rank}") if endpoints.runtime_dir else "",
         )
 
     children = []

@@ -46,6 +46,7 @@ from launcher._plan import Endpoints, PlanError, plan_children
 from launcher._prepare import is_cpu_fallback
 from launcher._rundir import RuntimeDir, RuntimeDirError
 from launcher._state import FAILED, READY, STOPPED, STOPPING, LaunchState, WorkerState
+from launcher._watchdog import Watchdog
 
 if TYPE_CHECKING:
     import multiprocessing.process
@@ -91,10 +92,10 @@ class _Worker:
 class Supervisor:
     """Runs one node's launch. ``args`` is a checked ``ServerArgs``; ``selection`` the platform's.
 
-    ``worker_output``: when given, each worker's stdout and stderr go to a pipe of its own that
-    the supervisor reads, and every line is passed to ``worker_output(line)`` (the live terminal
-    display draws it above its table); otherwise workers write to this process's stdout and
-    stderr directly. Only for a supervisor in the main thread: the workers' output is set up by
+    ``worker_output``: when given, each worker's ``output_streams`` (stdout and stderr, fds 1 and
+    2, by default) go to a pipe of its own that the supervisor reads, and every line is passed to
+    ``worker_output(line)`` (the live terminal display draws it above its table); otherwise, and
+    for the other stream, workers write to this process's stdout and stderr directly. Only for a supervisor in the main thread: the workers' output is set up by
     pointing this process's fds 1 and 2 at the pipe while each is spawned.
     """
 
@@ -106,9 +107,11 @@ class Supervisor:
         payload: bytes,
         listeners: tuple[Listener, ...] = (),
         worker_output: Callable[[str], None] | None = None,
+        output_streams: tuple[int, ...] = (1, 2),
     ) -> None:
         self.args = args
         self._worker_output = worker_output
+        self._output_streams = output_streams
         self._pipes: dict[int, bytearray] = {}  # read end of a worker's output pipe -> partial line
         self.selection = selection
         self.runtime = args.runtime
@@ -206,6 +209,8 @@ class Supervisor:
             if self._early_stop:
                 self._post("stop", self._early_stop)
         zctx = zmq.asyncio.Context()
+        watchdog_task = None
+        self._watchdog = Watchdog(float(getattr(self.args, "watchdog_timeout", 0) or 0), self._on_hung)
         try:
             self._open(zctx)
             if handle_signals:
@@ -221,9 +226,12 @@ class Supervisor:
             was_ready = cause is None and self._stop_reason is None
             if was_ready:
                 self._emit_ready(time.monotonic() - started)
+                watchdog_task = asyncio.create_task(self._watchdog.run())
                 cause = await self._until_stop()
             return await self._shutdown(cause, was_ready)
         finally:
+            if watchdog_task is not None:
+                watchdog_task.cancel()
             self._close(zctx, handle_signals)
 
     async def _until_ready(self, deadline: float) -> RootCause | None:
@@ -253,6 +261,7 @@ class Supervisor:
     async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> LaunchOutcome:
         state = self._launch
         self._stopping = True
+        self._watchdog = Watchdog(0, self._on_hung)  # a worker slow to stop is not a new failure
         if cause is not None:
             self._blamed = self._blamed or cause.worker
             state.phase = FAILED
@@ -356,7 +365,7 @@ class Supervisor:
             else:
                 read_end, write_end = os.pipe()
                 try:
-                    kids.spawn(worker.child, output=write_end)
+                    kids.spawn(worker.child, output=write_end, streams=self._output_streams)
                 finally:
                     os.close(write_end)
                 os.set_blocking(read_end, False)
@@ -423,6 +432,7 @@ class Supervisor:
 
     def _on_sentinel(self, child: Child) -> None:
         worker = self._worker_of(child)
+        self._watchdog.forget(worker.state.name)
         if self._blamed is None and not self._stopping and self._stop_reason is None:
             self._blamed = worker.state.name
         self._post("exit", worker)
@@ -430,6 +440,7 @@ class Supervisor:
     def _on_message(self, spawned: Child, message: messages.Message) -> None:
         child = self._worker_of(spawned)
         ws = child.state
+        self._watchdog.heard(ws.name)
         if child.stopped_at_once and isinstance(message, (messages.Phase, messages.Ready)):
             return  # sent before it was killed, read after: old news about a stopped worker
         if isinstance(message, messages.Phase):
@@ -440,6 +451,8 @@ class Supervisor:
             ws.phase, ws.ready, ws.ready_at = phases.READY, True, message.time
             ws.phases[phases.READY] = message.duration
             ws.platform, ws.info = message.platform, dict(message.info)
+            if not self._stopping:
+                self._watchdog.watch(ws.name)
             self._emit_worker(child, phases.READY, duration=message.duration, info=ws.info)
             if message.platform != self.selection.key:
                 self._blamed = self._blamed or ws.name
@@ -473,6 +486,26 @@ class Supervisor:
         return next(w for w in self._children if w.child is child)
 
     # ----------------------------------------------------------------- root causes
+    def _on_hung(self, name: str, quiet: float) -> None:
+        """The watchdog found ``name`` silent: the launch fails with it as the root cause."""
+        if self._stopping or self._stop_reason is not None:
+            return
+        child = next(w for w in self._children if w.state.name == name)
+        ws = child.state
+        self._blamed = self._blamed or name
+        self._post("failed", RootCause(
+            summary=f"{name} stopped answering: no heartbeat for {quiet:.1f}s after the server was ready",
+            exit_code=ExitCode.WORKER_DIED,
+            worker=name,
+            pid=ws.pid,
+            node_rank=ws.node_rank,
+            phase=phases.SERVING,
+            error_type="WatchdogTimeout",
+            message=f"--watchdog-timeout is {self._watchdog.timeout:g}s; the process is alive but silent",
+            hint="a stopped process (SIGSTOP, a debugger) or one hung holding the GIL; raise "
+                 "--watchdog-timeout if a worker can legitimately stall longer",
+        ))
+
     async def _exit_cause(self, child: _Worker) -> RootCause:
         """A child exited on its own: record how, wait for its report if it sent one, explain."""
         code = await self._reap(child)

@@ -181,21 +181,20 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(10)
 
 
-def test_on_a_terminal_worker_lines_go_above_the_live_table():
-    import pyte
-
-    main, secondary = pty.openpty()
-    os.set_blocking(main, False)
-    width = 160
+def _run_on_pty(width: int, stdout=None) -> bytes:
+    """A chatty launch with the pseudo-terminal as stdin and stderr (and stdout, unless given):
+    waits for ready, SIGTERMs it, waits for its exit (0); returns what the terminal received."""
     import fcntl
     import struct
     import termios
 
+    main, secondary = pty.openpty()
+    os.set_blocking(main, False)
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 200, width, 0, 0))
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher", *_chatty_args()],
         stdin=secondary,
-        stdout=secondary,
+        stdout=secondary if stdout is None else stdout,
         stderr=secondary,
         env=_launch_env(short_runtime_dir()),
         cwd=str(REPO),
@@ -235,12 +234,17 @@ def test_on_a_terminal_worker_lines_go_above_the_live_table():
         if proc.poll() is None:
             _kill(proc)
         os.close(main)
+    return bytes(stream)
 
+
+def test_on_a_terminal_worker_lines_go_above_the_live_table():
+    import pyte
+
+    width = 160
+    stream = _run_on_pty(width)
     screen = pyte.Screen(width, 400)
     byte_stream = pyte.ByteStream(screen)
-    byte_stream.feed(
-        bytes(stream).replace(b"\n", b"\r\n") if b"\r\n" not in stream else bytes(stream)
-    )
+    byte_stream.feed(stream.replace(b"\n", b"\r\n") if b"\r\n" not in stream else stream)
     shown = [line.rstrip() for line in screen.display]
     text = "\n".join(shown)
     for worker in ("http.0", "scheduler.0", "scheduler.1"):
@@ -254,6 +258,29 @@ def test_on_a_terminal_worker_lines_go_above_the_live_table():
     # and the ready line right below it.
     last_row = max(i for i, s in enumerate(shown) if s.startswith("  scheduler.1 "))
     assert shown[last_row + 1].startswith("sglang-launch: ready at http://"), text
+
+
+def test_with_stdout_redirected_the_table_stays_clean_and_stdout_plain(tmp_path):
+    import pyte
+
+    out_path = tmp_path / "stdout.txt"
+    with open(out_path, "w") as out:
+        stream = _run_on_pty(160, stdout=out)
+    screen = pyte.Screen(160, 400)
+    pyte.ByteStream(screen).feed(stream)
+    shown = [line.rstrip() for line in screen.display]
+    written = out_path.read_text()
+    assert "\x1b" not in written, written
+    for worker in ("http.0", "scheduler.0", "scheduler.1"):
+        # odd lines go to stderr (the terminal, above the table), even ones to stdout (the file)
+        for i in range(LINES):
+            line = f"log line {i} of {worker}"
+            if i % 2:
+                assert shown.count(line) == 1 and line not in written, (line, "\n".join(shown))
+            else:
+                assert written.count(line + "\n") == 1 and line not in shown, (line, written)
+        rows = [s for s in shown if s.startswith(f"  {worker} ")]
+        assert len(rows) == 1, "\n".join(shown)
 
 
 def test_without_a_terminal_lines_are_plain():

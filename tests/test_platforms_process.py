@@ -381,6 +381,7 @@ def test_a_server_runs_on_the_cpu_where_the_srt_chart_ends_at_the_base_platform(
     assert with_plugin.data[0] == "plugin:on", with_plugin
 
 
+@pytest.mark.e2e  # probes the accelerators (torch) in fresh interpreters
 def test_current_selection_without_probes(site):
     """``current_selection(probe=False)`` runs no hardware probe and imports no torch: where only a
     probe could decide it raises ``ProbeRequired`` naming the built-ins in probing order (with the

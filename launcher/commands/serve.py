@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from launcher._failure import EXIT_CODES_HELP, LaunchError
 
 if TYPE_CHECKING:
+    from launcher._display import TerminalDisplay
     from launcher.server_args import ServerArgs
 
 DESCRIPTION = (
@@ -64,14 +65,19 @@ def main(argv: list[str]) -> int:
     from launcher._display import TerminalDisplay
     from launcher.supervisor import Supervisor, run_supervisor
 
+    # On a terminal (stderr) the live table: the workers' stderr, and their stdout when it is
+    # the terminal too, go through the display, above the table, and so do this process's log
+    # records. A worker's stdout redirected with the launcher's stays a plain stream.
     display = TerminalDisplay()
-    # On a terminal the workers' lines go through the display, above its live table.
+    if display.live:
+        _log_through(display)
     supervisor = Supervisor(
         args,
         selection,
         payload=payload,
         listeners=(display,),
         worker_output=display.worker_output if display.live else None,
+        output_streams=(1, 2) if _isatty(sys.stdout) else (2,),
     )
     _signals.defer()  # from here a stop signal is the supervisor's to act on
     try:
@@ -90,3 +96,38 @@ def _configure_logging(level: str) -> None:
             format="sglang-launch: %(levelname)s %(name)s: %(message)s",
             stream=sys.stderr,
         )
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return False
+
+
+class _LogLines(logging.Handler):
+    """Hands each formatted log record to the display, which prints it above its live table."""
+
+    def __init__(self, display: TerminalDisplay, formatter: logging.Formatter | None) -> None:
+        super().__init__()
+        self._display = display
+        if formatter is not None:
+            self.setFormatter(formatter)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            for line in self.format(record).splitlines():
+                self._display.worker_output(line)
+        except Exception:  # noqa: BLE001 - logging must never break the launch
+            self.handleError(record)
+
+
+def _log_through(display: TerminalDisplay) -> None:
+    """Point the root logger's stderr handlers at ``display`` (same format and level)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
+            replacement = _LogLines(display, handler.formatter)
+            replacement.setLevel(handler.level)
+            root.removeHandler(handler)
+            root.addHandler(replacement)

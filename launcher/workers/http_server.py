@@ -130,8 +130,13 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
     started = time.monotonic()
     sock = bind_socket(host, port)
     app = build_app(server_args, ctx)
+    from launcher.workers.http_limits import RequestTimeout, guarded_protocol
+
     config = uvicorn.Config(
-        app,
+        RequestTimeout(app, float(getattr(server_args, "request_timeout", 0) or 0)),
+        http=guarded_protocol(float(getattr(server_args, "http_header_timeout", 0) or 0),
+                              float(getattr(server_args, "http_body_timeout", 0) or 0)),
+        limit_concurrency=int(getattr(server_args, "max_connections", 0) or 0) or None,
         loop="uvloop",
         lifespan="on",
         log_level=server_args.log_level.lower(),

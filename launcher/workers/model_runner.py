@@ -178,6 +178,7 @@ class ModelRunner:
                 f"tokenizer files (tokenizer.json or vocab files) beside config.json"
             ) from exc
 
+        self.max_token_chars = _longest_token(self.tokenizer)
         self.model = self._load_model(transformers, torch, trust_remote_code)
         limit = getattr(config, "max_position_embeddings", None) or max_total_tokens
         if self.kind == "embedding":
@@ -293,6 +294,7 @@ class ModelRunner:
     def encode_embedding_input(self, text: str) -> list[int]:
         """Token ids of ``text`` (with special tokens), for ``embed_ids``; ``InputError`` if over
         the limit."""
+        self.refuse_oversize(text, "input")
         # verbose=False: an over-long text is refused here, not warned about by the tokenizer.
         ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
         if len(ids) > self.max_input_tokens:
@@ -302,12 +304,30 @@ class ModelRunner:
             )
         return ids
 
+    def refuse_oversize(self, text: str, what: str) -> None:
+        """``InputError`` without tokenising when ``text`` certainly has more tokens than the limit.
+
+        A token covers at most ``max_token_chars`` characters of the text (its longest vocabulary
+        entry); whitespace and what normalisation may drop do not count, and a factor of
+        ``_OVERSIZE_SLACK`` keeps the bound far from any text that could fit. Cheap: no tokeniser.
+        """
+        bound = _OVERSIZE_SLACK * self.max_input_tokens * self.max_token_chars
+        if len(text) <= bound:
+            return
+        visible = len("".join(text.split()))
+        if visible > bound:
+            raise InputError(
+                f"{what} has {len(text)} characters, far more than this model's limit of "
+                f"{self.max_input_tokens} tokens can hold; shorten it or split it into several inputs"
+            )
+
     def count_embedding_tokens(self, text: str) -> int:
         """Tokens ``text`` takes (with special tokens); ``InputError`` if over the limit."""
         return len(self.encode_embedding_input(text))
 
     def encode_prompt(self, text: str, max_new_tokens: int) -> list[int]:
         """Prompt token ids; ``InputError`` if the prompt or prompt + completion is too long."""
+        self.refuse_oversize(text, "the prompt")
         ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
         if not ids:
             raise InputError("the prompt is empty after tokenisation; send some text")
@@ -478,3 +498,16 @@ class ModelRunner:
             },
             "load_seconds": round(self.load_seconds, 3),
         }
+
+
+# How many times more characters than (limit x longest token) a text needs to be refused unread.
+_OVERSIZE_SLACK = 4
+
+
+def _longest_token(tokenizer) -> int:
+    """Characters in the longest entry of ``tokenizer``'s vocabulary (at least 1)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary: a generous guess
+        return 64
+    return max((len(token) for token in vocab), default=1) or 1
