@@ -15,8 +15,8 @@ both callers need once a child is gone or must go:
   ``grace`` (0: SIGKILL at once), reap them;
 - ``close()``: SIGKILL whatever is still running and release the socket.
 
-A child's stdout and stderr are this process's, unless ``spawn(..., output=fd)`` points both at
-``fd`` (check-platform keeps its stdout for the report; the live terminal display reads worker
+A child's stdout and stderr are this process's, unless ``spawn(..., output=fd, streams=...)``
+points them (both by default) at ``fd`` (check-platform keeps its stdout for the report; the live terminal display reads worker
 lines from a pipe).
 """
 
@@ -106,8 +106,11 @@ class Children:
         self.children.append(child)
         return child
 
-    def spawn(self, child: Child, output: int | None = None) -> None:
-        """Start ``child``; with ``output``, the child's fds 1 and 2 are that file descriptor."""
+    def spawn(
+        self, child: Child, output: int | None = None, streams: tuple[int, ...] = (1, 2)
+    ) -> None:
+        """Start ``child``; with ``output``, the child's ``streams`` (fds 1 and 2 by default) are
+        that file descriptor, the others this process's."""
         import bootstrap
 
         context = multiprocessing.get_context(
@@ -122,7 +125,7 @@ class Children:
                 name=f"sglang-{spec.role}-{spec.rank}",
                 daemon=False,
             )
-            with _output_to(output):
+            with _output_to(output, streams):
                 child.process.start()
         finally:
             if global_method is None:
@@ -190,7 +193,9 @@ class Children:
                 pass
 
     # ------------------------------------------------------------------ stopping
-    async def stop(self, children: list[Child], grace: float, hurry: asyncio.Event | None = None) -> None:
+    async def stop(
+        self, children: list[Child], grace: float, hurry: asyncio.Event | None = None
+    ) -> None:
         """SIGTERM the trees of ``children`` still running, SIGKILL what is left after ``grace``
         seconds (0: SIGKILL at once, for children that hold nothing to drain; ``hurry`` set: at
         once from then on), reap them all. A child's ``stop_marker`` is created first: that
@@ -243,24 +248,23 @@ def describe_exit(code: int | None) -> str:
 
 
 @contextlib.contextmanager
-def _output_to(fd: int | None) -> Iterator[None]:
-    """While a child is started, fds 1 and 2 of this process are ``fd``, so the child inherits
-    that (nothing changes when ``fd`` is None)."""
-    if fd is None:
+def _output_to(fd: int | None, streams: tuple[int, ...]) -> Iterator[None]:
+    """While a child is started, the fds ``streams`` of this process are ``fd``, so the child
+    inherits that (nothing changes when ``fd`` is None)."""
+    if fd is None or not streams:
         yield
         return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    saved = [os.dup(1), os.dup(2)]
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+    saved = {number: os.dup(number) for number in streams}
+    for number in streams:
+        os.dup2(fd, number)
     try:
         yield
     finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for copy in saved:
+        for number, copy in saved.items():
+            os.dup2(copy, number)
             os.close(copy)
 
 

@@ -45,8 +45,8 @@ from launcher._ops import Listener, OpsChannel
 from launcher._plan import Endpoints, PlanError, plan_children
 from launcher._prepare import is_cpu_fallback
 from launcher._rundir import RuntimeDir, RuntimeDirError
-from launcher._watchdog import Watchdog
 from launcher._state import FAILED, READY, STOPPED, STOPPING, LaunchState, WorkerState
+from launcher._watchdog import Watchdog
 
 if TYPE_CHECKING:
     import multiprocessing.process
@@ -92,10 +92,10 @@ class _Worker:
 class Supervisor:
     """Runs one node's launch. ``args`` is a checked ``ServerArgs``; ``selection`` the platform's.
 
-    ``worker_output``: when given, each worker's stdout and stderr go to a pipe of its own that
-    the supervisor reads, and every line is passed to ``worker_output(line)`` (the live terminal
-    display draws it above its table); otherwise workers write to this process's stdout and
-    stderr directly. Only for a supervisor in the main thread: the workers' output is set up by
+    ``worker_output``: when given, each worker's ``output_streams`` (stdout and stderr, fds 1 and
+    2, by default) go to a pipe of its own that the supervisor reads, and every line is passed to
+    ``worker_output(line)`` (the live terminal display draws it above its table); otherwise, and
+    for the other stream, workers write to this process's stdout and stderr directly. Only for a supervisor in the main thread: the workers' output is set up by
     pointing this process's fds 1 and 2 at the pipe while each is spawned.
     """
 
@@ -107,9 +107,11 @@ class Supervisor:
         payload: bytes,
         listeners: tuple[Listener, ...] = (),
         worker_output: Callable[[str], None] | None = None,
+        output_streams: tuple[int, ...] = (1, 2),
     ) -> None:
         self.args = args
         self._worker_output = worker_output
+        self._output_streams = output_streams
         self._pipes: dict[int, bytearray] = {}  # read end of a worker's output pipe -> partial line
         self.selection = selection
         self.runtime = args.runtime
@@ -363,7 +365,7 @@ class Supervisor:
             else:
                 read_end, write_end = os.pipe()
                 try:
-                    kids.spawn(worker.child, output=write_end)
+                    kids.spawn(worker.child, output=write_end, streams=self._output_streams)
                 finally:
                     os.close(write_end)
                 os.set_blocking(read_end, False)

@@ -65,10 +65,10 @@ def main(argv: list[str]) -> int:
     from launcher._display import TerminalDisplay
     from launcher.supervisor import Supervisor, run_supervisor
 
-    # The live table only where both stdout and stderr are the terminal: the workers' lines (of
-    # either stream) then go through the display, above the table, and so do this process's log
-    # records. With either stream redirected every event is a plain line.
-    display = TerminalDisplay(live=_isatty(sys.stderr) and _isatty(sys.stdout))
+    # On a terminal (stderr) the live table: the workers' stderr, and their stdout when it is
+    # the terminal too, go through the display, above the table, and so do this process's log
+    # records. A worker's stdout redirected with the launcher's stays a plain stream.
+    display = TerminalDisplay()
     if display.live:
         _log_through(display)
     supervisor = Supervisor(
@@ -77,6 +77,7 @@ def main(argv: list[str]) -> int:
         payload=payload,
         listeners=(display,),
         worker_output=display.worker_output if display.live else None,
+        output_streams=(1, 2) if _isatty(sys.stdout) else (2,),
     )
     _signals.defer()  # from here a stop signal is the supervisor's to act on
     try:

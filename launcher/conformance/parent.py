@@ -101,7 +101,7 @@ async def _watch(
         child = children.add(spec)
         timed_out = False
         try:
-            children.spawn(child, output=2)  # the child's prints go to stderr, never to --json
+            children.spawn(child, output=2, streams=(1,))  # prints go to stderr, never to --json
             try:
                 await asyncio.wait_for(status.changed.wait(), timeout)
             except TimeoutError:
