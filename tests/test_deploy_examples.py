@@ -5,7 +5,6 @@ unit's KillSignal with exit 0 within TimeoutStopSec."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import signal
@@ -17,10 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-
 from serving_support import cli_command, server_env
-from support import REPO, free_port, kill_tree, wait_for
 from supervisor_support import short_runtime_dir
+from support import REPO, free_port, kill_tree, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -62,7 +60,7 @@ def test_the_units_command_line_notifies_answers_the_probes_and_stops_on_its_kil
     key_file.write_text("deploy-key\n")
     swap = {"--model-path": None, "--port": str(free_port()), "--host": "127.0.0.1", "--api-key-file": str(key_file)}
     args, skip = [], False
-    for i, token in enumerate(argv):
+    for token in argv:
         if skip:
             skip = False
             continue
@@ -87,7 +85,7 @@ def test_the_units_command_line_notifies_answers_the_probes_and_stops_on_its_kil
         def check():
             try:
                 messages.append(notify.recv(4096).decode())
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 pass
             assert proc.poll() is None or text == "STOPPING=1", (tmp_path / "log").read_text()
             return any(text in m for m in messages)

@@ -13,10 +13,9 @@ import time
 
 import httpx
 import pytest
-
 from serving_support import server_env, start_server
-from support import REPO, free_port, wait_for
 from supervisor_support import FAST, READY_WAIT, Run, short_runtime_dir
+from support import REPO, free_port, wait_for
 
 pytestmark = pytest.mark.e2e
 
