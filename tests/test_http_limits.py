@@ -15,10 +15,9 @@ import sys
 
 import httpx
 import pytest
-
 from serving_support import server_env, start_server
-from support import REPO, wait_for
 from supervisor_support import short_runtime_dir
+from support import REPO, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -52,7 +52,7 @@ def guarded_protocol(header_timeout: float, body_timeout: float) -> type:
                 cycle.message_event.set()
             self.transport.close()
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm(header_timeout)
 
@@ -97,7 +97,7 @@ class RequestTimeout:
 
         try:
             await asyncio.wait_for(self.app(scope, receive, tracking_send), self.seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if started:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return

@@ -504,7 +504,7 @@ class ModelRunner:
 _OVERSIZE_SLACK = 4
 
 
-def _longest_token(tokenizer) -> int:
+def _longest_token(tokenizer: Any) -> int:
     """Characters in the longest entry of ``tokenizer``'s vocabulary (at least 1)."""
     try:
         vocab = tokenizer.get_vocab()
