@@ -191,5 +191,5 @@ def test_model_without_tp_plan_fails_start_up_clearly(tmp_path):
         code = srv.wait_exit(timeout=180)
     finally:
         srv.stop()
-    assert code == 1, srv.log
-    assert "no tensor-parallel plan" in srv.log and "--tp-size 1" in srv.log
+    assert code == 2, srv.log  # refused from config.json before any worker starts
+    assert "cannot be split over tensor-parallel ranks" in srv.log and "--tp-size 1" in srv.log
