@@ -64,8 +64,19 @@ def build_site(root: Path) -> tuple[Path, list[str]]:
     source = root / "demo-source"
     shutil.copytree(DEMO, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
-         "--disable-pip-version-check", "--target", str(site), str(source)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "--disable-pip-version-check",
+            "--target",
+            str(site),
+            str(source),
+        ],
         check=True,
     )
     packages = ["demo_platform_plugin"]
@@ -73,7 +84,9 @@ def build_site(root: Path) -> tuple[Path, list[str]]:
         package = f"bench_vendor_{i}"
         info = site / f"bench_vendor_{i}-1.0.dist-info"
         info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: bench-vendor-{i}\nVersion: 1.0\n")
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: bench-vendor-{i}\nVersion: 1.0\n"
+        )
         (info / "entry_points.txt").write_text(f"[{GROUP}]\nvendor{i} = {package}:activate\n")
         (site / package).mkdir()
         (site / package / "__init__.py").write_text("def activate():\n    return None\n")
@@ -82,29 +95,47 @@ def build_site(root: Path) -> tuple[Path, list[str]]:
 
 
 def run_child(code: str, site: Path, extra_env: dict[str, str]) -> tuple[float, float, dict]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("SGLANG_PLATFORM", "SGLANG_PLUGINS", "SGLANG_USE_CPU_ENGINE", "DEMO_PLATFORM_ENABLE")}
-    env.update(extra_env, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), PYTHONDONTWRITEBYTECODE="1")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "SGLANG_PLATFORM",
+            "SGLANG_PLUGINS",
+            "SGLANG_USE_CPU_ENGINE",
+            "DEMO_PLATFORM_ENABLE",
+        )
+    }
+    env.update(
+        extra_env, PYTHONPATH=os.pathsep.join([str(site), str(REPO)]), PYTHONDONTWRITEBYTECODE="1"
+    )
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO
+    )
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"benchmark child failed:\n{proc.stderr}")
     line = next(line for line in proc.stdout.splitlines() if line.startswith("BENCH:"))
-    data = json.loads(line[len("BENCH:"):])
+    data = json.loads(line[len("BENCH:") :])
     return data["elapsed"], wall, data
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=15, help="fresh processes per scenario (default 15)")
+    parser.add_argument(
+        "--runs", type=int, default=15, help="fresh processes per scenario (default 15)"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sglang-launch-bench-") as tmp:
         site, packages = build_site(Path(tmp))
         report = REPORT.format(plugin_packages=packages)
         scenarios = {
             "baseline": (BASELINE + report, {}),
-            "explicit": (RESOLVE + report, {"SGLANG_PLATFORM": "demo", "DEMO_PLATFORM_ENABLE": "1"}),
+            "explicit": (
+                RESOLVE + report,
+                {"SGLANG_PLATFORM": "demo", "DEMO_PLATFORM_ENABLE": "1"},
+            ),
             "auto": (RESOLVE + report, {"DEMO_PLATFORM_ENABLE": "1"}),
             "fallback": (RESOLVE + report, {}),
         }
@@ -122,19 +153,27 @@ def main(argv=None) -> int:
 
     med_inner = {k: statistics.median(v) for k, v in inner.items()}
     med_wall = {k: statistics.median(v) for k, v in wall.items()}
-    print(f"platform discovery, fresh processes, median of {args.runs} runs each "
-          f"({len(packages)} platform plugins installed; python {sys.version.split()[0]})")
-    print(f"{'scenario':<10} {'operation ms':>13} {'x baseline':>11} {'process ms':>11} {'x baseline':>11}"
-          f"  plugin modules imported  torch imported")
+    print(
+        f"platform discovery, fresh processes, median of {args.runs} runs each "
+        f"({len(packages)} platform plugins installed; python {sys.version.split()[0]})"
+    )
+    print(
+        f"{'scenario':<10} {'operation ms':>13} {'x baseline':>11} {'process ms':>11} {'x baseline':>11}"
+        f"  plugin modules imported  torch imported"
+    )
     for name in scenarios:
-        print(f"{name:<10} {med_inner[name] * 1e3:>13.2f} {med_inner[name] / med_inner['baseline']:>11.2f} "
-              f"{med_wall[name] * 1e3:>11.1f} {med_wall[name] / med_wall['baseline']:>11.2f}"
-              f"  {len(details[name]['imported']):>23}  {str(details[name]['torch']):>14}")
+        print(
+            f"{name:<10} {med_inner[name] * 1e3:>13.2f} {med_inner[name] / med_inner['baseline']:>11.2f} "
+            f"{med_wall[name] * 1e3:>11.1f} {med_wall[name] / med_wall['baseline']:>11.2f}"
+            f"  {len(details[name]['imported']):>23}  {str(details[name]['torch']):>14}"
+        )
     explicit_ratio = med_inner["explicit"] / med_inner["baseline"]
     explicit_modules = len(details["explicit"]["imported"])
-    print(f"explicit selection: {explicit_ratio:.2f}x the entry-point read (target <= 1.5x: "
-          f"{'met' if explicit_ratio <= 1.5 else 'NOT met'}); plugin modules imported: {explicit_modules} "
-          f"({', '.join(details['explicit']['imported'])}; must be 1: {'met' if explicit_modules == 1 else 'NOT met'})")
+    print(
+        f"explicit selection: {explicit_ratio:.2f}x the entry-point read (target <= 1.5x: "
+        f"{'met' if explicit_ratio <= 1.5 else 'NOT met'}); plugin modules imported: {explicit_modules} "
+        f"({', '.join(details['explicit']['imported'])}; must be 1: {'met' if explicit_modules == 1 else 'NOT met'})"
+    )
     return 0
 
 

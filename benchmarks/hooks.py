@@ -111,9 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         "pluggy, 1 implementation": ("f(request=arg)", pluggy_one),
         "pluggy, 1 wrapper + 1 implementation": ("f(request=arg)", pluggy_wrapped),
     }
-    timers = {label: timeit.Timer(stmt, globals={"f": func, "arg": arg}) for label, (stmt, func) in cases.items()}
+    timers = {
+        label: timeit.Timer(stmt, globals={"f": func, "arg": arg})
+        for label, (stmt, func) in cases.items()
+    }
     ns = {label: float("inf") for label in cases}
-    for _ in range(args.repeat):  # interleaved, so a slow moment of the machine hits every case alike
+    for _ in range(
+        args.repeat
+    ):  # interleaved, so a slow moment of the machine hits every case alike
         for label, timer in timers.items():
             ns[label] = min(ns[label], timer.timeit(args.number) / args.number * 1e9)
 
@@ -129,13 +134,19 @@ def main(argv: list[str] | None = None) -> int:
     for label in ("BEFORE hook", "AFTER hook", "AROUND hook", "REPLACE hook"):
         ratio = ns[label] / base
         ok &= ratio <= TARGET_RATIO
-        print(f"  {label:<{width}}  {ratio:6.3f}x  {'ok' if ratio <= TARGET_RATIO else 'OVER TARGET'}")
+        print(
+            f"  {label:<{width}}  {ratio:6.3f}x  {'ok' if ratio <= TARGET_RATIO else 'OVER TARGET'}"
+        )
     replace_ratio = ns["REPLACE hook"] / ns["replacement called directly"]
     print()
-    print(f"REPLACE vs calling the replacement directly: {replace_ratio:.3f}x "
-          f"({'same object' if mod.replace is replacement else 'wrapped'})")
-    print(f"pluggy wrapper+implementation vs one implementation: "
-          f"{ns['pluggy, 1 wrapper + 1 implementation'] / base:.2f}x")
+    print(
+        f"REPLACE vs calling the replacement directly: {replace_ratio:.3f}x "
+        f"({'same object' if mod.replace is replacement else 'wrapped'})"
+    )
+    print(
+        f"pluggy wrapper+implementation vs one implementation: "
+        f"{ns['pluggy, 1 wrapper + 1 implementation'] / base:.2f}x"
+    )
     return 0 if ok and mod.replace is replacement else 1
 
 

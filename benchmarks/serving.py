@@ -60,9 +60,10 @@ class KeepAliveClient:
     def __init__(self, url: str, path: str, body: bytes) -> None:
         host, port = url.split("//", 1)[1].rsplit(":", 1)
         self.address = (host, int(port))
-        self.request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-                        ).encode() + body
+        self.request = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
         self.reconnects = 0
         self.sock = self._connect()
 
@@ -92,7 +93,7 @@ class KeepAliveClient:
         length = int(head.split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
         while len(data) < end + 4 + length:
             data += self._recv(answered=True)
-        return bytes(data[end + 4:end + 4 + length])
+        return bytes(data[end + 4 : end + 4 + length])
 
     def _recv(self, answered: bool) -> bytes:
         chunk = self.sock.recv(65536)
@@ -106,8 +107,9 @@ class KeepAliveClient:
         self.sock.close()
 
 
-def batch_one(url: str, model_path: str | None, requests: int, rounds: int
-              ) -> tuple[dict[str, list[float]], str]:
+def batch_one(
+    url: str, model_path: str | None, requests: int, rounds: int
+) -> tuple[dict[str, list[float]], str]:
     """Batch-1 times of three sides, alternating in ``rounds`` blocks: ``ModelRunner.embed``
     in-process, HTTP with the lean client, HTTP with httpx. Returns the times and where the
     in-process model ran."""
@@ -134,10 +136,15 @@ def batch_one(url: str, model_path: str | None, requests: int, rounds: int
         raise RuntimeError("the server and the in-process model disagree on the embedding size")
 
     def over_httpx() -> None:
-        library.post(url + "/v1/embeddings", content=body,
-                     headers={"Content-Type": "application/json"}).raise_for_status()
+        library.post(
+            url + "/v1/embeddings", content=body, headers={"Content-Type": "application/json"}
+        ).raise_for_status()
 
-    sides = {"in-process": lambda: runner.embed([TEXT]), "http": lean.post, "http (httpx)": over_httpx}
+    sides = {
+        "in-process": lambda: runner.embed([TEXT]),
+        "http": lean.post,
+        "http (httpx)": over_httpx,
+    }
     times: dict[str, list[float]] = {name: [] for name in sides}
     try:
         for call in sides.values():  # warm every path
@@ -162,22 +169,35 @@ def batch_one(url: str, model_path: str | None, requests: int, rounds: int
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="batch-1 requests per side")
-    parser.add_argument("--rounds", type=int, default=30, help="blocks the batch-1 sides alternate in")
+    parser.add_argument(
+        "--rounds", type=int, default=30, help="blocks the batch-1 sides alternate in"
+    )
     parser.add_argument("--seconds", type=float, default=15.0, help="load duration per dp size")
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--skip-dp", action="store_true",
-                        help="measure batch 1 only (a node with one accelerator cannot run dp=2)")
-    parser.add_argument("--model-path", help="an embedding model directory (default: the embedded one)")
-    parser.add_argument("--platform", choices=("cpu", "auto"), default="cpu",
-                        help="cpu: SGLANG_USE_CPU_ENGINE=1 on both sides; auto: the platform a launch "
-                             "selects (an accelerator where there is one)")
+    parser.add_argument(
+        "--skip-dp",
+        action="store_true",
+        help="measure batch 1 only (a node with one accelerator cannot run dp=2)",
+    )
+    parser.add_argument(
+        "--model-path", help="an embedding model directory (default: the embedded one)"
+    )
+    parser.add_argument(
+        "--platform",
+        choices=("cpu", "auto"),
+        default="cpu",
+        help="cpu: SGLANG_USE_CPU_ENGINE=1 on both sides; auto: the platform a launch "
+        "selects (an accelerator where there is one)",
+    )
     opts = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sglang-bench-"))
     engine = "1" if opts.platform == "cpu" else None
     env = server_env(SGLANG_USE_CPU_ENGINE=engine)
     os.environ.pop("SGLANG_USE_CPU_ENGINE", None)
     if engine:
-        os.environ["SGLANG_USE_CPU_ENGINE"] = engine  # the in-process side selects as the server does
+        os.environ["SGLANG_USE_CPU_ENGINE"] = (
+            engine  # the in-process side selects as the server does
+        )
     model = ["--model-path", opts.model_path] if opts.model_path else []
 
     server = start_server(model, tmp, "dp1", env=env)
@@ -197,19 +217,27 @@ def main() -> int:
     med = {name: statistics.median(t) * 1000 for name, t in times.items()}
     local = med["in-process"]
     print(f"cores: {len(os.sched_getaffinity(0))}")
-    print(f"1) embedding, batch 1, median of {len(times['http'])} requests per side in {opts.rounds} rounds")
+    print(
+        f"1) embedding, batch 1, median of {len(times['http'])} requests per side in {opts.rounds} rounds"
+    )
     print(f"   in-process ModelRunner.embed : {local:8.2f} ms  ({threads})")
     print(f"   HTTP /v1/embeddings          : {med['http']:8.2f} ms  (lean keep-alive client)")
     print(f"   ratio HTTP / in-process      : {med['http'] / local:8.2f}x  (target <= 1.2x)")
-    print(f"   HTTP through httpx           : {med['http (httpx)']:8.2f} ms  "
-          f"({med['http (httpx)'] / local:.2f}x; the client library's own cost included)")
+    print(
+        f"   HTTP through httpx           : {med['http (httpx)']:8.2f} ms  "
+        f"({med['http (httpx)'] / local:.2f}x; the client library's own cost included)"
+    )
     if opts.skip_dp:
         return 0
     print(f"2) throughput, {opts.clients} clients, {opts.seconds:.0f} s each")
     for name, s in (("dp=1", dp1), ("dp=2", dp2)):
-        print(f"   {name}: {s['throughput_rps']:8.1f} req/s  p50 {s['p50_ms']:7.1f} ms  "
-              f"p99 {s['p99_ms']:7.1f} ms  errors {len(s['errors'])}")
-    print(f"   ratio dp=2 / dp=1            : {dp2['throughput_rps'] / dp1['throughput_rps']:8.2f}x")
+        print(
+            f"   {name}: {s['throughput_rps']:8.1f} req/s  p50 {s['p50_ms']:7.1f} ms  "
+            f"p99 {s['p99_ms']:7.1f} ms  errors {len(s['errors'])}"
+        )
+    print(
+        f"   ratio dp=2 / dp=1            : {dp2['throughput_rps'] / dp1['throughput_rps']:8.2f}x"
+    )
     return 0
 
 

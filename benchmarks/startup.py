@@ -41,8 +41,16 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 # What a bootstrapped worker imports before its target runs (bootstrap.run's steps).
-WORKER_MODULES = ("bootstrap", "bootstrap.messages", "bootstrap.reporter", "platforms", "hooks",
-                  "launcher.server_args", "msgspec", "zmq")
+WORKER_MODULES = (
+    "bootstrap",
+    "bootstrap.messages",
+    "bootstrap.reporter",
+    "platforms",
+    "hooks",
+    "launcher.server_args",
+    "msgspec",
+    "zmq",
+)
 
 
 # -- worker targets (children; resolved by dotted path ``startup.<name>``) ---------------------------
@@ -86,8 +94,14 @@ def floor_child(endpoint: str, name: str, scan: bool = False) -> None:
 
 # -- measurements ---------------------------------------------------------------------------------
 def launcher_kwargs(n: int, **extra) -> dict:
-    kwargs = dict(dp_size=n, scheduler_target="startup.ready_and_wait", http_target="startup.ready_and_wait",
-                  port=_free_port(), startup_timeout=120, stop_grace_period=10)
+    kwargs = dict(
+        dp_size=n,
+        scheduler_target="startup.ready_and_wait",
+        http_target="startup.ready_and_wait",
+        port=_free_port(),
+        startup_timeout=120,
+        stop_grace_period=10,
+    )
     kwargs.update(extra)
     return kwargs
 
@@ -118,7 +132,9 @@ def time_floor(processes: int, scan: bool = False) -> float:
     endpoint = f"ipc://{tempfile.mkdtemp(prefix='sglb')}/floor"
     pull.bind(endpoint)
     context = multiprocessing.get_context("spawn")
-    children = [context.Process(target=floor_child, args=(endpoint, str(i), scan)) for i in range(processes)]
+    children = [
+        context.Process(target=floor_child, args=(endpoint, str(i), scan)) for i in range(processes)
+    ]
     began = time.perf_counter()
     try:
         for child in children:
@@ -190,7 +206,10 @@ def failure_paths(reps: int) -> dict[str, list[float]]:
             "python -c pass (interpreter)": (["-c", "pass"], 0),
             "sglang-launch --help": (["-m", "launcher", "--help"], 0),
             "busy port (exit 2)": (["-m", "launcher", "--port", busy], 2),
-            "encoder + --tp-size 2 (exit 2)": (["-m", "launcher", "--tp-size", "2", "--port", str(_free_port())], 2),
+            "encoder + --tp-size 2 (exit 2)": (
+                ["-m", "launcher", "--tp-size", "2", "--port", str(_free_port())],
+                2,
+            ),
         }
         times: dict[str, list[float]] = {name: [] for name in cases}
         for argv, code in cases.values():
@@ -220,10 +239,14 @@ def _ms(seconds: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=5, help="repetitions per N (start-up, teardown)")
+    parser.add_argument(
+        "--reps", type=int, default=5, help="repetitions per N (start-up, teardown)"
+    )
     parser.add_argument("--detect-reps", type=int, default=5, help="launches for failure detection")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--failures-only", action="store_true", help="run only part 4, the failure paths")
+    parser.add_argument(
+        "--failures-only", action="store_true", help="run only part 4, the failure paths"
+    )
     ns = parser.parse_args()
     os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="sglb"))
     if ns.failures_only:
@@ -232,9 +255,15 @@ def main() -> None:
 
     time_contender(1)  # warm-up: the first launch pays this process's platform selection
     time_floor(1)
-    print(f"start-up to all-ready, median of {ns.reps} (N scheduler workers + 1 HTTP child; floor: N+1 bare spawn children)")
-    print("  (floor+scan: bare children that also read the installed entry points themselves; workers adopt the supervisor's one reading instead)")
-    print(f"  {'N':>2}  {'launcher':>11}  {'floor':>11}  {'ratio':>6}  {'floor+scan':>11}  {'ratio':>6}  (target <= 1.15)")
+    print(
+        f"start-up to all-ready, median of {ns.reps} (N scheduler workers + 1 HTTP child; floor: N+1 bare spawn children)"
+    )
+    print(
+        "  (floor+scan: bare children that also read the installed entry points themselves; workers adopt the supervisor's one reading instead)"
+    )
+    print(
+        f"  {'N':>2}  {'launcher':>11}  {'floor':>11}  {'ratio':>6}  {'floor+scan':>11}  {'ratio':>6}  (target <= 1.15)"
+    )
     teardowns = []
     for n in ns.sizes:
         contender, floor, scanned = [], [], []
@@ -244,17 +273,29 @@ def main() -> None:
             teardowns.append(stopped)
             floor.append(time_floor(n + 1))
             scanned.append(time_floor(n + 1, scan=True))
-        c, f, fs = statistics.median(contender), statistics.median(floor), statistics.median(scanned)
+        c, f, fs = (
+            statistics.median(contender),
+            statistics.median(floor),
+            statistics.median(scanned),
+        )
         print(f"  {n:>2}  {_ms(c)}  {_ms(f)}  {c / f:6.2f}  {_ms(fs)}  {c / fs:6.2f}")
 
     with tempfile.TemporaryDirectory() as work:
         detections = [time_detection(Path(work)) for _ in range(ns.detect_reps)]
-    print(f"failure detection, worker that imported torch: p50 {_ms(statistics.median(detections))}"
-          f"  (max {_ms(max(detections))}, n={len(detections)}; target < 50 ms)")
-    print(f"teardown of a tree that obeys SIGTERM (Launcher.stop()): p50 {_ms(statistics.median(teardowns))}"
-          f"  (max {_ms(max(teardowns))}, n={len(teardowns)}; target < 100 ms)")
+    print(
+        f"failure detection, worker that imported torch: p50 {_ms(statistics.median(detections))}"
+        f"  (max {_ms(max(detections))}, n={len(detections)}; target < 50 ms)"
+    )
+    print(
+        f"teardown of a tree that obeys SIGTERM (Launcher.stop()): p50 {_ms(statistics.median(teardowns))}"
+        f"  (max {_ms(max(teardowns))}, n={len(teardowns)}; target < 100 ms)"
+    )
     failures = failure_paths(ns.reps)
-    print(json.dumps({"detection_s": detections, "teardown_s": teardowns, "failure_paths_s": failures}))
+    print(
+        json.dumps(
+            {"detection_s": detections, "teardown_s": teardowns, "failure_paths_s": failures}
+        )
+    )
 
 
 if __name__ == "__main__":

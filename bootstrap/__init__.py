@@ -15,7 +15,7 @@ from bootstrap.payload import FORMAT as PAYLOAD_FORMAT
 from bootstrap.payload import VERSION as PAYLOAD_VERSION
 from bootstrap.payload import PayloadError, decode_payload, encode_payload
 from bootstrap.phases import DOING, EXIT_CODES, EXIT_PARENT_GONE, PHASES, phase_of_exit_code
-from bootstrap.runner import RUNTIME_STEPS, WorkerReturned, run
+from bootstrap.runner import WorkerReturned, run, runtime_steps
 from bootstrap.spec import ProcessSpec
 from bootstrap.targets import TargetError, resolve
 
@@ -26,7 +26,6 @@ __all__ = [
     "PAYLOAD_FORMAT",
     "PAYLOAD_VERSION",
     "PHASES",
-    "RUNTIME_STEPS",
     "PayloadError",
     "ProcessSpec",
     "TargetError",
@@ -37,4 +36,5 @@ __all__ = [
     "phase_of_exit_code",
     "resolve",
     "run",
+    "runtime_steps",
 ]

@@ -66,7 +66,9 @@ class WorkerContext:
     def endpoint(self, name: str) -> str:
         """The private IPC address ``name`` of this launch, the same in every process of it."""
         if not name or "/" in name or name in (".", ".."):
-            raise ValueError(f"endpoint name {name!r} must be a plain file name such as 'scheduler.0'")
+            raise ValueError(
+                f"endpoint name {name!r} must be a plain file name such as 'scheduler.0'"
+            )
         if not self.runtime_dir:
             raise RuntimeError(
                 "this worker has no runtime directory (ProcessSpec.runtime_dir is empty); "
@@ -99,7 +101,9 @@ class WorkerContext:
             raise TypeError(f"ctx.ready() info must be JSON-able: {exc}") from None
         with self._lock:
             if self._ready.is_set():
-                raise RuntimeError(f"{self.worker_id} already reported ready; call ctx.ready() once")
+                raise RuntimeError(
+                    f"{self.worker_id} already reported ready; call ctx.ready() once"
+                )
             self._ready.set()
             now = time.monotonic()
             duration, self._mark = now - self._mark, now

@@ -32,7 +32,9 @@ def encode_payload(args: Any) -> bytes:
     import msgspec
 
     if not dataclasses.is_dataclass(args) or isinstance(args, type):
-        raise TypeError(f"expected a dataclass instance such as ServerArgs, got {type(args).__name__}")
+        raise TypeError(
+            f"expected a dataclass instance such as ServerArgs, got {type(args).__name__}"
+        )
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
     try:
         return msgspec.msgpack.encode(
@@ -62,7 +64,11 @@ def decode_payload(data: bytes, cls: type) -> Any:
             f"the ServerArgs payload is corrupt ({exc}); it must be the unmodified bytes of "
             "launcher.server_args.encode_server_args()"
         ) from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("fields"), dict):
+    if (
+        not isinstance(doc, dict)
+        or doc.get("format") != FORMAT
+        or not isinstance(doc.get("fields"), dict)
+    ):
         raise PayloadError(
             "the payload is not a ServerArgs payload (no "
             f"{FORMAT!r} header); build it with launcher.server_args.encode_server_args()"
@@ -74,7 +80,9 @@ def decode_payload(data: bytes, cls: type) -> Any:
             "installs; run both from the same environment"
         )
     if not dataclasses.is_dataclass(cls):
-        raise PayloadError(f"{_qualname(cls)} is not a dataclass and cannot hold a ServerArgs payload")
+        raise PayloadError(
+            f"{_qualname(cls)} is not a dataclass and cannot hold a ServerArgs payload"
+        )
     fields = doc["fields"]
     known = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - set(known))

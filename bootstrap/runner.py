@@ -26,6 +26,7 @@ finished child alive.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -42,7 +43,6 @@ from bootstrap.context import WorkerContext
 from bootstrap.early_imports import early_imports, warning_text
 from bootstrap.spec import ProcessSpec
 from bootstrap.targets import resolve
-from platforms.runtimes import RUNTIMES
 
 if TYPE_CHECKING:
     from bootstrap.reporter import Heartbeat, Reporter
@@ -62,10 +62,13 @@ class RuntimeSteps:
     apply_hooks: str
 
 
-RUNTIME_STEPS = {
-    name: RuntimeSteps(spec.platform_module, spec.register_plugins, spec.apply_hooks)
-    for name, spec in RUNTIMES.items()
-}
+def runtime_steps(runtime: str) -> RuntimeSteps:
+    """One runtime's steps, read from the runtime table when a child needs them.
+
+    ``import bootstrap`` stays standard-library only: the table is imported here, in the child.
+    """
+    spec = importlib.import_module("platforms.runtimes").RUNTIMES[runtime]
+    return RuntimeSteps(spec.platform_module, spec.register_plugins, spec.apply_hooks)
 
 
 class _StopRequested(BaseException):
@@ -149,8 +152,6 @@ class _ChildState:
             )
 
     def initialize_platform(self, steps: RuntimeSteps) -> None:
-        import importlib
-
         if self.spec.entry_points is not None:
             importlib.import_module("platforms.entrypoints").seed(self.spec.entry_points)
         platforms = importlib.import_module(steps.platforms)
@@ -171,7 +172,7 @@ class _ChildState:
     # -- the whole run -------------------------------------------------------------------------
     def run(self) -> None:
         spec = self.spec
-        steps = RUNTIME_STEPS[spec.runtime]
+        steps = runtime_steps(spec.runtime)
         found_early = early_imports(spec.target)
         try:
             self.arm()

@@ -17,7 +17,9 @@ from launcher import Launcher, LaunchError
 
 def embed(url: str, text: str) -> list[float]:
     body = json.dumps({"input": text}).encode()
-    request = urllib.request.Request(url + "/v1/embeddings", body, {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "/v1/embeddings", body, {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)["data"][0]["embedding"]
 
@@ -33,7 +35,9 @@ def main() -> int:
             workers = launcher.status()["workers"]
             print(f"ready at {url} with {len(workers)} workers")
             vector = embed(url, "a cat sits on the mat")
-            print(f"embedding of 'a cat sits on the mat': {len(vector)} numbers, first {vector[0]:.4f}")
+            print(
+                f"embedding of 'a cat sits on the mat': {len(vector)} numbers, first {vector[0]:.4f}"
+            )
     except LaunchError as exc:
         print(f"the server did not start:\n{exc}")
         return 1

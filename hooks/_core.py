@@ -80,7 +80,9 @@ class PluginSource:
 
 
 # Set by the plugin loader around each plugin's import and callback, read by ``register``.
-current_plugin_source: ContextVar[PluginSource | None] = ContextVar("current_plugin_source", default=None)
+current_plugin_source: ContextVar[PluginSource | None] = ContextVar(
+    "current_plugin_source", default=None
+)
 
 
 @contextlib.contextmanager
@@ -187,7 +189,9 @@ class Registry:
         return f"<HookRegistry runtime={self.runtime!r} hooks={len(self._hooks)}>"
 
     # -- registration -------------------------------------------------------------------------
-    def register(self, target: str, hook: Callable, hook_type: HookType | str = HookType.AFTER) -> Callable:
+    def register(
+        self, target: str, hook: Callable, hook_type: HookType | str = HookType.AFTER
+    ) -> Callable:
         """Register ``hook`` on ``target`` as ``hook_type`` (default ``AFTER``, as in SGLang);
         returns ``hook``. Resolves nothing."""
         hook_type = HookType.coerce(hook_type)
@@ -203,17 +207,26 @@ class Registry:
         source = current_plugin_source.get()
         with self._lock:
             for known in self._hooks:
-                if (known.func is hook and known.type is hook_type and known.source == source
-                        and known.path.dotted == path.dotted):
+                if (
+                    known.func is hook
+                    and known.type is hook_type
+                    and known.source == source
+                    and known.path.dotted == path.dotted
+                ):
                     return hook
             self._seq += 1
             self._hooks.append(Hook(path, hook, hook_type, source, self._seq))
             if self._applied:
-                logger.debug("%s registered after hooks were applied; it takes effect at the next "
-                             "apply_hooks() (or load_plugins() / apply_plugin_hooks())", self._hooks[-1])
+                logger.debug(
+                    "%s registered after hooks were applied; it takes effect at the next "
+                    "apply_hooks() (or load_plugins() / apply_plugin_hooks())",
+                    self._hooks[-1],
+                )
         return hook
 
-    def decorator(self, target: str, type: HookType | str = HookType.AFTER) -> Callable[[Callable], Callable]:
+    def decorator(
+        self, target: str, type: HookType | str = HookType.AFTER
+    ) -> Callable[[Callable], Callable]:
         """``@plugin_hook(target, type=...)`` (default ``AFTER``): registers the decorated
         function or class and returns it unchanged."""
         HookType.coerce(type)
@@ -259,9 +272,13 @@ class Registry:
         again runs nothing. Adopting them makes them the plugin's, as a first import would have."""
         prefix = module + "."
         with self._lock:
-            adopted = [h for h in self._hooks if h.source is None
-                       and (home := _defined_in(h.func)) is not None
-                       and (home == module or home.startswith(prefix))]
+            adopted = [
+                h
+                for h in self._hooks
+                if h.source is None
+                and (home := _defined_in(h.func)) is not None
+                and (home == module or home.startswith(prefix))
+            ]
             for hook in adopted:
                 hook.source = source
             return adopted
@@ -332,7 +349,8 @@ class Registry:
             exc = PluginError(
                 f"{message}. {source} ships in the selected platform's distribution, so this "
                 "aborts start-up; fix the hook's target, or disable the plugin with SGLANG_PLUGINS",
-                plugin=source.name, distribution=source.distribution,
+                plugin=source.name,
+                distribution=source.distribution,
             )
         else:
             logger.warning("%s; all hooks of %s are discarded", message, source, exc_info=error)
@@ -417,7 +435,9 @@ class Registry:
                 patch.warned.add(sources)
                 logger.warning(
                     "%d REPLACE hooks on %s: %s; the last registered wins: %s",
-                    len(replaces), patch.label, ", ".join(str(h.source or "no plugin") for h in replaces),
+                    len(replaces),
+                    patch.label,
+                    ", ".join(str(h.source or "no plugin") for h in replaces),
                     replaces[-1],
                 )
         _warn_stale_bindings([p for p in fresh if isinstance(p.owner, ModuleType)])
@@ -470,14 +490,21 @@ def build(patch: _Patch, hooks: list[Hook]) -> object:
     others = [h for h in hooks if h.type is not HookType.REPLACE]
     if isinstance(original, type):
         if others:
-            raise _Failure(others[0], TypeError(
-                f"{patch.label} is a class; a {others[0].type.name} hook needs a function or "
-                f"method: hook {patch.label}.__init__ (or another method), or REPLACE the class"))
+            raise _Failure(
+                others[0],
+                TypeError(
+                    f"{patch.label} is a class; a {others[0].type.name} hook needs a function or "
+                    f"method: hook {patch.label}.__init__ (or another method), or REPLACE the class"
+                ),
+            )
         replacement = replaces[-1].func
         if isinstance(replacement, type) and not issubclass(replacement, original):
-            logger.warning("REPLACE of class %s by %s, which does not subclass it: isinstance() and "
-                           "issubclass() against the original class fail for its instances",
-                           patch.label, replacement.__qualname__)
+            logger.warning(
+                "REPLACE of class %s by %s, which does not subclass it: isinstance() and "
+                "issubclass() against the original class fail for its instances",
+                patch.label,
+                replacement.__qualname__,
+            )
         return replacement
     rewrap: Any = None  # staticmethod or classmethod, to wrap the result in again
     func: Any = original
@@ -485,9 +512,13 @@ def build(patch: _Patch, hooks: list[Hook]) -> object:
         rewrap, func = type(original), original.__func__
     if not callable(func):
         culprit = (others or replaces)[0]
-        raise _Failure(culprit, TypeError(
-            f"{patch.label} is a {type(original).__name__}, not a function, method or class; "
-            "hook a function or method"))
+        raise _Failure(
+            culprit,
+            TypeError(
+                f"{patch.label} is a {type(original).__name__}, not a function, method or class; "
+                "hook a function or method"
+            ),
+        )
     target_async = _wrappers.is_async(func)
     core = func
     if replaces:
@@ -540,7 +571,9 @@ def _warn_stale_bindings(patches: list[_Patch]) -> None:
                 "hooks on %s (%s) do not reach %s: those modules imported the original before hooks "
                 "were applied and keep calling it. Apply hooks before importing them (the bootstrap "
                 "does, in workers), or hook the name they use.",
-                patch.label, ", ".join(str(h.source or "no plugin") for h in patch.hooks), ", ".join(names),
+                patch.label,
+                ", ".join(str(h.source or "no plugin") for h in patch.hooks),
+                ", ".join(names),
             )
 
 
@@ -557,7 +590,9 @@ if hasattr(os, "register_at_fork"):
 def make_plugin_hook(registry: Registry) -> Callable[..., Callable[[Callable], Callable]]:
     """The ``plugin_hook(target, type=...)`` decorator of ``registry``."""
 
-    def plugin_hook(target: str, type: HookType | str = HookType.AFTER) -> Callable[[Callable], Callable]:
+    def plugin_hook(
+        target: str, type: HookType | str = HookType.AFTER
+    ) -> Callable[[Callable], Callable]:
         """Register the decorated function (or, for REPLACE, class) on ``target`` as ``type``
         (default ``AFTER``, as in SGLang); the decorated object is returned unchanged."""
         return registry.decorator(target, type)

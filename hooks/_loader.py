@@ -79,10 +79,20 @@ class PluginRuntime:
     selected distribution comes from the runtime's resolved platform selection (diffusion).
     """
 
-    def __init__(self, name: str, plugin_group: str, platform_group: str, selection_module: str,
-                 exclusion_selector: str | None, registry: Registry, unique_names: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        plugin_group: str,
+        platform_group: str,
+        selection_module: str,
+        exclusion_selector: str | None,
+        registry: Registry,
+        unique_names: bool = False,
+    ) -> None:
         self.name = name
-        self.unique_names = unique_names  # two admitted plugins of one name stop loading (diffusion)
+        self.unique_names = (
+            unique_names  # two admitted plugins of one name stop loading (diffusion)
+        )
         self.plugin_group = plugin_group
         self.platform_group = platform_group
         self.selection_module = selection_module
@@ -137,13 +147,19 @@ class PluginRuntime:
         """The apply phase ran already: apply the hooks registered since (never one twice)."""
         pending = self.registry.pending()
         if pending:
-            logger.info("applying %d %s hook(s) registered after hooks were applied: %s",
-                        len(pending), self.name, "; ".join(map(str, pending)))
+            logger.info(
+                "applying %d %s hook(s) registered after hooks were applied: %s",
+                len(pending),
+                self.name,
+                "; ".join(map(str, pending)),
+            )
             self.registry.apply_hooks()
 
     def _register(self) -> None:
         for source, callback in self._load(self.excluded_distributions()):
-            if source in self._callback_marks:  # a forked child: drop the parent's run of this callback
+            if (
+                source in self._callback_marks
+            ):  # a forked child: drop the parent's run of this callback
                 self.registry.discard(source, after=self._callback_marks[source])
             self._callback_marks[source] = self.registry.last_seq
             with plugin_source(source):
@@ -196,14 +212,22 @@ class PluginRuntime:
 
     def excluded_distributions(self) -> set[str | None]:
         """Normalised names of the platform distributions whose plugins are skipped."""
-        providers = {_norm(ep.distribution) for ep in self.entry_points(self.platform_group) if ep.distribution}
+        providers = {
+            _norm(ep.distribution)
+            for ep in self.entry_points(self.platform_group)
+            if ep.distribution
+        }
         if not providers:
             return set()
         if self.exclusion_selector is not None:
             chosen = os.environ.get(self.exclusion_selector, "").strip()
             if not chosen:
                 return set()
-            selected = {_norm(ep.distribution) for ep in self.entry_points(self.platform_group) if ep.name == chosen}
+            selected = {
+                _norm(ep.distribution)
+                for ep in self.entry_points(self.platform_group)
+                if ep.name == chosen
+            }
         else:
             selected = {_norm(self.selected_distribution())}
         return providers - selected
@@ -217,12 +241,20 @@ class PluginRuntime:
             key = (ep.name, ep.distribution)
             if allowed is not None and ep.name not in allowed:
                 self.outcomes[key] = PluginOutcome("not allowed", "not named in SGLANG_PLUGINS")
-                logger.debug("plugin %r (%s) is not in SGLANG_PLUGINS; skipped", ep.name, ep.distribution)
+                logger.debug(
+                    "plugin %r (%s) is not in SGLANG_PLUGINS; skipped", ep.name, ep.distribution
+                )
                 continue
             if _norm(ep.distribution) in excluded:
-                self.outcomes[key] = PluginOutcome("skipped", "its distribution ships a platform that is not selected")
-                logger.info("plugin %r skipped: %s ships a %s platform that is not the selected one",
-                            ep.name, ep.distribution, self.name)
+                self.outcomes[key] = PluginOutcome(
+                    "skipped", "its distribution ships a platform that is not selected"
+                )
+                logger.info(
+                    "plugin %r skipped: %s ships a %s platform that is not the selected one",
+                    ep.name,
+                    ep.distribution,
+                    self.name,
+                )
                 continue
             admitted.append(ep)
         if self.unique_names:
@@ -234,8 +266,10 @@ class PluginRuntime:
                 try:
                     callback = ep.load()
                     if not callable(callback):
-                        raise TypeError(f"entry point {ep.value!r} names {callback!r}, which is not callable; "
-                                        "point it at a zero-argument function")
+                        raise TypeError(
+                            f"entry point {ep.value!r} names {callback!r}, which is not callable; "
+                            "point it at a zero-argument function"
+                        )
                 except Exception as exc:  # noqa: BLE001 - a plugin's failure is judged below
                     self._failed(source, "load", exc)
                     continue
@@ -256,9 +290,14 @@ class PluginRuntime:
         for eps in clashes.values():
             for ep in eps:
                 self.outcomes[(ep.name, ep.distribution)] = PluginOutcome(
-                    "failed", "another installed distribution uses the same plugin name; none of them loaded")
-        parts = [f"{name!r} is shipped by " + " and ".join(repr(ep.distribution or "an unknown distribution")
-                                                        for ep in eps) for name, eps in clashes.items()]
+                    "failed",
+                    "another installed distribution uses the same plugin name; none of them loaded",
+                )
+        parts = [
+            f"{name!r} is shipped by "
+            + " and ".join(repr(ep.distribution or "an unknown distribution") for ep in eps)
+            for name, eps in clashes.items()
+        ]
         raise DuplicatePluginError(
             f"{self.name} plugin names must be unique in {self.plugin_group!r}: {'; '.join(parts)}. No "
             f"plugin was imported; uninstall all but one of those distributions, or leave the name out "
@@ -274,8 +313,11 @@ class PluginRuntime:
         known = {ep.name for group in entrypoints.GROUPS for ep in entrypoints.entry_points(group)}
         unknown = sorted(allowed - known)
         if unknown:
-            logger.warning("SGLANG_PLUGINS names %s, which no installed plugin provides; installed: %s",
-                           ", ".join(unknown), ", ".join(sorted(known)) or "none")
+            logger.warning(
+                "SGLANG_PLUGINS names %s, which no installed plugin provides; installed: %s",
+                ", ".join(unknown),
+                ", ".join(sorted(known)) or "none",
+            )
 
     # -- failure policy -----------------------------------------------------------------------
     def is_required(self, source: PluginSource) -> bool:
@@ -289,23 +331,31 @@ class PluginRuntime:
         try:
             selected = self.selected_distribution()
         except Exception as exc:  # noqa: BLE001 - selection reports its own error where it is used
-            logger.debug("cannot tell whether %s is required: platform selection failed: %s", source, exc)
+            logger.debug(
+                "cannot tell whether %s is required: platform selection failed: %s", source, exc
+            )
             return False
         return _norm(selected) == dist
 
     def _failed(self, source: PluginSource, stage: str, error: Exception) -> None:
         self.registry.discard(source)
         self.outcomes[(source.name, source.distribution)] = PluginOutcome(
-            "failed", f"failed to {stage}: {type(error).__name__}: {error}")
+            "failed", f"failed to {stage}: {type(error).__name__}: {error}"
+        )
         if self.is_required(source):
             raise PluginError(
                 f"{source} failed to {stage}: {type(error).__name__}: {error}. It ships in the selected "
                 f"{self.name} platform's distribution, so start-up stops; fix or reinstall "
                 f"{source.distribution}, or leave {source.name!r} out of SGLANG_PLUGINS",
-                plugin=source.name, distribution=source.distribution,
+                plugin=source.name,
+                distribution=source.distribution,
             ) from error
-        logger.warning("%s failed to %s; its hooks are discarded and start-up continues",
-                       source, stage, exc_info=error)
+        logger.warning(
+            "%s failed to %s; its hooks are discarded and start-up continues",
+            source,
+            stage,
+            exc_info=error,
+        )
 
     # -- the public load_plugins_by_group -----------------------------------------------------
     def load_group(self, excluded_dists: Iterable[str] | None = None) -> dict[str, object]:
@@ -314,9 +364,15 @@ class PluginRuntime:
         ``excluded_dists`` overrides the computed set of skipped distributions. A plugin whose
         name another distribution also uses is keyed ``"name (distribution)"``.
         """
-        excluded = self.excluded_distributions() if excluded_dists is None else {_norm(d) for d in excluded_dists}
+        excluded = (
+            self.excluded_distributions()
+            if excluded_dists is None
+            else {_norm(d) for d in excluded_dists}
+        )
         out: dict[str, object] = {}
         for source, callback in self._load(excluded):
-            key = source.name if source.name not in out else f"{source.name} ({source.distribution})"
+            key = (
+                source.name if source.name not in out else f"{source.name} ({source.distribution})"
+            )
             out[key] = callback
         return out

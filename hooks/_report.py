@@ -25,7 +25,9 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _selection(runtime: PluginRuntime, probe: bool) -> tuple[dict[str, Any], Selection | None, bool]:
+def _selection(
+    runtime: PluginRuntime, probe: bool
+) -> tuple[dict[str, Any], Selection | None, bool]:
     """The report's ``selection`` entry and the ``Selection`` (None where there is none: a
     selection error, or a built-in only a hardware probe could pick), plus whether the selected
     platform's distribution is known without probing (False after an error)."""
@@ -37,15 +39,30 @@ def _selection(runtime: PluginRuntime, probe: bool) -> tuple[dict[str, Any], Sel
         probed = list(need.builtins)
         if need.serving_fallback:  # what a launch does at the chain's end
             probed[-1] = f"{need.serving_fallback} (a server's stand-in for {probed[-1]})"
-        return {
-            "key": None, "qualname": None, "distribution": None, "probed": probed,
-            "reason": f"{need.reason}; start-up probes the built-ins in this order and takes the first "
-                      f"available: {', '.join(probed)} (probing imports torch: pass --probe to run it now)",
-        }, None, True
+        return (
+            {
+                "key": None,
+                "qualname": None,
+                "distribution": None,
+                "probed": probed,
+                "reason": f"{need.reason}; start-up probes the built-ins in this order and takes the first "
+                f"available: {', '.join(probed)} (probing imports torch: pass --probe to run it now)",
+            },
+            None,
+            True,
+        )
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         return {"error": _error_text(exc)}, None, False
-    return {"key": sel.key, "qualname": sel.qualname, "distribution": sel.distribution,
-            "reason": sel.reason}, sel, True
+    return (
+        {
+            "key": sel.key,
+            "qualname": sel.qualname,
+            "distribution": sel.distribution,
+            "reason": sel.reason,
+        },
+        sel,
+        True,
+    )
 
 
 def _platform_filter(runtime: PluginRuntime) -> dict | None:
@@ -56,7 +73,10 @@ def _platform_filter(runtime: PluginRuntime) -> dict | None:
     spec = runtimes.runtime_spec(runtime.name)
     if not spec.auto_allowlist_env:
         return None
-    return {"variable": spec.auto_allowlist_env, "applies": not os.environ.get(spec.selector_env, "").strip()}
+    return {
+        "variable": spec.auto_allowlist_env,
+        "applies": not os.environ.get(spec.selector_env, "").strip(),
+    }
 
 
 def _registered_by(module: str | None) -> str:
@@ -89,8 +109,11 @@ def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
     allowed = runtime.allowlist()
     # Without probing, the selection found above stands for the process's own (a preview is not
     # remembered, and resolving again could probe).
-    assumed = (runtime.assume_selected_distribution(sel.distribution if sel else None)
-               if known and not probe else contextlib.nullcontext())
+    assumed = (
+        runtime.assume_selected_distribution(sel.distribution if sel else None)
+        if known and not probe
+        else contextlib.nullcontext()
+    )
     with assumed:
         try:
             excluded = runtime.excluded_distributions()
@@ -113,11 +136,13 @@ def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
             "name": ep.name,
             "value": ep.value,
             "distribution": ep.distribution,
-            "selected": selected_ep is not None and ep.name == selected_ep.name
+            "selected": selected_ep is not None
+            and ep.name == selected_ep.name
             and _norm(ep.distribution) == _norm(selected_ep.distribution),
             # Whether the allowlist admits it to automatic selection; None where no allowlist
             # filters this runtime's platforms or the selector variable selects explicitly.
-            "allowed": None if not platform_filter or not platform_filter["applies"]
+            "allowed": None
+            if not platform_filter or not platform_filter["applies"]
             else auto_allowed is None or ep.name in auto_allowed,
         }
         for ep in runtime.entry_points(runtime.platform_group)
@@ -127,29 +152,41 @@ def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
     for hook in runtime.registry.hooks():
         key = (hook.source.name, hook.source.distribution) if hook.source else (None, None)
         hooks_by_plugin.setdefault(key, []).append(
-            {"target": hook.path.dotted, "type": hook.type.name, "hook": hook.name,
-             "module": _defined_in(hook.func), "applied": hook.location is not None}
+            {
+                "target": hook.path.dotted,
+                "type": hook.type.name,
+                "hook": hook.name,
+                "module": _defined_in(hook.func),
+                "applied": hook.location is not None,
+            }
         )
     plugins = []
     for ep in runtime.entry_points():
         outcome = runtime.outcomes.get((ep.name, ep.distribution))
-        plugins.append({
-            "name": ep.name,
-            "value": ep.value,
-            "distribution": ep.distribution,
-            "allowed": allowed is None or ep.name in allowed,
-            "skipped_unselected_platform": _norm(ep.distribution) in excluded,
-            "status": outcome.status if outcome else "not loaded",
-            "detail": outcome.detail if outcome else "",
-            "hooks": hooks_by_plugin.get((ep.name, ep.distribution), []),
-        })
+        plugins.append(
+            {
+                "name": ep.name,
+                "value": ep.value,
+                "distribution": ep.distribution,
+                "allowed": allowed is None or ep.name in allowed,
+                "skipped_unselected_platform": _norm(ep.distribution) in excluded,
+                "status": outcome.status if outcome else "not loaded",
+                "detail": outcome.detail if outcome else "",
+                "hooks": hooks_by_plugin.get((ep.name, ep.distribution), []),
+            }
+        )
     startup_error = selection.get("error") or registration_error or exclusion_error
     # Hooks of no plugin are applied too: say where they come from.
-    unattributed = [dict(h, registered_by=_registered_by(h["module"]))
-                    for h in hooks_by_plugin.get((None, None), [])]
+    unattributed = [
+        dict(h, registered_by=_registered_by(h["module"]))
+        for h in hooks_by_plugin.get((None, None), [])
+    ]
     return {
         "runtime": runtime.name,
-        "selector": {"variable": runtime.selector_env(), "value": os.environ.get(runtime.selector_env())},
+        "selector": {
+            "variable": runtime.selector_env(),
+            "value": os.environ.get(runtime.selector_env()),
+        },
         "allowlist": sorted(allowed) if allowed is not None else None,
         "platform_allowlist": platform_filter,
         "selection": selection,

@@ -51,7 +51,9 @@ def parse_target(target: object) -> TargetPath:
     if colon:
         return TargetPath(target, ".".join(names), module_part, tuple(attr_part.split(".")))
     if len(names) < 2:
-        raise ValueError(f"hook target {target!r} names a module, not an attribute of one; {_EXAMPLE}")
+        raise ValueError(
+            f"hook target {target!r} names a module, not an attribute of one; {_EXAMPLE}"
+        )
     return TargetPath(target, text, None, ())
 
 

@@ -101,7 +101,9 @@ def is_async(func: object) -> bool:
     return inspect.iscoroutinefunction(func)
 
 
-def _call(callee: str, args: str, callee_async: bool, in_async: bool, into: str | None) -> list[str]:
+def _call(
+    callee: str, args: str, callee_async: bool, in_async: bool, into: str | None
+) -> list[str]:
     """Source lines calling ``callee(args)``; the value goes to ``into`` or is returned."""
     expr = f"{callee}({args})"
     if in_async and callee_async:
@@ -109,12 +111,18 @@ def _call(callee: str, args: str, callee_async: bool, in_async: bool, into: str 
     elif in_async:
         # A plain callable in a coroutine wrapper may still hand back an awaitable.
         target = into or f"{_PREFIX}value"
-        lines = [f"{target} = {expr}", f"if {_PREFIX}isawaitable({target}):", f"    {target} = await {target}"]
+        lines = [
+            f"{target} = {expr}",
+            f"if {_PREFIX}isawaitable({target}):",
+            f"    {target} = await {target}",
+        ]
         return lines if into else lines + [f"return {target}"]
     return [f"{into} = {expr}"] if into else [f"return {expr}"]
 
 
-def _body(kind: str, sig_args: str, in_async: bool, hook_async: bool, inner_async: bool) -> list[str]:
+def _body(
+    kind: str, sig_args: str, in_async: bool, hook_async: bool, inner_async: bool
+) -> list[str]:
     hook, inner, result = f"{_PREFIX}hook", f"{_PREFIX}inner", f"{_PREFIX}result"
     if kind == "before":
         changed = f"*{_PREFIX}a, **{_PREFIX}k"

@@ -20,8 +20,15 @@ from __future__ import annotations
 from ._core import HookError, HookType, PluginError, Registry, make_plugin_hook
 from ._loader import PluginRuntime
 
-__all__ = ["HookError", "HookRegistry", "HookType", "PluginError", "apply_plugin_hooks", "load_plugins",
-           "plugin_hook"]
+__all__ = [
+    "HookError",
+    "HookRegistry",
+    "HookType",
+    "PluginError",
+    "apply_plugin_hooks",
+    "load_plugins",
+    "plugin_hook",
+]
 
 HookRegistry = Registry("diffusion")
 

@@ -20,7 +20,9 @@ class QueryError(RuntimeError):
     """The launcher did not answer, or answered with an error."""
 
 
-def query(endpoint: str, request: dict, timeout: float = 5.0, zctx: zmq.Context | None = None) -> dict:
+def query(
+    endpoint: str, request: dict, timeout: float = 5.0, zctx: zmq.Context | None = None
+) -> dict:
     """Send one request to a launcher's query socket and return its (``ok``) reply."""
     zctx = zctx or zmq.Context.instance()
     sock = zctx.socket(zmq.REQ)

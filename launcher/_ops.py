@@ -41,7 +41,9 @@ Listener = Callable[[dict], None]
 class OpsChannel:
     """Owns the PUB and query sockets of one launch; ``emit`` is the one way events leave."""
 
-    def __init__(self, zctx: zmq.asyncio.Context, state: LaunchState, pub_endpoint: str, query_endpoint: str):
+    def __init__(
+        self, zctx: zmq.asyncio.Context, state: LaunchState, pub_endpoint: str, query_endpoint: str
+    ):
         self.state = state
         self.history: collections.deque[dict] = collections.deque(maxlen=HISTORY)
         self._listeners: list[Listener] = []
@@ -88,7 +90,12 @@ class OpsChannel:
                 return {"ok": False, "error": '"after" must be an event sequence number (int)'}
             events = [e for e in self.history if e["seq"] > after]
             first = self.history[0]["seq"] if self.history else self.state.seq + 1
-            return {"ok": True, "events": events, "complete": first <= after + 1, "seq": self.state.seq}
+            return {
+                "ok": True,
+                "events": events,
+                "complete": first <= after + 1,
+                "seq": self.state.seq,
+            }
         return {"ok": False, "error": f"unknown query {kind!r}; known queries: snapshot, events"}
 
     async def _answer_queries(self) -> None:

@@ -84,7 +84,9 @@ def plan_children(
             log_level=args.log_level,
             entry_points=entry_points,
             heartbeat_interval=heartbeat_interval(float(getattr(args, "watchdog_timeout", 0) or 0)),
-            stop_marker=os.path.join(endpoints.runtime_dir, f"stop.{role}.{rank}") if endpoints.runtime_dir else "",
+            stop_marker=os.path.join(endpoints.runtime_dir, f"stop.{role}.{rank}")
+            if endpoints.runtime_dir
+            else "",
         )
 
     children = []

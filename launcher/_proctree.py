@@ -136,8 +136,9 @@ def _protected() -> set[int]:
     return pids
 
 
-async def stop_trees(roots: list[int], grace: float, kill_wait: float = 5.0,
-                     hurry: asyncio.Event | None = None) -> float:
+async def stop_trees(
+    roots: list[int], grace: float, kill_wait: float = 5.0, hurry: asyncio.Event | None = None
+) -> float:
     """SIGTERM ``roots``, wait up to ``grace`` for their whole trees, SIGKILL the rest.
 
     Returns the seconds it took. Descendants get SIGTERM only through their root (a worker
@@ -196,8 +197,10 @@ def _multiprocessing_helpers() -> set[int]:
     import sys
 
     pids = set()
-    for module_name, attr in (("multiprocessing.resource_tracker", "_resource_tracker"),
-                              ("multiprocessing.forkserver", "_forkserver")):
+    for module_name, attr in (
+        ("multiprocessing.resource_tracker", "_resource_tracker"),
+        ("multiprocessing.forkserver", "_forkserver"),
+    ):
         module = sys.modules.get(module_name)
         helper = getattr(module, attr, None) if module is not None else None
         pid = getattr(helper, "_pid", None) or getattr(helper, "_forkserver_pid", None)

@@ -93,7 +93,12 @@ def state_dir() -> Path:
             f"cannot use the launcher state directory {base} ({problem}) nor {fallback} ({other}); "
             "set XDG_RUNTIME_DIR to a private directory of yours (mkdir -m 700 DIR)"
         )
-    log.warning("not using %s (%s): state kept in %s instead; set XDG_RUNTIME_DIR to choose", base, problem, fallback)
+    log.warning(
+        "not using %s (%s): state kept in %s instead; set XDG_RUNTIME_DIR to choose",
+        base,
+        problem,
+        fallback,
+    )
     return fallback
 
 
@@ -271,5 +276,7 @@ def find_launcher(pid: int | None = None) -> dict:
         )
     if len(found) > 1:
         pids = ", ".join(f"{s['pid']} ({s.get('url') or s['state_file']})" for s in found)
-        raise NoLauncherError(f"{len(found)} launchers are running: {pids}; choose one with --pid PID")
+        raise NoLauncherError(
+            f"{len(found)} launchers are running: {pids}; choose one with --pid PID"
+        )
     return found[0]

@@ -35,7 +35,9 @@ def resolve_api_key(args: ServerArgs) -> None:
     key_file = args.api_key_file
     if key_file:
         if args.api_key:
-            raise ApiKeyError("--api-key and --api-key-file were both given; keep only --api-key-file")
+            raise ApiKeyError(
+                "--api-key and --api-key-file were both given; keep only --api-key-file"
+            )
         try:
             with open(key_file, encoding="utf-8") as fh:
                 first = fh.readline().strip()
@@ -45,7 +47,9 @@ def resolve_api_key(args: ServerArgs) -> None:
                 "holding the key on its first line"
             ) from exc
         except UnicodeDecodeError as exc:
-            raise ApiKeyError(f"--api-key-file {key_file} is not UTF-8 text; put the key on its first line") from exc
+            raise ApiKeyError(
+                f"--api-key-file {key_file} is not UTF-8 text; put the key on its first line"
+            ) from exc
         if not first:
             raise ApiKeyError(f"--api-key-file {key_file} is empty; put the key on its first line")
         args.api_key = first
@@ -59,7 +63,8 @@ def warn_if_on_command_line(argv: list[str]) -> None:
     if any(a == "--api-key" or a.startswith("--api-key=") for a in argv):
         log.warning(
             "--api-key on the command line is visible to every local user in the process list; "
-            "use --api-key-file PATH or the %s environment variable instead", API_KEY_ENV
+            "use --api-key-file PATH or the %s environment variable instead",
+            API_KEY_ENV,
         )
 
 

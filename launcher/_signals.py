@@ -34,12 +34,28 @@ Handler = Callable[[int, FrameType | None], None]
 log = logging.getLogger("launcher")
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+    if hasattr(signal, name)
 )
 
 # Default action "terminate" or "core dump", not raised by a fault of this very process.
-_FATAL_NAMES = ("SIGUSR1", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGIO", "SIGPOLL",
-                "SIGPWR", "SIGSTKFLT", "SIGXCPU", "SIGXFSZ", "SIGLOST", "SIGEMT")
+_FATAL_NAMES = (
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGPIPE",
+    "SIGALRM",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGIO",
+    "SIGPOLL",
+    "SIGPWR",
+    "SIGSTKFLT",
+    "SIGXCPU",
+    "SIGXFSZ",
+    "SIGLOST",
+    "SIGEMT",
+)
 
 
 def other_fatal_signals() -> tuple[int, ...]:
@@ -80,7 +96,9 @@ def _record_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def _note_other(signum: int, frame: FrameType | None) -> None:
-    log.warning("ignored %s (only SIGINT, SIGTERM, SIGHUP and SIGQUIT stop sglang-launch)", name(signum))
+    log.warning(
+        "ignored %s (only SIGINT, SIGTERM, SIGHUP and SIGQUIT stop sglang-launch)", name(signum)
+    )
 
 
 def _set_all(stop_handler: Handler) -> None:
@@ -136,7 +154,11 @@ def restore(loop: asyncio.AbstractEventLoop) -> None:
     """Take the loop's handlers back (the loop is about to close): stop signals are recorded,
     the others logged, with every one of them blocked while the handlers change hands."""
     sigs = {*STOP_SIGNALS, *other_fatal_signals()}
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, sigs) if hasattr(signal, "pthread_sigmask") else None
+    blocked = (
+        signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+        if hasattr(signal, "pthread_sigmask")
+        else None
+    )
     try:
         for sig in sigs:
             try:

@@ -60,7 +60,9 @@ def _main(argv: list[str] | None) -> int:
             return int(module.main(rest) or 0)
         except _signals.StopRequested as stop:
             _signals.defer()  # a second signal now must not raise again
-            print(f"sglang-launch: stopped before start-up (received {stop.signame})", file=sys.stderr)
+            print(
+                f"sglang-launch: stopped before start-up (received {stop.signame})", file=sys.stderr
+            )
             return 0
     module = importlib.import_module(f"launcher.commands.{COMMANDS[name][0]}")
     return int(module.main(rest) or 0)

@@ -105,7 +105,9 @@ class ServerArgs:
         "turns 503 and the launch stops with the root cause (0: off; keep it above the longest "
         "stall a worker process can have)",
     )
-    runtime: str = _opt("srt", "which runtime's platforms and plugins the workers use", choices=RUNTIMES)
+    runtime: str = _opt(
+        "srt", "which runtime's platforms and plugins the workers use", choices=RUNTIMES
+    )
     scheduler_target: str | None = _opt(
         None,
         "dotted path of the worker function started once per rank (default: the runtime's own, "
@@ -125,10 +127,12 @@ class ServerArgs:
     max_total_tokens: int = _opt(2048, "longest prompt plus completion, in tokens")
     max_request_bytes: int = _opt(1048576, "largest HTTP request body accepted, in bytes")
     request_timeout: float = _opt(
-        600.0, "seconds the server has to answer an HTTP request before it answers 504 (0: no limit)"
+        600.0,
+        "seconds the server has to answer an HTTP request before it answers 504 (0: no limit)",
     )
     http_header_timeout: float = _opt(
-        10.0, "seconds a client has to send a request's headers before it gets 408 and is disconnected"
+        10.0,
+        "seconds a client has to send a request's headers before it gets 408 and is disconnected",
     )
     http_body_timeout: float = _opt(
         30.0, "seconds a client has to send a request's body after its headers (408 and disconnect)"
@@ -233,13 +237,25 @@ class ServerArgs:
                 f"split evenly over --nnodes {self.nnodes}; make the product a multiple of nnodes",
             )
         need(self.seed >= 0, f"--seed {self.seed} must be 0 or more")
-        need(self.startup_timeout > 0, f"--startup-timeout {self.startup_timeout} must be more than 0 seconds")
+        need(
+            self.startup_timeout > 0,
+            f"--startup-timeout {self.startup_timeout} must be more than 0 seconds",
+        )
         for name in ("request_timeout", "http_header_timeout", "http_body_timeout"):
             value = getattr(self, name)
             need(value >= 0, f"{_flag(name)} {value} must be 0 (no limit) or more seconds")
-        need(self.max_connections >= 1, f"--max-connections {self.max_connections} must be at least 1")
-        need(self.watchdog_timeout >= 0, f"--watchdog-timeout {self.watchdog_timeout} must be 0 (off) or more seconds")
-        need(self.stop_grace_period >= 0, f"--stop-grace-period {self.stop_grace_period} must be 0 or more seconds")
+        need(
+            self.max_connections >= 1,
+            f"--max-connections {self.max_connections} must be at least 1",
+        )
+        need(
+            self.watchdog_timeout >= 0,
+            f"--watchdog-timeout {self.watchdog_timeout} must be 0 (off) or more seconds",
+        )
+        need(
+            self.stop_grace_period >= 0,
+            f"--stop-grace-period {self.stop_grace_period} must be 0 or more seconds",
+        )
         need(self.batch_wait_ms >= 0, f"--batch-wait-ms {self.batch_wait_ms} must be 0 or more")
         need(
             self.max_total_tokens >= self.max_input_tokens,

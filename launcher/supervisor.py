@@ -74,7 +74,9 @@ class _Worker:
 
     child: Child
     state: WorkerState
-    stopped_at_once: bool = False  # killed with no grace period: it was starting when the launch failed
+    stopped_at_once: bool = (
+        False  # killed with no grace period: it was starting when the launch failed
+    )
 
     @property
     def spec(self) -> ProcessSpec:
@@ -193,11 +195,16 @@ class Supervisor:
             self._on_stop_signal(signame)
 
     def _on_stop_signal(self, signame: str) -> None:
-        stopping = self._stop_reason is not None or (self.state is not None and self.state.phase == STOPPING)
+        stopping = self._stop_reason is not None or (
+            self.state is not None and self.state.phase == STOPPING
+        )
         if not stopping:
             self._post("stop", f"received {signame}")
         elif not self._hurry.is_set():
-            log.warning("received %s while stopping: the grace period is over, ending the workers now", signame)
+            log.warning(
+                "received %s while stopping: the grace period is over, ending the workers now",
+                signame,
+            )
             self._hurry.set()
 
     # ----------------------------------------------------------------- the launch
@@ -210,7 +217,9 @@ class Supervisor:
                 self._post("stop", self._early_stop)
         zctx = zmq.asyncio.Context()
         watchdog_task = None
-        self._watchdog = Watchdog(float(getattr(self.args, "watchdog_timeout", 0) or 0), self._on_hung)
+        self._watchdog = Watchdog(
+            float(getattr(self.args, "watchdog_timeout", 0) or 0), self._on_hung
+        )
         try:
             self._open(zctx)
             if handle_signals:
@@ -266,7 +275,9 @@ class Supervisor:
             self._blamed = self._blamed or cause.worker
             state.phase = FAILED
             state.root_cause = cause.to_dict()
-            self._channel.emit("server.failed", root_cause=cause.to_dict(), root_cause_text=cause.format())
+            self._channel.emit(
+                "server.failed", root_cause=cause.to_dict(), root_cause_text=cause.format()
+            )
             reason = cause.summary
         else:
             reason = self._stop_reason or "stop requested"
@@ -278,12 +289,19 @@ class Supervisor:
             if cause is None and failure is not None and failure.phase == phases.STOPPING:
                 # Stopping was asked for and everything is gone; a crash on the way out is worth
                 # a warning (its report is in the snapshot), not a failed exit.
-                log.warning("%s failed while winding down: %s: %s", child.state.name, failure.exc_type, failure.message)
+                log.warning(
+                    "%s failed while winding down: %s: %s",
+                    child.state.name,
+                    failure.exc_type,
+                    failure.message,
+                )
         if cause is None:
             state.phase = STOPPED
         exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
         self._drain_pipes()
-        self._channel.emit("server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase)
+        self._channel.emit(
+            "server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase
+        )
         return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 
     # ----------------------------------------------------------------- set-up and release
@@ -298,18 +316,29 @@ class Supervisor:
                 query=self._rundir.endpoint("launcher.query"),
             )
             specs = plan_children(
-                self.args, payload=self._payload, platform_key=self.selection.key, runtime=self.runtime,
+                self.args,
+                payload=self._payload,
+                platform_key=self.selection.key,
+                runtime=self.runtime,
                 endpoints=endpoints,
             )
         except PlanError as exc:
-            raise LaunchError(RootCause("invalid server arguments", ExitCode.USAGE, message=str(exc))) from exc
+            raise LaunchError(
+                RootCause("invalid server arguments", ExitCode.USAGE, message=str(exc))
+            ) from exc
         except RuntimeDirError as exc:
             raise LaunchError(
-                RootCause("cannot set up the runtime directory", ExitCode.SETUP_FAILED, message=str(exc))
+                RootCause(
+                    "cannot set up the runtime directory", ExitCode.SETUP_FAILED, message=str(exc)
+                )
             ) from exc
 
         args = self.args
-        url = f"http://{_url_host(args.host)}:{args.port}" if any(s.role == "http" for s in specs) else None
+        url = (
+            f"http://{_url_host(args.host)}:{args.port}"
+            if any(s.role == "http" for s in specs)
+            else None
+        )
         state = self.state = LaunchState(
             runtime=self.runtime,
             platform=self.selection.key,
@@ -320,7 +349,9 @@ class Supervisor:
             workers=[WorkerState(s.role, s.rank, s.local_rank, args.node_rank) for s in specs],
         )
         kids = self._kids = Children(zctx, endpoints.status, self._on_message, self._on_sentinel)
-        self._children = [_Worker(kids.add(spec), ws) for spec, ws in zip(specs, state.workers, strict=True)]
+        self._children = [
+            _Worker(kids.add(spec), ws) for spec, ws in zip(specs, state.workers, strict=True)
+        ]
         ops = self.ops = OpsChannel(zctx, state, endpoints.ops, endpoints.query)
         for listener in self._listeners:
             ops.add_listener(listener)
@@ -446,7 +477,9 @@ class Supervisor:
         if isinstance(message, messages.Phase):
             ws.phase = message.phase
             ws.phases[message.phase] = message.duration
-            self._emit_worker(child, message.phase, duration=message.duration, early_imports=message.early_imports)
+            self._emit_worker(
+                child, message.phase, duration=message.duration, early_imports=message.early_imports
+            )
         elif isinstance(message, messages.Ready):
             ws.phase, ws.ready, ws.ready_at = phases.READY, True, message.time
             ws.phases[phases.READY] = message.duration
@@ -493,18 +526,21 @@ class Supervisor:
         child = next(w for w in self._children if w.state.name == name)
         ws = child.state
         self._blamed = self._blamed or name
-        self._post("failed", RootCause(
-            summary=f"{name} stopped answering: no heartbeat for {quiet:.1f}s after the server was ready",
-            exit_code=ExitCode.WORKER_DIED,
-            worker=name,
-            pid=ws.pid,
-            node_rank=ws.node_rank,
-            phase=phases.SERVING,
-            error_type="WatchdogTimeout",
-            message=f"--watchdog-timeout is {self._watchdog.timeout:g}s; the process is alive but silent",
-            hint="a stopped process (SIGSTOP, a debugger) or one hung holding the GIL; raise "
-                 "--watchdog-timeout if a worker can legitimately stall longer",
-        ))
+        self._post(
+            "failed",
+            RootCause(
+                summary=f"{name} stopped answering: no heartbeat for {quiet:.1f}s after the server was ready",
+                exit_code=ExitCode.WORKER_DIED,
+                worker=name,
+                pid=ws.pid,
+                node_rank=ws.node_rank,
+                phase=phases.SERVING,
+                error_type="WatchdogTimeout",
+                message=f"--watchdog-timeout is {self._watchdog.timeout:g}s; the process is alive but silent",
+                hint="a stopped process (SIGSTOP, a debugger) or one hung holding the GIL; raise "
+                "--watchdog-timeout if a worker can legitimately stall longer",
+            ),
+        )
 
     async def _exit_cause(self, child: _Worker) -> RootCause:
         """A child exited on its own: record how, wait for its report if it sent one, explain."""
@@ -610,8 +646,11 @@ class Supervisor:
         started = time.monotonic()
         grace = float(self.args.stop_grace_period)
         if fail_fast:
-            starting = [w for w in self._children
-                        if w.child.running and not w.state.ready and w.state.name != self._blamed]
+            starting = [
+                w
+                for w in self._children
+                if w.child.running and not w.state.ready and w.state.name != self._blamed
+            ]
             for worker in starting:
                 worker.stopped_at_once = True
                 worker.state.phase = "stopped"
@@ -621,8 +660,11 @@ class Supervisor:
                 self._emit_exited(worker)
         for roles in (("http",), ("scheduler",), None):
             group = [
-                c for c in self._children
-                if c.process is not None and not c.child.exit_seen and (roles is None or c.spec.role in roles)
+                c
+                for c in self._children
+                if c.process is not None
+                and not c.child.exit_seen
+                and (roles is None or c.spec.role in roles)
             ]
             await self._watcher.stop([c.child for c in group], grace, hurry=self._hurry)
             for child in group:
@@ -636,7 +678,9 @@ class Supervisor:
             workers = {c.child.pid for c in self._children if c.child.pid is not None}
             swept = await _proctree.sweep_adopted(workers)
             if swept:
-                log.debug("ended %d process(es) left behind by exited workers: %s", len(swept), swept)
+                log.debug(
+                    "ended %d process(es) left behind by exited workers: %s", len(swept), swept
+                )
 
     # ----------------------------------------------------------------- events
     def _emit_starting(self) -> None:

@@ -55,8 +55,9 @@ class ProbeRequired(PlatformSelectionError):
     when selection was not made as a server's, or the runtime has none).
     """
 
-    def __init__(self, runtime: str, reason: str, builtins: tuple[str, ...],
-                 serving_fallback: str | None) -> None:
+    def __init__(
+        self, runtime: str, reason: str, builtins: tuple[str, ...], serving_fallback: str | None
+    ) -> None:
         self.runtime = runtime
         self.reason = reason
         self.builtins = builtins
@@ -209,13 +210,19 @@ def _activate_named(spec: RuntimeSpec, name: str, reason: str, how: str) -> Sele
     return _plugin_selection(spec, ep, qualname, reason)
 
 
-def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool, probe: bool) -> Selection:
+def _automatic(
+    spec: RuntimeSpec, environ: Mapping[str, str], serving: bool, probe: bool
+) -> Selection:
     var = spec.selector_env
     candidates = list(entrypoints.entry_points(spec.platform_group))
-    allowed = entrypoints.allowlist(spec.auto_allowlist_env, environ) if spec.auto_allowlist_env else None
+    allowed = (
+        entrypoints.allowlist(spec.auto_allowlist_env, environ) if spec.auto_allowlist_env else None
+    )
     skipped = [ep for ep in candidates if allowed is not None and ep.name not in allowed]
     if allowed is not None and skipped:
-        _log("info", "%s leaves out platform plugins: %s", spec.auto_allowlist_env, _listing(skipped))
+        _log(
+            "info", "%s leaves out platform plugins: %s", spec.auto_allowlist_env, _listing(skipped)
+        )
         candidates = [ep for ep in candidates if ep.name in allowed]
     _check_names(spec, candidates)
 
@@ -233,25 +240,46 @@ def _automatic(spec: RuntimeSpec, environ: Mapping[str, str], serving: bool, pro
     if activated:
         ep, qualname = activated[0]
         return _plugin_selection(
-            spec, ep, qualname, f"automatic discovery ({ep.name!r} is the only platform plugin that activated)"
+            spec,
+            ep,
+            qualname,
+            f"automatic discovery ({ep.name!r} is the only platform plugin that activated)",
         )
 
-    lead = "no platform plugin " + ("activated" if candidates else "allowed" if skipped else "installed")
+    lead = "no platform plugin " + (
+        "activated" if candidates else "allowed" if skipped else "installed"
+    )
     if skipped and spec.auto_allowlist_env:
         env = spec.auto_allowlist_env
-        lead += (f" ({env}={environ[env]} leaves out {_listing(skipped)}; add their names to {env}, or "
-                 f"unset it, to admit them to automatic selection, or set {var} to one to select it)")
+        lead += (
+            f" ({env}={environ[env]} leaves out {_listing(skipped)}; add their names to {env}, or "
+            f"unset it, to admit them to automatic selection, or set {var} to one to select it)"
+        )
     for index, entry in enumerate(spec.builtins):
-        if not probe and entry.probe is not None and (entry.env_flag is None or env_flag(environ, entry.env_flag)):
+        if (
+            not probe
+            and entry.probe is not None
+            and (entry.env_flag is None or env_flag(environ, entry.env_flag))
+        ):
             fallback = spec.serving_fallback if serving else None
-            raise ProbeRequired(spec.name, f"fallback: {lead}", tuple(b.name for b in spec.builtins[index:]), fallback)
+            raise ProbeRequired(
+                spec.name,
+                f"fallback: {lead}",
+                tuple(b.name for b in spec.builtins[index:]),
+                fallback,
+            )
         if _builtin_available(entry, environ):
             if serving and spec.serving_fallback and entry is spec.builtins[-1]:
                 served = _known_builtin(spec, spec.serving_fallback)
                 also = f" or {served.env_flag}=1" if served.env_flag else ""
-                return _builtin_selection(spec, served, (
-                    f"fallback: {lead} and {entry.why}, so a server runs on the {served.name.upper()} "
-                    f"platform (set {var}{also} to choose explicitly)"))
+                return _builtin_selection(
+                    spec,
+                    served,
+                    (
+                        f"fallback: {lead} and {entry.why}, so a server runs on the {served.name.upper()} "
+                        f"platform (set {var}{also} to choose explicitly)"
+                    ),
+                )
             return _builtin_selection(spec, entry, f"fallback: {lead} and {entry.why}")
     raise PlatformSelectionError(  # unreachable with the shipped specs: their chains end unconditionally
         f"no {spec.name} platform is available: no plugin activated and no built-in probe succeeded"
@@ -336,11 +364,12 @@ def _plugin_selection(spec: RuntimeSpec, ep: EntryPoint, qualname: str, reason: 
 # -- constructing -----------------------------------------------------------------------------
 def instantiate(spec: RuntimeSpec, selection: Selection) -> Any:
     """Import ``selection.qualname``, check it against ``spec`` and construct it with no arguments."""
-    source = selection.entry_point.describe() if selection.entry_point else f"built-in {selection.name!r}"
-    fix = (
-        "fix the plugin or uninstall it, or set "
-        f"{spec.selector_env} to select another platform"
+    source = (
+        selection.entry_point.describe()
+        if selection.entry_point
+        else f"built-in {selection.name!r}"
     )
+    fix = f"fix the plugin or uninstall it, or set {spec.selector_env} to select another platform"
     try:
         cls = entrypoints.import_object(selection.qualname)
     except Exception as exc:
@@ -393,7 +422,9 @@ def _check_plugin_identity(spec: RuntimeSpec, cls: type, enum_type: Any, source:
         value = getattr(cls, attr, None)
         if not isinstance(value, str) or not value.strip() or value == _PLACEHOLDER:
             what = "is not set" if value == _PLACEHOLDER else f"is {value!r}"
-            example = "'my_device'" if attr == "device_name" else "the torch device type, e.g. 'cuda'"
+            example = (
+                "'my_device'" if attr == "device_name" else "the torch device type, e.g. 'cuda'"
+            )
             raise PlatformSelectionError(
                 f"{spec.name} platform {source} selected {name}, whose {attr} {what}; set the class "
                 f"attribute {attr} to a non-blank string ({example})"

@@ -45,7 +45,11 @@ class PlatformSlot:
             if self._selection is not None or self._error is not None:
                 if self._selection is not None and self._selection.key == key:
                     return
-                done = self._selection.key if self._selection else f"a failed selection ({self._error})"
+                done = (
+                    self._selection.key
+                    if self._selection
+                    else f"a failed selection ({self._error})"
+                )
                 raise PlatformSelectionError(
                     f"cannot pin the {self.spec.name} platform to {key!r}: this process already "
                     f"resolved {done}; call pin_selection() before anything touches current_platform"
@@ -70,7 +74,9 @@ class PlatformSlot:
                     return self._selection
                 self._busy = True
                 try:  # a preview: neither the selection nor its error is remembered
-                    return _selection.resolve(self.spec, os.environ, self._pinned, self._serving, probe=False)
+                    return _selection.resolve(
+                        self.spec, os.environ, self._pinned, self._serving, probe=False
+                    )
                 finally:
                     self._busy = False
         with self._lock:
@@ -78,7 +84,9 @@ class PlatformSlot:
             if self._selection is None:
                 self._busy = True
                 try:
-                    self._selection = _selection.resolve(self.spec, os.environ, self._pinned, self._serving)
+                    self._selection = _selection.resolve(
+                        self.spec, os.environ, self._pinned, self._serving
+                    )
                 except Exception as exc:  # remembered; an interrupt is not a verdict
                     self._error = exc
                     raise
@@ -155,14 +163,18 @@ class LazyPlatform:
         setattr(self._slot.platform(), name, value)
 
     @property  # type: ignore[misc]
-    def __class__(self) -> type:  # makes isinstance(current_platform, SRTPlatform) answer for the instance
+    def __class__(
+        self,
+    ) -> type:  # makes isinstance(current_platform, SRTPlatform) answer for the instance
         return type(self._slot.platform())
 
     def __dir__(self) -> list[str]:
         return dir(self._slot.platform())
 
     def __eq__(self, other: object) -> bool:
-        return self._slot.platform() == (other._slot.platform() if isinstance(other, LazyPlatform) else other)
+        return self._slot.platform() == (
+            other._slot.platform() if isinstance(other, LazyPlatform) else other
+        )
 
     def __hash__(self) -> int:
         return hash(self._slot.platform())

@@ -33,13 +33,29 @@ def install_demo(root: Path) -> Path:
     target = root / "site"
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--no-input", "-q", "--target", str(target), str(source)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--no-input",
+            "-q",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"pip could not install the demo plugin:\n{proc.stdout}\n{proc.stderr}")
-    print(f"[plugin_fixtures] demo plugin installed with pip in {time.perf_counter() - started:.2f}s")
+    print(
+        f"[plugin_fixtures] demo plugin installed with pip in {time.perf_counter() - started:.2f}s"
+    )
     return target
 
 

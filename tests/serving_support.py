@@ -31,9 +31,17 @@ def cli_command() -> list[str]:
 def server_env(**extra: str | None) -> dict[str, str]:
     """The environment of a test server: offline, on the CPU platform chosen the documented way
     (``SGLANG_USE_CPU_ENGINE=None`` in ``extra`` leaves the choice to the launch), plus ``extra``."""
-    env = clean_env(**{"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                       **extra})
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = clean_env(
+        **{
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            **extra,
+        }
+    )
+    env["PYTHONPATH"] = str(REPO) + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     return env
 
 
@@ -47,8 +55,11 @@ class Server:
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [*cli_command(), *args, "--port", str(self.port)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env or server_env(),
-            cwd=str(REPO), start_new_session=True,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env or server_env(),
+            cwd=str(REPO),
+            start_new_session=True,
         )
 
     @property
@@ -64,7 +75,9 @@ class Server:
 
         def ready() -> bool:
             if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode} before ready:\n{self.log}")
+                raise AssertionError(
+                    f"server exited with {self.proc.returncode} before ready:\n{self.log}"
+                )
             try:
                 return httpx.get(self.url + "/ready", timeout=5).status_code == 200
             except httpx.HTTPError:
@@ -79,7 +92,10 @@ class Server:
         import psutil
 
         try:
-            tree = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+            tree = [
+                psutil.Process(self.proc.pid),
+                *psutil.Process(self.proc.pid).children(recursive=True),
+            ]
         except psutil.NoSuchProcess:
             tree = []
         if self.proc.poll() is None:
@@ -96,8 +112,13 @@ class Server:
         self._log.close()
 
 
-def start_server(args: list[str], tmp: Path, name: str, headers: dict | None = None,
-                 env: dict[str, str] | None = None) -> Server:
+def start_server(
+    args: list[str],
+    tmp: Path,
+    name: str,
+    headers: dict | None = None,
+    env: dict[str, str] | None = None,
+) -> Server:
     """A ready ``Server`` (stopped again if it never becomes ready)."""
     server = Server(args, tmp / f"{name}.log", env=env)
     try:
@@ -108,8 +129,9 @@ def start_server(args: list[str], tmp: Path, name: str, headers: dict | None = N
     return server
 
 
-def start_two_nodes(args: list[str], tmp: Path, name: str, env: dict[str, str] | None = None,
-                    timeout: float = 180.0) -> list[Server]:
+def start_two_nodes(
+    args: list[str], tmp: Path, name: str, env: dict[str, str] | None = None, timeout: float = 180.0
+) -> list[Server]:
     """One launch over two "nodes" on loopback: two ``sglang-launch`` processes with ``--nnodes 2``,
     ``--node-rank 0/1`` and one ``--dist-init-addr``. Returns once node 0's supervisor says ready;
     at that moment ``/ready`` must already be 200 (checked once, no retry: the supervisor's ready
@@ -120,17 +142,24 @@ def start_two_nodes(args: list[str], tmp: Path, name: str, env: dict[str, str] |
     nodes: list[Server] = []
     try:
         for rank in (0, 1):
-            nodes.append(Server([*common, "--node-rank", str(rank)], tmp / f"{name}-node{rank}.log", env))
+            nodes.append(
+                Server([*common, "--node-rank", str(rank)], tmp / f"{name}-node{rank}.log", env)
+            )
+
         def node0_ready() -> bool:
             for node in nodes:
                 if node.proc.poll() is not None:
-                    raise AssertionError(f"a node exited with {node.proc.returncode} before ready:\n"
-                                         + "\n".join(n.log for n in nodes))
+                    raise AssertionError(
+                        f"a node exited with {node.proc.returncode} before ready:\n"
+                        + "\n".join(n.log for n in nodes)
+                    )
             return "sglang-launch: ready at http" in nodes[0].log
 
         wait_for(node0_ready, timeout, "node 0 to be ready", interval=0.2)
         r = httpx.get(nodes[0].url + "/ready", timeout=30)
-        assert r.status_code == 200, f"the supervisor said ready but /ready is {r.status_code}: {r.text}"
+        assert r.status_code == 200, (
+            f"the supervisor said ready but /ready is {r.status_code}: {r.text}"
+        )
     except BaseException:
         stop_all(nodes)
         raise
@@ -156,9 +185,16 @@ def build_tiny_llama(path: Path, tokenizer_dir: Path) -> Path:
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     tok.save_pretrained(path)
     cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id,
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+        pad_token_id=tok.pad_token_id,
     )
     torch.manual_seed(1234)
     LlamaForCausalLM(cfg).save_pretrained(path)
@@ -169,8 +205,12 @@ def post(url: str, body, headers: dict | None = None, timeout: float = 60.0):
     import httpx
 
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(url, content=data, headers={"content-type": "application/json", **(headers or {})},
-                      timeout=timeout)
+    return httpx.post(
+        url,
+        content=data,
+        headers={"content-type": "application/json", **(headers or {})},
+        timeout=timeout,
+    )
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -180,8 +220,16 @@ def cosine(a: list[float], b: list[float]) -> float:
     return dot / (na * nb)
 
 
-def run_load(url: str, make_body, *, clients: int = 16, seconds: float = 20.0, path: str = "/v1/embeddings",
-             headers: dict | None = None, stop_event=None) -> dict:
+def run_load(
+    url: str,
+    make_body,
+    *,
+    clients: int = 16,
+    seconds: float = 20.0,
+    path: str = "/v1/embeddings",
+    headers: dict | None = None,
+    stop_event=None,
+) -> dict:
     """``clients`` threads, each with one keep-alive connection, POST ``make_body(i)`` to ``path``
     for ``seconds`` (or until ``stop_event`` is set). Returns counts, errors and latency figures."""
     import threading
@@ -194,7 +242,9 @@ def run_load(url: str, make_body, *, clients: int = 16, seconds: float = 20.0, p
     deadline = time.monotonic() + seconds
 
     def client(k: int) -> None:
-        with httpx.Client(timeout=60, headers={"content-type": "application/json", **(headers or {})}) as c:
+        with httpx.Client(
+            timeout=60, headers={"content-type": "application/json", **(headers or {})}
+        ) as c:
             i = 0
             while time.monotonic() < deadline and not (stop_event and stop_event.is_set()):
                 started = time.perf_counter()
@@ -219,14 +269,30 @@ def run_load(url: str, make_body, *, clients: int = 16, seconds: float = 20.0, p
     latencies.sort()
 
     def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else float("nan")
+        return (
+            latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+            if latencies
+            else float("nan")
+        )
 
-    return {"requests": len(latencies), "errors": errors, "seconds": wall,
-            "throughput_rps": len(latencies) / wall, "p50_ms": pct(0.50) * 1000, "p99_ms": pct(0.99) * 1000}
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "seconds": wall,
+        "throughput_rps": len(latencies) / wall,
+        "p50_ms": pct(0.50) * 1000,
+        "p99_ms": pct(0.99) * 1000,
+    }
 
 
-LOAD_TEXTS = ["a cat sits on the mat", "the weather is lovely today", "stock prices fell sharply",
-              "a kitten rests on a rug", "how do I reset my password", "the quick brown fox"]
+LOAD_TEXTS = [
+    "a cat sits on the mat",
+    "the weather is lovely today",
+    "stock prices fell sharply",
+    "a kitten rests on a rug",
+    "how do I reset my password",
+    "the quick brown fox",
+]
 
 
 def embedding_body(i: int) -> dict:

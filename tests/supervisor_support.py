@@ -43,8 +43,16 @@ def short_runtime_dir() -> str:
 class Run:
     """One ``sglang-launch`` process; ``stop()`` (or the context manager) leaves nothing behind."""
 
-    def __init__(self, args: list[str], *, sites=(), env: dict | None = None, runtime_dir: str | None = None,
-                 command: list[str] | None = None, stderr=None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        sites=(),
+        env: dict | None = None,
+        runtime_dir: str | None = None,
+        command: list[str] | None = None,
+        stderr=None,
+    ) -> None:
         self.tag = uuid.uuid4().hex
         self.runtime_dir = runtime_dir or short_runtime_dir()
         self.out_path = Path(self.runtime_dir) / "stdout.txt"
@@ -57,8 +65,13 @@ class Run:
         self.env = environ
         cmd = command or [sys.executable, "-m", "launcher"]
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen([*cmd, *args], stdout=out, stderr=err if stderr is None else stderr,
-                                         env=environ, cwd=str(REPO))
+            self.proc = subprocess.Popen(
+                [*cmd, *args],
+                stdout=out,
+                stderr=err if stderr is None else stderr,
+                env=environ,
+                cwd=str(REPO),
+            )
 
     @property
     def pid(self) -> int:
@@ -110,8 +123,14 @@ class Run:
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run another ``sglang-launch`` command against this launcher's runtime directory."""
-        return subprocess.run([sys.executable, "-m", "launcher", *args], env=self.env, cwd=str(REPO),
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "launcher", *args],
+            env=self.env,
+            cwd=str(REPO),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def leftovers(self) -> list[psutil.Process]:
         """Every live process carrying this launch's tag (the supervisor itself excluded)."""
@@ -127,7 +146,9 @@ class Run:
         return found
 
     def assert_nothing_left(self, timeout: float = 10) -> None:
-        wait_for(lambda: not self.leftovers(), timeout, f"every process of the launch to be gone\n{self}")
+        wait_for(
+            lambda: not self.leftovers(), timeout, f"every process of the launch to be gone\n{self}"
+        )
 
     def stop(self) -> None:
         """Kill whatever is left of the launch (cleanup after a failing test)."""
@@ -221,7 +242,9 @@ def allreduce_worker(server_args, ctx) -> None:
     from platforms import current_platform
 
     backend = current_platform.get_torch_distributed_backend_str()
-    dist.init_process_group(backend=backend, init_method="env://", rank=ctx.rank, world_size=ctx.world_size)
+    dist.init_process_group(
+        backend=backend, init_method="env://", rank=ctx.rank, world_size=ctx.world_size
+    )
     try:
         value = torch.tensor([float(ctx.rank + 1)])
         dist.all_reduce(value)

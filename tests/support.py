@@ -117,7 +117,7 @@ def run_python(
     data = None
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT:"):
-            data = json.loads(line[len("RESULT:"):])
+            data = json.loads(line[len("RESULT:") :])
     return Result(proc.returncode, proc.stdout, proc.stderr, data)
 
 

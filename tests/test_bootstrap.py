@@ -157,7 +157,9 @@ def _harness(config: dict) -> dict:
 
 def run_harness(config: dict, *, sites=(), env=None, timeout=150):
     code = "import json, sys, test_bootstrap as t; print('RESULT:' + json.dumps(t._harness(json.loads(sys.argv[1]))))"
-    result = run_python(code, sites=[*sites, TESTS], env=env, timeout=timeout, args=[json.dumps(config)])
+    result = run_python(
+        code, sites=[*sites, TESTS], env=env, timeout=timeout, args=[json.dumps(config)]
+    )
     assert result.data is not None, str(result)
     assert not result.data["timed_out"], str(result)
     return result.data["children"], result
@@ -177,8 +179,14 @@ def failure(child: dict) -> dict:
     return failed[0]
 
 
-STARTUP = ["spawned", "platform_initialized", "plugins_loaded", "hooks_applied",
-           "args_materialized", "worker_imported"]
+STARTUP = [
+    "spawned",
+    "platform_initialized",
+    "plugins_loaded",
+    "hooks_applied",
+    "args_materialized",
+    "worker_imported",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,8 +214,10 @@ def test_import_bootstrap_adds_only_stdlib_and_itself():
     assert result.returncode == 0, str(result)
     after_bootstrap, after_args, after_messages = result.data
     assert [m for m in after_bootstrap if not m.startswith("bootstrap")] == []
-    assert set(after_args) <= {"launcher", "launcher.server_args"}
-    heavy = {"torch", "numpy", "transformers", "fastapi", "uvicorn", "zmq"}
+    # ServerArgs reads the runtime table (platforms, import-light by contract) and nothing else.
+    assert {m.split(".")[0] for m in after_args} <= {"launcher", "platforms"}, after_args
+    assert not [m for m in after_args if m.startswith("launcher.workers")]
+    heavy = {"torch", "numpy", "transformers", "starlette", "uvicorn", "zmq"}
     assert not {m.split(".")[0] for m in after_messages} & heavy
 
 
@@ -221,18 +231,23 @@ def test_children_report_every_phase_ready_and_stop_cleanly_on_sigterm():
             "args": {"tp_size": 2, "port": 31234, "model_path": "/models/demo"},
             "children": {
                 "sched": {
-                    "role": "scheduler", "rank": 1, "world_size": 2,
+                    "role": "scheduler",
+                    "rank": 1,
+                    "world_size": 2,
                     "target": "workers_for_tests.report_args",
                     "env": {"TESTWORKER_FLAVOUR": "mint"},
                     "signal": {"when": ["ready", "heartbeat"], "sig": "SIGTERM"},
                     "heartbeat": 0.05,
                 },
                 "phases": {
-                    "role": "http", "target": "workers_for_tests:custom_phases",
+                    "role": "http",
+                    "target": "workers_for_tests:custom_phases",
                     "signal": {"when": ["ready"], "sig": "SIGTERM"},
                 },
                 "diffusion": {
-                    "role": "scheduler", "rank": 0, "runtime": "diffusion",
+                    "role": "scheduler",
+                    "rank": 0,
+                    "runtime": "diffusion",
                     "target": "workers_for_tests.ready_then_wait",
                     "signal": {"when": ["ready"], "sig": "SIGTERM"},
                 },
@@ -266,7 +281,9 @@ def test_children_report_every_phase_ready_and_stop_cleanly_on_sigterm():
     diffusion = children["diffusion"]
     assert diffusion["exitcode"] == 0, diffusion
     assert phases_reached(diffusion) == STARTUP
-    assert next(m for m in diffusion["messages"] if m["kind"] == "ready")["platform"] == "builtin:cpu"
+    assert (
+        next(m for m in diffusion["messages"] if m["kind"] == "ready")["platform"] == "builtin:cpu"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,15 +356,22 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
                 "raises": {"target": "workers_for_tests.raise_error"},
                 "raises_after_ready": {"target": "workers_for_tests.raise_after_ready"},
                 "returns_early": {"target": "workers_for_tests.return_early"},
-                "raises_on_stop": {"target": "workers_for_tests.raise_on_stop",
-                                   "signal": {"when": ["ready"], "sig": "SIGTERM"}},
-                "exit_code": {"target": "workers_for_tests.exit_with_code",
-                              "env": {"TESTWORKER_EXIT_CODE": "7"}},
+                "raises_on_stop": {
+                    "target": "workers_for_tests.raise_on_stop",
+                    "signal": {"when": ["ready"], "sig": "SIGTERM"},
+                },
+                "exit_code": {
+                    "target": "workers_for_tests.exit_with_code",
+                    "env": {"TESTWORKER_EXIT_CODE": "7"},
+                },
                 "sigkill": {"target": "workers_for_tests.kill_self"},
                 "parent_gone": {"target": ok, "parent": "bogus"},
-                "stop_in_init": {"target": ok, "platform": "plugin:slowinit",
-                                 "env": {"TESTWORKER_MARKER": marker},
-                                 "signal": {"when": "marker", "sig": "SIGTERM"}},
+                "stop_in_init": {
+                    "target": ok,
+                    "platform": "plugin:slowinit",
+                    "env": {"TESTWORKER_MARKER": marker},
+                    "signal": {"when": "marker", "sig": "SIGTERM"},
+                },
             }
         },
         sites=[site],
@@ -370,11 +394,22 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
         # The child's stderr names the failure in one line (the traceback travels in the report
         # and is printed once, by the supervisor); after a stop request it leaves that to the
         # supervisor.
-        lines = [line for line in result.stderr.splitlines() if line.startswith(f"{failed['worker']} failed while")]
+        lines = [
+            line
+            for line in result.stderr.splitlines()
+            if line.startswith(f"{failed['worker']} failed while")
+        ]
         assert len(lines) == (0 if phase == "stopping" else 1), (name, result.stderr)
         assert all("(reported to the supervisor)" in line for line in lines), lines
 
-    check("boom", "platform_initialized", 81, "RuntimeError", "the boom driver is missing", "init_backend")
+    check(
+        "boom",
+        "platform_initialized",
+        81,
+        "RuntimeError",
+        "the boom driver is missing",
+        "init_backend",
+    )
     check("badplug", "plugins_loaded", 82, "PluginError", "badplug")
     check("badhook", "hooks_applied", 83, "PluginError", "no_such_module_for_hook")
     check("corrupt", "args_materialized", 84, "PayloadError", "corrupt")
@@ -383,7 +418,9 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
     check("not_callable", "worker_imported", 85, "TypeError", "not a function")
     check("raises", "ready", 86, "RuntimeError", "worker failed on purpose", "workers_for_tests.py")
     check("raises_after_ready", "serving", 87, "RuntimeError", "failed on purpose after ready")
-    check("returns_early", "serving", 87, "WorkerReturned", "before the supervisor asked it to stop")
+    check(
+        "returns_early", "serving", 87, "WorkerReturned", "before the supervisor asked it to stop"
+    )
     check("raises_on_stop", "stopping", 88, "RuntimeError", "failed on purpose while stopping")
     assert kinds(children["raises_after_ready"])[-2:] == ["ready", "failed"]
 
@@ -413,8 +450,9 @@ def test_child_names_runtime_modules_the_launching_script_imported_at_module_sco
     # spawn re-runs this script's module scope in the child, importing the worker module there
     # before the bootstrap starts: the child must say so.
     script = tmp_path / "launch_app.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         import json
         import workers_for_tests  # module scope: runs again in every spawn child
 
@@ -424,13 +462,22 @@ def test_child_names_runtime_modules_the_launching_script_imported_at_module_sco
                                          "signal": {"when": ["ready"], "sig": "SIGTERM"}}}}
             print("RESULT:" + json.dumps(test_bootstrap._harness(config)))
         """
-    ))
-    env = clean_env(PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]), PYTHONDONTWRITEBYTECODE="1")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=str(tmp_path))
+        )
+    )
+    env = clean_env(
+        PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]), PYTHONDONTWRITEBYTECODE="1"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT:"))
-    child = json.loads(line[len("RESULT:"):])["children"]["w"]
+    child = json.loads(line[len("RESULT:") :])["children"]["w"]
     assert child["exitcode"] == 0, child
     assert child["messages"][0]["early_imports"] == ["workers_for_tests"]
     warning = next(ln for ln in proc.stderr.splitlines() if "already imported" in ln)
@@ -482,8 +529,11 @@ def test_replace_hooks_reach_the_server_args_class_and_the_worker_target(site, r
             "load_plugins": runtime == "srt",
             "args": {"tuning": "fast"} if runtime == "srt" else {},
             "children": {
-                "w": {"target": "workers_for_tests.ready_then_wait", "runtime": runtime,
-                      "signal": {"when": ["ready"], "sig": "SIGTERM"}},
+                "w": {
+                    "target": "workers_for_tests.ready_then_wait",
+                    "runtime": runtime,
+                    "signal": {"when": ["ready"], "sig": "SIGTERM"},
+                },
             },
         },
         sites=[site],
@@ -503,17 +553,28 @@ def test_process_spec_and_worker_context_reject_bad_input_with_the_fix(tmp_path)
     import bootstrap
 
     with pytest.raises(ValueError, match="runtime is 'tpu'; use one of srt, diffusion"):
-        bootstrap.ProcessSpec(role="scheduler", target="m.f", payload=b"", status_endpoint="x",
-                              runtime="tpu")
+        bootstrap.ProcessSpec(
+            role="scheduler", target="m.f", payload=b"", status_endpoint="x", runtime="tpu"
+        )
     with pytest.raises(TypeError, match="payload must be bytes from launcher.server_args"):
         bootstrap.ProcessSpec(role="scheduler", target="m.f", payload="text", status_endpoint="x")
-    spec = bootstrap.ProcessSpec(role="http", rank=3, target="m.f", payload=b"", status_endpoint="x")
+    spec = bootstrap.ProcessSpec(
+        role="http", rank=3, target="m.f", payload=b"", status_endpoint="x"
+    )
     assert spec.worker_id == "http.3" and spec.parent_pid == os.getpid()
 
     sent = []
     ctx = bootstrap.WorkerContext(
-        role="scheduler", rank=5, local_rank=1, world_size=8, tp_size=4, dp_size=2,
-        runtime_dir=str(tmp_path), ops_endpoint="", query_endpoint="", platform="builtin:cpu",
+        role="scheduler",
+        rank=5,
+        local_rank=1,
+        world_size=8,
+        tp_size=4,
+        dp_size=2,
+        runtime_dir=str(tmp_path),
+        ops_endpoint="",
+        query_endpoint="",
+        platform="builtin:cpu",
         _report=lambda *a: sent.append(a),
     )
     assert (ctx.tp_rank, ctx.dp_rank, ctx.worker_id) == (1, 1, "scheduler.5")
@@ -528,11 +589,22 @@ def test_process_spec_and_worker_context_reject_bad_input_with_the_fix(tmp_path)
     ctx.ready(slots=4)
     with pytest.raises(RuntimeError, match="already reported ready; call ctx.ready\\(\\) once"):
         ctx.ready()
-    assert [(kind, name) for kind, name, _, _ in sent] == [("phase", "model_loaded"), ("ready", "ready")]
+    assert [(kind, name) for kind, name, _, _ in sent] == [
+        ("phase", "model_loaded"),
+        ("ready", "ready"),
+    ]
     assert sent[1][3] == {"slots": 4}
     no_dir = bootstrap.WorkerContext(
-        role="http", rank=0, local_rank=0, world_size=1, tp_size=1, dp_size=1, runtime_dir="",
-        ops_endpoint="", query_endpoint="", platform="builtin:cpu",
+        role="http",
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        tp_size=1,
+        dp_size=1,
+        runtime_dir="",
+        ops_endpoint="",
+        query_endpoint="",
+        platform="builtin:cpu",
     )
     with pytest.raises(RuntimeError, match="no runtime directory"):
         no_dir.endpoint("a")

@@ -74,10 +74,16 @@ time.sleep(600)
 
 
 def _start_parent(code: str) -> tuple[subprocess.Popen, int]:
-    env = clean_env(PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]), PYTHONDONTWRITEBYTECODE="1")
+    env = clean_env(
+        PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]), PYTHONDONTWRITEBYTECODE="1"
+    )
     parent = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(REPO),
     )
     line: list[str] = []
     reader = threading.Thread(target=lambda: line.append(parent.stdout.readline()), daemon=True)

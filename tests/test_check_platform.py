@@ -41,14 +41,19 @@ def run(argv, env):
             "left": left}
 
 results = [run(argv, env) for argv, env in json.loads(sys.argv[1])]
-heavy = sorted(m for m in ("torch", "numpy", "transformers", "fastapi") if m in sys.modules)
+heavy = sorted(m for m in ("torch", "numpy", "transformers", "starlette") if m in sys.modules)
 print("RESULT:" + json.dumps({"results": results, "heavy": heavy}))
 """
 
 
 def check_platform(scenarios, *, sites=(), env=None, timeout=240):
-    result = run_python(DRIVER, sites=sites, env=clean_env(**(env or {})), timeout=timeout,
-                        args=[json.dumps(scenarios)])
+    result = run_python(
+        DRIVER,
+        sites=sites,
+        env=clean_env(**(env or {})),
+        timeout=timeout,
+        args=[json.dumps(scenarios)],
+    )
     assert result.returncode == 0 and result.data, result
     assert result.data["heavy"] == [], f"the parent imported {result.data['heavy']}\n{result}"
     for one in result.data["results"]:
@@ -66,26 +71,36 @@ def row(report, row_id):
 
 @pytest.mark.e2e
 def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
-    (srt, diffusion, table, as_served), result = check_platform([
-        (["--json"], {"SGLANG_USE_CPU_ENGINE": "1"}),
-        (["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"}),
-        ([], {"SGLANG_USE_CPU_ENGINE": "1"}),  # the table, on a pipe: no colour
-        (["--json"], {}),  # nothing set: the platform a launch serves on here, the CPU
-    ])
+    (srt, diffusion, table, as_served), result = check_platform(
+        [
+            (["--json"], {"SGLANG_USE_CPU_ENGINE": "1"}),
+            (["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"}),
+            ([], {"SGLANG_USE_CPU_ENGINE": "1"}),  # the table, on a pipe: no colour
+            (["--json"], {}),  # nothing set: the platform a launch serves on here, the CPU
+        ]
+    )
     for one, key in ((srt, "builtin:cpu"), (diffusion, "builtin:cpu"), (as_served, "builtin:cpu")):
         report = one["report"]
         assert one["rc"] == 0, result
         assert rows_by_status(report, "fail") == set(), result
         assert report["ok"] is True and report["platform"]["key"] == key
         # The real work happened on the device, not just method calls.
-        for must_pass in ("device.tensor", "device.memory_usage", "distributed.process_group",
-                          "execution.seed", "execution.compile_backend", "lifecycle.init_backend"):
+        for must_pass in (
+            "device.tensor",
+            "device.memory_usage",
+            "distributed.process_group",
+            "execution.seed",
+            "execution.compile_backend",
+            "lifecycle.init_backend",
+        ):
             assert row(report, must_pass)["status"] == "pass", (must_pass, result)
     # Missing is shown, not failed: the CPU platform does not build KV pools.
     assert row(srt["report"], "subsystems.get_mha_kv_pool_cls")["status"] == "missing"
     assert "NotImplementedError" in row(srt["report"], "subsystems.get_mha_kv_pool_cls")["detail"]
     assert row(diffusion["report"], "diffusion.custom_op")["status"] == "pass"
-    assert {"diffusion.dispatch_key", "device.local_device"} <= rows_by_status(diffusion["report"], "pass")
+    assert {"diffusion.dispatch_key", "device.local_device"} <= rows_by_status(
+        diffusion["report"], "pass"
+    )
     assert not any(r["id"].startswith("diffusion.") for r in srt["report"]["rows"])
 
     text = table["text"]
@@ -94,7 +109,9 @@ def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
     assert re.search(r"^  pass +device\.tensor +4x6 @ 6x3", text, re.M), text
     assert re.search(r"^  missing +subsystems\.get_graph_runner_cls", text, re.M), text
     summary = text.strip().splitlines()[-1]
-    assert summary.startswith("check-platform srt on builtin:cpu: 40 checks, ") and "0 fail" in summary
+    assert (
+        summary.startswith("check-platform srt on builtin:cpu: 40 checks, ") and "0 fail" in summary
+    )
     assert summary.endswith("conforms")
     # The last row loaded a model through the runtime's own runner and ran a forward on the device.
     workload = row(srt["report"], "workload.srt_forward")
@@ -107,9 +124,12 @@ def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
 def test_pip_installed_demo_plugin_passes_both_runtimes(demo_site):  # noqa: F811
     env = {"DEMO_PLATFORM_ENABLE": "1"}
     (srt, diffusion), result = check_platform(
-        [(["--json"], {"SGLANG_PLATFORM": "demo"}),
-         (["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "demo"})],
-        sites=[demo_site], env=env,
+        [
+            (["--json"], {"SGLANG_PLATFORM": "demo"}),
+            (["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "demo"}),
+        ],
+        sites=[demo_site],
+        env=env,
     )
     for one in (srt, diffusion):
         report = one["report"]
@@ -121,7 +141,10 @@ def test_pip_installed_demo_plugin_passes_both_runtimes(demo_site):  # noqa: F81
         assert row(report, "selection.out_of_tree")["detail"] == "True (plugin)"
     assert row(srt["report"], "workload.srt_forward")["status"] == "pass", result
     # The demo's apply_server_args_defaults is visible; its dispatch key reaches CustomOp.
-    assert "attention_backend: None -> 'torch_native'" in row(srt["report"], "lifecycle.server_args_defaults")["detail"]
+    assert (
+        "attention_backend: None -> 'torch_native'"
+        in row(srt["report"], "lifecycle.server_args_defaults")["detail"]
+    )
     assert "key 'demo': forward_oot" in row(diffusion["report"], "diffusion.custom_op")["detail"]
     assert "dispatch_key='CPU'" in row(diffusion["report"], "diffusion.dispatch_key")["detail"]
 
@@ -197,8 +220,11 @@ def broken_site(site):
     make_dist(
         site,
         "sglang-launch-broken-platforms",
-        entry_points={"sglang.srt.platforms": {name.lower(): f"broken_platforms:activate_{name.lower()}"
-                                                for name in REGISTERED}},
+        entry_points={
+            "sglang.srt.platforms": {
+                name.lower(): f"broken_platforms:activate_{name.lower()}" for name in REGISTERED
+            }
+        },
         modules={
             "broken_platforms/__init__.py": "".join(
                 f"def activate_{name.lower()}():\n    return 'broken_platforms.platform.{name}'\n\n"
@@ -217,24 +243,37 @@ def test_broken_plugins_yield_exactly_the_expected_failed_rows(broken_site):
     scenarios += [(["--json", "--timeout", "8"], {"SGLANG_PLATFORM": "hangsininit"})]
     scenarios += [(["--json"], {"SGLANG_PLATFORM": name.lower()}) for name in BROKEN[3:]]
     scenarios += [(["--json"], {"SGLANG_PLATFORM": "nosuchplatform"})]
-    (broken, exits, hangs, dies, wrong_enum, unknown), result = check_platform(scenarios, sites=[broken_site])
+    (broken, exits, hangs, dies, wrong_enum, unknown), result = check_platform(
+        scenarios, sites=[broken_site]
+    )
     for one in (broken, exits, hangs, dies, wrong_enum, unknown):
         assert one["rc"] == 1 and one["report"]["ok"] is False, result
 
     report = broken["report"]
-    assert "BROKEN-PLATFORM-SAYS-HI" not in result.stdout and "BROKEN-PLATFORM-SAYS-HI" in result.stderr
-    assert rows_by_status(report, "fail") == {"device.get_device", "distributed.backend",
-                                              "subsystems.get_default_attention_backend"}
+    assert (
+        "BROKEN-PLATFORM-SAYS-HI" not in result.stdout
+        and "BROKEN-PLATFORM-SAYS-HI" in result.stderr
+    )
+    assert rows_by_status(report, "fail") == {
+        "device.get_device",
+        "distributed.backend",
+        "subsystems.get_default_attention_backend",
+    }
     assert report["summary"].endswith(
         "FAILED: device.get_device, distributed.backend, subsystems.get_default_attention_backend, "
-        "workload.srt_forward (a launch needs, and the platform lacks: get_default_attention_backend())")
-    assert row(report, "workload.srt_forward")["detail"].startswith("needs device.get_device to pass")
+        "workload.srt_forward (a launch needs, and the platform lacks: get_default_attention_backend())"
+    )
+    assert row(report, "workload.srt_forward")["detail"].startswith(
+        "needs device.get_device to pass"
+    )
     assert "broken driver: no device handle" in row(report, "device.get_device")["detail"]
     assert "'warpdrive'" in row(report, "distributed.backend")["detail"]
     assert "available" in row(report, "distributed.backend")["expected"]
     # What needs the device or the backend is skipped, saying which check it waited for.
     assert row(report, "device.tensor")["detail"] == "needs device.get_device to pass (it is fail)"
-    assert row(report, "distributed.process_group")["detail"].startswith("needs distributed.backend")
+    assert row(report, "distributed.process_group")["detail"].startswith(
+        "needs distributed.backend"
+    )
     assert row(report, "device.uuid")["status"] == "pass"  # the rest still ran
 
     # os._exit in init_backend kills the child: a failed row, not a dead command.
@@ -243,7 +282,10 @@ def test_broken_plugins_yield_exactly_the_expected_failed_rows(broken_site):
     detail = row(report, "lifecycle.init_backend")["detail"]
     assert "exited with code 7" in detail and "platform_initialized" in detail
     assert rows_by_status(report, "pass") == set()
-    assert row(report, "device.tensor")["detail"] == "not run: the check process ended at lifecycle.init_backend"
+    assert (
+        row(report, "device.tensor")["detail"]
+        == "not run: the check process ended at lifecycle.init_backend"
+    )
 
     # A hang is stopped at --timeout and blamed on the phase it hung in.
     report = hangs["report"]
@@ -264,15 +306,19 @@ def test_broken_plugins_yield_exactly_the_expected_failed_rows(broken_site):
     assert "use that runtime's own PlatformEnum" in row(report, "selection.construct")["detail"]
     report = unknown["report"]
     assert rows_by_status(report, "fail") == {"selection.source"}
-    assert "no srt platform plugin named 'nosuchplatform'" in row(report, "selection.source")["detail"]
+    assert (
+        "no srt platform plugin named 'nosuchplatform'" in row(report, "selection.source")["detail"]
+    )
 
 
 def test_bad_command_line_exits_2_naming_the_problem(capsys):
     from launcher.commands import check_platform
 
-    for argv, needle in ((["--runtime", "tpu"], "invalid choice: 'tpu'"),
-                         (["--timeout", "0"], "--timeout 0 must be more than 0 seconds"),
-                         (["--bogus"], "unrecognized arguments: --bogus")):
+    for argv, needle in (
+        (["--runtime", "tpu"], "invalid choice: 'tpu'"),
+        (["--timeout", "0"], "--timeout 0 must be more than 0 seconds"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             check_platform.main(argv)
         assert exit_info.value.code == 2
@@ -283,10 +329,32 @@ def test_table_is_coloured_only_on_a_terminal_without_no_color():
     from launcher.conformance.report import Report, render_table, use_colour
     from launcher.conformance.rows import Row
 
-    report = Report("srt", {"key": "plugin:x", "qualname": "x.P", "distribution": "x-dist", "reason": "SGLANG_PLATFORM=x"}, [
-        Row("device.get_device", "device", "t", "fail", "raised RuntimeError: no", "a torch.device"),
-        Row("device.tensor", "device", "t", "skipped", "needs device.get_device to pass (it is fail)"),
-    ])
+    report = Report(
+        "srt",
+        {
+            "key": "plugin:x",
+            "qualname": "x.P",
+            "distribution": "x-dist",
+            "reason": "SGLANG_PLATFORM=x",
+        },
+        [
+            Row(
+                "device.get_device",
+                "device",
+                "t",
+                "fail",
+                "raised RuntimeError: no",
+                "a torch.device",
+            ),
+            Row(
+                "device.tensor",
+                "device",
+                "t",
+                "skipped",
+                "needs device.get_device to pass (it is fail)",
+            ),
+        ],
+    )
     master, slave = os.openpty()  # a real terminal
     read_end, write_end = os.pipe()
     try:
@@ -306,7 +374,9 @@ def test_table_is_coloured_only_on_a_terminal_without_no_color():
     assert plain.rstrip().endswith("1 fail, 0 missing, 1 skipped - FAILED: device.get_device")
 
 
-def test_unusable_temp_directory_exits_3_with_the_fix_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+def test_unusable_temp_directory_exits_3_with_the_fix_and_leaves_nothing(
+    tmp_path, monkeypatch, capsys
+):
     import tempfile
 
     from launcher.commands import check_platform
@@ -317,7 +387,10 @@ def test_unusable_temp_directory_exits_3_with_the_fix_and_leaves_nothing(tmp_pat
     assert check_platform.main(["--json"]) == 3
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "cannot listen on ipc://" in captured.err and "set TMPDIR to a short, writable directory" in captured.err
+    assert (
+        "cannot listen on ipc://" in captured.err
+        and "set TMPDIR to a short, writable directory" in captured.err
+    )
     assert list(deep.iterdir()) == []  # its private directory is removed again
 
 
@@ -333,8 +406,9 @@ def test_server_args_row_blames_the_platform_not_the_installation(broken_site, t
     detail = row(cpu["report"], "lifecycle.server_args_defaults")
     assert cpu["rc"] == 0 and detail["status"] == "pass", result
     assert "apart from" in detail["detail"] and "not installed" in detail["detail"], detail
-    (bad,), result = check_platform([(["--json"], {"SGLANG_PLATFORM": "baddefaults"})],
-                                    sites=[shadow, broken_site])
+    (bad,), result = check_platform(
+        [(["--json"], {"SGLANG_PLATFORM": "baddefaults"})], sites=[shadow, broken_site]
+    )
     failed = row(bad["report"], "lifecycle.server_args_defaults")
     assert bad["rc"] == 1 and failed["status"] == "fail", result
     assert "--max-batch-size 0 must be at least 1" in failed["detail"], failed
@@ -346,11 +420,14 @@ def test_a_plugin_lacking_a_method_a_launch_calls_fails_naming_it(broken_site):
     """Written from the bare base class, as the plugin tutorial once did: every contract method
     a launch calls is required, so a missing one fails its row and the summary names it; a
     plugin that poses as a built-in is refused at construction, saying how to fix it."""
-    (lacking, table, poses), result = check_platform([
-        (["--json"], {"SGLANG_PLATFORM": "lacksgetdevice"}),
-        ([], {"SGLANG_PLATFORM": "lacksgetdevice"}),
-        (["--json"], {"SGLANG_PLATFORM": "posesascuda"}),
-    ], sites=[broken_site])
+    (lacking, table, poses), result = check_platform(
+        [
+            (["--json"], {"SGLANG_PLATFORM": "lacksgetdevice"}),
+            ([], {"SGLANG_PLATFORM": "lacksgetdevice"}),
+            (["--json"], {"SGLANG_PLATFORM": "posesascuda"}),
+        ],
+        sites=[broken_site],
+    )
     report = lacking["report"]
     assert lacking["rc"] == 1 and report["ok"] is False, result
     assert {"device.get_device", "distributed.backend"} <= rows_by_status(report, "fail")
@@ -362,9 +439,14 @@ def test_a_plugin_lacking_a_method_a_launch_calls_fails_naming_it(broken_site):
     assert row(report, "subsystems.get_mha_kv_pool_cls")["status"] == "missing"
     summary = table["text"].strip().splitlines()[-1]
     assert table["rc"] == 1 and "conforms" not in summary
-    assert "a launch needs, and the platform lacks: get_device(), get_torch_distributed_backend_str()" in summary
+    assert (
+        "a launch needs, and the platform lacks: get_device(), get_torch_distributed_backend_str()"
+        in summary
+    )
 
     report = poses["report"]
     assert poses["rc"] == 1 and rows_by_status(report, "fail") == {"selection.construct"}, result
     detail = row(report, "selection.construct")["detail"]
-    assert "broken_platforms.platform.PosesAsCuda" in detail and "_enum = PlatformEnum.OOT" in detail
+    assert (
+        "broken_platforms.platform.PosesAsCuda" in detail and "_enum = PlatformEnum.OOT" in detail
+    )

@@ -17,17 +17,30 @@ from support import REPO, clean_env, free_port, run_python
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
     environ = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]), **env)
     environ.setdefault("XDG_RUNTIME_DIR", short_runtime_dir())
-    return subprocess.run([sys.executable, "-m", "launcher", *args], env=environ, cwd=str(REPO),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args],
+        env=environ,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.e2e
 def test_help_lists_the_server_options_and_the_exit_codes():
     proc = _cli("--help")
     assert proc.returncode == 0, proc.stderr
-    for text in ("--model-path", "--startup-timeout", "--stop-grace-period", "--nnodes", "exit codes:",
-                 "0  stopped on request", "3  not every worker was ready within --startup-timeout",
-                 "4  a worker exited after the server was ready"):
+    for text in (
+        "--model-path",
+        "--startup-timeout",
+        "--stop-grace-period",
+        "--nnodes",
+        "exit codes:",
+        "0  stopped on request",
+        "3  not every worker was ready within --startup-timeout",
+        "4  a worker exited after the server was ready",
+    ):
         assert text in proc.stdout, text
 
 
@@ -35,7 +48,10 @@ def test_help_lists_the_server_options_and_the_exit_codes():
 def test_bad_input_is_a_clear_usage_error_and_starts_nothing():
     bad = _cli("--tp-size", "0", "--port", "70000")
     assert bad.returncode == 2, bad.stderr
-    assert "--tp-size 0 must be at least 1" in bad.stderr and "--port 70000 is out of range" in bad.stderr
+    assert (
+        "--tp-size 0 must be at least 1" in bad.stderr
+        and "--port 70000 is out of range" in bad.stderr
+    )
     assert "starting" not in bad.stderr
     runtime = _cli("--runtime", "tpu")
     assert runtime.returncode == 2 and "tpu" in runtime.stderr and "srt" in runtime.stderr
@@ -46,7 +62,10 @@ def test_status_and_events_without_a_running_launcher_say_how_to_start_one():
     for command in ("status", "events"):
         proc = _cli(command)
         assert proc.returncode == 1, proc.stderr
-        assert "no running sglang-launch found" in proc.stderr and "sglang-launch --model-path" in proc.stderr
+        assert (
+            "no running sglang-launch found" in proc.stderr
+            and "sglang-launch --model-path" in proc.stderr
+        )
     proc = _cli("status", "--pid", "999999999")
     assert proc.returncode == 1 and "no running sglang-launch with pid 999999999" in proc.stderr
 
@@ -59,7 +78,7 @@ def test_launcher_modules_import_nothing_heavy():
         from launcher import Launcher, LaunchError
         facade = sorted(m for m in sys.modules if m.startswith(("zmq", "psutil", "uvloop", "msgspec")))
         import launcher.supervisor, launcher.commands.serve, launcher.commands.status, launcher.commands.events
-        heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "numpy", "transformers", "fastapi", "uvicorn"})
+        heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "numpy", "transformers", "starlette", "uvicorn"})
         print("RESULT:" + json.dumps({"facade": facade, "heavy": heavy}))
         """
     )
@@ -72,14 +91,39 @@ def _render(live: bool) -> str:
 
     out = io.StringIO()
     show = TerminalDisplay(out, live=live)
-    show({"topic": "server.starting", "platform": "builtin:cpu", "platform_reason": "SGLANG_USE_CPU_ENGINE=1",
-          "cpu_fallback": True, "node_rank": 0, "nnodes": 1, "workers": ["http.0", "scheduler.0"]})
+    show(
+        {
+            "topic": "server.starting",
+            "platform": "builtin:cpu",
+            "platform_reason": "SGLANG_USE_CPU_ENGINE=1",
+            "cpu_fallback": True,
+            "node_rank": 0,
+            "nnodes": 1,
+            "workers": ["http.0", "scheduler.0"],
+        }
+    )
     for worker, pid in (("http.0", 11), ("scheduler.0", 12)):
         for phase in ("spawned", "hooks_applied", "ready"):
-            show({"topic": f"worker.{worker}.{phase}", "worker": worker, "pid": pid, "phase": phase,
-                  "duration": 0.5, "ready_count": 0, "worker_count": 2})
-    show({"topic": "server.ready", "url": "http://127.0.0.1:30000", "node_rank": 0, "worker_count": 2,
-          "startup_s": 1.5})
+            show(
+                {
+                    "topic": f"worker.{worker}.{phase}",
+                    "worker": worker,
+                    "pid": pid,
+                    "phase": phase,
+                    "duration": 0.5,
+                    "ready_count": 0,
+                    "worker_count": 2,
+                }
+            )
+    show(
+        {
+            "topic": "server.ready",
+            "url": "http://127.0.0.1:30000",
+            "node_rank": 0,
+            "worker_count": 2,
+            "startup_s": 1.5,
+        }
+    )
     return out.getvalue()
 
 
@@ -87,15 +131,26 @@ def test_terminal_display_live_on_a_tty_plain_lines_otherwise():
     live, plain = _render(True), _render(False)
     for text in (live, plain):
         assert text.count("serving on the CPU platform") == 1
-        assert text.rstrip().endswith("sglang-launch: ready at http://127.0.0.1:30000 (2 workers in 1.5s)")
+        assert text.rstrip().endswith(
+            "sglang-launch: ready at http://127.0.0.1:30000 (2 workers in 1.5s)"
+        )
     assert "\x1b[" in live and "\x1b[" not in plain
     assert "sglang-launch: scheduler.0 (pid 12) hooks_applied 0.50s" in plain
 
 
 @pytest.mark.e2e
 def test_diffusion_runtime_launches_with_its_own_platform_selection():
-    args = [*FAST, "--runtime", "diffusion", "--port", str(free_port()),
-            "--scheduler-target", READY_WAIT, "--http-target", READY_WAIT]
+    args = [
+        *FAST,
+        "--runtime",
+        "diffusion",
+        "--port",
+        str(free_port()),
+        "--scheduler-target",
+        READY_WAIT,
+        "--http-target",
+        READY_WAIT,
+    ]
     with Run(args, env={"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"}) as run:
         snap = run.wait_ready()
         assert snap["runtime"] == "diffusion" and snap["platform"] == "builtin:cpu"
@@ -107,8 +162,17 @@ def test_diffusion_runtime_launches_with_its_own_platform_selection():
 
 @pytest.mark.e2e
 def test_an_empty_http_target_launches_the_schedulers_alone():
-    args = [*FAST, "--tp-size", "2", "--port", str(free_port()),
-            "--scheduler-target", READY_WAIT, "--http-target", ""]
+    args = [
+        *FAST,
+        "--tp-size",
+        "2",
+        "--port",
+        str(free_port()),
+        "--scheduler-target",
+        READY_WAIT,
+        "--http-target",
+        "",
+    ]
     with Run(args, env={"SGLANG_USE_CPU_ENGINE": "1"}) as run:
         snap = run.wait_ready()
         assert [w["role"] for w in snap["workers"]] == ["scheduler", "scheduler"]

@@ -15,15 +15,20 @@ LAUNCH = [sys.executable, "-m", "launcher"]
 
 def _run(argv, **env):
     environ = clean_env(**{"PYTHONPATH": str(REPO), **env})
-    return subprocess.run(LAUNCH + argv, capture_output=True, text=True, env=environ, cwd=str(REPO), timeout=120)
+    return subprocess.run(
+        LAUNCH + argv, capture_output=True, text=True, env=environ, cwd=str(REPO), timeout=120
+    )
 
 
 @pytest.mark.e2e
 def test_unknown_platform_is_a_setup_error_with_its_fix_not_a_traceback():
     for argv, env, variable in (
         ([], {"SGLANG_PLATFORM": "nosuch"}, "SGLANG_PLATFORM"),
-        (["--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "nosuch"},
-         "SGLANG_DIFFUSION_PLATFORM_OVERRIDE"),
+        (
+            ["--runtime", "diffusion"],
+            {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "nosuch"},
+            "SGLANG_DIFFUSION_PLATFORM_OVERRIDE",
+        ),
     ):
         run = _run(argv + ["--port", str(free_port())], **env)
         assert run.returncode == 5, run.stderr
@@ -56,7 +61,9 @@ def test_a_model_path_that_is_not_a_model_is_a_usage_error_before_any_worker_sta
     missing = _run(["--model-path", str(tmp_path / "nowhere"), "--port", str(free_port())])
     not_a_model = _run(["--model-path", str(tmp_path), "--port", str(free_port())])
     assert missing.returncode == 2 and "does not exist" in missing.stderr, missing.stderr
-    assert not_a_model.returncode == 2 and "no config.json" in not_a_model.stderr, not_a_model.stderr
+    assert not_a_model.returncode == 2 and "no config.json" in not_a_model.stderr, (
+        not_a_model.stderr
+    )
     for run in (missing, not_a_model):
         assert "Traceback" not in run.stderr and "starting" not in run.stderr
 
@@ -69,8 +76,15 @@ def test_output_cut_short_by_the_reader_is_not_an_error():
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader has already gone away: every write meets a broken pipe
     try:
-        run = subprocess.run(LAUNCH + ["--help"], stdout=write_end, stderr=subprocess.PIPE, text=True,
-                             env=clean_env(PYTHONPATH=str(REPO)), cwd=str(REPO), timeout=60)
+        run = subprocess.run(
+            LAUNCH + ["--help"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(PYTHONPATH=str(REPO)),
+            cwd=str(REPO),
+            timeout=60,
+        )
     finally:
         os.close(write_end)
     assert run.returncode == 0, run.stderr
@@ -81,8 +95,17 @@ def test_output_cut_short_by_the_reader_is_not_an_error():
 def test_a_plugin_class_posing_as_a_builtin_is_refused_before_any_worker_starts(site):
     from plugin_fixtures import platform_plugin
 
-    platform_plugin(site, "poser", activate="return 'platforms.builtin.cpu.CpuSRTPlatform'", distribution="poser-vendor")
-    run = _run(["--port", str(free_port())], SGLANG_PLATFORM="poser", PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
+    platform_plugin(
+        site,
+        "poser",
+        activate="return 'platforms.builtin.cpu.CpuSRTPlatform'",
+        distribution="poser-vendor",
+    )
+    run = _run(
+        ["--port", str(free_port())],
+        SGLANG_PLATFORM="poser",
+        PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
+    )
     assert run.returncode == 5, run.stderr
     assert "platforms.builtin.cpu.CpuSRTPlatform" in run.stderr and "poser-vendor" in run.stderr
     assert "_enum = PlatformEnum.OOT" in run.stderr
@@ -95,9 +118,14 @@ def test_a_launch_on_a_plugin_lacking_get_device_names_the_fix_in_the_plugin(sit
     suggest it: it names the missing method and check-platform."""
     from plugin_fixtures import platform_plugin
 
-    platform_plugin(site, "lacking", class_body="def get_default_attention_backend(self):\n    return 'sdpa'")
-    run = _run(["--port", str(free_port()), "--startup-timeout", "120"], SGLANG_PLATFORM="lacking",
-               PYTHONPATH=os.pathsep.join([str(site), str(REPO)]))
+    platform_plugin(
+        site, "lacking", class_body="def get_default_attention_backend(self):\n    return 'sdpa'"
+    )
+    run = _run(
+        ["--port", str(free_port()), "--startup-timeout", "120"],
+        SGLANG_PLATFORM="lacking",
+        PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
+    )
     assert run.returncode != 0, run.stderr
     assert "does not implement get_device()" in run.stderr, run.stderr
     assert "sglang-launch check-platform" in run.stderr

@@ -44,12 +44,20 @@ def test_the_unit_passes_systemd_analyze_verify(tmp_path):
     text = (DEPLOY / "sglang-launch.service").read_text().replace(program, installed, 1)
     unit = tmp_path / "sglang-launch.service"
     unit.write_text(text)
-    result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     entries = _unit()
     assert entries["Type"] == "notify" and entries["KillMode"] == "mixed"
-    grace = float(shlex.split(entries["ExecStart"])[shlex.split(entries["ExecStart"]).index("--stop-grace-period") + 1])
+    grace = float(
+        shlex.split(entries["ExecStart"])[
+            shlex.split(entries["ExecStart"]).index("--stop-grace-period") + 1
+        ]
+    )
     assert float(entries["TimeoutStopSec"]) > 2 * grace
 
 
@@ -58,7 +66,12 @@ def test_the_units_command_line_notifies_answers_the_probes_and_stops_on_its_kil
     argv = shlex.split(entries["ExecStart"])[1:]
     key_file = tmp_path / "api-key"
     key_file.write_text("deploy-key\n")
-    swap = {"--model-path": None, "--port": str(free_port()), "--host": "127.0.0.1", "--api-key-file": str(key_file)}
+    swap = {
+        "--model-path": None,
+        "--port": str(free_port()),
+        "--host": "127.0.0.1",
+        "--api-key-file": str(key_file),
+    }
     args, skip = [], False
     for token in argv:
         if skip:
@@ -77,8 +90,13 @@ def test_the_units_command_line_notifies_answers_the_probes_and_stops_on_its_kil
     notify.settimeout(0.2)
     runtime_dir = short_runtime_dir()
     env = server_env(NOTIFY_SOCKET=notify_path, XDG_RUNTIME_DIR=runtime_dir)
-    proc = subprocess.Popen([*cli_command(), *args], env=env, cwd=str(REPO),
-                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "log", "w"))
+    proc = subprocess.Popen(
+        [*cli_command(), *args],
+        env=env,
+        cwd=str(REPO),
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "log", "w"),
+    )
     messages: list[str] = []
 
     def heard(text: str):
@@ -89,6 +107,7 @@ def test_the_units_command_line_notifies_answers_the_probes_and_stops_on_its_kil
                 pass
             assert proc.poll() is None or text == "STOPPING=1", (tmp_path / "log").read_text()
             return any(text in m for m in messages)
+
         return check
 
     try:
@@ -108,7 +127,9 @@ def test_the_units_command_line_notifies_answers_the_probes_and_stops_on_its_kil
         if proc.poll() is None:
             import psutil
 
-            kill_tree([psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)])
+            kill_tree(
+                [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            )
             proc.wait(10)
         notify.close()
         shutil.rmtree(runtime_dir, ignore_errors=True)

@@ -55,7 +55,9 @@ def tutorial() -> dict[str, dict[str, str]]:
 
 def required_in_doc() -> list[str]:
     """The methods the page lists under "What a launch needs"."""
-    text = section(DOC.read_text(encoding="utf-8"), "**What a launch needs.**", "The diffusion runtime")
+    text = section(
+        DOC.read_text(encoding="utf-8"), "**What a launch needs.**", "The diffusion runtime"
+    )
     return re.findall(r"^- `(\w+)\(", text, re.M)
 
 
@@ -64,18 +66,37 @@ def installed(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("tutorial")
     site = root / "site"
     for name, files in tutorial().items():
-        assert "pyproject.toml" in files and any(p.endswith("__init__.py") for p in files), (name, files)
+        assert "pyproject.toml" in files and any(p.endswith("__init__.py") for p in files), (
+            name,
+            files,
+        )
         source = root / name
         for rel, code in files.items():
             path = source / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(code, encoding="utf-8")
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-             "--disable-pip-version-check", "--no-input", "-q", "--target", str(site), str(source)],
-            capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--no-deps",
+                "--no-build-isolation",
+                "--disable-pip-version-check",
+                "--no-input",
+                "-q",
+                "--target",
+                str(site),
+                str(source),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
-        assert proc.returncode == 0, f"pip could not install the tutorial's {name} package:\n{proc.stderr}"
+        assert proc.returncode == 0, (
+            f"pip could not install the tutorial's {name} package:\n{proc.stderr}"
+        )
     init = tutorial()["platform"]["my_platform_plugin/__init__.py"]
     switch = re.search(r'os\.environ\.get\("(\w+)"', init).group(1)  # the page's opt-in variable
     return {"site": site, "switch": {switch: "1"}}
@@ -84,26 +105,38 @@ def installed(tmp_path_factory) -> dict:
 def test_the_page_lists_what_check_platform_requires():
     import launcher.conformance.catalog as catalog
 
-    assert sorted(required_in_doc()) == sorted(method for method, _ in catalog.required_methods("srt"))
+    assert sorted(required_in_doc()) == sorted(
+        method for method, _ in catalog.required_methods("srt")
+    )
 
 
 def test_check_platform_says_the_tutorial_platform_conforms(installed):
     env = clean_env(PYTHONPATH=f"{installed['site']}:{REPO}", **installed["switch"])
     tables = {}
     for runtime in ("srt", "diffusion"):
-        run = subprocess.run([*cli_command(), "check-platform", "--runtime", runtime], capture_output=True,
-                             text=True, env=env, cwd=str(REPO), timeout=300)
+        run = subprocess.run(
+            [*cli_command(), "check-platform", "--runtime", runtime],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=str(REPO),
+            timeout=300,
+        )
         summary = run.stdout.strip().splitlines()[-1]
         assert run.returncode == 0, run.stdout + run.stderr
         assert summary.startswith(f"check-platform {runtime} on plugin:my_device:"), summary
         assert summary.endswith("conforms"), summary
         tables[runtime] = run.stdout
     # The model ran through the serving runtime on the tutorial's platform.
-    assert re.search(r"^  pass +workload\.srt_forward +BertModel on cpu", tables["srt"], re.M), tables["srt"]
+    assert re.search(r"^  pass +workload\.srt_forward +BertModel on cpu", tables["srt"], re.M), (
+        tables["srt"]
+    )
 
 
 def test_a_launch_serves_on_the_tutorial_platform_with_the_tutorial_hooks(installed, tmp_path):
-    env = server_env(SGLANG_USE_CPU_ENGINE=None, PYTHONPATH=str(installed["site"]), **installed["switch"])
+    env = server_env(
+        SGLANG_USE_CPU_ENGINE=None, PYTHONPATH=str(installed["site"]), **installed["switch"]
+    )
     server = start_server([], tmp_path, "tutorial", env=env)
     try:
         assert "platform plugin:my_device" in server.log, server.log
@@ -117,7 +150,13 @@ def test_a_launch_serves_on_the_tutorial_platform_with_the_tutorial_hooks(instal
         assert hello.json() == {"plugin": "my_general_plugin", "max_batch_size": 32}
     finally:
         server.stop()
-    refused = subprocess.run([*cli_command(), "--max-batch-size", "65", "--port", str(free_port())], capture_output=True,
-                             text=True, env=env, cwd=str(REPO), timeout=120)
+    refused = subprocess.run(
+        [*cli_command(), "--max-batch-size", "65", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+        timeout=120,
+    )
     assert refused.returncode == 2, refused.stderr
     assert "my_general_plugin supports --max-batch-size up to 64" in refused.stderr

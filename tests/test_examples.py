@@ -16,7 +16,11 @@ def test_embedding_app_starts_uses_and_stops_a_server():
     env = clean_env(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "examples" / "embed_app.py"), "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(REPO),
     )
     try:
         out, err = proc.communicate(timeout=180)

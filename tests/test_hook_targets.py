@@ -60,7 +60,9 @@ def register():
 
 def test_the_table_is_read():
     targets = [t for t, _ in TARGETS]
-    assert len(targets) >= 10 and "launcher.workers.model_runner.ModelRunner.embed_matrix" in targets
+    assert (
+        len(targets) >= 10 and "launcher.workers.model_runner.ModelRunner.embed_matrix" in targets
+    )
     assert all(when for _, when in TARGETS)
 
 
@@ -81,11 +83,16 @@ class Observed:
 def _start(tmp: Path, name: str, args: list[str]) -> Observed:
     site = tmp / "site"
     if not site.exists():
-        make_dist(site, "observe-targets", {"sglang.srt.plugins": {"observe": "observe_targets:register"}},
-                  {"observe_targets.py": PLUGIN})
+        make_dist(
+            site,
+            "observe-targets",
+            {"sglang.srt.plugins": {"observe": "observe_targets:register"}},
+            {"observe_targets.py": PLUGIN},
+        )
     log = tmp / f"{name}-hooks.log"
-    env = server_env(PYTHONPATH=str(site), HOOK_TARGET_LOG=str(log),
-                     HOOK_TARGETS=",".join(t for t, _ in TARGETS))
+    env = server_env(
+        PYTHONPATH=str(site), HOOK_TARGET_LOG=str(log), HOOK_TARGETS=",".join(t for t, _ in TARGETS)
+    )
     return Observed(start_server(args, tmp, name, env=env), log)
 
 
@@ -110,8 +117,10 @@ def generation(tmp_path_factory):
 def _request(observed: Observed, kind: str) -> None:
     url = observed.server.url
     if kind == "generation":
-        r = post(url + "/generate", {"text": "hello there",
-                                     "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+        r = post(
+            url + "/generate",
+            {"text": "hello there", "sampling_params": {"max_new_tokens": 2, "temperature": 0}},
+        )
     else:
         r = post(url + "/v1/embeddings", {"input": "a cat sits on the mat"})
     assert r.status_code == 200, r.text
@@ -126,10 +135,16 @@ def test_a_hook_on_each_documented_target_sees_real_traffic(target, when, embedd
         before = len(observed.pids(target))
         _request(observed, kind)
         # The hook ran for this request: its process wrote again (the reply may beat the write).
-        wait_for(lambda: len(observed.pids(target)) > before, 60, f"{target} to be called for a request",
-                 interval=0.05)
+        wait_for(
+            lambda: len(observed.pids(target)) > before,
+            60,
+            f"{target} to be called for a request",
+            interval=0.05,
+        )
         return
-    assert when.startswith("at start-up"), f"the table's 'Runs' cell for {target} is {when!r}: say when it runs"
+    assert when.startswith("at start-up"), (
+        f"the table's 'Runs' cell for {target} is {when!r}: say when it runs"
+    )
     observed = embedding
     pids = observed.pids(target)
     assert pids, f"{target} did not run at start-up:\n{observed.server.log}"

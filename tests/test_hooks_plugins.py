@@ -40,9 +40,15 @@ def _env(**values):
 # -- registration, sources, order, conflicts, allowlist, runtime separation -------------------------
 def test_srt_plugins_register_with_their_source_and_apply_in_name_order(site):
     make_dist(site, "tgt-module", modules={"tgt.py": TARGET})
-    make_dist(site, "beta-hooks", {SRT_PLUGINS: {"beta": "beta_hooks:register"},
-                                   DIFF_PLUGINS: {"beta": "beta_hooks:register_diffusion"}},
-              {"beta_hooks.py": """
+    make_dist(
+        site,
+        "beta-hooks",
+        {
+            SRT_PLUGINS: {"beta": "beta_hooks:register"},
+            DIFF_PLUGINS: {"beta": "beta_hooks:register_diffusion"},
+        },
+        {
+            "beta_hooks.py": """
                   from hooks.hook_registry import HookRegistry, HookType
 
                   def register():
@@ -52,8 +58,15 @@ def test_srt_plugins_register_with_their_source_and_apply_in_name_order(site):
                   def register_diffusion():
                       import hooks.diffusion as d
                       d.HookRegistry.register("tgt.f", lambda result, x: result + ["diffusion"], d.HookType.AFTER)
-              """})
-    make_dist(site, "alpha-hooks", {SRT_PLUGINS: {"alpha": "alpha_hooks:register"}}, {"alpha_hooks.py": """
+              """
+        },
+    )
+    make_dist(
+        site,
+        "alpha-hooks",
+        {SRT_PLUGINS: {"alpha": "alpha_hooks:register"}},
+        {
+            "alpha_hooks.py": """
         from hooks.hook_registry import HookRegistry, HookType, plugin_hook
 
         CALLS = []
@@ -66,13 +79,20 @@ def test_srt_plugins_register_with_their_source_and_apply_in_name_order(site):
             CALLS.append(1)
             HookRegistry.register("tgt.f", lambda result, x: result + ["alpha"], HookType.AFTER)
             HookRegistry.register("tgt.g", lambda x: "alpha-g", HookType.REPLACE)
-    """})
-    make_dist(site, "gamma-hooks", {SRT_PLUGINS: {"gamma": "gamma_hooks:register"}},
-              {"gamma_hooks.py": "def register():\n    raise AssertionError('gamma must not run')\n"})
+    """
+        },
+    )
+    make_dist(
+        site,
+        "gamma-hooks",
+        {SRT_PLUGINS: {"gamma": "gamma_hooks:register"}},
+        {"gamma_hooks.py": "def register():\n    raise AssertionError('gamma must not run')\n"},
+    )
 
-    res = run_python("""
+    res = run_python(
+        """
         import json, sys
-        heavy = ("torch", "numpy", "transformers", "fastapi", "uvicorn")
+        heavy = ("torch", "numpy", "transformers", "starlette", "uvicorn")
         import hooks, hooks.diffusion, hooks.hook_registry
         light = [m for m in heavy if m in sys.modules]
         platforms_at_import = "platforms" in sys.modules
@@ -101,7 +121,10 @@ def test_srt_plugins_register_with_their_source_and_apply_in_name_order(site):
         HookRegistry.apply_hooks(); HookRegistry.apply_hooks()
         out["f_late"] = tgt.f(1)
         print("RESULT:" + json.dumps(out))
-    """, sites=[site], env=_env(SGLANG_PLUGINS="alpha, beta"))
+    """,
+        sites=[site],
+        env=_env(SGLANG_PLUGINS="alpha, beta"),
+    )
     assert res.returncode == 0, res
     out = res.data
     assert out["light"] == [] and out["platforms_at_import"] is False
@@ -116,50 +139,93 @@ def test_srt_plugins_register_with_their_source_and_apply_in_name_order(site):
         ["beta", "beta-hooks", "REPLACE", "tgt.g"],
     ]
     assert out["diffusion_hooks_before"] == 0
-    assert out["diffusion_pending"] == ["tgt.f"] and out["f_after_diffusion_load"] == [1, "alpha", "beta"]
+    assert out["diffusion_pending"] == ["tgt.f"] and out["f_after_diffusion_load"] == [
+        1,
+        "alpha",
+        "beta",
+    ]
     assert out["f_before_reapply"] == [1, "alpha", "beta"]
     assert out["f_late"] == [1, "alpha", "beta", "late"]
     conflict = [line for line in res.stderr.splitlines() if "REPLACE hooks on tgt.g" in line]
     assert len(conflict) == 1, res.stderr
-    assert "plugin 'alpha' (alpha-hooks)" in conflict[0] and "plugin 'beta' (beta-hooks)" in conflict[0]
+    assert (
+        "plugin 'alpha' (alpha-hooks)" in conflict[0]
+        and "plugin 'beta' (beta-hooks)" in conflict[0]
+    )
     assert conflict[0].split("wins:")[1].strip().endswith("from plugin 'beta' (beta-hooks)")
 
 
 # -- best-effort failures ---------------------------------------------------------------------------
 def test_other_plugins_failures_are_logged_and_their_hooks_discarded(site):
     make_dist(site, "tgt-module", modules={"tgt.py": TARGET})
-    make_dist(site, "good-plugin", {SRT_PLUGINS: {"good": "good_mod:register"}}, {"good_mod.py": """
+    make_dist(
+        site,
+        "good-plugin",
+        {SRT_PLUGINS: {"good": "good_mod:register"}},
+        {
+            "good_mod.py": """
         from hooks import HookRegistry, HookType
         def register():
             HookRegistry.register("tgt.f", lambda result, x: result + ["good"], HookType.AFTER)
-    """})
-    make_dist(site, "loadfail-plugin", {SRT_PLUGINS: {"loadfail": "loadfail_mod:register"}}, {"loadfail_mod.py": """
+    """
+        },
+    )
+    make_dist(
+        site,
+        "loadfail-plugin",
+        {SRT_PLUGINS: {"loadfail": "loadfail_mod:register"}},
+        {
+            "loadfail_mod.py": """
         from hooks import HookType, plugin_hook
         @plugin_hook("tgt.f", type=HookType.AFTER)
         def partial(result, x):
             return result + ["loadfail"]
         raise RuntimeError("loadfail cannot import its vendor library")
-    """})
-    make_dist(site, "cbfail-plugin", {SRT_PLUGINS: {"cbfail": "cbfail_mod:register"}}, {"cbfail_mod.py": """
+    """
+        },
+    )
+    make_dist(
+        site,
+        "cbfail-plugin",
+        {SRT_PLUGINS: {"cbfail": "cbfail_mod:register"}},
+        {
+            "cbfail_mod.py": """
         from hooks import HookRegistry, HookType
         def register():
             HookRegistry.register("tgt.f", lambda result, x: result + ["cbfail"], HookType.AFTER)
             raise ValueError("cbfail callback broke halfway")
-    """})
-    make_dist(site, "applyfail-plugin", {SRT_PLUGINS: {"applyfail": "applyfail_mod:register"}}, {"applyfail_mod.py": """
+    """
+        },
+    )
+    make_dist(
+        site,
+        "applyfail-plugin",
+        {SRT_PLUGINS: {"applyfail": "applyfail_mod:register"}},
+        {
+            "applyfail_mod.py": """
         from hooks import HookRegistry, HookType
         def register():
             HookRegistry.register("tgt.f", lambda result, x: result + ["applyfail"], HookType.AFTER)
             HookRegistry.register("tgt.no_such_function", lambda x: None, HookType.BEFORE)
-    """})
-    make_dist(site, "notcallable-plugin", {SRT_PLUGINS: {"notcallable": "nc_mod:VALUE"}}, {"nc_mod.py": "VALUE = 3\n"})
+    """
+        },
+    )
+    make_dist(
+        site,
+        "notcallable-plugin",
+        {SRT_PLUGINS: {"notcallable": "nc_mod:VALUE"}},
+        {"nc_mod.py": "VALUE = 3\n"},
+    )
 
-    res = run_python("""
+    res = run_python(
+        """
         import json, hooks
         hooks.load_plugins()
         import tgt
         print("RESULT:" + json.dumps({"f": tgt.f(1), "left": sorted({h.source.name for h in hooks.HookRegistry.hooks()})}))
-    """, sites=[site])
+    """,
+        sites=[site],
+    )
     assert res.returncode == 0, res
     assert res.data == {"f": [1, "good"], "left": ["good"]}
     err = res.stderr
@@ -178,10 +244,16 @@ def test_other_plugins_failures_are_logged_and_their_hooks_discarded(site):
 # -- the selected platform's own plugins --------------------------------------------------------------
 def _vendor_site(site):
     make_dist(site, "tgt-module", modules={"tgt.py": TARGET})
-    make_dist(site, "vendor-platform",
-              {SRT_PLATFORMS: {"vendor": "vendor_pkg:activate"}, SRT_PLUGINS: {"vendor": "vendor_pkg.hooks:register"}},
-              {"vendor_pkg/__init__.py": "def activate():\n    return 'vendor_pkg.platform.VendorPlatform'\n",
-               "vendor_pkg/hooks.py": """
+    make_dist(
+        site,
+        "vendor-platform",
+        {
+            SRT_PLATFORMS: {"vendor": "vendor_pkg:activate"},
+            SRT_PLUGINS: {"vendor": "vendor_pkg.hooks:register"},
+        },
+        {
+            "vendor_pkg/__init__.py": "def activate():\n    return 'vendor_pkg.platform.VendorPlatform'\n",
+            "vendor_pkg/hooks.py": """
                    import os
                    from hooks import HookRegistry, HookType
                    FAIL = os.environ.get("VENDOR_FAIL", "")
@@ -193,21 +265,39 @@ def _vendor_site(site):
                            raise RuntimeError("vendor callback failed")
                        if FAIL == "apply":
                            HookRegistry.register("tgt.Svc.missing", lambda self: None, HookType.BEFORE)
-               """})
-    make_dist(site, "other-platform",
-              {SRT_PLATFORMS: {"other": "other_pkg:activate"}, SRT_PLUGINS: {"other_extra": "other_pkg.hooks:register"}},
-              {"other_pkg/__init__.py": "def activate():\n    return None\n",
-               "other_pkg/hooks.py": "def register():\n    raise AssertionError('an unselected platform plugin ran')\n"})
-    make_dist(site, "plain-plugin", {SRT_PLUGINS: {"plain": "plain_mod:register"}}, {"plain_mod.py": """
+               """,
+        },
+    )
+    make_dist(
+        site,
+        "other-platform",
+        {
+            SRT_PLATFORMS: {"other": "other_pkg:activate"},
+            SRT_PLUGINS: {"other_extra": "other_pkg.hooks:register"},
+        },
+        {
+            "other_pkg/__init__.py": "def activate():\n    return None\n",
+            "other_pkg/hooks.py": "def register():\n    raise AssertionError('an unselected platform plugin ran')\n",
+        },
+    )
+    make_dist(
+        site,
+        "plain-plugin",
+        {SRT_PLUGINS: {"plain": "plain_mod:register"}},
+        {
+            "plain_mod.py": """
         from hooks import HookRegistry, HookType
         def register():
             HookRegistry.register("tgt.f", lambda result, x: result + ["plain"], HookType.AFTER)
-    """})
+    """
+        },
+    )
 
 
 def test_srt_skips_unselected_platform_plugins_from_metadata(site):
     _vendor_site(site)
-    res = run_python("""
+    res = run_python(
+        """
         import json, sys, hooks
         hooks.load_plugins()
         import tgt
@@ -215,20 +305,33 @@ def test_srt_skips_unselected_platform_plugins_from_metadata(site):
             "f": tgt.f(1),
             "other_imported": [m for m in ("other_pkg", "other_pkg.hooks") if m in sys.modules],
         }))
-    """, sites=[site], env=_env(SGLANG_PLATFORM="vendor"))
+    """,
+        sites=[site],
+        env=_env(SGLANG_PLATFORM="vendor"),
+    )
     assert res.returncode == 0, res
     assert res.data == {"f": [1, "plain", "vendor"], "other_imported": []}
 
 
-@pytest.mark.parametrize("stage, platform_env, message", [
-    ("load", "vendor", "failed to load: ImportError: vendor runtime library is missing"),
-    ("callback", "vendor", "failed to run its callback: RuntimeError: vendor callback failed"),
-    ("apply", "vendor", "has no attribute 'missing'"),
-    ("callback", None, "failed to run its callback"),  # selected automatically: the only one that activates
-])
-def test_selected_platform_plugin_failure_aborts_and_stays_failed(site, stage, platform_env, message):
+@pytest.mark.parametrize(
+    "stage, platform_env, message",
+    [
+        ("load", "vendor", "failed to load: ImportError: vendor runtime library is missing"),
+        ("callback", "vendor", "failed to run its callback: RuntimeError: vendor callback failed"),
+        ("apply", "vendor", "has no attribute 'missing'"),
+        (
+            "callback",
+            None,
+            "failed to run its callback",
+        ),  # selected automatically: the only one that activates
+    ],
+)
+def test_selected_platform_plugin_failure_aborts_and_stays_failed(
+    site, stage, platform_env, message
+):
     _vendor_site(site)
-    res = run_python("""
+    res = run_python(
+        """
         import json, threading, hooks
         errors = []
         for _ in range(2):
@@ -252,7 +355,10 @@ def test_selected_platform_plugin_failure_aborts_and_stays_failed(site, stage, p
             "vendor_hooks": [h.path.dotted for h in hooks.HookRegistry.hooks() if h.source.name == "vendor"],
             "f": tgt.f(1),
         }))
-    """, sites=[site], env=_env(SGLANG_PLATFORM=platform_env, VENDOR_FAIL=stage))
+    """,
+        sites=[site],
+        env=_env(SGLANG_PLATFORM=platform_env, VENDOR_FAIL=stage),
+    )
     assert res.returncode == 0, res
     out = res.data
     assert out["count"] == 2 and out["same"] is True  # terminal: later callers get the same error
@@ -264,12 +370,16 @@ def test_selected_platform_plugin_failure_aborts_and_stays_failed(site, stage, p
 
 def test_allowlist_can_leave_out_the_selected_platforms_plugin(site):
     _vendor_site(site)
-    res = run_python("""
+    res = run_python(
+        """
         import json, sys, hooks
         hooks.load_plugins()
         import tgt
         print("RESULT:" + json.dumps({"f": tgt.f(1), "vendor": "vendor_pkg.hooks" in sys.modules}))
-    """, sites=[site], env=_env(SGLANG_PLATFORM="vendor", VENDOR_FAIL="callback", SGLANG_PLUGINS="plain"))
+    """,
+        sites=[site],
+        env=_env(SGLANG_PLATFORM="vendor", VENDOR_FAIL="callback", SGLANG_PLUGINS="plain"),
+    )
     assert res.returncode == 0, res
     assert res.data == {"f": [1, "plain"], "vendor": False}
 
@@ -277,10 +387,16 @@ def test_allowlist_can_leave_out_the_selected_platforms_plugin(site):
 # -- diffusion --------------------------------------------------------------------------------------
 def _diffusion_site(site):
     make_dist(site, "dtarget-module", modules={"dtarget.py": "def f(x):\n    return [x]\n"})
-    make_dist(site, "dvendor-platform",
-              {DIFF_PLATFORMS: {"dvendor": "dvendor_pkg:activate"}, DIFF_PLUGINS: {"dvendor": "dvendor_pkg.hooks:register"}},
-              {"dvendor_pkg/__init__.py": "def activate():\n    return 'dvendor_pkg.platform.P'\n",
-               "dvendor_pkg/hooks.py": """
+    make_dist(
+        site,
+        "dvendor-platform",
+        {
+            DIFF_PLATFORMS: {"dvendor": "dvendor_pkg:activate"},
+            DIFF_PLUGINS: {"dvendor": "dvendor_pkg.hooks:register"},
+        },
+        {
+            "dvendor_pkg/__init__.py": "def activate():\n    return 'dvendor_pkg.platform.P'\n",
+            "dvendor_pkg/hooks.py": """
                    import os
                    from hooks.diffusion import HookRegistry, HookType
                    if os.environ.get("DVENDOR_FAIL") == "load":
@@ -291,25 +407,45 @@ def _diffusion_site(site):
                            HookRegistry.register("dtarget.missing", lambda x: x, HookType.REPLACE)
                        if os.environ.get("DVENDOR_FAIL") == "callback":
                            raise RuntimeError("dvendor callback failed")
-               """})
-    make_dist(site, "dother-platform",
-              {DIFF_PLATFORMS: {"dother": "dother_pkg:activate"}, DIFF_PLUGINS: {"dother_extra": "dother_pkg.hooks:register"}},
-              {"dother_pkg/__init__.py": "def activate():\n    return None\n",
-               "dother_pkg/hooks.py": "def register():\n    raise AssertionError('an unselected platform plugin ran')\n"})
-    make_dist(site, "dplain-plugin", {DIFF_PLUGINS: {"dplain": "dplain_mod:register"}, SRT_PLUGINS: {"srtonly": "dplain_mod:srt"}},
-              {"dplain_mod.py": """
+               """,
+        },
+    )
+    make_dist(
+        site,
+        "dother-platform",
+        {
+            DIFF_PLATFORMS: {"dother": "dother_pkg:activate"},
+            DIFF_PLUGINS: {"dother_extra": "dother_pkg.hooks:register"},
+        },
+        {
+            "dother_pkg/__init__.py": "def activate():\n    return None\n",
+            "dother_pkg/hooks.py": "def register():\n    raise AssertionError('an unselected platform plugin ran')\n",
+        },
+    )
+    make_dist(
+        site,
+        "dplain-plugin",
+        {
+            DIFF_PLUGINS: {"dplain": "dplain_mod:register"},
+            SRT_PLUGINS: {"srtonly": "dplain_mod:srt"},
+        },
+        {
+            "dplain_mod.py": """
                   from hooks.diffusion import HookType, plugin_hook
                   def register():
                       plugin_hook("dtarget:f", type=HookType.AFTER)(lambda result, x: result + ["dplain"])
                   def srt():
                       raise AssertionError("an SRT plugin ran in diffusion")
-              """})
+              """
+        },
+    )
 
 
 @pytest.mark.parametrize("override", ["dvendor", None])
 def test_diffusion_registers_without_resolving_then_applies(site, override):
     _diffusion_site(site)
-    res = run_python("""
+    res = run_python(
+        """
         import json, sys
         import hooks.diffusion as d
         d.load_plugins()
@@ -321,20 +457,36 @@ def test_diffusion_registers_without_resolving_then_applies(site, override):
         out.update(f=dtarget.f(1), other=[m for m in ("dother_pkg.hooks",) if m in sys.modules],
                    srt_hooks=len(hooks.HookRegistry.hooks()))
         print("RESULT:" + json.dumps(out))
-    """, sites=[site], env=_env(SGLANG_DIFFUSION_PLATFORM_OVERRIDE=override))
+    """,
+        sites=[site],
+        env=_env(SGLANG_DIFFUSION_PLATFORM_OVERRIDE=override),
+    )
     assert res.returncode == 0, res
-    assert res.data == {"target_imported_after_load": False, "pending": ["dplain", "dvendor"],
-                        "f": [1, "dplain", "dvendor"], "other": [], "srt_hooks": 0}
+    assert res.data == {
+        "target_imported_after_load": False,
+        "pending": ["dplain", "dvendor"],
+        "f": [1, "dplain", "dvendor"],
+        "other": [],
+        "srt_hooks": 0,
+    }
 
 
-@pytest.mark.parametrize("stage, message, cause", [
-    ("load", "failed to load: ImportError: dvendor runtime library is missing", "ImportError"),
-    ("callback", "failed to run its callback: RuntimeError: dvendor callback failed", "RuntimeError"),
-    ("apply", "module 'dtarget' has no attribute 'missing'", "TargetError"),
-])
+@pytest.mark.parametrize(
+    "stage, message, cause",
+    [
+        ("load", "failed to load: ImportError: dvendor runtime library is missing", "ImportError"),
+        (
+            "callback",
+            "failed to run its callback: RuntimeError: dvendor callback failed",
+            "RuntimeError",
+        ),
+        ("apply", "module 'dtarget' has no attribute 'missing'", "TargetError"),
+    ],
+)
 def test_diffusion_selected_platform_plugin_failure_aborts(site, stage, message, cause):
     _diffusion_site(site)
-    res = run_python("""
+    res = run_python(
+        """
         import json
         import hooks.diffusion as d
         try:
@@ -343,7 +495,10 @@ def test_diffusion_selected_platform_plugin_failure_aborts(site, stage, message,
             import dtarget
             print("RESULT:" + json.dumps([exc.plugin, exc.distribution, str(exc), type(exc.__cause__).__name__,
                                           dtarget.f(1)]))
-    """, sites=[site], env=_env(DVENDOR_FAIL=stage))
+    """,
+        sites=[site],
+        env=_env(DVENDOR_FAIL=stage),
+    )
     assert res.returncode == 0, res
     plugin, distribution, text, cause_name, f = res.data
     assert (plugin, distribution, cause_name) == ("dvendor", "dvendor-platform", cause)
@@ -353,9 +508,17 @@ def test_diffusion_selected_platform_plugin_failure_aborts(site, stage, message,
 
 def test_diffusion_rejects_two_plugins_of_one_name_before_importing_either(site):
     for dist, module in (("first-vendor", "first_dup"), ("second-vendor", "second_dup")):
-        make_dist(site, dist, {DIFF_PLUGINS: {"twin": f"{module}:register"}, SRT_PLUGINS: {"twin": f"{module}:register"}},
-                  {f"{module}.py": "import sys\nIMPORTED = True\ndef register():\n    pass\n"})
-    res = run_python("""
+        make_dist(
+            site,
+            dist,
+            {
+                DIFF_PLUGINS: {"twin": f"{module}:register"},
+                SRT_PLUGINS: {"twin": f"{module}:register"},
+            },
+            {f"{module}.py": "import sys\nIMPORTED = True\ndef register():\n    pass\n"},
+        )
+    res = run_python(
+        """
         import json, sys
         import hooks, hooks.diffusion as d
         out = {}
@@ -367,7 +530,9 @@ def test_diffusion_rejects_two_plugins_of_one_name_before_importing_either(site)
         hooks.load_plugins()  # SRT loads both: the rule is diffusion's
         out["srt_imported"] = sorted(m for m in ("first_dup", "second_dup") if m in sys.modules)
         print("RESULT:" + json.dumps(out))
-    """, sites=[site])
+    """,
+        sites=[site],
+    )
     assert res.returncode == 0, res
     kind, text, names = res.data["error"]
     assert kind == "DuplicatePluginError" and names == ["twin"]
@@ -380,7 +545,12 @@ def test_diffusion_rejects_two_plugins_of_one_name_before_importing_either(site)
 # -- once per process: threads, re-entrant calls, fork -----------------------------------------------
 def test_phases_run_once_with_threads_reentrancy_and_fork(site):
     make_dist(site, "ptarget-module", modules={"ptarget.py": "def f(x):\n    return [x]\n"})
-    make_dist(site, "phase-plugin", {SRT_PLUGINS: {"phase": "phase_pkg:register"}}, {"phase_pkg.py": """
+    make_dist(
+        site,
+        "phase-plugin",
+        {SRT_PLUGINS: {"phase": "phase_pkg:register"}},
+        {
+            "phase_pkg.py": """
         import os, threading
         import hooks
         from hooks.hook_registry import HookRegistry, HookType
@@ -408,8 +578,11 @@ def test_phases_run_once_with_threads_reentrancy_and_fork(site):
             if os.getpid() == PARENT:
                 STARTED.set()
                 GO.wait(120)
-    """})
-    res = run_python("""
+    """
+        },
+    )
+    res = run_python(
+        """
         import json, os, signal, sys, threading, time
         import hooks, phase_pkg
 
@@ -469,7 +642,10 @@ def test_phases_run_once_with_threads_reentrancy_and_fork(site):
                    main=ptarget.f(1))
         out["fork_after_done"] = fork_and_check()
         print("RESULT:" + json.dumps(out))
-    """, sites=[site], timeout=180)
+    """,
+        sites=[site],
+        timeout=180,
+    )
     assert res.returncode == 0, res
     out = res.data
     assert out["waiting"] is True
@@ -484,16 +660,24 @@ def test_phases_run_once_with_threads_reentrancy_and_fork(site):
 def test_a_repeated_apply_call_applies_hooks_registered_late_once(site, runtime):
     make_dist(site, "late-target", modules={"late_tgt.py": "def f(x):\n    return [x]\n"})
     group = SRT_PLUGINS if runtime == "srt" else DIFF_PLUGINS
-    make_dist(site, "late-plugin", {group: {"late": "late_pkg:register"}}, {"late_pkg.py": f"""
-        import hooks{'.diffusion' if runtime == 'diffusion' else ''} as h
+    make_dist(
+        site,
+        "late-plugin",
+        {group: {"late": "late_pkg:register"}},
+        {
+            "late_pkg.py": f"""
+        import hooks{".diffusion" if runtime == "diffusion" else ""} as h
 
         def register():
             h.HookRegistry.register("late_tgt.f", lambda result, x: result + ["early"], h.HookType.AFTER)
             h.load_plugins()  # re-entrant: returns at once, applies nothing half registered
-    """})
-    res = run_python(f"""
+    """
+        },
+    )
+    res = run_python(
+        f"""
         import json, logging
-        import hooks{'.diffusion' if runtime == 'diffusion' else ''} as h
+        import hooks{".diffusion" if runtime == "diffusion" else ""} as h
         import late_tgt
         logging.basicConfig(level=logging.INFO)
         calls = [h.apply_plugin_hooks] + ([] if {runtime!r} == "diffusion" else [h.load_plugins])
@@ -505,18 +689,28 @@ def test_a_repeated_apply_call_applies_hooks_registered_late_once(site, runtime)
             call(); call()
             out.append(late_tgt.f(1))
         print("RESULT:" + json.dumps(out))
-    """, sites=[site])
+    """,
+        sites=[site],
+    )
     assert res.returncode == 0, res
     expected = [[1, "early"], [1, "early"], [1, "early", "late0"]]
     if runtime == "srt":
         expected += [[1, "early", "late0"], [1, "early", "late0", "late1"]]
     assert res.data == expected
-    assert res.stderr.count(f"applying 1 {runtime} hook(s) registered after hooks were applied") == len(expected) // 2
+    assert (
+        res.stderr.count(f"applying 1 {runtime} hook(s) registered after hooks were applied")
+        == len(expected) // 2
+    )
 
 
 # -- this project's own hook targets ------------------------------------------------------------------
 def test_a_plugin_adds_an_option_and_a_check_to_server_args(site):
-    make_dist(site, "args-plugin", {SRT_PLUGINS: {"args": "args_plugin:register"}}, {"args_plugin.py": """
+    make_dist(
+        site,
+        "args-plugin",
+        {SRT_PLUGINS: {"args": "args_plugin:register"}},
+        {
+            "args_plugin.py": """
         from hooks import HookRegistry, HookType
 
         def add_option(parser, cls, *args):
@@ -529,8 +723,11 @@ def test_a_plugin_adds_an_option_and_a_check_to_server_args(site):
         def register():
             HookRegistry.register("launcher.server_args.ServerArgs.add_cli_args", add_option, HookType.AFTER)
             HookRegistry.register("launcher.server_args:ServerArgs.check_server_args", check, HookType.BEFORE)
-    """})
-    res = run_python("""
+    """
+        },
+    )
+    res = run_python(
+        """
         import argparse, json, hooks
         hooks.load_plugins()
         from launcher.server_args import ServerArgs
@@ -543,7 +740,10 @@ def test_a_plugin_adds_an_option_and_a_check_to_server_args(site):
         except ValueError as exc:
             error = str(exc)
         print("RESULT:" + json.dumps({"level": ns.my_plugin_level, "error": error}))
-    """, sites=[site], env=clean_env(SGLANG_USE_CPU_ENGINE="1"))  # CPU: no accelerator probe (torch)
+    """,
+        sites=[site],
+        env=clean_env(SGLANG_USE_CPU_ENGINE="1"),
+    )  # CPU: no accelerator probe (torch)
     assert res.returncode == 0, res
     assert res.data == {"level": 3, "error": "args_plugin supports --max-batch-size up to 64"}
 
@@ -561,23 +761,40 @@ def test_pip_installed_demo_platform_plugin_is_required_when_selected(demo_site)
             out = {"error": [exc.plugin, exc.distribution, str(exc.__cause__)]}
         print("RESULT:" + json.dumps(out))
     """
-    ok = run_python(code, sites=[demo_site], env=clean_env(SGLANG_PLATFORM="demo", DEMO_PLATFORM_ENABLE="1"))
+    ok = run_python(
+        code, sites=[demo_site], env=clean_env(SGLANG_PLATFORM="demo", DEMO_PLATFORM_ENABLE="1")
+    )
     assert ok.returncode == 0, ok
-    assert ok.data == {"hooks": [["demo", DEMO_DISTRIBUTION, "AFTER", "launcher.server_args.ServerArgs.__post_init__"]]}
-    broken = run_python(code, sites=[demo_site], env=clean_env(
-        SGLANG_PLATFORM="demo", DEMO_PLATFORM_ENABLE="1", DEMO_PLATFORM_FAIL_HOOKS="1"))
+    assert ok.data == {
+        "hooks": [
+            ["demo", DEMO_DISTRIBUTION, "AFTER", "launcher.server_args.ServerArgs.__post_init__"]
+        ]
+    }
+    broken = run_python(
+        code,
+        sites=[demo_site],
+        env=clean_env(
+            SGLANG_PLATFORM="demo", DEMO_PLATFORM_ENABLE="1", DEMO_PLATFORM_FAIL_HOOKS="1"
+        ),
+    )
     assert broken.returncode == 0, broken
-    assert broken.data == {"error": ["demo", DEMO_DISTRIBUTION, "demo plugin: DEMO_PLATFORM_FAIL_HOOKS=1"]}
+    assert broken.data == {
+        "error": ["demo", DEMO_DISTRIBUTION, "demo plugin: DEMO_PLATFORM_FAIL_HOOKS=1"]
+    }
     # Not the selected platform (no platform selected explicitly, demo hardware off): best effort.
     other = run_python(code, sites=[demo_site], env=clean_env(DEMO_PLATFORM_FAIL_HOOKS="1"))
     assert other.returncode == 0, other
-    assert other.data == {"hooks": []} and "plugin 'demo' (sglang-launch-demo-platform) failed to run its callback" in other.stderr
+    assert (
+        other.data == {"hooks": []}
+        and "plugin 'demo' (sglang-launch-demo-platform) failed to run its callback" in other.stderr
+    )
 
 
 @pytest.mark.e2e  # pip-installs the demo plugin
 def test_demo_plugin_hook_runs_once_in_a_forked_child(demo_site):
     # The demo's callback registers a fresh closure each call; a forked child re-runs the callback.
-    res = run_python("""
+    res = run_python(
+        """
         import json, os
         import hooks
         from demo_platform_plugin import hooks as demo
@@ -595,6 +812,9 @@ def test_demo_plugin_hook_runs_once_in_a_forked_child(demo_site):
         child = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         ServerArgs()
         print("RESULT:" + json.dumps([child, demo.CALLS == [f"srt {os.getpid()}"]]))
-    """, sites=[demo_site], env=clean_env(SGLANG_PLATFORM="demo", DEMO_PLATFORM_ENABLE="1"))
+    """,
+        sites=[demo_site],
+        env=clean_env(SGLANG_PLATFORM="demo", DEMO_PLATFORM_ENABLE="1"),
+    )
     assert res.returncode == 0, res
     assert res.data == [0, True]

@@ -36,7 +36,9 @@ def modules(tmp_path, monkeypatch):
         name = f"hooktarget_{next(_ids)}"
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
         for suffix, text in companions.items():
-            (tmp_path / f"{name}_{suffix}.py").write_text(textwrap.dedent(text).replace("TARGET", name))
+            (tmp_path / f"{name}_{suffix}.py").write_text(
+                textwrap.dedent(text).replace("TARGET", name)
+            )
         importlib.invalidate_caches()
         created.append(name)
         return importlib.import_module(name)
@@ -61,7 +63,9 @@ def add(x, y=10):
 
 
 def test_each_hook_type_follows_the_spec_return_rules(modules, registry):
-    mod = modules(FUNCS + """
+    mod = modules(
+        FUNCS
+        + """
 def keep(x, y=10):
     return x + y
 def swap(x, y=10):
@@ -70,17 +74,28 @@ def wrapped(x, y=10):
     return x + y
 def replaced(x, y=10):
     return x + y
-""")
+"""
+    )
     seen = []
-    registry.register(f"{mod.__name__}.keep", lambda x, y: seen.append(("before", x, y)), HookType.BEFORE)
+    registry.register(
+        f"{mod.__name__}.keep", lambda x, y: seen.append(("before", x, y)), HookType.BEFORE
+    )
     registry.register(f"{mod.__name__}.add", lambda x, y: ((x * 2, y), {}), HookType.BEFORE)
-    registry.register(f"{mod.__name__}.keep", lambda result, x, y: seen.append(("after", result)), HookType.AFTER)
+    registry.register(
+        f"{mod.__name__}.keep", lambda result, x, y: seen.append(("after", result)), HookType.AFTER
+    )
     registry.register(f"{mod.__name__}.swap", lambda result, x, y: -result, HookType.AFTER)
-    registry.register(f"{mod.__name__}.wrapped", lambda original_fn, x, y: original_fn(x, y=0) + 0.5, HookType.AROUND)
+    registry.register(
+        f"{mod.__name__}.wrapped",
+        lambda original_fn, x, y: original_fn(x, y=0) + 0.5,
+        HookType.AROUND,
+    )
     registry.register(f"{mod.__name__}.replaced", lambda x, y=10: "replaced", HookType.REPLACE)
     registry.apply_hooks()
 
-    assert mod.keep(1) == 11  # BEFORE returning None keeps the arguments, AFTER returning None the result
+    assert (
+        mod.keep(1) == 11
+    )  # BEFORE returning None keeps the arguments, AFTER returning None the result
     assert seen == [("before", 1, 10), ("after", 11)]
     assert mod.add(1, 2) == 4  # BEFORE returning (args, kwargs) changes them
     assert mod.swap(1) == -11  # AFTER returning a value replaces the result
@@ -135,8 +150,12 @@ def helper(x):
     return ("helper", x)
 """)
     name = mod.__name__
-    registry.register(f"{name}:Service.handle", lambda result, self, x: result + ("colon",), HookType.AFTER)
-    registry.register(f"{name}.Service.handle", lambda result, self, x: result + ("dotted",), HookType.AFTER)
+    registry.register(
+        f"{name}:Service.handle", lambda result, self, x: result + ("colon",), HookType.AFTER
+    )
+    registry.register(
+        f"{name}.Service.handle", lambda result, self, x: result + ("dotted",), HookType.AFTER
+    )
     registry.register(f"{name}:helper", lambda result, x: result + ("colon",), HookType.AFTER)
     registry.register(f"{name}.helper", lambda result, x: result + ("dotted",), HookType.AFTER)
     registry.apply_hooks()
@@ -144,14 +163,18 @@ def helper(x):
     assert mod.helper(2) == ("helper", 2, "colon", "dotted")
 
 
-@pytest.mark.parametrize("form", ["{pkg}.inner.deep.C.run", "{pkg}:inner.deep.C.run", "{pkg}.inner:deep.C.run"])
+@pytest.mark.parametrize(
+    "form", ["{pkg}.inner.deep.C.run", "{pkg}:inner.deep.C.run", "{pkg}.inner:deep.C.run"]
+)
 def test_target_in_a_package_submodule_not_yet_imported(tmp_path, monkeypatch, registry, form):
     # The entry-point form treats the colon as a dot: submodules after it are imported too.
     pkg = f"hookpkg_{next(_ids)}"
     (tmp_path / pkg / "inner").mkdir(parents=True)
     (tmp_path / pkg / "__init__.py").write_text("")
     (tmp_path / pkg / "inner" / "__init__.py").write_text("")
-    (tmp_path / pkg / "inner" / "deep.py").write_text("class C:\n    def run(self):\n        return 'run'\n")
+    (tmp_path / pkg / "inner" / "deep.py").write_text(
+        "class C:\n    def run(self):\n        return 'run'\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         registry.register(form.format(pkg=pkg), lambda result, self: result.upper(), HookType.AFTER)
@@ -182,9 +205,15 @@ class Child(Base):
 """)
     name = mod.__name__
     calls = []
-    registry.register(f"{name}.Base.method", lambda self, x: calls.append(("method", x)), HookType.BEFORE)
-    registry.register(f"{name}.Base.static", lambda original_fn, x: original_fn(x + 1), HookType.AROUND)
-    registry.register(f"{name}.Base.build", lambda result, cls, x: result + (cls.__name__,), HookType.AFTER)
+    registry.register(
+        f"{name}.Base.method", lambda self, x: calls.append(("method", x)), HookType.BEFORE
+    )
+    registry.register(
+        f"{name}.Base.static", lambda original_fn, x: original_fn(x + 1), HookType.AROUND
+    )
+    registry.register(
+        f"{name}.Base.build", lambda result, cls, x: result + (cls.__name__,), HookType.AFTER
+    )
     registry.apply_hooks()
 
     assert isinstance(mod.Base.__dict__["static"], staticmethod)
@@ -203,7 +232,9 @@ class Base:
 class Child(Base):
     pass
 """)
-    registry.register(f"{mod.__name__}.Child.run", lambda result, self: result + "+hook", HookType.AFTER)
+    registry.register(
+        f"{mod.__name__}.Child.run", lambda result, self: result + "+hook", HookType.AFTER
+    )
     registry.apply_hooks()
     assert mod.Child().run() == "base+hook"
     assert mod.Base().run() == "base"
@@ -241,7 +272,9 @@ def make():
 def test_non_replace_hook_on_a_class_target_is_reported_at_apply(modules, registry):
     mod = modules("class Thing:\n    pass\n")
     registry.register(f"{mod.__name__}.Thing", lambda *a, **k: None, HookType.BEFORE)
-    with pytest.raises(HookError, match=r"is a class; a BEFORE hook needs a function or method: hook .*__init__"):
+    with pytest.raises(
+        HookError, match=r"is a class; a BEFORE hook needs a function or method: hook .*__init__"
+    ):
         registry.apply_hooks()
     assert registry.hooks() == []  # the failing hook is gone, nothing half applied
     assert mod.Thing.__init__ is object.__init__
@@ -269,11 +302,17 @@ class Client:
         return result + 1
 
     registry.register(f"{name}.fetch", lambda x: log.append(("before", x)), HookType.BEFORE)
-    registry.register(f"{name}.fetch", lambda result, x: result * 10, HookType.AFTER)  # gets the awaited result
+    registry.register(
+        f"{name}.fetch", lambda result, x: result * 10, HookType.AFTER
+    )  # gets the awaited result
     registry.register(f"{name}.fetch", async_around, HookType.AROUND)
-    registry.register(f"{name}.plain", lambda original_fn, x: original_fn(x + 1), HookType.AROUND)  # sync around
+    registry.register(
+        f"{name}.plain", lambda original_fn, x: original_fn(x + 1), HookType.AROUND
+    )  # sync around
     registry.register(f"{name}.swapped", lambda x: ("sync replacement", x), HookType.REPLACE)
-    registry.register(f"{name}.Client.get", lambda result, self, x: result + ("after",), HookType.AFTER)
+    registry.register(
+        f"{name}.Client.get", lambda result, self, x: result + ("after",), HookType.AFTER
+    )
     registry.apply_hooks()
 
     for func in (mod.fetch, mod.plain, mod.swapped, mod.Client.get):
@@ -305,6 +344,7 @@ def work(trace):
             out = original_fn(trace)
             trace.append(tag + "-out")
             return out
+
         return hook
 
     # Interleaved on purpose: order within a type is registration order.
@@ -319,7 +359,15 @@ def work(trace):
     trace = []
     result = mod.work(trace)
     # AROUND: the last registered is outermost, as in SGLang and pluggy.
-    assert trace == ["before1", "before2", "around2-in", "around1-in", "target", "around1-out", "around2-out"]
+    assert trace == [
+        "before1",
+        "before2",
+        "around2-in",
+        "around1-in",
+        "target",
+        "around1-out",
+        "around2-out",
+    ]
     assert result == ["result", "after1", "after2"]
 
 
@@ -329,10 +377,12 @@ def work(trace):
     trace.append("target")
 """)
     for tag in ("a", "b", "c"):
+
         def hook(original_fn, trace, tag=tag):
             trace.append(tag + "-in")
             original_fn(trace)
             trace.append(tag + "-out")
+
         registry.register(f"{mod.__name__}.work", hook, HookType.AROUND)
     registry.apply_hooks()
     trace = []
@@ -409,14 +459,17 @@ def test_registering_the_same_hook_twice_is_a_no_op(modules, registry):
 
 
 def test_replace_binds_the_replacement_and_a_saved_original_does_not_recurse(modules, registry):
-    mod = modules(FUNCS, plugin="""
+    mod = modules(
+        FUNCS,
+        plugin="""
 import TARGET as target
 
 original = target.add  # saved before hooks are applied
 
 def add(x, y=10):
     return ("plugin", original(x, y))
-""")
+""",
+    )
     plugin = importlib.import_module(f"{mod.__name__}_plugin")
     registry.register(f"{mod.__name__}.add", plugin.add, HookType.REPLACE)
     registry.apply_hooks()
@@ -431,7 +484,9 @@ def full(a, b=2, /, c=3, *rest, d, e=5, **extra):
     return (a, b, c, rest, d, e, extra)
 """)
     seen = []
-    registry.register(f"{mod.__name__}.full", lambda *args, **kwargs: seen.append((args, kwargs)), HookType.BEFORE)
+    registry.register(
+        f"{mod.__name__}.full", lambda *args, **kwargs: seen.append((args, kwargs)), HookType.BEFORE
+    )
     registry.apply_hooks()
     before = inspect.signature(mod.full.__wrapped__)
     assert inspect.signature(mod.full) == before
@@ -452,7 +507,9 @@ def test_before_hook_returning_garbage_gets_an_error_naming_it(modules, registry
 
     registry.register(f"{mod.__name__}.add", sloppy, HookType.BEFORE)
     registry.apply_hooks()
-    with pytest.raises(TypeError, match=r"BEFORE hook .*sloppy .*returned 42; .*None .*\(args, kwargs\)"):
+    with pytest.raises(
+        TypeError, match=r"BEFORE hook .*sloppy .*returned 42; .*None .*\(args, kwargs\)"
+    ):
         mod.add(1)
 
 
@@ -488,9 +545,12 @@ def test_a_failing_plugin_loses_all_its_hooks_and_others_stay(modules, registry,
 
 
 def test_original_still_bound_elsewhere_is_named_in_one_warning(modules, registry, caplog):
-    mod = modules(FUNCS, early="""
+    mod = modules(
+        FUNCS,
+        early="""
 from TARGET import add  # imported before hooks were applied
-""")
+""",
+    )
     early = importlib.import_module(f"{mod.__name__}_early")
     registry.register(f"{mod.__name__}.add", lambda result, x, y: result + 1, HookType.AFTER)
     with caplog.at_level(logging.WARNING, logger="hooks"):
@@ -525,8 +585,11 @@ class Child(Plain):
 
     seen = []
     registry.register(f"{mod.__name__}.pid", lambda result: ("pid", result), HookType.AFTER)
-    registry.register(f"{mod.__name__}.Child.__init__", lambda self, *a, **k: seen.append(type(self).__name__),
-                      HookType.BEFORE)
+    registry.register(
+        f"{mod.__name__}.Child.__init__",
+        lambda self, *a, **k: seen.append(type(self).__name__),
+        HookType.BEFORE,
+    )
     registry.apply_hooks()
     assert mod.pid() == ("pid", os.getpid())
     mod.Child()
@@ -538,10 +601,13 @@ class Child(Plain):
 
 def test_adopt_attributes_hooks_of_no_plugin_by_their_module(modules, registry):
     target = modules(FUNCS)
-    owner = modules("""
+    owner = modules(
+        """
 def hook(result, x, y):
     return result
-""", extra="def hook(result, x, y):\n    return result\n")
+""",
+        extra="def hook(result, x, y):\n    return result\n",
+    )
     other = modules("def hook(result, x, y):\n    return result\n")
     extra = importlib.import_module(f"{owner.__name__}_extra")
     for fn in (owner.hook, extra.hook, other.hook):
@@ -550,7 +616,9 @@ def hook(result, x, y):
     with plugin_source(PluginSource("theirs", "their-dist", "sglang.srt.plugins")):
         registry.register(f"{target.__name__}.g", owner.hook)  # already someone's: left alone
     adopted = registry.adopt(owner.__name__, source)
-    assert [h.func for h in adopted] == [owner.hook]  # a sibling module with a longer name is not a submodule
+    assert [h.func for h in adopted] == [
+        owner.hook
+    ]  # a sibling module with a longer name is not a submodule
     by_func = {(h.func, h.path.dotted): h.source for h in registry.hooks()}
     assert by_func[(owner.hook, f"{target.__name__}.add")] == source
     assert by_func[(extra.hook, f"{target.__name__}.add")] is None

@@ -16,11 +16,22 @@ from launcher.workers.metrics import Metrics
 
 
 def make_app(**state):
-    return create_app(AppState(client=SchedulerClient([]), metrics=Metrics(), server_args=None,
-                               served_name="tiny", model_path="/models/tiny", platform={}, **state))
+    return create_app(
+        AppState(
+            client=SchedulerClient([]),
+            metrics=Metrics(),
+            server_args=None,
+            served_name="tiny",
+            model_path="/models/tiny",
+            platform={},
+            **state,
+        )
+    )
 
 
-def call(app, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> httpx.Response:
+def call(
+    app, method: str, path: str, body: bytes | None = None, headers: dict | None = None
+) -> httpx.Response:
     async def go():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
@@ -33,8 +44,12 @@ def test_openapi_is_built_from_the_route_table_that_dispatches():
     app = make_app()
     doc = call(app, "GET", "/openapi.json").json()
     assert doc["openapi"].startswith("3.1")
-    served = {(r.method.lower(), r.path) for by_method in app.routes.values() for r in by_method.values()
-              if r.in_schema}
+    served = {
+        (r.method.lower(), r.path)
+        for by_method in app.routes.values()
+        for r in by_method.values()
+        if r.in_schema
+    }
     documented = {(method, path) for path, ops in doc["paths"].items() for method in ops}
     assert documented == served
     schemas = doc["components"]["schemas"]
@@ -43,36 +58,85 @@ def test_openapi_is_built_from_the_route_table_that_dispatches():
             if route.body is None or not route.in_schema:
                 continue
             ref = doc["paths"][route.path][route.method.lower()]["requestBody"]["content"][
-                "application/json"]["schema"]["$ref"]
+                "application/json"
+            ]["schema"]["$ref"]
             assert ref == f"#/components/schemas/{route.body.__name__}"
             assert schemas[route.body.__name__]["type"] == "object"
     embedding = schemas["EmbeddingRequest"]["properties"]
     assert embedding["encoding_format"]["enum"] == ["float", "base64"]
     assert schemas["EmbeddingRequest"]["required"] == ["input"]
     page = call(app, "GET", "/docs")
-    assert page.status_code == 200 and "openapi.json" in page.text and "swagger" in page.text.lower()
+    assert (
+        page.status_code == 200 and "openapi.json" in page.text and "swagger" in page.text.lower()
+    )
 
 
 REFUSED = [  # (path, body, status, param, words)
-    ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, 400, "encoding_format", "'float' or 'base64'"),
+    (
+        "/v1/embeddings",
+        {"input": "x", "encoding_format": "int8"},
+        400,
+        "encoding_format",
+        "'float' or 'base64'",
+    ),
     ("/v1/embeddings", {"input": ["a", ""]}, 400, "input[1]", "input[1] must not be empty"),
     ("/v1/embeddings", {"input": "x", "dimensions": 8}, 400, "dimensions", "leave dimensions out"),
     ("/v1/embeddings", {"input": "x", "model": "other"}, 404, "model", "serves 'tiny'"),
     ("/v1/completions", {}, 400, "prompt", "prompt is required"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "between 1 and"),
     ("/v1/completions", {"prompt": "x", "n": 3}, 400, "n", "n is not supported"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 2}, 400, "logprobs", "logprobs is not supported"),
+    (
+        "/v1/completions",
+        {"prompt": "x", "logprobs": 2},
+        400,
+        "logprobs",
+        "logprobs is not supported",
+    ),
     ("/v1/completions", {"prompt": "x", "echo": True}, 400, "echo", "echo is not supported"),
     ("/v1/completions", {"prompt": ["a", "b"], "stream": True}, 400, "prompt", "one prompt"),
-    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "temperature",
-     "temperature must be a number, not a string"),
-    ("/generate", {"text": "x", "sampling_params": {"temperature": 3}}, 400, "sampling_params.temperature",
-     "between 0.0 and 2.0"),
-    ("/generate", {"text": "x", "sampling_params": {"stop": ["a"] * 5}}, 400, "sampling_params.stop", "at most 4"),
-    ("/generate", {"text": "x", "sampling_params": {"top_p": 0}}, 400, "sampling_params.top_p", "more than 0"),
-    ("/generate", {"text": "x", "sampling_params": {"seed": -1}}, 400, "sampling_params.seed", "between 0"),
+    (
+        "/v1/completions",
+        {"prompt": "x", "temperature": "hot"},
+        400,
+        "temperature",
+        "temperature must be a number, not a string",
+    ),
+    (
+        "/generate",
+        {"text": "x", "sampling_params": {"temperature": 3}},
+        400,
+        "sampling_params.temperature",
+        "between 0.0 and 2.0",
+    ),
+    (
+        "/generate",
+        {"text": "x", "sampling_params": {"stop": ["a"] * 5}},
+        400,
+        "sampling_params.stop",
+        "at most 4",
+    ),
+    (
+        "/generate",
+        {"text": "x", "sampling_params": {"top_p": 0}},
+        400,
+        "sampling_params.top_p",
+        "more than 0",
+    ),
+    (
+        "/generate",
+        {"text": "x", "sampling_params": {"seed": -1}},
+        400,
+        "sampling_params.seed",
+        "between 0",
+    ),
     ("/generate", {"text": ["x"]}, 400, "text", "text must be a string, not a list"),
-    ("/generate", {"text": "x", "sampling_params": 5}, 400, "sampling_params", "must be a JSON object"),
+    (
+        "/generate",
+        {"text": "x", "sampling_params": 5},
+        400,
+        "sampling_params",
+        "must be a JSON object",
+    ),
 ]
 
 
@@ -87,8 +151,13 @@ def test_refusals_name_the_field(case):
 
 
 def test_any_content_type_is_read_as_json():
-    r = call(make_app(), "POST", "/generate", b'{"text": ""}',
-             headers={"content-type": "application/x-www-form-urlencoded"})
+    r = call(
+        make_app(),
+        "POST",
+        "/generate",
+        b'{"text": ""}',
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "text"
 
 
@@ -119,10 +188,19 @@ def test_metrics_page_parses_with_prometheus_client():
     r = call(app, "GET", "/metrics")
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
-    assert {"sglang_requests", "sglang_request_latency_seconds", "sglang_batch_size", "sglang_queue_depth",
-            "sglang_prompt_tokens", "sglang_completion_tokens"} <= set(families)
-    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
-              for f in families.values() for s in f.samples}
+    assert {
+        "sglang_requests",
+        "sglang_request_latency_seconds",
+        "sglang_batch_size",
+        "sglang_queue_depth",
+        "sglang_prompt_tokens",
+        "sglang_completion_tokens",
+    } <= set(families)
+    values = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in families.values()
+        for s in f.samples
+    }
     assert values[("sglang_requests_total", (("route", "/generate"), ("status", "400")))] == 1
     assert values[("sglang_requests_total", (("route", "other"), ("status", "404")))] == 1
     assert values[("sglang_batch_size_bucket", (("le", "4.0"),))] == 1

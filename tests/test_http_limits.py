@@ -21,8 +21,18 @@ from support import REPO, wait_for
 
 pytestmark = pytest.mark.e2e
 
-LIMITS = ["--http-header-timeout", "1", "--http-body-timeout", "1", "--max-connections", "4",
-          "--request-timeout", "2", "--watchdog-timeout", "0"]
+LIMITS = [
+    "--http-header-timeout",
+    "1",
+    "--http-body-timeout",
+    "1",
+    "--max-connections",
+    "4",
+    "--request-timeout",
+    "2",
+    "--watchdog-timeout",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +60,10 @@ def _read_until_closed(sock: socket.socket) -> bytes:
 
 def test_a_stalled_body_is_answered_408_and_closed(server):
     with _connect(server) as sock:
-        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                     b"content-length: 100\r\n\r\n{")
+        sock.sendall(
+            b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 100\r\n\r\n{"
+        )
         reply = _read_until_closed(sock)  # the socket's own 30 s timeout fails the test otherwise
     assert reply.startswith(b"HTTP/1.1 408"), reply
 
@@ -67,19 +79,31 @@ def test_a_connection_over_the_cap_gets_503(server):
     idle = [_connect(server) for _ in range(4)]  # held open, headers not sent yet
     try:
         # The server sees the four once its loop has accepted them: from then on, one more is refused.
-        r = wait_for(lambda: (r := httpx.get(server.url + "/health", timeout=30)).status_code == 503 and r,
-                     10, "a fifth connection to be refused")
+        r = wait_for(
+            lambda: (r := httpx.get(server.url + "/health", timeout=30)).status_code == 503 and r,
+            10,
+            "a fifth connection to be refused",
+        )
         assert "Service Unavailable" in r.text
     finally:
         for sock in idle:
             sock.close()
-    wait_for(lambda: httpx.get(server.url + "/health", timeout=30).status_code == 200, 30,
-             "the server to take connections again")
+    wait_for(
+        lambda: httpx.get(server.url + "/health", timeout=30).status_code == 200,
+        30,
+        "the server to take connections again",
+    )
 
 
 def test_a_request_not_answered_in_time_gets_504_json(server):
-    status = subprocess.run([sys.executable, "-m", "launcher", "status", "--json"], env=server.env, cwd=str(REPO),
-                            capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "launcher", "status", "--json"],
+        env=server.env,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     scheduler = next(w for w in json.loads(status.stdout)["workers"] if w["role"] == "scheduler")
     os.kill(scheduler["pid"], signal.SIGSTOP)
     try:
@@ -99,7 +123,12 @@ def test_oversize_text_is_refused_by_its_length_before_tokenising(server):
     assert "characters, far more than this model's limit" in huge.json()["error"]["message"]
     # Just over the limit: tokenised, and refused by its token count as before.
     over = httpx.post(server.url + "/v1/embeddings", json={"input": "word " * 600}, timeout=60)
-    assert over.status_code == 400 and "tokens, more than this model's limit" in over.json()["error"]["message"]
+    assert (
+        over.status_code == 400
+        and "tokens, more than this model's limit" in over.json()["error"]["message"]
+    )
     # Whitespace does not count towards the bound.
-    spaced = httpx.post(server.url + "/v1/embeddings", json={"input": "word" + " " * 50_000}, timeout=60)
+    spaced = httpx.post(
+        server.url + "/v1/embeddings", json={"input": "word" + " " * 50_000}, timeout=60
+    )
     assert spaced.status_code == 200, spaced.text

@@ -22,7 +22,7 @@ from support import REPO, clean_env, free_port
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
 
-APP = '''
+APP = """
 import json, multiprocessing, os, sys
 from launcher import Launcher, LaunchError  # module scope: spawn children re-run this line
 
@@ -81,20 +81,28 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 def test_an_application_embedding_launcher(tmp_path):
     port = free_port()
     app = tmp_path / "app.py"
     app.write_text(textwrap.dedent(APP).replace("PORT", str(port)))
-    env = clean_env(PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]), XDG_RUNTIME_DIR=short_runtime_dir())
-    proc = subprocess.run([sys.executable, str(app)], env=env, cwd=str(tmp_path), capture_output=True,
-                          text=True, timeout=300)
+    env = clean_env(
+        PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]), XDG_RUNTIME_DIR=short_runtime_dir()
+    )
+    proc = subprocess.run(
+        [sys.executable, str(app)],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     line = [line for line in proc.stdout.splitlines() if line.startswith("RESULT:")]
     assert line, proc.stderr
-    result = json.loads(line[0][len("RESULT:"):])
+    result = json.loads(line[0][len("RESULT:") :])
 
     # `from launcher import Launcher` is a lazy facade.
     assert result["heavy_at_import"] == []
@@ -107,7 +115,9 @@ def test_an_application_embedding_launcher(tmp_path):
     # A failing child: LaunchError with the root cause, and nothing left behind.
     failed = result["failed"]
     assert failed["worker"] == "scheduler.0" and failed["phase"] == "ready"
-    assert failed["error_type"] == "RuntimeError" and failed["message"] == "worker failed on purpose"
+    assert (
+        failed["error_type"] == "RuntimeError" and failed["message"] == "worker failed on purpose"
+    )
     assert failed["traceback"] and failed["exit_code"] == 1
     assert "scheduler.0 failed while running the worker target" in failed["text"]
     assert result["children_after_failure"] == []

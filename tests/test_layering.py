@@ -92,7 +92,9 @@ def violations_of(path: Path, root: Path = ROOT) -> list[str]:
         rule = None
         if mine == "platforms" and theirs != "platforms":
             rule = "platforms imports no other project package"
-        elif mine == "hooks" and (theirs not in ("hooks", "platforms") or theirs != mine and private):
+        elif mine == "hooks" and (
+            theirs not in ("hooks", "platforms") or theirs != mine and private
+        ):
             rule = "hooks imports only platforms' public API"
         elif mine == "bootstrap" and theirs not in ("bootstrap", "platforms"):
             rule = "bootstrap imports only platforms (hooks and targets by dotted-path string)"
@@ -134,7 +136,10 @@ def test_the_checker_sees_each_rule(tmp_path: Path) -> None:
         ("hooks.x", "def f():\n    from platforms import _selection\n"): "hooks imports only",
         ("hooks.x", "from launcher import cli\n"): "hooks imports only",
         ("bootstrap.x", "import hooks.hook_registry\n"): "bootstrap imports only",
-        ("launcher.x", "def f():\n    from .workers import app\n"): "never imports launcher.workers",
+        (
+            "launcher.x",
+            "def f():\n    from .workers import app\n",
+        ): "never imports launcher.workers",
         ("launcher.commands.x", "from .. import workers\n"): "never imports launcher.workers",
         ("launcher.workers.x", "from launcher._plan import Plan\n"): "workers import only public",
         ("launcher.x", "from platforms._state import X\n"): "no private module",

@@ -57,7 +57,8 @@ def test_default_model_is_the_packaged_minilm_with_its_declared_pooling(embedder
     assert info["pooling"] == {"mode": "mean", "normalize": True, "declared_by": "modules.json"}
     assert info["max_input_tokens"] == 256  # sentence_bert_config.json's max_seq_length
     cat, kitten, stocks = embedder.embed(
-        ["a cat sits on the mat", "a kitten rests on a rug", "stock prices fell sharply"])
+        ["a cat sits on the mat", "a kitten rests on a rug", "stock prices fell sharply"]
+    )
     assert len(cat) == 384
     assert abs(sum(x * x for x in cat) - 1.0) < 1e-4  # the Normalize module is applied
     assert cosine(cat, kitten) > cosine(cat, stocks) + 0.3
@@ -69,17 +70,29 @@ def test_default_model_is_the_packaged_minilm_with_its_declared_pooling(embedder
 def test_runner_calls_the_platform_contract(embedder):
     memory = embedder.memory_info()
     assert memory["total_bytes"] > 0 and memory["available_bytes"] > 0 and memory["used_bytes"] > 0
-    expected = {"seed_everything", "get_device", "get_default_attention_backend", "is_cpu",
-                "inference_mode", "synchronize", "empty_cache", "get_device_total_memory",
-                "get_available_memory", "get_current_memory_usage"}
+    expected = {
+        "seed_everything",
+        "get_device",
+        "get_default_attention_backend",
+        "is_cpu",
+        "inference_mode",
+        "synchronize",
+        "empty_cache",
+        "get_device_total_memory",
+        "get_available_memory",
+        "get_current_memory_usage",
+    }
     assert expected <= embedder.platform.calls
     assert embedder.describe()["attention"] == "sdpa"  # the CPU platform's torch_native
 
 
 def test_plain_encoder_without_pooling_config_gets_unnormalised_mean(tmp_path):
     plain = tmp_path / "plain-bert"
-    shutil.copytree(default_model_dir(), plain, ignore=shutil.ignore_patterns(
-        "modules.json", "1_Pooling", "sentence_bert_config.json"))
+    shutil.copytree(
+        default_model_dir(),
+        plain,
+        ignore=shutil.ignore_patterns("modules.json", "1_Pooling", "sentence_bert_config.json"),
+    )
     runner = ModelRunner(resolve_model(plain), platform=CpuSRTPlatform())
     assert runner.describe()["pooling"]["normalize"] is False
     (vector,) = runner.embed(["a cat sits on the mat"])
@@ -101,7 +114,14 @@ def test_generation_counts_determinism_and_matches_transformers_greedy(tiny):
     import torch
 
     a = _seq(tiny, "a", "hello world", max_new_tokens=12, temperature=0.0, ignore_eos=True)
-    b = _seq(tiny, "b", "the quick brown fox jumps over", max_new_tokens=5, temperature=0.0, ignore_eos=True)
+    b = _seq(
+        tiny,
+        "b",
+        "the quick brown fox jumps over",
+        max_new_tokens=5,
+        temperature=0.0,
+        ignore_eos=True,
+    )
     tiny.generate([a, b])
     assert (len(a.output_ids), a.finish_reason) == (12, "length")
     assert (len(b.output_ids), b.finish_reason) == (5, "length")
@@ -111,7 +131,7 @@ def test_generation_counts_determinism_and_matches_transformers_greedy(tiny):
     ids = torch.tensor([tiny.encode_prompt("hello world", 12)])
     with torch.inference_mode():
         ref = tiny.model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
-    assert ref[0, ids.shape[1]:].tolist() == a.output_ids
+    assert ref[0, ids.shape[1] :].tolist() == a.output_ids
 
 
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(tiny):
@@ -132,7 +152,9 @@ def test_stop_string_truncates_and_finishes(tiny):
     tiny.generate([free])
     words = free.text.split()
     stop = words[2]
-    cut = _seq(tiny, "c", "hello world", max_new_tokens=8, temperature=0.0, ignore_eos=True, stop=(stop,))
+    cut = _seq(
+        tiny, "c", "hello world", max_new_tokens=8, temperature=0.0, ignore_eos=True, stop=(stop,)
+    )
     tiny.generate([cut])
     assert cut.finish_reason == "stop"
     assert stop not in cut.text and free.text.startswith(cut.text)

@@ -19,11 +19,20 @@ from support import free_port
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="subreapers and pidfds are Linux's"),
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="subreapers and pidfds are Linux's"
+    ),
 ]
 
-ARGS = [*FAST, "--tp-size", "2", "--scheduler-target", "workers_for_tests.spawn_descendants",
-        "--http-target", READY_WAIT]
+ARGS = [
+    *FAST,
+    "--tp-size",
+    "2",
+    "--scheduler-target",
+    "workers_for_tests.spawn_descendants",
+    "--http-target",
+    READY_WAIT,
+]
 
 
 def _start(run_args=ARGS) -> tuple[Run, list[dict]]:
@@ -43,15 +52,25 @@ def _start(run_args=ARGS) -> tuple[Run, list[dict]]:
 
 
 def _tree_pids(schedulers: list[dict]) -> list[int]:
-    return [pid for w in schedulers for pid in (w["pid"], w["info"]["child"], w["info"]["detached"])]
+    return [
+        pid for w in schedulers for pid in (w["pid"], w["info"]["child"], w["info"]["detached"])
+    ]
 
 
 def _assert_gone_within(run: Run, pids: list[int], seconds: float) -> None:
     def gone():
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            p
+            for p in pids
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
         return not alive and not run.leftovers()
 
-    wait_for(gone, seconds, f"every descendant of the launch to be gone: {[p.pid for p in run.leftovers()]}")
+    wait_for(
+        gone,
+        seconds,
+        f"every descendant of the launch to be gone: {[p.pid for p in run.leftovers()]}",
+    )
 
 
 def test_sigkill_of_the_launcher_ends_children_and_setsid_grandchildren():
@@ -69,8 +88,11 @@ def test_a_stopped_worker_and_its_tree_end_with_a_sigkilled_launcher():
     with run:
         pids = _tree_pids(schedulers)
         os.kill(schedulers[0]["pid"], signal.SIGSTOP)
-        wait_for(lambda: psutil.Process(schedulers[0]["pid"]).status() == psutil.STATUS_STOPPED, 10,
-                 "the worker to stop")
+        wait_for(
+            lambda: psutil.Process(schedulers[0]["pid"]).status() == psutil.STATUS_STOPPED,
+            10,
+            "the worker to stop",
+        )
         os.kill(run.pid, signal.SIGKILL)
         run.wait(10)
         _assert_gone_within(run, pids, 60)

@@ -36,8 +36,12 @@ def generator(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("openai-tiny")
     path = build_tiny_llama(tmp / "tiny-llama", default_model_dir())
-    srv = start_server(["--model-path", str(path), "--api-key", KEY], tmp, "tiny",
-                       headers={"Authorization": f"Bearer {KEY}"})
+    srv = start_server(
+        ["--model-path", str(path), "--api-key", KEY],
+        tmp,
+        "tiny",
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
     yield srv
     srv.stop()
 
@@ -49,18 +53,24 @@ def client_for(server, api_key: str = "unused") -> openai.OpenAI:
 def test_embeddings_default_base64_and_float_agree(embedder):
     client = client_for(embedder)
     default = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS)
-    floats = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS, encoding_format="float")
+    floats = client.embeddings.create(
+        model="all-MiniLM-L6-v2", input=TEXTS, encoding_format="float"
+    )
     assert [d.index for d in default.data] == [0, 1]
     assert [len(d.embedding) for d in default.data] == [384, 384]
     assert [d.embedding for d in default.data] == [d.embedding for d in floats.data]
     assert default.model == "all-MiniLM-L6-v2" and default.usage.prompt_tokens > 0
     one = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS[0])
-    alone = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS[0], encoding_format="float")
+    alone = client.embeddings.create(
+        model="all-MiniLM-L6-v2", input=TEXTS[0], encoding_format="float"
+    )
     assert one.data[0].embedding == alone.data[0].embedding
 
 
 def test_base64_is_little_endian_float32_as_openai_defines_it(embedder):
-    raw = post(embedder.url + "/v1/embeddings", {"input": TEXTS[0], "encoding_format": "base64"}).json()
+    raw = post(
+        embedder.url + "/v1/embeddings", {"input": TEXTS[0], "encoding_format": "base64"}
+    ).json()
     as_float = post(embedder.url + "/v1/embeddings", {"input": TEXTS[0]}).json()
     packed = base64.b64decode(raw["data"][0]["embedding"])
     assert len(packed) == 384 * 4
@@ -75,9 +85,12 @@ def test_models_list(embedder):
 
 def test_fields_the_client_sends_are_handled(embedder):
     client = client_for(embedder)
-    with_user = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS[0], user="someone",
-                                         encoding_format="float")
-    plain = client.embeddings.create(model="all-MiniLM-L6-v2", input=TEXTS[0], encoding_format="float")
+    with_user = client.embeddings.create(
+        model="all-MiniLM-L6-v2", input=TEXTS[0], user="someone", encoding_format="float"
+    )
+    plain = client.embeddings.create(
+        model="all-MiniLM-L6-v2", input=TEXTS[0], encoding_format="float"
+    )
     assert with_user.data[0].embedding == plain.data[0].embedding
     with pytest.raises(openai.BadRequestError) as info:
         client.embeddings.create(model="all-MiniLM-L6-v2", input="x", dimensions=128)
@@ -103,12 +116,19 @@ def test_embedding_errors_are_the_clients_exception_classes(embedder):
 def test_completions_plain_and_streamed(generator):
     client = client_for(generator, KEY)
     name = client.models.list().data[0].id
-    args = dict(model=name, prompt="the weather today is", max_tokens=6, temperature=0,
-                extra_body={"ignore_eos": True})
+    args = dict(
+        model=name,
+        prompt="the weather today is",
+        max_tokens=6,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     plain = client.completions.create(**args)
     assert plain.object == "text_completion" and len(plain.choices) == 1
     assert plain.usage.completion_tokens == 6 and plain.choices[0].finish_reason == "length"
-    chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(**args, stream=True, stream_options={"include_usage": True})
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == plain.choices[0].text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -135,13 +155,41 @@ def test_generation_errors_are_the_clients_exception_classes(generator):
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_with_its_default_form_content_type(embedder):
     out = subprocess.run(
-        ["curl", "-sS", "--max-time", "120", embedder.url + "/v1/embeddings",
-         "-d", json.dumps({"input": TEXTS[0]})],
-        capture_output=True, text=True, timeout=180, check=True).stdout
+        [
+            "curl",
+            "-sS",
+            "--max-time",
+            "120",
+            embedder.url + "/v1/embeddings",
+            "-d",
+            json.dumps({"input": TEXTS[0]}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    ).stdout
     vector = json.loads(out)["data"][0]["embedding"]
-    assert vector == post(embedder.url + "/v1/embeddings", {"input": TEXTS[0]}).json()["data"][0]["embedding"]
-    error = json.loads(subprocess.run(
-        ["curl", "-sS", "--max-time", "120", embedder.url + "/v1/embeddings", "-d", '{"input": 5}'],
-        capture_output=True, text=True, timeout=180, check=True).stdout)["error"]
+    assert (
+        vector
+        == post(embedder.url + "/v1/embeddings", {"input": TEXTS[0]}).json()["data"][0]["embedding"]
+    )
+    error = json.loads(
+        subprocess.run(
+            [
+                "curl",
+                "-sS",
+                "--max-time",
+                "120",
+                embedder.url + "/v1/embeddings",
+                "-d",
+                '{"input": 5}',
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=True,
+        ).stdout
+    )["error"]
     assert error["param"] == "input" and error["code"] == 400
     assert httpx.get(embedder.url + "/health").json() == {"healthy": True}

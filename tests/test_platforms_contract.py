@@ -28,7 +28,9 @@ from platforms.entrypoints import allowlist, import_object
 
 def test_device_capability_orders_and_converts():
     assert DeviceCapability(8, 9) < DeviceCapability(9, 0) and DeviceCapability(9, 0) >= (8, 0)
-    assert DeviceCapability(8, 9).as_version_str() == "8.9" and DeviceCapability(8, 9).to_int() == 89
+    assert (
+        DeviceCapability(8, 9).as_version_str() == "8.9" and DeviceCapability(8, 9).to_int() == 89
+    )
 
 
 def test_enums_and_the_two_runtimes_identity_types():
@@ -38,38 +40,74 @@ def test_enums_and_the_two_runtimes_identity_types():
     assert platforms.diffusion.PlatformEnum.OOT != PlatformEnum.OOT  # distinct types per runtime
     assert [m.name for m in CpuArchEnum] == ["X86", "ARM", "UNSPECIFIED"]
     assert host_cpu_architecture("x86_64") is CpuArchEnum.X86
-    assert host_cpu_architecture("aarch64") is CpuArchEnum.ARM and host_cpu_architecture("arm64") is CpuArchEnum.ARM
+    assert (
+        host_cpu_architecture("aarch64") is CpuArchEnum.ARM
+        and host_cpu_architecture("arm64") is CpuArchEnum.ARM
+    )
     assert host_cpu_architecture("riscv64") is CpuArchEnum.UNSPECIFIED
     assert DeviceMixin().get_cpu_architecture() is host_cpu_architecture(os.uname().machine)
 
 
-@pytest.mark.parametrize("member, true_queries", [
-    ("CUDA", {"is_cuda", "is_cuda_alike"}),
-    ("ROCM", {"is_rocm", "is_cuda_alike"}),
-    ("MUSA", {"is_musa", "is_cuda_alike"}),
-    ("NPU", {"is_npu"}), ("CPU", {"is_cpu"}), ("XPU", {"is_xpu"}), ("MPS", {"is_mps"}),
-    ("OOT", {"is_out_of_tree"}), ("UNSPECIFIED", set()),
-])
-@pytest.mark.parametrize("base, enum", [(SRTPlatform, PlatformEnum), (Platform, platforms.diffusion.PlatformEnum)])
+@pytest.mark.parametrize(
+    "member, true_queries",
+    [
+        ("CUDA", {"is_cuda", "is_cuda_alike"}),
+        ("ROCM", {"is_rocm", "is_cuda_alike"}),
+        ("MUSA", {"is_musa", "is_cuda_alike"}),
+        ("NPU", {"is_npu"}),
+        ("CPU", {"is_cpu"}),
+        ("XPU", {"is_xpu"}),
+        ("MPS", {"is_mps"}),
+        ("OOT", {"is_out_of_tree"}),
+        ("UNSPECIFIED", set()),
+    ],
+)
+@pytest.mark.parametrize(
+    "base, enum", [(SRTPlatform, PlatformEnum), (Platform, platforms.diffusion.PlatformEnum)]
+)
 def test_identity_queries_follow_enum(member, true_queries, base, enum):
     platform = type("P", (base,), {"_enum": enum[member]})()
-    queries = ["is_cuda", "is_rocm", "is_npu", "is_cpu", "is_xpu", "is_musa", "is_mps", "is_tpu",
-               "is_cuda_alike", "is_out_of_tree"]
+    queries = [
+        "is_cuda",
+        "is_rocm",
+        "is_npu",
+        "is_cpu",
+        "is_xpu",
+        "is_musa",
+        "is_mps",
+        "is_tpu",
+        "is_cuda_alike",
+        "is_out_of_tree",
+    ]
     assert {q for q in queries if getattr(platform, q)()} == true_queries
 
 
-@pytest.mark.parametrize("runtime, group, selector, base, base_name", [
-    ("srt", "sglang.srt.platforms", "SGLANG_PLATFORM", "platforms.interface", "SRTPlatform"),
-    ("diffusion", "sglang.multimodal_gen.platforms", "SGLANG_DIFFUSION_PLATFORM_OVERRIDE",
-     "platforms.diffusion", "Platform"),
-])
-def test_spec_quick_start_layout_reports_out_of_tree(site, runtime, group, selector, base, base_name):
+@pytest.mark.parametrize(
+    "runtime, group, selector, base, base_name",
+    [
+        ("srt", "sglang.srt.platforms", "SGLANG_PLATFORM", "platforms.interface", "SRTPlatform"),
+        (
+            "diffusion",
+            "sglang.multimodal_gen.platforms",
+            "SGLANG_DIFFUSION_PLATFORM_OVERRIDE",
+            "platforms.diffusion",
+            "Platform",
+        ),
+    ],
+)
+def test_spec_quick_start_layout_reports_out_of_tree(
+    site, runtime, group, selector, base, base_name
+):
     """The spec's quick start: the device mixin carries ``_enum``/``device_name``/``device_type``
     and the platform class lists the runtime's base first (``class P(SRTPlatform, MyDeviceMixin)``)."""
     enum_module = "platforms.device_mixin" if runtime == "srt" else "platforms.diffusion"
-    make_dist(site, "my-platform-plugin", {group: {"my_device": "my_platform_plugin:activate"}}, {
-        "my_platform_plugin/__init__.py": "def activate():\n    return 'my_platform_plugin.platform.MyPlatform'\n",
-        "my_platform_plugin/device.py": f"""
+    make_dist(
+        site,
+        "my-platform-plugin",
+        {group: {"my_device": "my_platform_plugin:activate"}},
+        {
+            "my_platform_plugin/__init__.py": "def activate():\n    return 'my_platform_plugin.platform.MyPlatform'\n",
+            "my_platform_plugin/device.py": f"""
             from platforms.device_mixin import DeviceMixin
             from {enum_module} import PlatformEnum
 
@@ -78,7 +116,7 @@ def test_spec_quick_start_layout_reports_out_of_tree(site, runtime, group, selec
                 device_name = "my_device"
                 device_type = "my_device"
         """,
-        "my_platform_plugin/platform.py": f"""
+            "my_platform_plugin/platform.py": f"""
             from {base} import {base_name}
             from my_platform_plugin.device import MyDeviceMixin
 
@@ -86,33 +124,52 @@ def test_spec_quick_start_layout_reports_out_of_tree(site, runtime, group, selec
                 def get_default_attention_backend(self) -> str:
                     return "my_attn"
         """,
-    })
+        },
+    )
     module = "platforms" if runtime == "srt" else "platforms.diffusion"
-    res = run_python(f"""
+    res = run_python(
+        f"""
         import json
         from {module} import current_platform as p, PlatformEnum
         from my_platform_plugin.platform import MyPlatform
         print("RESULT:" + json.dumps([p._enum is PlatformEnum.OOT, p.is_out_of_tree(), p.is_cuda(),
                                       p.device_name, p.device_type, isinstance(p, MyPlatform)]))
-    """, sites=[site], env=clean_env(**{selector: "my_device"}))
+    """,
+        sites=[site],
+        env=clean_env(**{selector: "my_device"}),
+    )
     assert res.returncode == 0, res
     assert res.data == [True, True, False, "my_device", "my_device", True]
 
 
 def test_srt_platform_defaults():
     p = SRTPlatform()
-    assert not p.support_cuda_graph() and not p.support_piecewise_cuda_graph() and not p.supports_fp8()
+    assert (
+        not p.support_cuda_graph() and not p.support_piecewise_cuda_graph() and not p.supports_fp8()
+    )
     assert p.get_compile_backend() == "inductor" and p.get_dispatch_key_name() == "native"
     assert p.is_pin_memory_available() is False and p.get_communicator_class() is None
     assert p.apply_server_args_defaults(object()) is None and p.init_backend() is None
     p.empty_cache(), p.synchronize(), p.verify_quantization("fp8")
-    for method, args in [("get_default_attention_backend", ()), ("get_graph_runner_cls", ()),
-                         ("get_mha_kv_pool_cls", ()), ("get_mla_kv_pool_cls", ()), ("get_dsa_kv_pool_cls", ()),
-                         ("get_paged_allocator_cls", ()), ("get_quantization_config", ("fp8",)),
-                         ("get_piecewise_backend_cls", ()), ("get_device", (0,)), ("set_device", (0,)),
-                         ("get_device_name", ()), ("get_device_uuid", ()), ("get_device_capability", ()),
-                         ("get_device_total_memory", ()), ("get_available_memory", ()),
-                         ("get_current_memory_usage", ()), ("get_torch_distributed_backend_str", ())]:
+    for method, args in [
+        ("get_default_attention_backend", ()),
+        ("get_graph_runner_cls", ()),
+        ("get_mha_kv_pool_cls", ()),
+        ("get_mla_kv_pool_cls", ()),
+        ("get_dsa_kv_pool_cls", ()),
+        ("get_paged_allocator_cls", ()),
+        ("get_quantization_config", ("fp8",)),
+        ("get_piecewise_backend_cls", ()),
+        ("get_device", (0,)),
+        ("set_device", (0,)),
+        ("get_device_name", ()),
+        ("get_device_uuid", ()),
+        ("get_device_capability", ()),
+        ("get_device_total_memory", ()),
+        ("get_available_memory", ()),
+        ("get_current_memory_usage", ()),
+        ("get_torch_distributed_backend_str", ()),
+    ]:
         with pytest.raises(NotImplementedError, match=f"SRTPlatform does not implement {method}"):
             getattr(p, method)(*args)
 
@@ -155,15 +212,20 @@ def test_cpu_platform_works_fully(tmp_path):
     # The backend name is one torch.distributed really accepts for this device.
     import torch.distributed as dist
 
-    dist.init_process_group(p.get_torch_distributed_backend_str(), init_method=f"file://{tmp_path}/store",
-                            rank=0, world_size=1)
+    dist.init_process_group(
+        p.get_torch_distributed_backend_str(),
+        init_method=f"file://{tmp_path}/store",
+        rank=0,
+        world_size=1,
+    )
     try:
         t = torch.tensor([2.0])
         dist.all_reduce(t)
         assert t.item() == 2.0
         d = cpu.CpuPlatform()
         assert d.get_available_gpu_memory(distributed=True) == pytest.approx(
-            psutil.virtual_memory().available / 2**30, rel=0.2)
+            psutil.virtual_memory().available / 2**30, rel=0.2
+        )
     finally:
         dist.destroy_process_group()
 
@@ -193,21 +255,29 @@ def stand_in(monkeypatch, api, capability=(9, 0)):
     return calls
 
 
-@pytest.mark.parametrize("cls, device_type, backend, dispatch", [
-    (cuda.CudaSRTPlatform, "cuda", "nccl", "cuda"),
-    (cuda.CudaPlatform, "cuda", "nccl", "cuda"),
-    (rocm.RocmSRTPlatform, "cuda", "nccl", "hip"),
-    (rocm.RocmPlatform, "cuda", "nccl", "hip"),
-])
+@pytest.mark.parametrize(
+    "cls, device_type, backend, dispatch",
+    [
+        (cuda.CudaSRTPlatform, "cuda", "nccl", "cuda"),
+        (cuda.CudaPlatform, "cuda", "nccl", "cuda"),
+        (rocm.RocmSRTPlatform, "cuda", "nccl", "hip"),
+        (rocm.RocmPlatform, "cuda", "nccl", "hip"),
+    ],
+)
 def test_cuda_family_reads_torch_cuda(monkeypatch, cls, device_type, backend, dispatch):
     calls = stand_in(monkeypatch, torch.cuda)
     p = cls()
     assert p.get_device(1) == torch.device(device_type, 1)
     assert p.get_device_name(0) == "Fake device 0" and p.get_device_uuid() == "GPU-1234"
     assert p.get_device_capability() == DeviceCapability(9, 0)
-    assert p.get_device_total_memory() == 80 * 2**30 and p.get_available_memory() == (10 * 2**30, 80 * 2**30)
+    assert p.get_device_total_memory() == 80 * 2**30 and p.get_available_memory() == (
+        10 * 2**30,
+        80 * 2**30,
+    )
     assert p.get_current_memory_usage() == 12345.0 and p.is_pin_memory_available()
-    assert p.get_torch_distributed_backend_str() == backend and p.get_dispatch_key_name() == dispatch
+    assert (
+        p.get_torch_distributed_backend_str() == backend and p.get_dispatch_key_name() == dispatch
+    )
     p.set_device(1), p.empty_cache(), p.synchronize()
     assert calls == [("set_device", 1), "empty_cache", "synchronize"]
     assert p.is_cuda_alike()
@@ -244,12 +314,18 @@ def test_vendor_extension_platforms_without_their_extension():
 
 
 def test_mps_reads_torch_mps(monkeypatch):
-    fake = types.SimpleNamespace(recommended_max_memory=lambda: 16 * 2**30,
-                                 driver_allocated_memory=lambda: 4 * 2**30,
-                                 empty_cache=lambda: None, synchronize=lambda: None)
+    fake = types.SimpleNamespace(
+        recommended_max_memory=lambda: 16 * 2**30,
+        driver_allocated_memory=lambda: 4 * 2**30,
+        empty_cache=lambda: None,
+        synchronize=lambda: None,
+    )
     monkeypatch.setattr(torch, "mps", fake)
     p = mps.MpsPlatform()
-    assert p.get_device_total_memory() == 16 * 2**30 and p.get_available_memory() == (12 * 2**30, 16 * 2**30)
+    assert p.get_device_total_memory() == 16 * 2**30 and p.get_available_memory() == (
+        12 * 2**30,
+        16 * 2**30,
+    )
     assert p.get_available_gpu_memory() == pytest.approx(12.0) and p.get_device_capability() is None
     assert p.get_torch_distributed_backend_str() == "gloo" and p.is_mps()
 
@@ -271,12 +347,16 @@ def test_custom_op_registration_is_validated():
 
     with pytest.raises(TypeError, match="fn must be callable"):
         CustomOp.register_oot_forward(Op, "not callable", "demo")
-    with pytest.raises(ValueError, match="platform_key must be the platform's get_dispatch_key_name"):
+    with pytest.raises(
+        ValueError, match="platform_key must be the platform's get_dispatch_key_name"
+    ):
         CustomOp.register_oot_forward(Op, lambda op: None, " ")
 
 
 # -- where plugin code ported from SGLang would notice -------------------------------------------
-@pytest.mark.parametrize("cls", [cuda.CudaSRTPlatform, cuda.CudaPlatform, rocm.RocmSRTPlatform, xpu.XpuSRTPlatform])
+@pytest.mark.parametrize(
+    "cls", [cuda.CudaSRTPlatform, cuda.CudaPlatform, rocm.RocmSRTPlatform, xpu.XpuSRTPlatform]
+)
 def test_accelerators_answer_pin_memory_for_the_target_device(cls):
     # No accelerator is touched: the answer depends on the target alone.
     p = cls()
@@ -293,7 +373,9 @@ def test_the_cpu_platforms_never_offer_pinned_memory():
         assert p.is_pin_memory_available(torch.device("cpu")) is False
 
 
-@pytest.mark.parametrize("cls", [DeviceMixin, SRTPlatform, Platform, cpu.CpuSRTPlatform, cuda.CudaSRTPlatform])
+@pytest.mark.parametrize(
+    "cls", [DeviceMixin, SRTPlatform, Platform, cpu.CpuSRTPlatform, cuda.CudaSRTPlatform]
+)
 def test_seed_everything_and_get_cpu_architecture_work_on_the_class(cls):
     assert isinstance(inspect_attr(cls, "seed_everything"), classmethod)
     assert isinstance(inspect_attr(cls, "get_cpu_architecture"), classmethod)

@@ -12,7 +12,7 @@ import pytest
 from plugin_fixtures import DEMO_DISTRIBUTION, platform_plugin
 from support import clean_env, run_python
 
-HEAVY = ("torch", "numpy", "transformers", "fastapi", "uvicorn")
+HEAVY = ("torch", "numpy", "transformers", "starlette", "uvicorn")
 
 
 def test_print_current_platform_is_one_readable_line():
@@ -53,7 +53,9 @@ def test_explicit_selection_imports_one_plugin_and_no_torch(site):
     assert result.returncode == 0, result
     data = result.data
     assert data["heavy_at_import"] == [] and data["heavy_after"] == []
-    assert data["imported"] == ["plg_beta_x"], "explicit selection imported more than the selected plugin"
+    assert data["imported"] == ["plg_beta_x"], (
+        "explicit selection imported more than the selected plugin"
+    )
     assert not data["class_imported_early"], "current_selection() imported the platform class"
     assert data["key"] == "plugin:beta" and data["dist"] == "dist-plg-beta-x"
     assert data["line"].startswith("Plat (plg_beta_x.platform) on device 'cpu' [beta]")
@@ -64,9 +66,15 @@ def test_explicit_selection_imports_one_plugin_and_no_torch(site):
 def test_threads_resolve_once_reentry_is_an_error_and_metadata_is_read_once(site):
     platform_plugin(site, "alpha", tag="t")
     # A diffusion activate() that touches current_platform must get an error, not a deadlock.
-    platform_plugin(site, "loopy", runtime="diffusion", tag="t", activate=(
-        "from platforms.diffusion import current_platform\ncurrent_platform.device_name\nreturn None"
-    ))
+    platform_plugin(
+        site,
+        "loopy",
+        runtime="diffusion",
+        tag="t",
+        activate=(
+            "from platforms.diffusion import current_platform\ncurrent_platform.device_name\nreturn None"
+        ),
+    )
     code = """
         import json, sys, threading
         from importlib import metadata
@@ -102,7 +110,9 @@ def test_threads_resolve_once_reentry_is_an_error_and_metadata_is_read_once(site
     assert result.data["count"] == 8 and result.data["distinct"] == 1
     assert result.data["calls"] == 1, "several threads ran discovery"
     assert "was used while its platform was being selected" in result.data["reentry"]
-    assert result.data["scans"] == 1, "entry-point metadata was read more than once for both runtimes"
+    assert result.data["scans"] == 1, (
+        "entry-point metadata was read more than once for both runtimes"
+    )
     assert "move that code into init_backend()" in result.data["reentry"]
 
 
@@ -132,7 +142,9 @@ def test_initialize_current_platform_once_per_process(site):
         "import threading\nINIT = []\nENTERED = threading.Event()\nRELEASE = threading.Event()\n"
         + (site / "plg_good_i" / "platform.py").read_text()
     )
-    (site / "plg_bad_i" / "platform.py").write_text("INIT = []\n" + (site / "plg_bad_i" / "platform.py").read_text())
+    (site / "plg_bad_i" / "platform.py").write_text(
+        "INIT = []\n" + (site / "plg_bad_i" / "platform.py").read_text()
+    )
     code = """
         import json, os, sys, threading
         import platforms, platforms.diffusion
@@ -287,17 +299,31 @@ def test_demo_plugin_installed_with_pip_end_to_end(demo_site):
     result = run_python(DEMO_CHECKS, sites=[demo_site], env=clean_env(DEMO_PLATFORM_ENABLE="1"))
     assert result.returncode == 0, result
     data = result.data
-    assert data["srt_line"].startswith("DemoSRTPlatform (demo_platform_plugin.platform) on device 'cpu' [demo]")
-    assert f"plugin:demo from {DEMO_DISTRIBUTION}" in data["srt_line"] and "automatic discovery" in data["srt_line"]
+    assert data["srt_line"].startswith(
+        "DemoSRTPlatform (demo_platform_plugin.platform) on device 'cpu' [demo]"
+    )
+    assert (
+        f"plugin:demo from {DEMO_DISTRIBUTION}" in data["srt_line"]
+        and "automatic discovery" in data["srt_line"]
+    )
     assert data["diff_selection"] == ["plugin:demo", DEMO_DISTRIBUTION]
     assert data["init_calls"] == 2  # once per runtime
     device, device_type, name, oot, is_cpu, diff_oot, torch_key, key_name = data["device"]
     assert (device, device_type, oot, is_cpu, diff_oot) == ("cpu", "cpu", True, False, True)
-    assert name.startswith("Demo accelerator (CPU underneath") and (torch_key, key_name) == ("CPU", "demo")
+    assert name.startswith("Demo accelerator (CPU underneath") and (torch_key, key_name) == (
+        "CPU",
+        "demo",
+    )
     assert data["registered"] == [True, 1]
     # registration (exact class), forward_<key>, registration made before construction, an op
     # built before the registration keeps forward_oot, a registration for another key is ignored.
-    assert data["dispatch"] == ["registered:ByKey", "forward_demo", "registered:ByOot", "forward_oot", "forward_native"]
+    assert data["dispatch"] == [
+        "registered:ByKey",
+        "forward_demo",
+        "registered:ByOot",
+        "forward_oot",
+        "forward_native",
+    ]
     assert "must be a CustomOp subclass" in data["bad_registration"]
 
 
@@ -321,8 +347,11 @@ def test_demo_plugin_init_failure_is_terminal(demo_site):
 
 @pytest.mark.e2e  # pip-installs the demo plugin
 def test_explicit_demo_when_disabled_names_the_fix(demo_site):
-    result = run_python("from platforms import current_platform; print(current_platform)",
-                        sites=[demo_site], env=clean_env(SGLANG_PLATFORM="demo"))
+    result = run_python(
+        "from platforms import current_platform; print(current_platform)",
+        sites=[demo_site],
+        env=clean_env(SGLANG_PLATFORM="demo"),
+    )
     assert result.returncode == 1
     assert "PlatformSelectionError" in result.stderr and "activate() returned None" in result.stderr
     assert f"demo = demo_platform_plugin:activate (from {DEMO_DISTRIBUTION})" in result.stderr
@@ -374,7 +403,10 @@ def test_a_server_runs_on_the_cpu_where_the_srt_chart_ends_at_the_base_platform(
     assert "so a server runs on the CPU platform" in served.data[1]
     assert "set SGLANG_PLATFORM or SGLANG_USE_CPU_ENGINE=1" in served.data[1]
     assert plain.data[0] == "builtin:base", plain
-    assert explicit.data == ["builtin:cpu", "fallback: no platform plugin installed and SGLANG_USE_CPU_ENGINE is set"]
+    assert explicit.data == [
+        "builtin:cpu",
+        "fallback: no platform plugin installed and SGLANG_USE_CPU_ENGINE is set",
+    ]
 
     platform_plugin(site, "on")
     with_plugin = run_python(code, args=["serve"], sites=[site])
@@ -406,8 +438,17 @@ def test_current_selection_without_probes(site):
         print("RESULT:" + json.dumps(out))
     """
     bare = run_python(code, args=["plain"]).data
-    assert bare["srt"] == ["probe", ["cuda", "rocm", "xpu", "base"], None, "fallback: no platform plugin installed"]
-    assert bare["diffusion"][:3] == ["probe", ["mps", "xpu", "rocm", "cuda", "npu", "musa", "cpu"], None]
+    assert bare["srt"] == [
+        "probe",
+        ["cuda", "rocm", "xpu", "base"],
+        None,
+        "fallback: no platform plugin installed",
+    ]
+    assert bare["diffusion"][:3] == [
+        "probe",
+        ["mps", "xpu", "rocm", "cuda", "npu", "musa", "cpu"],
+        None,
+    ]
     assert not bare["torch"] and bare["probes_imported"] == [], bare
     assert bare["then"].startswith("builtin:")  # probed now: base here, an accelerator's elsewhere
 
@@ -420,4 +461,6 @@ def test_current_selection_without_probes(site):
 
     platform_plugin(site, "on")
     with_plugin = run_python(code, args=["plain"], sites=[site]).data
-    assert with_plugin["srt"][:2] == ["selected", "plugin:on"] and not with_plugin["torch"], with_plugin
+    assert with_plugin["srt"][:2] == ["selected", "plugin:on"] and not with_plugin["torch"], (
+        with_plugin
+    )

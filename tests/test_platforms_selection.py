@@ -65,7 +65,11 @@ def test_srt_explicit_loads_only_the_named_plugin(plugins):
     c = plugins("gamma", activate="raise")
     # SGLANG_PLUGINS filters automatic discovery only; explicit selection ignores it.
     sel = resolve(SRT, {"SGLANG_PLATFORM": "beta", "SGLANG_PLUGINS": "alpha"})
-    assert (sel.key, sel.qualname, sel.reason) == ("plugin:beta", f"{b}.platform.Plat", "SGLANG_PLATFORM=beta")
+    assert (sel.key, sel.qualname, sel.reason) == (
+        "plugin:beta",
+        f"{b}.platform.Plat",
+        "SGLANG_PLATFORM=beta",
+    )
     assert sel.distribution == f"dist-{b}".replace("_", "-") and sel.entry_point.name == "beta"
     assert calls(b) == 1
     assert not imported(a) and not imported(c), "explicit selection imported another plugin"
@@ -96,7 +100,9 @@ def test_srt_explicit_hardware_unavailable(plugins):
 
 def test_srt_explicit_raising_callback(plugins):
     plugins("alpha", activate="raise")
-    with pytest.raises(PlatformSelectionError, match="raised RuntimeError: vendor runtime is broken") as err:
+    with pytest.raises(
+        PlatformSelectionError, match="raised RuntimeError: vendor runtime is broken"
+    ) as err:
         resolve(SRT, {"SGLANG_PLATFORM": "alpha"})
     assert isinstance(err.value.__cause__, RuntimeError)
 
@@ -117,8 +123,11 @@ def test_platform_entry_point_at_a_non_callable(plugins, site):
     make_dist(site, "acme-broken", {"sglang.srt.platforms": {"broken": f"{package}:CALLS"}})
     entrypoints.reset()
     for environ in ({"SGLANG_PLATFORM": "broken"}, {"SGLANG_PLUGINS": "broken"}):
-        with pytest.raises(PlatformSelectionError, match=r"broken = .*:CALLS \(from acme-broken\) points at "
-                                                          r"a list, not a zero-argument activate\(\) function"):
+        with pytest.raises(
+            PlatformSelectionError,
+            match=r"broken = .*:CALLS \(from acme-broken\) points at "
+            r"a list, not a zero-argument activate\(\) function",
+        ):
             resolve(SRT, environ)
 
 
@@ -138,7 +147,9 @@ def test_srt_auto_several_activated_is_an_error(plugins):
         resolve(SRT, {})
     msg = str(err.value)
     assert "2 srt platform plugins activated" in msg and "alpha" in msg and "beta" in msg
-    assert re.search(r"set SGLANG_PLATFORM to the one to use, e.g. SGLANG_PLATFORM=(alpha|beta)$", msg)
+    assert re.search(
+        r"set SGLANG_PLATFORM to the one to use, e.g. SGLANG_PLATFORM=(alpha|beta)$", msg
+    )
 
 
 def test_srt_auto_is_filtered_by_sglang_plugins(plugins):
@@ -150,18 +161,29 @@ def test_srt_auto_is_filtered_by_sglang_plugins(plugins):
     assert calls(b) == 1
 
 
-def test_srt_auto_with_every_platform_plugin_left_out_says_how_to_admit_them(plugins, no_accelerator):
+def test_srt_auto_with_every_platform_plugin_left_out_says_how_to_admit_them(
+    plugins, no_accelerator
+):
     a = plugins("alpha", distribution="acme-alpha")
     b = plugins("beta", activate="off", distribution="acme-beta")
     sel = resolve(SRT, {"SGLANG_PLUGINS": "some_hook_plugin"})
     assert sel.key == "builtin:base" and not imported(a) and not imported(b)
-    assert sel.reason.startswith("fallback: no platform plugin allowed (SGLANG_PLUGINS=some_hook_plugin leaves out ")
-    assert f"alpha = {a}:activate (from acme-alpha)" in sel.reason and f"beta = {b}:activate (from acme-beta)" in sel.reason
-    assert sel.reason.endswith("; add their names to SGLANG_PLUGINS, or unset it, to admit them to automatic "
-                               "selection, or set SGLANG_PLATFORM to one to select it) and neither SGLANG_USE_CPU_ENGINE "
-                               "nor CUDA, ROCm or XPU is available")
+    assert sel.reason.startswith(
+        "fallback: no platform plugin allowed (SGLANG_PLUGINS=some_hook_plugin leaves out "
+    )
+    assert (
+        f"alpha = {a}:activate (from acme-alpha)" in sel.reason
+        and f"beta = {b}:activate (from acme-beta)" in sel.reason
+    )
+    assert sel.reason.endswith(
+        "; add their names to SGLANG_PLUGINS, or unset it, to admit them to automatic "
+        "selection, or set SGLANG_PLATFORM to one to select it) and neither SGLANG_USE_CPU_ENGINE "
+        "nor CUDA, ROCm or XPU is available"
+    )
     partly = resolve(SRT, {"SGLANG_PLUGINS": "beta"})  # the allowed one does not activate
-    assert partly.reason.startswith("fallback: no platform plugin activated (SGLANG_PLUGINS=beta leaves out alpha")
+    assert partly.reason.startswith(
+        "fallback: no platform plugin activated (SGLANG_PLUGINS=beta leaves out alpha"
+    )
 
 
 def test_srt_auto_raising_callback_aborts(plugins):
@@ -179,7 +201,9 @@ def test_srt_fallback_cpu_engine(plugins):
 
 
 def test_srt_cpu_engine_flag_must_be_boolean(plugins):
-    with pytest.raises(PlatformSelectionError, match="SGLANG_USE_CPU_ENGINE='maybe' is not a boolean"):
+    with pytest.raises(
+        PlatformSelectionError, match="SGLANG_USE_CPU_ENGINE='maybe' is not a boolean"
+    ):
         resolve(SRT, {"SGLANG_USE_CPU_ENGINE": "maybe"})
 
 
@@ -195,7 +219,12 @@ def test_srt_fallback_chain_cuda_rocm_xpu_base(plugins, monkeypatch):
     monkeypatch.setattr(torch.version, "hip", "6.2")
     assert resolve(SRT, {}).key == "builtin:rocm"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(torch, "xpu", type("FakeXpu", (), {"is_available": staticmethod(lambda: True)}), raising=False)
+    monkeypatch.setattr(
+        torch,
+        "xpu",
+        type("FakeXpu", (), {"is_available": staticmethod(lambda: True)}),
+        raising=False,
+    )
     assert resolve(SRT, {}).key == "builtin:xpu"
     monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
     sel = resolve(SRT, {})
@@ -210,7 +239,9 @@ def test_diffusion_override_builtin_alias_without_probing(plugins, monkeypatch, 
         raise AssertionError("a built-in alias must not probe hardware")
 
     for name in ("cuda", "rocm", "xpu", "mps", "npu", "musa"):
-        monkeypatch.setattr(importlib.import_module(f"platforms.builtin.{name}"), "available", probe_must_not_run)
+        monkeypatch.setattr(
+            importlib.import_module(f"platforms.builtin.{name}"), "available", probe_must_not_run
+        )
     p = plugins("other", runtime="diffusion")
     sel = resolve(DIFFUSION, {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": alias})
     assert sel.key == f"builtin:{alias.lower()}" and "not probed" in sel.reason
@@ -218,7 +249,9 @@ def test_diffusion_override_builtin_alias_without_probing(plugins, monkeypatch, 
 
 
 def test_diffusion_override_xpu_is_automatic_only(plugins):
-    with pytest.raises(PlatformSelectionError, match="selected automatically only; unset SGLANG_DIFFUSION"):
+    with pytest.raises(
+        PlatformSelectionError, match="selected automatically only; unset SGLANG_DIFFUSION"
+    ):
         resolve(DIFFUSION, {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "xpu"})
 
 
@@ -240,14 +273,18 @@ def test_diffusion_override_errors(plugins):
     plugins("vendor_a", runtime="diffusion", activate="off")
     with pytest.raises(PlatformSelectionError, match="no diffusion platform plugin named 'nope'"):
         resolve(DIFFUSION, {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "nope"})
-    with pytest.raises(PlatformSelectionError, match=r"returned None.*SGLANG_DIFFUSION_PLATFORM_OVERRIDE"):
+    with pytest.raises(
+        PlatformSelectionError, match=r"returned None.*SGLANG_DIFFUSION_PLATFORM_OVERRIDE"
+    ):
         resolve(DIFFUSION, {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "vendor_a"})
 
 
 def test_diffusion_override_of_a_duplicated_name_is_ambiguous(plugins):
     plugins("dup", runtime="diffusion")
     plugins("dup", runtime="diffusion")
-    with pytest.raises(PlatformSelectionError, match="2 installed distributions register .*uninstall all but one"):
+    with pytest.raises(
+        PlatformSelectionError, match="2 installed distributions register .*uninstall all but one"
+    ):
         resolve(DIFFUSION, {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "dup"})
 
 
@@ -263,13 +300,17 @@ def test_diffusion_auto_none_active_falls_back_to_builtins(plugins, no_accelerat
     plugins("vendor_a", runtime="diffusion", activate="off")
     plugins("srt_only")  # an SRT plugin is not a diffusion candidate
     sel = resolve(DIFFUSION, {})
-    assert sel.key == "builtin:cpu" and sel.reason.startswith("fallback: no platform plugin activated")
+    assert sel.key == "builtin:cpu" and sel.reason.startswith(
+        "fallback: no platform plugin activated"
+    )
 
 
 def test_diffusion_auto_several_active(plugins):
     plugins("vendor_a", runtime="diffusion")
     plugins("vendor_b", runtime="diffusion")
-    with pytest.raises(PlatformSelectionError, match="set SGLANG_DIFFUSION_PLATFORM_OVERRIDE to the one"):
+    with pytest.raises(
+        PlatformSelectionError, match="set SGLANG_DIFFUSION_PLATFORM_OVERRIDE to the one"
+    ):
         resolve(DIFFUSION, {})
 
 
@@ -293,7 +334,9 @@ def test_diffusion_auto_rejects_duplicate_names(plugins):
     p2 = plugins("vendor", runtime="diffusion", activate="off")
     with pytest.raises(PlatformSelectionError, match="share an entry-point name") as err:
         resolve(DIFFUSION, {})
-    assert f"dist-{p1}".replace("_", "-") in str(err.value) and f"dist-{p2}".replace("_", "-") in str(err.value)
+    assert f"dist-{p1}".replace("_", "-") in str(err.value) and f"dist-{p2}".replace(
+        "_", "-"
+    ) in str(err.value)
 
 
 def test_diffusion_ignores_the_srt_selectors(plugins, no_accelerator):
@@ -307,8 +350,11 @@ def test_diffusion_builtin_order(plugins, monkeypatch):
     order = ["mps", "xpu", "rocm", "cuda", "npu", "musa"]
     present = set(order)
     for name in order:
-        monkeypatch.setattr(importlib.import_module(f"platforms.builtin.{name}"), "available",
-                            lambda name=name: name in present)
+        monkeypatch.setattr(
+            importlib.import_module(f"platforms.builtin.{name}"),
+            "available",
+            lambda name=name: name in present,
+        )
     seen = []
     for name in order:
         seen.append(resolve(DIFFUSION, {}).key)
@@ -319,8 +365,11 @@ def test_diffusion_builtin_order(plugins, monkeypatch):
 
 # -- pinned keys -----------------------------------------------------------------------------
 def test_pinned_builtin_is_not_probed_and_plugin_is_activated(plugins, monkeypatch):
-    monkeypatch.setattr(importlib.import_module("platforms.builtin.cuda"), "available",
-                        lambda: pytest.fail("a pinned built-in must not be probed"))
+    monkeypatch.setattr(
+        importlib.import_module("platforms.builtin.cuda"),
+        "available",
+        lambda: pytest.fail("a pinned built-in must not be probed"),
+    )
     sel = resolve(SRT, {"SGLANG_PLATFORM": "ignored"}, pinned="builtin:cuda")
     assert sel.key == "builtin:cuda" and "pinned builtin:cuda" in sel.reason
     p = plugins("alpha")
@@ -331,11 +380,14 @@ def test_pinned_builtin_is_not_probed_and_plugin_is_activated(plugins, monkeypat
     assert calls(off) == 1
 
 
-@pytest.mark.parametrize("key, fragment", [
-    ("cuda", "expected 'plugin:<entry-point name>'"),
-    ("plugin:", "expected 'plugin:<entry-point name>'"),
-    ("builtin:tpu", "names no srt built-in platform"),
-])
+@pytest.mark.parametrize(
+    "key, fragment",
+    [
+        ("cuda", "expected 'plugin:<entry-point name>'"),
+        ("plugin:", "expected 'plugin:<entry-point name>'"),
+        ("builtin:tpu", "names no srt built-in platform"),
+    ],
+)
 def test_malformed_pinned_keys(plugins, key, fragment):
     with pytest.raises(PlatformSelectionError, match=fragment):
         resolve(SRT, {}, pinned=key)
@@ -343,34 +395,65 @@ def test_malformed_pinned_keys(plugins, key, fragment):
 
 # -- broken plugins --------------------------------------------------------------------------
 @pytest.mark.parametrize("runtime", ["srt", "diffusion"])
-@pytest.mark.parametrize("activate, class_body, fragment", [
-    ("return 42", "pass", "returned 42; it must return the platform class's qualified name"),
-    ("return 'no_such_pkg.mod.Cls'", "pass", "cannot be imported: ModuleNotFoundError"),
-    ("return 'collections.OrderedDict'", "pass", "is not a subclass of"),
-    ("return {qualname!r}", "def __init__(self, device):\n    pass", "constructible with no arguments"),
-    ("return {qualname!r}", "def __init__(self):\n    raise OSError('no device node')", "OSError: no device node"),
-])
-def test_broken_plugin_errors_name_the_plugin_and_the_fix(plugins, runtime, activate, class_body, fragment):
+@pytest.mark.parametrize(
+    "activate, class_body, fragment",
+    [
+        ("return 42", "pass", "returned 42; it must return the platform class's qualified name"),
+        ("return 'no_such_pkg.mod.Cls'", "pass", "cannot be imported: ModuleNotFoundError"),
+        ("return 'collections.OrderedDict'", "pass", "is not a subclass of"),
+        (
+            "return {qualname!r}",
+            "def __init__(self, device):\n    pass",
+            "constructible with no arguments",
+        ),
+        (
+            "return {qualname!r}",
+            "def __init__(self):\n    raise OSError('no device node')",
+            "OSError: no device node",
+        ),
+    ],
+)
+def test_broken_plugin_errors_name_the_plugin_and_the_fix(
+    plugins, runtime, activate, class_body, fragment
+):
     spec = runtime_spec(runtime)
-    plugins("broken", runtime=runtime, activate=activate, class_body=class_body, distribution="broken-vendor")
+    plugins(
+        "broken",
+        runtime=runtime,
+        activate=activate,
+        class_body=class_body,
+        distribution="broken-vendor",
+    )
     with pytest.raises(PlatformSelectionError, match=fragment) as err:
         instantiate(spec, resolve(spec, {spec.selector_env: "broken"}))
     assert "broken-vendor" in str(err.value) or "Plat" in str(err.value)
 
 
 def test_platform_class_must_use_its_runtimes_enum(plugins):
-    plugins("mixed", runtime="diffusion", class_body="from platforms import PlatformEnum as SRTEnum\n_enum = SRTEnum.OOT")
+    plugins(
+        "mixed",
+        runtime="diffusion",
+        class_body="from platforms import PlatformEnum as SRTEnum\n_enum = SRTEnum.OOT",
+    )
     sel = resolve(DIFFUSION, {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "mixed"})
-    with pytest.raises(PlatformSelectionError, match="not a platforms.diffusion.interface.PlatformEnum member"):
+    with pytest.raises(
+        PlatformSelectionError, match="not a platforms.diffusion.interface.PlatformEnum member"
+    ):
         instantiate(DIFFUSION, sel)
 
 
 def test_entry_point_that_cannot_be_imported(plugins, site):
     from support import make_dist
 
-    make_dist(site, "ghost-vendor", entry_points={"sglang.srt.platforms": {"ghost": "ghost_pkg_missing:activate"}})
+    make_dist(
+        site,
+        "ghost-vendor",
+        entry_points={"sglang.srt.platforms": {"ghost": "ghost_pkg_missing:activate"}},
+    )
     entrypoints.reset()
-    with pytest.raises(PlatformSelectionError, match="cannot import the activation callback .*ghost-vendor"):
+    with pytest.raises(
+        PlatformSelectionError, match="cannot import the activation callback .*ghost-vendor"
+    ):
         resolve(SRT, {})
 
 
@@ -382,9 +465,17 @@ def test_unknown_runtime_name():
 # -- a plugin's class must be out of tree and name its device --------------------------------
 @pytest.mark.parametrize("runtime", ["srt", "diffusion"])
 def test_activation_returning_a_builtin_class_is_refused_naming_it(plugins, runtime):
-    builtin = {"srt": "platforms.builtin.cpu.CpuSRTPlatform", "diffusion": "platforms.builtin.cpu.CpuPlatform"}
+    builtin = {
+        "srt": "platforms.builtin.cpu.CpuSRTPlatform",
+        "diffusion": "platforms.builtin.cpu.CpuPlatform",
+    }
     spec = runtime_spec(runtime)
-    plugins("borrowed", runtime=runtime, activate=f"return {builtin[runtime]!r}", distribution="borrow-vendor")
+    plugins(
+        "borrowed",
+        runtime=runtime,
+        activate=f"return {builtin[runtime]!r}",
+        distribution="borrow-vendor",
+    )
     sel = resolve(spec, {spec.selector_env: "borrowed"})
     with pytest.raises(PlatformSelectionError) as err:
         instantiate(spec, sel)
@@ -394,13 +485,22 @@ def test_activation_returning_a_builtin_class_is_refused_naming_it(plugins, runt
 
 
 @pytest.mark.parametrize("runtime", ["srt", "diffusion"])
-@pytest.mark.parametrize("class_body, attr, fragment", [
-    ("device_name = ''", "device_name", "device_name is ''"),
-    ("device_type = '   '", "device_type", "device_type is '   '"),
-    ("device_type = None", "device_type", "device_type is None"),
-    ("del device_name", "device_name", "device_name is not set"),  # left at DeviceMixin's placeholder
-])
-def test_activation_returning_a_class_without_a_device_identity_is_refused(plugins, runtime, class_body, attr, fragment):
+@pytest.mark.parametrize(
+    "class_body, attr, fragment",
+    [
+        ("device_name = ''", "device_name", "device_name is ''"),
+        ("device_type = '   '", "device_type", "device_type is '   '"),
+        ("device_type = None", "device_type", "device_type is None"),
+        (
+            "del device_name",
+            "device_name",
+            "device_name is not set",
+        ),  # left at DeviceMixin's placeholder
+    ],
+)
+def test_activation_returning_a_class_without_a_device_identity_is_refused(
+    plugins, runtime, class_body, attr, fragment
+):
     spec = runtime_spec(runtime)
     package = plugins("blank", runtime=runtime, class_body=class_body)
     sel = resolve(spec, {spec.selector_env: "blank"})
@@ -413,5 +513,7 @@ def test_activation_returning_a_class_without_a_device_identity_is_refused(plugi
 
 def test_a_plugin_class_with_a_builtin_enum_member_is_refused(plugins):
     plugins("posing", class_body="_enum = PlatformEnum.CUDA")
-    with pytest.raises(PlatformSelectionError, match="_enum is <PlatformEnum.CUDA.*not PlatformEnum.OOT"):
+    with pytest.raises(
+        PlatformSelectionError, match="_enum is <PlatformEnum.CUDA.*not PlatformEnum.OOT"
+    ):
         instantiate(SRT, resolve(SRT, {"SGLANG_PLATFORM": "posing"}))

@@ -17,21 +17,43 @@ DIFF_PLUGINS = "sglang.multimodal_gen.plugins"
 
 def _site(site):
     make_dist(site, "tgt-module", modules={"tgt.py": "def f(x):\n    return x\n"})
-    make_dist(site, "vendor-platform",
-              {SRT_PLATFORMS: {"vendor": "vendor_pkg:activate"}, SRT_PLUGINS: {"vendor": "vendor_pkg.hooks:register"}},
-              {"vendor_pkg/__init__.py": "def activate():\n    return 'vendor_pkg.platform.VendorPlatform'\n",
-               "vendor_pkg/hooks.py": """
+    make_dist(
+        site,
+        "vendor-platform",
+        {
+            SRT_PLATFORMS: {"vendor": "vendor_pkg:activate"},
+            SRT_PLUGINS: {"vendor": "vendor_pkg.hooks:register"},
+        },
+        {
+            "vendor_pkg/__init__.py": "def activate():\n    return 'vendor_pkg.platform.VendorPlatform'\n",
+            "vendor_pkg/hooks.py": """
                    from hooks import HookRegistry, HookType
                    def register():
                        HookRegistry.register("tgt.f", lambda x: ("vendor", x), HookType.REPLACE)
-               """})
-    make_dist(site, "other-platform",
-              {SRT_PLATFORMS: {"other": "other_pkg:activate"}, SRT_PLUGINS: {"other_extra": "other_pkg.hooks:register"}},
-              {"other_pkg/__init__.py": "def activate():\n    return None\n",
-               "other_pkg/hooks.py": "def register():\n    raise AssertionError('must be skipped')\n"})
-    make_dist(site, "plain-plugin", {SRT_PLUGINS: {"plain": "plain_mod:register"},
-                                     DIFF_PLUGINS: {"plain": "plain_mod:register_diffusion"}},
-              {"plain_mod.py": """
+               """,
+        },
+    )
+    make_dist(
+        site,
+        "other-platform",
+        {
+            SRT_PLATFORMS: {"other": "other_pkg:activate"},
+            SRT_PLUGINS: {"other_extra": "other_pkg.hooks:register"},
+        },
+        {
+            "other_pkg/__init__.py": "def activate():\n    return None\n",
+            "other_pkg/hooks.py": "def register():\n    raise AssertionError('must be skipped')\n",
+        },
+    )
+    make_dist(
+        site,
+        "plain-plugin",
+        {
+            SRT_PLUGINS: {"plain": "plain_mod:register"},
+            DIFF_PLUGINS: {"plain": "plain_mod:register_diffusion"},
+        },
+        {
+            "plain_mod.py": """
                   from hooks import HookRegistry, HookType
                   def register():
                       HookRegistry.register("tgt:f", lambda x: ("plain", x), HookType.REPLACE)
@@ -40,14 +62,21 @@ def _site(site):
                   def register_diffusion():
                       from hooks.diffusion import HookRegistry, HookType
                       HookRegistry.register("tgt.f", lambda result, x: result, HookType.AFTER)
-              """})
-    make_dist(site, "off-plugin", {SRT_PLUGINS: {"off": "off_mod:register"}},
-              {"off_mod.py": "def register():\n    raise AssertionError('not allowed, must not run')\n"})
+              """
+        },
+    )
+    make_dist(
+        site,
+        "off-plugin",
+        {SRT_PLUGINS: {"off": "off_mod:register"}},
+        {"off_mod.py": "def register():\n    raise AssertionError('not allowed, must not run')\n"},
+    )
 
 
 def test_table_and_json_report_every_entry_point_selection_hooks_and_conflicts(site):
     _site(site)
-    res = run_python("""
+    res = run_python(
+        """
         import contextlib, io, json, sys
         from launcher.cli import main
         outputs, codes = [], []
@@ -56,14 +85,19 @@ def test_table_and_json_report_every_entry_point_selection_hooks_and_conflicts(s
             with contextlib.redirect_stdout(buf):
                 codes.append(main(argv))
             outputs.append(buf.getvalue())
-        heavy = [m for m in ("torch", "numpy", "transformers", "fastapi", "uvicorn") if m in sys.modules]
+        heavy = [m for m in ("torch", "numpy", "transformers", "starlette", "uvicorn") if m in sys.modules]
         print("RESULT:" + json.dumps({"codes": codes, "table": outputs[0], "doc": json.loads(outputs[1]),
                                        "heavy": heavy, "tgt_imported": "tgt" in sys.modules}))
-    """, sites=[site], env=clean_env(SGLANG_PLATFORM="vendor", SGLANG_PLUGINS="vendor,plain,other_extra"))
+    """,
+        sites=[site],
+        env=clean_env(SGLANG_PLATFORM="vendor", SGLANG_PLUGINS="vendor,plain,other_extra"),
+    )
     assert res.returncode == 0, res
     out = res.data
     assert out["codes"] == [0, 0]
-    assert out["heavy"] == [] and out["tgt_imported"] is False  # no hook applied, no target resolved
+    assert (
+        out["heavy"] == [] and out["tgt_imported"] is False
+    )  # no hook applied, no target resolved
 
     srt, diffusion = out["doc"]["runtimes"]
     assert srt["runtime"] == "srt" and diffusion["runtime"] == "diffusion"
@@ -83,11 +117,18 @@ def test_table_and_json_report_every_entry_point_selection_hooks_and_conflicts(s
     assert plugins["off"]["allowed"] is False and plugins["off"]["status"] == "not allowed"
     assert plugins["other_extra"]["skipped_unselected_platform"] is True
     assert plugins["other_extra"]["status"] == "skipped"
-    assert plugins["plain"]["status"] == "loaded" and plugins["plain"]["distribution"] == "plain-plugin"
+    assert (
+        plugins["plain"]["status"] == "loaded"
+        and plugins["plain"]["distribution"] == "plain-plugin"
+    )
     assert [(h["type"], h["target"]) for h in plugins["plain"]["hooks"]] == [
-        ("REPLACE", "tgt.f"), ("BEFORE", "launcher.server_args.ServerArgs.check_server_args")]
+        ("REPLACE", "tgt.f"),
+        ("BEFORE", "launcher.server_args.ServerArgs.check_server_args"),
+    ]
     assert [(h["type"], h["target"]) for h in plugins["vendor"]["hooks"]] == [("REPLACE", "tgt.f")]
-    assert srt["conflicts"] == [{"target": "tgt.f", "plugins": ["plain", "vendor"], "winner": "vendor"}]
+    assert srt["conflicts"] == [
+        {"target": "tgt.f", "plugins": ["plain", "vendor"], "winner": "vendor"}
+    ]
     assert srt["startup_error"] is None
     dplugins = {p["name"]: p for p in diffusion["groups"][DIFF_PLUGINS]}
     assert [(h["type"], h["target"]) for h in dplugins["plain"]["hooks"]] == [("AFTER", "tgt.f")]
@@ -98,7 +139,10 @@ def test_table_and_json_report_every_entry_point_selection_hooks_and_conflicts(s
     assert "pass --probe" in diffusion["selection"]["reason"]
 
     table = out["table"]
-    assert "platform: plugin:vendor -> vendor_pkg.platform.VendorPlatform from vendor-platform" in table
+    assert (
+        "platform: plugin:vendor -> vendor_pkg.platform.VendorPlatform from vendor-platform"
+        in table
+    )
     assert "why: SGLANG_PLATFORM=vendor" in table
     rows = {line.split()[0]: line for line in table.splitlines() if line.startswith("    ")}
     assert "not allowed" in rows["off"] and "skipped" in rows["other_extra"]
@@ -134,7 +178,10 @@ def test_platform_rows_say_whether_sglang_plugins_admits_them_to_automatic_selec
     assert some.returncode == 0, some
     doc = some.data["doc"]
     assert doc["platform_allowlist"] == {"variable": "SGLANG_PLUGINS", "applies": True}
-    assert {p["name"]: p["allowed"] for p in doc["groups"][SRT_PLATFORMS]} == {"other": True, "vendor": False}
+    assert {p["name"]: p["allowed"] for p in doc["groups"][SRT_PLATFORMS]} == {
+        "other": True,
+        "vendor": False,
+    }
     rows = _platform_rows(some.data["table"])
     assert rows == {"other": ["allowed"], "vendor": ["left", "out"]}
     assert "AUTO (SGLANG_PLUGINS)" in some.data["table"]
@@ -142,19 +189,29 @@ def test_platform_rows_say_whether_sglang_plugins_admits_them_to_automatic_selec
     none = run_python(code, sites=[site], env=clean_env(SGLANG_PLUGINS="plain"))
     assert none.returncode == 0, none
     reason = none.data["doc"]["selection"]["reason"]
-    assert reason.startswith("fallback: no platform plugin allowed (SGLANG_PLUGINS=plain leaves out "), reason
+    assert reason.startswith(
+        "fallback: no platform plugin allowed (SGLANG_PLUGINS=plain leaves out "
+    ), reason
     assert "other = other_pkg:activate (from other-platform)" in reason
     assert "vendor = vendor_pkg:activate (from vendor-platform)" in reason
-    assert ("; add their names to SGLANG_PLUGINS, or unset it, to admit them to automatic selection, or set "
-            "SGLANG_PLATFORM to one to select it); start-up probes the built-ins") in reason
+    assert (
+        "; add their names to SGLANG_PLUGINS, or unset it, to admit them to automatic selection, or set "
+        "SGLANG_PLATFORM to one to select it); start-up probes the built-ins"
+    ) in reason
     assert f"why: {reason}" in none.data["table"]
 
 
 def _cli(args, site, **env):
     environ = clean_env(**env)
     environ["PYTHONPATH"] = f"{site}:{REPO}"
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
-                          env=environ, cwd=str(REPO), timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=str(REPO),
+        timeout=60,
+    )
 
 
 @pytest.mark.e2e  # runs the CLI as its own process
@@ -193,7 +250,9 @@ def test_reports_the_platform_a_launch_would_serve_on():
     assert res.returncode == 0, res
     dry, probed = (json.dumps(doc) for doc in res.data)
     assert "cpu (a server's stand-in for base)" in dry, dry
-    assert '"key": "builtin:cpu"' in probed and "so a server runs on the CPU platform" in probed, probed
+    assert '"key": "builtin:cpu"' in probed and "so a server runs on the CPU platform" in probed, (
+        probed
+    )
 
 
 def _dual_site(site):
@@ -201,30 +260,44 @@ def _dual_site(site):
     with ``@plugin_hook`` at module scope and is also a general-plugin entry point. ``solo``: a
     platform entry point module with a module-scope ``@plugin_hook`` and no plugin entry point."""
     make_dist(site, "tgt-module", modules={"tgt.py": "def f(x):\n    return [x]\n"})
-    make_dist(site, "dual-platform",
-              {SRT_PLATFORMS: {"dual": "dual_pkg:activate"}, SRT_PLUGINS: {"dual": "dual_pkg.hooks:register"}},
-              {"dual_pkg/__init__.py": """
+    make_dist(
+        site,
+        "dual-platform",
+        {
+            SRT_PLATFORMS: {"dual": "dual_pkg:activate"},
+            SRT_PLUGINS: {"dual": "dual_pkg.hooks:register"},
+        },
+        {
+            "dual_pkg/__init__.py": """
                    from dual_pkg import hooks  # noqa: F401 - its decorators run when the platform is activated
                    def activate():
                        return "dual_pkg.platform.DualPlatform"
                """,
-               "dual_pkg/hooks.py": """
+            "dual_pkg/hooks.py": """
                    from hooks import HookType, plugin_hook
                    @plugin_hook("tgt:f", type=HookType.AFTER)
                    def dual_after(result, x):
                        return result + ["dual"]
                    def register():
                        pass
-               """})
-    make_dist(site, "solo-platform", {SRT_PLATFORMS: {"solo": "solo_pkg:activate"}},
-              {"solo_pkg.py": """
+               """,
+        },
+    )
+    make_dist(
+        site,
+        "solo-platform",
+        {SRT_PLATFORMS: {"solo": "solo_pkg:activate"}},
+        {
+            "solo_pkg.py": """
                    from hooks import plugin_hook
                    @plugin_hook("tgt:f")  # AFTER by default
                    def solo_after(result, x):
                        return result + ["solo"]
                    def activate():
                        return None
-               """})
+               """
+        },
+    )
 
 
 def test_plugins_lists_every_hook_that_will_be_applied_whatever_imported_the_module_first(site):
@@ -252,13 +325,22 @@ def test_plugins_lists_every_hook_that_will_be_applied_whatever_imported_the_mod
         assert srt["selection"]["key"] == "plugin:dual", (order, srt["selection"])
         plugins = {p["name"]: p for p in srt["groups"][SRT_PLUGINS]}
         assert [(h["type"], h["target"], h["hook"]) for h in plugins["dual"]["hooks"]] == [
-            ("AFTER", "tgt.f", "dual_pkg.hooks.dual_after")], order
+            ("AFTER", "tgt.f", "dual_pkg.hooks.dual_after")
+        ], order
         others = srt["other_hooks"]
-        assert [(h["type"], h["target"], h["hook"]) for h in others] == [("AFTER", "tgt.f", "solo_pkg.solo_after")]
-        assert "imported by platform entry point solo = solo_pkg:activate (from solo-platform)" in others[0]["registered_by"]
+        assert [(h["type"], h["target"], h["hook"]) for h in others] == [
+            ("AFTER", "tgt.f", "solo_pkg.solo_after")
+        ]
+        assert (
+            "imported by platform entry point solo = solo_pkg:activate (from solo-platform)"
+            in others[0]["registered_by"]
+        )
         table = res_one.data["table"]
         assert "dual_pkg.hooks.dual_after" in table and "solo_pkg.solo_after" in table
-        assert "solo_pkg.solo_after is of no plugin: module solo_pkg, imported by platform entry point" in table
+        assert (
+            "solo_pkg.solo_after is of no plugin: module solo_pkg, imported by platform entry point"
+            in table
+        )
         # What the report lists is what is applied.
         f = res_one.data["f"]
         assert f[0] == 0 and sorted(f[1:]) == ["dual", "solo"], (order, f)

@@ -29,7 +29,9 @@ def test_a_replica_that_stops_reading_gets_a_503_once_its_queue_is_full(tmp_path
         waiting = []
         try:
             for _ in range(100_000):
-                task = asyncio.ensure_future(client.one(lambda rid: messages.EmbedRequest(rid, ["x"])))
+                task = asyncio.ensure_future(
+                    client.one(lambda rid: messages.EmbedRequest(rid, ["x"]))
+                )
                 waiting.append(task)
                 await asyncio.sleep(0)  # let it send
                 if task.done():

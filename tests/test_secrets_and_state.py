@@ -58,19 +58,35 @@ def test_the_key_from_a_file_or_the_environment_guards_the_api_and_shows_nowhere
     else:
         extra["SGLANG_API_KEY"] = KEY
     env = server_env(**extra)
-    server = start_server(args, tmp_path, "keyed", headers={"Authorization": f"Bearer {KEY}"}, env=env)
+    server = start_server(
+        args, tmp_path, "keyed", headers={"Authorization": f"Bearer {KEY}"}, env=env
+    )
     try:
         body = {"input": "hello"}
         assert httpx.post(server.url + "/v1/embeddings", json=body, timeout=60).status_code == 401
-        ok = httpx.post(server.url + "/v1/embeddings", json=body, timeout=60,
-                        headers={"Authorization": f"Bearer {KEY}"})
+        ok = httpx.post(
+            server.url + "/v1/embeddings",
+            json=body,
+            timeout=60,
+            headers={"Authorization": f"Bearer {KEY}"},
+        )
         assert ok.status_code == 200, ok.text
-        info = httpx.get(server.url + "/get_server_info", timeout=30, headers={"Authorization": f"Bearer {KEY}"})
+        info = httpx.get(
+            server.url + "/get_server_info", timeout=30, headers={"Authorization": f"Bearer {KEY}"}
+        )
         texts = _texts_of_the_launch(server.proc.pid, Path(runtime_dir))
         texts["/get_server_info"] = info.text
+
         def run(*a: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "launcher", *a], env=env, cwd=str(REPO),
-                                  capture_output=True, text=True, timeout=60)
+            return subprocess.run(
+                [sys.executable, "-m", "launcher", *a],
+                env=env,
+                cwd=str(REPO),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
         status, events = run("status", "--json"), run("events")
         assert status.returncode == 0 and events.returncode == 0, (status.stderr, events.stderr)
         texts["status"], texts["events"] = status.stdout, events.stdout
@@ -88,8 +104,13 @@ def test_a_key_on_the_command_line_warns_and_stays_out_of_the_state_file():
         assert "--api-key-file" in run.stderr and "SGLANG_API_KEY" in run.stderr
         state = json.loads(next(Path(run.runtime_dir, "sglang-launch").glob("*.json")).read_text())
         assert "--api-key" in state["argv"] and "***" in state["argv"]
-        _assert_key_nowhere({"state dir": json.dumps(state), "status": run.cli("status", "--json").stdout,
-                             "events": run.cli("events").stdout})
+        _assert_key_nowhere(
+            {
+                "state dir": json.dumps(state),
+                "status": run.cli("status", "--json").stdout,
+                "events": run.cli("events").stdout,
+            }
+        )
         os.kill(run.pid, signal.SIGTERM)
         assert run.wait(60) == 0, run
 
@@ -104,7 +125,9 @@ def test_an_unusable_key_source_is_a_usage_error(tmp_path, case):
         key_file.write_text(KEY)
     with Run([*BASIC, "--port", str(free_port()), "--api-key-file", str(key_file), *extra]) as run:
         assert run.wait(60) == 2, run
-        expected = {"missing": "cannot read it", "empty": "is empty", "both": "were both given"}[case]
+        expected = {"missing": "cannot read it", "empty": "is empty", "both": "were both given"}[
+            case
+        ]
         assert expected in run.stderr and "--api-key-file" in run.stderr, run
         assert "Traceback" not in run.stderr
         run.assert_nothing_left()
@@ -112,18 +135,34 @@ def test_an_unusable_key_source_is_a_usage_error(tmp_path, case):
 
 # -- the state directory ------------------------------------------------------------------------
 def _launch_without_xdg(tmp_path: Path) -> tuple[subprocess.Popen, dict]:
-    env = clean_env(XDG_RUNTIME_DIR=None, TMPDIR=str(tmp_path / "tmp"), HOME=str(tmp_path / "home"),
-                    PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]), PYTHONDONTWRITEBYTECODE="1")
+    env = clean_env(
+        XDG_RUNTIME_DIR=None,
+        TMPDIR=str(tmp_path / "tmp"),
+        HOME=str(tmp_path / "home"),
+        PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
     err = open(tmp_path / "stderr.txt", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", *BASIC, "--port", str(free_port())],
-                            env=env, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=err)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", *BASIC, "--port", str(free_port())],
+        env=env,
+        cwd=str(REPO),
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+    )
     err.close()
     return proc, env
 
 
 def _status(env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher", "status", "--json"], env=env, cwd=str(REPO),
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", "status", "--json"],
+        env=env,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a directory owned by another user needs root")
@@ -149,10 +188,13 @@ def _hostile_tmp(tmp_path: Path, hostile: str) -> None:
         os.chown(taken, 65534, 65534)
     proc, env = _launch_without_xdg(tmp_path)
     try:
+
         def ready():
             assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()
             result = _status(env)
-            return result.returncode == 0 and json.loads(result.stdout)["phase"] == "ready" and result
+            return (
+                result.returncode == 0 and json.loads(result.stdout)["phase"] == "ready" and result
+            )
 
         wait_for(ready, 120, "the launcher to be ready")
         stderr = (tmp_path / "stderr.txt").read_text()
@@ -165,7 +207,9 @@ def _hostile_tmp(tmp_path: Path, hostile: str) -> None:
         assert not list(fallback.iterdir())
     finally:
         if proc.poll() is None:
-            kill_tree([psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)])
+            kill_tree(
+                [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            )
             proc.wait(10)
 
 
@@ -175,7 +219,10 @@ def test_a_hostile_xdg_runtime_dir_is_refused_naming_the_fix(tmp_path):
         (xdg / "sglang-launch").symlink_to(tmp_path)
         with Run([*BASIC, "--port", str(free_port())], runtime_dir=str(xdg)) as run:
             assert run.wait(60) == 5, run
-            assert "is a symbolic link" in run.stderr and "set XDG_RUNTIME_DIR to a private directory" in run.stderr
+            assert (
+                "is a symbolic link" in run.stderr
+                and "set XDG_RUNTIME_DIR to a private directory" in run.stderr
+            )
             assert "Traceback" not in run.stderr
     finally:
         shutil.rmtree(xdg, ignore_errors=True)
@@ -184,7 +231,12 @@ def test_a_hostile_xdg_runtime_dir_is_refused_naming_the_fix(tmp_path):
 def _can_unshare() -> bool:
     if not shutil.which("unshare"):
         return False
-    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def _query_snapshot(state: dict) -> dict | None:
@@ -196,22 +248,43 @@ def _query_snapshot(state: dict) -> dict | None:
         return None
 
 
-@pytest.mark.skipif(not _can_unshare(), reason="needs unshare --pid --fork --mount-proc (root or user namespaces)")
+@pytest.mark.skipif(
+    not _can_unshare(), reason="needs unshare --pid --fork --mount-proc (root or user namespaces)"
+)
 def test_two_launchers_that_are_both_pid_1_share_a_state_directory():
     runtime_dir = short_runtime_dir()
     base = Path(runtime_dir) / "sglang-launch"
     runs = []
     try:
         for _ in range(2):
-            runs.append(Run([*BASIC, "--port", str(free_port())], runtime_dir=runtime_dir,
-                            command=["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "launcher"]))
+            runs.append(
+                Run(
+                    [*BASIC, "--port", str(free_port())],
+                    runtime_dir=runtime_dir,
+                    command=[
+                        "unshare",
+                        "--pid",
+                        "--fork",
+                        "--mount-proc",
+                        sys.executable,
+                        "-m",
+                        "launcher",
+                    ],
+                )
+            )
 
             def all_ready(count=len(runs)):  # noqa: B008 - this round's count, bound now
                 states = [json.loads(p.read_text()) for p in base.glob("*.json")]
                 snaps = [_query_snapshot(s) for s in states]
-                return len(states) == count and all(s and s["phase"] == "ready" for s in snaps) and states
+                return (
+                    len(states) == count
+                    and all(s and s["phase"] == "ready" for s in snaps)
+                    and states
+                )
 
-            states = wait_for(all_ready, 120, f"{len(runs)} launcher(s) ready\n" + "\n".join(map(str, runs)))
+            states = wait_for(
+                all_ready, 120, f"{len(runs)} launcher(s) ready\n" + "\n".join(map(str, runs))
+            )
         assert [s["pid"] for s in states] == [1, 1], "each launcher is pid 1 of its own namespace"
         assert len({s["runtime_dir"] for s in states}) == 2
 

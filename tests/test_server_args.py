@@ -106,11 +106,17 @@ def test_check_server_args_lists_every_problem_with_what_to_change():
     text = many["text"]
     assert text.startswith("invalid server arguments:")
     assert len(many["problems"]) >= 6  # all at once, not one per attempt
-    for needle in ("--port 70000", "1..65535", "--tp-size 0 must be at least 1",
-                   "--node-rank 3 must be in 0..1", "--nnodes 2 needs --dist-init-addr HOST:PORT",
-                   "--max-total-tokens 10 is below --max-input-tokens",
-                   "--stop-grace-period -1", "--scheduler-target 'not a path'",
-                   "--http-target 'x y' is not a dotted path; use package.module.function (or '' for no HTTP worker)"):
+    for needle in (
+        "--port 70000",
+        "1..65535",
+        "--tp-size 0 must be at least 1",
+        "--node-rank 3 must be in 0..1",
+        "--nnodes 2 needs --dist-init-addr HOST:PORT",
+        "--max-total-tokens 10 is below --max-input-tokens",
+        "--stop-grace-period -1",
+        "--scheduler-target 'not a path'",
+        "--http-target 'x y' is not a dotted path; use package.module.function (or '' for no HTTP worker)",
+    ):
         assert needle in text, needle
     assert "HOST:PORT" in result.data["addr"]["text"]
     types = result.data["types"]["text"]

@@ -36,9 +36,12 @@ def server(tmp_path):
 
 def test_dp2_load_then_a_scheduler_dies_mid_load(server, capsys):
     stats = run_load(server.url, embedding_body, clients=16, seconds=20)
-    report(capsys, f"load dp=2: {stats['requests']} requests, {len(stats['errors'])} errors, "
-                   f"{stats['throughput_rps']:.1f} req/s, p50 {stats['p50_ms']:.1f} ms, "
-                   f"p99 {stats['p99_ms']:.1f} ms")
+    report(
+        capsys,
+        f"load dp=2: {stats['requests']} requests, {len(stats['errors'])} errors, "
+        f"{stats['throughput_rps']:.1f} req/s, p50 {stats['p50_ms']:.1f} ms, "
+        f"p99 {stats['p99_ms']:.1f} ms",
+    )
     assert stats["errors"] == [] and stats["requests"] > 0
     info = httpx.get(server.url + "/get_server_info", timeout=30).json()
     batches = [s["batches"] for s in info["schedulers"]]
@@ -48,21 +51,43 @@ def test_dp2_load_then_a_scheduler_dies_mid_load(server, capsys):
     victim = ready["schedulers"][1]["pid"]
     stop_load = threading.Event()
     result: dict = {}
-    load = threading.Thread(target=lambda: result.update(run_load(
-        server.url, embedding_body, clients=16, seconds=60, stop_event=stop_load)), daemon=True)
+    load = threading.Thread(
+        target=lambda: result.update(
+            run_load(server.url, embedding_body, clients=16, seconds=60, stop_event=stop_load)
+        ),
+        daemon=True,
+    )
     load.start()
     try:
         served = sum(batches)  # the second load is going once the schedulers run more batches
-        wait_for(lambda: sum(s["batches"] for s in httpx.get(server.url + "/get_server_info", timeout=30)
-                             .json()["schedulers"]) > served + 2, 120, "the second load to reach the schedulers", interval=0.2)
+        wait_for(
+            lambda: (
+                sum(
+                    s["batches"]
+                    for s in httpx.get(server.url + "/get_server_info", timeout=30).json()[
+                        "schedulers"
+                    ]
+                )
+                > served + 2
+            ),
+            120,
+            "the second load to reach the schedulers",
+            interval=0.2,
+        )
         os.kill(server.proc.pid, signal.SIGSTOP)
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
-        r = wait_for(lambda: (h := httpx.get(server.url + "/health", timeout=30)).status_code != 200 and h,
-                     60, "/health to report the killed scheduler")
+        r = wait_for(
+            lambda: (h := httpx.get(server.url + "/health", timeout=30)).status_code != 200 and h,
+            60,
+            "/health to report the killed scheduler",
+        )
         body = r.json()
         assert r.status_code == 503 and body["healthy"] is False and "dp=1" in body["reason"]
-        report(capsys, f"/health false {(time.monotonic() - killed) * 1000:.0f} ms after the scheduler was killed")
+        report(
+            capsys,
+            f"/health false {(time.monotonic() - killed) * 1000:.0f} ms after the scheduler was killed",
+        )
     finally:
         stop_load.set()
         os.kill(server.proc.pid, signal.SIGCONT)
@@ -71,7 +96,11 @@ def test_dp2_load_then_a_scheduler_dies_mid_load(server, capsys):
     log = server.log
     assert code == 4, log  # a worker exited after the server was ready
     assert "scheduler.1 was killed by SIGKILL" in log and "every worker process is gone" in log
-    assert not [p for p in psutil.process_iter(["cmdline"]) if str(server.port) in " ".join(p.info["cmdline"] or [])]
+    assert not [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(server.port) in " ".join(p.info["cmdline"] or [])
+    ]
 
 
 def test_dp2_over_two_nodes_serves_from_both(tmp_path):
@@ -81,7 +110,10 @@ def test_dp2_over_two_nodes_serves_from_both(tmp_path):
         ready = httpx.get(node0.url + "/ready", timeout=30).json()
         assert [s["dp_rank"] for s in ready["schedulers"]] == [0, 1]
         on_node1 = {p.pid for p in psutil.Process(node1.proc.pid).children(recursive=True)}
-        assert ready["schedulers"][1]["pid"] in on_node1 and ready["schedulers"][0]["pid"] not in on_node1
+        assert (
+            ready["schedulers"][1]["pid"] in on_node1
+            and ready["schedulers"][0]["pid"] not in on_node1
+        )
         stats = run_load(node0.url, embedding_body, clients=8, seconds=3)
         assert stats["errors"] == [] and stats["requests"] > 0
         info = httpx.get(node0.url + "/get_server_info", timeout=30).json()
@@ -102,9 +134,23 @@ def test_a_replica_node_0_cannot_reach_keeps_the_launch_from_claiming_ready(tmp_
 
     # The start-up timeout must outlast loading the model on a busy machine: the test needs
     # scheduler dp=0 ready and the HTTP child answering before the timeout ends the launch.
-    node0 = Server(["--dp-size", "2", "--nnodes", "2", "--node-rank", "0", "--startup-timeout", "90",
-                    "--dist-init-addr", f"127.0.0.1:{free_port()}"], tmp_path / "lonely-node0.log")
+    node0 = Server(
+        [
+            "--dp-size",
+            "2",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--startup-timeout",
+            "90",
+            "--dist-init-addr",
+            f"127.0.0.1:{free_port()}",
+        ],
+        tmp_path / "lonely-node0.log",
+    )
     try:
+
         def ready_names_only_the_missing_replica():
             assert node0.proc.poll() is None, node0.log
             try:
@@ -113,8 +159,11 @@ def test_a_replica_node_0_cannot_reach_keeps_the_launch_from_claiming_ready(tmp_
                 return None  # the HTTP child is not listening yet
             return r if r.status_code == 503 and "dp=[1]" in r.json().get("reason", "") else None
 
-        r = wait_for(ready_names_only_the_missing_replica, 90,
-                     f"/ready to name replica dp=1 alone (dp=0 answering)\n{node0.log}")
+        r = wait_for(
+            ready_names_only_the_missing_replica,
+            90,
+            f"/ready to name replica dp=1 alone (dp=0 answering)\n{node0.log}",
+        )
         assert "not announced" in r.json()["reason"], r.text
         assert node0.wait_exit(timeout=150) == 3, node0.log  # start-up timeout
         assert "sglang-launch: ready at" not in node0.log and "start-up did not finish" in node0.log

@@ -41,8 +41,11 @@ def embed(server, texts, **extra):
 
 @pytest.mark.e2e
 def test_first_request_with_the_default_model(server):
-    body = embed(server, ["a cat sits on the mat", "a kitten rests on a rug", "stock prices fell sharply"],
-                 model="all-MiniLM-L6-v2")
+    body = embed(
+        server,
+        ["a cat sits on the mat", "a kitten rests on a rug", "stock prices fell sharply"],
+        model="all-MiniLM-L6-v2",
+    )
     cat, kitten, stocks = (d["embedding"] for d in body["data"])
     assert cosine(cat, kitten) > cosine(cat, stocks)
     assert body["model"] == "all-MiniLM-L6-v2" and body["object"] == "list"
@@ -97,13 +100,28 @@ def metric_samples(page: str) -> dict:
     """The /metrics page parsed by prometheus_client's own text parser: (name, labels) -> value."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(page) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+    }
 
 
 BAD = [  # (name, body, status, words in the message, param)
-    ("malformed JSON", b'{"input": "x"', 400, "not valid JSON (Expecting ',' delimiter at character 13)", None),
-    ("unterminated string", b'{"input": "x', 400, "Unterminated string starting at character 10", None),
+    (
+        "malformed JSON",
+        b'{"input": "x"',
+        400,
+        "not valid JSON (Expecting ',' delimiter at character 13)",
+        None,
+    ),
+    (
+        "unterminated string",
+        b'{"input": "x',
+        400,
+        "Unterminated string starting at character 10",
+        None,
+    ),
     ("not an object", b'["x"]', 400, "must be a JSON object", None),
     ("missing input", b"{}", 400, "input is required", "input"),
     ("wrong type", b'{"input": 5}', 400, "input must be a string or a list", "input"),
@@ -111,17 +129,51 @@ BAD = [  # (name, body, status, words in the message, param)
     ("empty list", b'{"input": []}', 400, "at least one", "input"),
     ("list of non-strings", b'{"input": [1, 2]}', 400, "input[0] must be a string", "input[0]"),
     ("unpaired surrogate", b'{"input": "\\ud800"}', 400, "Unicode", "input"),
-    ("unsupported encoding", b'{"input": "x", "encoding_format": "int8"}', 400, "'float' or 'base64'",
-     "encoding_format"),
+    (
+        "unsupported encoding",
+        b'{"input": "x", "encoding_format": "int8"}',
+        400,
+        "'float' or 'base64'",
+        "encoding_format",
+    ),
     ("unknown model", b'{"input": "x", "model": "gpt-4"}', 404, "not served here", "model"),
-    ("dimensions", b'{"input": "x", "dimensions": 128}', 400, "dimensions is not supported", "dimensions"),
-    ("too many tokens", json.dumps({"input": "word " * 2000}).encode(), 400, "limit of 256", "input"),
-    ("one text too long", json.dumps({"input": ["x", "word " * 400]}).encode(), 400, "limit of 256",
-     "input[1]"),
+    (
+        "dimensions",
+        b'{"input": "x", "dimensions": 128}',
+        400,
+        "dimensions is not supported",
+        "dimensions",
+    ),
+    (
+        "too many tokens",
+        json.dumps({"input": "word " * 2000}).encode(),
+        400,
+        "limit of 256",
+        "input",
+    ),
+    (
+        "one text too long",
+        json.dumps({"input": ["x", "word " * 400]}).encode(),
+        400,
+        "limit of 256",
+        "input[1]",
+    ),
     ("too many inputs", json.dumps({"input": ["x"] * 3000}).encode(), 400, "at most 2048", "input"),
-    ("too many bytes", json.dumps({"input": "a" * 1_100_000}).encode(), 413, "--max-request-bytes", None),
+    (
+        "too many bytes",
+        json.dumps({"input": "a" * 1_100_000}).encode(),
+        413,
+        "--max-request-bytes",
+        None,
+    ),
     ("not UTF-8", b'{"input": "\xff"}', 400, "not valid JSON (it is not UTF-8 text)", None),
-    ("nested too deep", b'{"x": ' + b"[" * 200_000 + b"}", 400, "not valid JSON (it is nested too deeply)", None),
+    (
+        "nested too deep",
+        b'{"x": ' + b"[" * 200_000 + b"}",
+        400,
+        "not valid JSON (it is nested too deeply)",
+        None,
+    ),
 ]
 
 
@@ -161,14 +213,42 @@ def test_wrong_route_method_and_model_kind_are_4xx(server):
 
 @pytest.mark.e2e
 def test_schemathesis_fuzz_finds_no_server_error(server, tmp_path):
-    st = shutil.which("st", path=os.pathsep.join([str(REPO / ".venv" / "bin"), str(Path(sys.executable).parent)]))
+    st = shutil.which(
+        "st", path=os.pathsep.join([str(REPO / ".venv" / "bin"), str(Path(sys.executable).parent)])
+    )
     assert st, "schemathesis is part of the test extra"
     run = subprocess.run(
-        [st, "run", server.url + "/openapi.json", "--checks", "not_a_server_error",
-         "--phases", "examples,coverage,fuzzing", "--max-examples", "15", "--seed", "7",
-         "--generation-database", "none", "--no-shrink", "--workers", "2", "--max-time", "30",
-         "--request-timeout", "30", "--report", "junit", "--report-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env=server_env(), cwd=str(tmp_path),
+        [
+            st,
+            "run",
+            server.url + "/openapi.json",
+            "--checks",
+            "not_a_server_error",
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--max-examples",
+            "15",
+            "--seed",
+            "7",
+            "--generation-database",
+            "none",
+            "--no-shrink",
+            "--workers",
+            "2",
+            "--max-time",
+            "30",
+            "--request-timeout",
+            "30",
+            "--report",
+            "junit",
+            "--report-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=server_env(),
+        cwd=str(tmp_path),
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert httpx.get(server.url + "/health").json() == {"healthy": True}
@@ -177,9 +257,13 @@ def test_schemathesis_fuzz_finds_no_server_error(server, tmp_path):
 @pytest.mark.e2e
 def test_load_dp1_sixteen_clients_twenty_seconds(server, capsys):
     stats = run_load(server.url, embedding_body, clients=16, seconds=20)
-    report(capsys, f"load dp=1: {stats['requests']} requests, {len(stats['errors'])} errors, "
-                   f"{stats['throughput_rps']:.1f} req/s, p50 {stats['p50_ms']:.1f} ms, "
-                   f"p99 {stats['p99_ms']:.1f} ms")
+    report(
+        capsys,
+        f"load dp=1: {stats['requests']} requests, {len(stats['errors'])} errors, "
+        f"{stats['throughput_rps']:.1f} req/s, p50 {stats['p50_ms']:.1f} ms, "
+        f"p99 {stats['p99_ms']:.1f} ms",
+    )
     assert stats["errors"] == [] and stats["requests"] > 0
-    Path(server.log_path).with_name("load-dp1.json").write_text(json.dumps(
-        {k: v for k, v in stats.items() if k != "errors"}))
+    Path(server.log_path).with_name("load-dp1.json").write_text(
+        json.dumps({k: v for k, v in stats.items() if k != "errors"})
+    )

@@ -72,8 +72,11 @@ class Systemd:
                 return
 
     def wait_for(self, text: str) -> list[str]:
-        return wait_for(lambda: any(text in m for m in self.messages) and self.messages, 30,
-                        f"{text} on NOTIFY_SOCKET; got {self.messages}")
+        return wait_for(
+            lambda: any(text in m for m in self.messages) and self.messages,
+            30,
+            f"{text} on NOTIFY_SOCKET; got {self.messages}",
+        )
 
     def close(self) -> None:
         self.sock.close()
@@ -82,12 +85,24 @@ class Systemd:
 def test_sigterm_stops_gracefully_and_late_callers_see_everything(tmp_path):
     systemd = Systemd(str(tmp_path / "notify.sock"))
     port = free_port()
-    args = [*FAST, "--port", str(port), "--tp-size", "2",
-            "--scheduler-target", W + "spawn_grandchild", "--http-target", READY_WAIT]
+    args = [
+        *FAST,
+        "--port",
+        str(port),
+        "--tp-size",
+        "2",
+        "--scheduler-target",
+        W + "spawn_grandchild",
+        "--http-target",
+        READY_WAIT,
+    ]
     with Run(args, env={"NOTIFY_SOCKET": systemd.path}) as run:
         run.wait_ready()
-        grandchildren = [psutil.Process(w["info"]["grandchild"]) for w in run.snapshot()["workers"]
-                         if w["role"] == "scheduler"]
+        grandchildren = [
+            psutil.Process(w["info"]["grandchild"])
+            for w in run.snapshot()["workers"]
+            if w["role"] == "scheduler"
+        ]
 
         # A late `status` sees every worker, ready, with pid, timings and platform.
         status = run.cli("status", "--json")
@@ -97,12 +112,23 @@ def test_sigterm_stops_gracefully_and_late_callers_see_everything(tmp_path):
         assert snap["url"] == f"http://127.0.0.1:{port}"
         # No plugin, no accelerator: the CPU platform, said in one line.
         assert snap["platform"] == "builtin:cpu"
-        assert run.stderr.count("no accelerator and no platform plugin found: serving on the CPU platform") == 1
+        assert (
+            run.stderr.count(
+                "no accelerator and no platform plugin found: serving on the CPU platform"
+            )
+            == 1
+        )
         assert [w["name"] for w in snap["workers"]] == ["http.0", "scheduler.0", "scheduler.1"]
         for w in snap["workers"]:
             assert w["phase"] == "ready" and psutil.pid_exists(w["pid"]) and w["exitcode"] is None
             assert w["platform"] == snap["platform"]
-            assert {"spawned", "platform_initialized", "hooks_applied", "worker_imported", "ready"} <= set(w["phases"])
+            assert {
+                "spawned",
+                "platform_initialized",
+                "hooks_applied",
+                "worker_imported",
+                "ready",
+            } <= set(w["phases"])
         human = run.cli("status")
         assert human.returncode == 0 and f"http://127.0.0.1:{port}" in human.stdout
         assert "scheduler.1" in human.stdout and "ready" in human.stdout
@@ -116,7 +142,10 @@ def test_sigterm_stops_gracefully_and_late_callers_see_everything(tmp_path):
         # A malformed query gets an error reply; the launch does not notice.
         state = json.loads(next(Path(run.runtime_dir, "sglang-launch").glob("*.json")).read_text())
         assert _raw_query(state["query_endpoint"], b"not json")["ok"] is False
-        assert "unknown query" in _raw_query(state["query_endpoint"], b'{"query": "shutdown"}')["error"]
+        assert (
+            "unknown query"
+            in _raw_query(state["query_endpoint"], b'{"query": "shutdown"}')["error"]
+        )
         history = _raw_query(state["query_endpoint"], b'{"query": "events", "after": 0}')
         assert history["complete"] and history["events"][0]["topic"] == "server.starting"
         assert run.snapshot()["phase"] == "ready"
@@ -125,8 +154,14 @@ def test_sigterm_stops_gracefully_and_late_callers_see_everything(tmp_path):
         seen = systemd.wait_for("READY=1")
         assert any(m.startswith("STATUS=starting") for m in seen), seen
 
-        follower = subprocess.Popen([sys.executable, "-m", "launcher", "events", "--follow"], env=run.env,
-                                    cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "launcher", "events", "--follow"],
+            env=run.env,
+            cwd=str(REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             lines = Lines(follower.stdout)
             start = json.loads(lines.next())
@@ -142,7 +177,11 @@ def test_sigterm_stops_gracefully_and_late_callers_see_everything(tmp_path):
                 follower.wait()
         topics = [e["topic"] for e in followed]
         assert topics[0] == "server.stopping" and topics[-1] == "server.stopped", topics
-        assert {"worker.http.0.exited", "worker.scheduler.0.exited", "worker.scheduler.1.exited"} <= set(topics)
+        assert {
+            "worker.http.0.exited",
+            "worker.scheduler.0.exited",
+            "worker.scheduler.1.exited",
+        } <= set(topics)
         seqs = [start["seq"]] + [e["seq"] for e in followed]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"gaps or repeats in {seqs}"
         # HTTP first, then the schedulers.
@@ -153,7 +192,9 @@ def test_sigterm_stops_gracefully_and_late_callers_see_everything(tmp_path):
         assert "stopping (received SIGTERM)" in run.stderr
         run.assert_nothing_left()
         assert not any(p.is_running() for p in grandchildren)
-        assert not list(Path(run.runtime_dir, "sglang-launch").iterdir()), "state file and runtime dir removed"
+        assert not list(Path(run.runtime_dir, "sglang-launch").iterdir()), (
+            "state file and runtime dir removed"
+        )
 
 
 def _raw_query(endpoint: str, data: bytes):
@@ -171,8 +212,18 @@ def _raw_query(endpoint: str, data: bytes):
 def test_sigint_stops_a_worker_that_ignores_sigterm_after_the_grace_period():
     """Ctrl-C on a terminal: the live phase table, the ready line, then SIGKILL after the grace."""
     master, slave = pty.openpty()
-    args = ["--startup-timeout", "60", "--stop-grace-period", "1", "--port", str(free_port()),
-            "--scheduler-target", W + "ignore_stop", "--http-target", READY_WAIT]
+    args = [
+        "--startup-timeout",
+        "60",
+        "--stop-grace-period",
+        "1",
+        "--port",
+        str(free_port()),
+        "--scheduler-target",
+        W + "ignore_stop",
+        "--http-target",
+        READY_WAIT,
+    ]
     with Run(args, stderr=slave) as run:
         os.close(slave)
         screen = _PtyReader(master)
@@ -232,8 +283,11 @@ def test_sigkill_of_the_supervisor_takes_every_worker_down():
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(10)
             # A zombie has exited: reaping it is its new parent's business (pid 1 here).
-            wait_for(lambda: not [w for w in workers if _running(w)], 60,
-                     f"every worker to end after the supervisor died: {workers}")
+            wait_for(
+                lambda: not [w for w in workers if _running(w)],
+                60,
+                f"every worker to end after the supervisor died: {workers}",
+            )
             victim.assert_nothing_left(timeout=60)
 
             # The dead launcher's state file is swept; the survivor is the only one now.

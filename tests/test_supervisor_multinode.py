@@ -20,12 +20,29 @@ pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or
 
 def test_two_nodes_form_one_process_group():
     addr = f"127.0.0.1:{free_port()}"
-    common = [*FAST, "--nnodes", "2", "--tp-size", "2", "--dist-init-addr", addr,
-              "--scheduler-target", "supervisor_support.allreduce_worker", "--http-target", READY_WAIT]
+    common = [
+        *FAST,
+        "--nnodes",
+        "2",
+        "--tp-size",
+        "2",
+        "--dist-init-addr",
+        addr,
+        "--scheduler-target",
+        "supervisor_support.allreduce_worker",
+        "--http-target",
+        READY_WAIT,
+    ]
     env = {"SGLANG_USE_CPU_ENGINE": "1", "GLOO_SOCKET_IFNAME": "lo"}
     runtime_dir = short_runtime_dir()
-    with Run([*common, "--node-rank", "0", "--port", str(free_port())], env=env, runtime_dir=runtime_dir) as node0, \
-            Run([*common, "--node-rank", "1"], env=env, runtime_dir=runtime_dir) as node1:
+    with (
+        Run(
+            [*common, "--node-rank", "0", "--port", str(free_port())],
+            env=env,
+            runtime_dir=runtime_dir,
+        ) as node0,
+        Run([*common, "--node-rank", "1"], env=env, runtime_dir=runtime_dir) as node1,
+    ):
         snap0, snap1 = node0.wait_ready(180), node1.wait_ready(180)
 
         assert [w["name"] for w in snap0["workers"]] == ["http.0", "scheduler.0"]

@@ -21,8 +21,17 @@ pytestmark = pytest.mark.e2e
 
 
 def test_a_stopped_scheduler_fails_the_launch_with_the_watchdog_as_root_cause():
-    args = [*FAST, "--watchdog-timeout", "2", "--port", str(free_port()),
-            "--scheduler-target", READY_WAIT, "--http-target", READY_WAIT]
+    args = [
+        *FAST,
+        "--watchdog-timeout",
+        "2",
+        "--port",
+        str(free_port()),
+        "--scheduler-target",
+        READY_WAIT,
+        "--http-target",
+        READY_WAIT,
+    ]
     with Run(args) as run:
         snap = run.wait_ready()
         scheduler = next(w for w in snap["workers"] if w["role"] == "scheduler")
@@ -38,9 +47,17 @@ def test_health_turns_503_when_a_scheduler_stops_answering(tmp_path, capsys):
     env = server_env(XDG_RUNTIME_DIR=runtime_dir)
     server = start_server(["--watchdog-timeout", "3"], tmp_path, "watchdog", env=env)
     try:
-        status = subprocess.run([sys.executable, "-m", "launcher", "status", "--json"], env=env, cwd=str(REPO),
-                                capture_output=True, text=True, timeout=60)
-        scheduler = next(w for w in json.loads(status.stdout)["workers"] if w["role"] == "scheduler")
+        status = subprocess.run(
+            [sys.executable, "-m", "launcher", "status", "--json"],
+            env=env,
+            cwd=str(REPO),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        scheduler = next(
+            w for w in json.loads(status.stdout)["workers"] if w["role"] == "scheduler"
+        )
         assert httpx.get(server.url + "/health", timeout=10).status_code == 200
         stopped = time.monotonic()
         os.kill(scheduler["pid"], signal.SIGSTOP)
@@ -62,7 +79,9 @@ def test_health_turns_503_when_a_scheduler_stops_answering(tmp_path, capsys):
 
         wait_for(unhealthy, 30, "/health to stop answering 200")
         with capsys.disabled():
-            print(f"\n/health {seen[-1]} {time.monotonic() - stopped:.2f}s after SIGSTOP (--watchdog-timeout 3)")
+            print(
+                f"\n/health {seen[-1]} {time.monotonic() - stopped:.2f}s after SIGSTOP (--watchdog-timeout 3)"
+            )
         assert server.wait_exit(60) == 4, server.log
         assert "scheduler.0 stopped answering" in server.log
     finally:

@@ -209,7 +209,9 @@ print(p.pid, flush=True)
 def spawn_descendants(server_args, ctx) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     # The intermediate starts a setsid grandchild and exits: the grandchild is orphaned at once.
-    middle = subprocess.run([sys.executable, "-c", _DETACH], capture_output=True, text=True, check=True)
+    middle = subprocess.run(
+        [sys.executable, "-c", _DETACH], capture_output=True, text=True, check=True
+    )
     ctx.ready(**_identity(ctx), child=child.pid, detached=int(middle.stdout.split()[0]))
     _marker()
     _wait_for_stop(ctx)

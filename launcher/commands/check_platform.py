@@ -47,11 +47,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--runtime", choices=("srt", "diffusion"), default="srt",
-                        help="which runtime's platform to check (default: srt)")
+    parser.add_argument(
+        "--runtime",
+        choices=("srt", "diffusion"),
+        default="srt",
+        help="which runtime's platform to check (default: srt)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON for tools")
-    parser.add_argument("--timeout", type=float, default=120.0, metavar="SECONDS",
-                        help="seconds the whole check may take before it is stopped (default: 120)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="seconds the whole check may take before it is stopped (default: 120)",
+    )
     return parser
 
 

@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
         "answer, or it vanished without stopping; 2 bad options",
     )
     parser.add_argument("--pid", type=int, help="the launcher's pid (needed only when several run)")
-    parser.add_argument("--follow", "-f", action="store_true", help="keep printing events until the launcher stops")
+    parser.add_argument(
+        "--follow", "-f", action="store_true", help="keep printing events until the launcher stops"
+    )
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
     return parser
 
@@ -53,7 +55,9 @@ def main(argv: list[str]) -> int:
         # Subscribe before asking for the snapshot: whatever happens after it then reaches us.
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(state["ops_endpoint"])
-        snapshot = query(state["query_endpoint"], {"query": "snapshot"}, ns.timeout, zctx)["snapshot"]
+        snapshot = query(state["query_endpoint"], {"query": "snapshot"}, ns.timeout, zctx)[
+            "snapshot"
+        ]
         _emit({"topic": "snapshot", "seq": snapshot["seq"], "snapshot": snapshot})
         if not ns.follow or snapshot["phase"] == "stopped":
             return 0
@@ -86,7 +90,10 @@ def _follow(sub: zmq.Socket, state: dict, last: int, timeout: float, zctx: zmq.C
     def history() -> list[dict]:
         reply = query(state["query_endpoint"], {"query": "events", "after": last}, timeout, zctx)
         if not reply["complete"]:
-            print(f"sglang-launch events: events after {last} were dropped from the history", file=sys.stderr)
+            print(
+                f"sglang-launch events: events after {last} were dropped from the history",
+                file=sys.stderr,
+            )
         return reply["events"]
 
     while True:
@@ -100,7 +107,10 @@ def _follow(sub: zmq.Socket, state: dict, last: int, timeout: float, zctx: zmq.C
             continue
         # Quiet: close a gap left by a late subscription, and notice a launcher that vanished.
         if not launcher_alive(state):
-            print(f"sglang-launch events: launcher {state['pid']} is gone without stopping", file=sys.stderr)
+            print(
+                f"sglang-launch events: launcher {state['pid']} is gone without stopping",
+                file=sys.stderr,
+            )
             return 1
         try:
             if emit_after(history()):

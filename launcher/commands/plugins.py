@@ -33,10 +33,17 @@ def _parser() -> argparse.ArgumentParser:
         "and which targets each plugin's hooks patch.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document (for tools)")
-    parser.add_argument("--runtime", choices=(*RUNTIMES, "all"), default="all",
-                        help="which runtime to report (default: all)")
-    parser.add_argument("--probe", action="store_true",
-                        help="probe built-in platforms' hardware now when no plugin decides (imports torch)")
+    parser.add_argument(
+        "--runtime",
+        choices=(*RUNTIMES, "all"),
+        default="all",
+        help="which runtime to report (default: all)",
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="probe built-in platforms' hardware now when no plugin decides (imports torch)",
+    )
     return parser
 
 
@@ -46,7 +53,9 @@ def _table(rows: list[list[str]], header: list[str], indent: str = "    ") -> li
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     lines = [indent + "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
     for row in rows:
-        lines.append(indent + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        lines.append(
+            indent + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        )
     return lines
 
 
@@ -55,7 +64,11 @@ def _render(report: dict) -> list[str]:
     sel = report["selection"]
     selector = report["selector"]
     lines = [f"{name.upper()} runtime"]
-    setting = f"{selector['variable']}={selector['value']}" if selector["value"] is not None else f"{selector['variable']} unset"
+    setting = (
+        f"{selector['variable']}={selector['value']}"
+        if selector["value"] is not None
+        else f"{selector['variable']} unset"
+    )
     if "error" in sel:
         lines.append(f"  platform: selection fails ({setting}): {sel['error']}")
     elif sel["key"] is None:
@@ -66,7 +79,10 @@ def _render(report: dict) -> list[str]:
         lines.append(f"  platform: {sel['key']} -> {sel['qualname']}{origin}")
         lines.append(f"            why: {sel['reason']}")
     allow = report["allowlist"]
-    lines.append("  SGLANG_PLUGINS: " + ("unset (every general plugin is allowed)" if allow is None else ", ".join(allow)))
+    lines.append(
+        "  SGLANG_PLUGINS: "
+        + ("unset (every general plugin is allowed)" if allow is None else ", ".join(allow))
+    )
     if report["registration_error"]:
         lines.append(f"  plugin loading fails: {report['registration_error']}")
 
@@ -77,7 +93,9 @@ def _render(report: dict) -> list[str]:
         variable = auto["variable"]
         header.append(f"AUTO ({variable})")
         if not auto["applies"]:
-            lines.append(f"    {variable} does not apply: {selector['variable']} selects the platform explicitly")
+            lines.append(
+                f"    {variable} does not apply: {selector['variable']} selects the platform explicitly"
+            )
     rows = []
     for p in platforms:
         row = [p["name"], p["distribution"] or "?", p["value"]]
@@ -91,19 +109,33 @@ def _render(report: dict) -> list[str]:
         status = p["status"]
         if p["detail"] and status != "not allowed":
             status = f"{status}: {p['detail']}"
-        rows.append([p["name"], p["distribution"] or "?", p["value"], "yes" if p["allowed"] else "no",
-                     "yes" if p["skipped_unselected_platform"] else "no", status])
-    lines += _table(rows, ["NAME", "DISTRIBUTION", "ENTRY POINT", "ALLOWED", "UNSELECTED PLATFORM", "STATUS"])
+        rows.append(
+            [
+                p["name"],
+                p["distribution"] or "?",
+                p["value"],
+                "yes" if p["allowed"] else "no",
+                "yes" if p["skipped_unselected_platform"] else "no",
+                status,
+            ]
+        )
+    lines += _table(
+        rows, ["NAME", "DISTRIBUTION", "ENTRY POINT", "ALLOWED", "UNSELECTED PLATFORM", "STATUS"]
+    )
     hooks = [[h["type"], h["target"], p["name"], h["hook"]] for p in plugins for h in p["hooks"]]
-    hooks += [[h["type"], h["target"], "(no plugin)", h["hook"]] for h in report.get("other_hooks", [])]
+    hooks += [
+        [h["type"], h["target"], "(no plugin)", h["hook"]] for h in report.get("other_hooks", [])
+    ]
     if hooks:
         lines.append("  hooks:")
         lines += _table(hooks, ["TYPE", "TARGET", "PLUGIN", "HOOK"])
     for h in report.get("other_hooks", []):
         lines.append(f"  {h['hook']} is of no plugin: {h['registered_by']}")
     for conflict in report["conflicts"]:
-        lines.append(f"  conflict: {len(conflict['plugins'])} REPLACE hooks on {conflict['target']} "
-                     f"({', '.join(map(str, conflict['plugins']))}); {conflict['winner']} wins")
+        lines.append(
+            f"  conflict: {len(conflict['plugins'])} REPLACE hooks on {conflict['target']} "
+            f"({', '.join(map(str, conflict['plugins']))}); {conflict['winner']} wins"
+        )
     return lines
 
 

@@ -52,7 +52,9 @@ def render(snapshot: dict) -> str:
     for w in snapshot["workers"]:
         took = f"{sum(w['phases'].values()):.2f}s" if w["phases"] else "-"
         exit_text = w["signal"] or ("-" if w["exitcode"] is None else str(w["exitcode"]))
-        lines.append(f"  {w['name']:<14} {w['pid'] or '-':>7}  {w['phase']:<20} {took:>9}  {exit_text}")
+        lines.append(
+            f"  {w['name']:<14} {w['pid'] or '-':>7}  {w['phase']:<20} {took:>9}  {exit_text}"
+        )
     cause = snapshot.get("root_cause")
     if cause:
         lines.append(f"root cause: {cause['summary']}")

@@ -25,7 +25,16 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 # The areas of the contract, in display order; one module each.
-GROUPS = ("selection", "device", "distributed", "execution", "lifecycle", "subsystems", "diffusion", "workload")
+GROUPS = (
+    "selection",
+    "device",
+    "distributed",
+    "execution",
+    "lifecycle",
+    "subsystems",
+    "diffusion",
+    "workload",
+)
 WORKLOAD = "workload"  # the group whose rows must all pass for "conforms"
 RUNTIMES = ("srt", "diffusion")
 
@@ -67,7 +76,9 @@ def check(
     def register(fn: Callable) -> Callable:
         if any(c.id == id for c in _CHECKS):
             raise ValueError(f"check {id!r} is registered twice")
-        _CHECKS.append(Check(id, title, contract, fn, tuple(runtimes), optional, tuple(needs), required))
+        _CHECKS.append(
+            Check(id, title, contract, fn, tuple(runtimes), optional, tuple(needs), required)
+        )
         return fn
 
     return register

@@ -35,9 +35,13 @@ def get_device(probe: Probe) -> str:
     torch = probe.torch
     device = probe.platform.get_device(0)
     if not isinstance(device, torch.device):
-        raise CheckFailed(f"get_device(0) returned {type(device).__name__} {device!r}, not a torch.device")
+        raise CheckFailed(
+            f"get_device(0) returned {type(device).__name__} {device!r}, not a torch.device"
+        )
     if device.type != probe.platform.device_type:
-        raise CheckFailed(f"get_device(0) is {device} but device_type is {probe.platform.device_type!r}")
+        raise CheckFailed(
+            f"get_device(0) is {device} but device_type is {probe.platform.device_type!r}"
+        )
     probe.values["device"] = device
     return repr(device)
 
@@ -72,7 +76,9 @@ def tensor(probe: Probe) -> str:
     probe.platform.synchronize()
     got = on_device.cpu()
     if not torch.allclose(got, want):
-        raise CheckFailed(f"a 4x6 @ 6x3 matmul on {probe.device} differs from the CPU result: {got.tolist()} != {want.tolist()}")
+        raise CheckFailed(
+            f"a 4x6 @ 6x3 matmul on {probe.device} differs from the CPU result: {got.tolist()} != {want.tolist()}"
+        )
     return f"4x6 @ 6x3 float32 on {probe.device} equals the CPU result"
 
 
@@ -186,7 +192,9 @@ def memory_usage(probe: Probe) -> str:
             return f"{before / _MIB:.1f} MiB -> {after / _MIB:.1f} MiB after allocating {total_mib} MiB"
     if not held:
         raise Skip("too little free device memory to allocate 16 MiB for the check")
-    raise CheckFailed(f"stayed at {before!r} -> {after!r} after allocating {total_mib} MiB on {probe.device}")
+    raise CheckFailed(
+        f"stayed at {before!r} -> {after!r} after allocating {total_mib} MiB on {probe.device}"
+    )
 
 
 @check(
@@ -229,7 +237,11 @@ def pin_memory(probe: Probe) -> str:
         raise CheckFailed(f"says True but pinning a host tensor failed ({why})")
     if says:
         return "True, and a host tensor was pinned"
-    return "False (pinning would work here; False is the safe answer)" if pinned else f"False, and pinning indeed fails ({why})"
+    return (
+        "False (pinning would work here; False is the safe answer)"
+        if pinned
+        else f"False, and pinning indeed fails ({why})"
+    )
 
 
 @check(

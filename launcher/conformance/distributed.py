@@ -40,8 +40,10 @@ def unavailable(name: str) -> str | None:
     "get_torch_distributed_backend_str() names an available backend",
     "get_torch_distributed_backend_str() names a torch.distributed backend this torch has "
     "available (built in, like 'nccl' or 'gloo', or registered by the vendor's extension)",
-    required=("get_torch_distributed_backend_str",
-              "a launch with --tp-size > 1 joins each replica's ranks in a process group on it"),
+    required=(
+        "get_torch_distributed_backend_str",
+        "a launch with --tp-size > 1 joins each replica's ranks in a process group on it",
+    ),
 )
 def backend(probe: Probe) -> str:
     value = probe.platform.get_torch_distributed_backend_str()

@@ -58,7 +58,9 @@ def seed(probe: Probe) -> str:
     second = _draws(probe)
     differ = [name for name in first if first[name] != second[name]]
     if differ:
-        raise CheckFailed(f"after seed_everything({_SEED}) twice, these draws differ: {', '.join(differ)}")
+        raise CheckFailed(
+            f"after seed_everything({_SEED}) twice, these draws differ: {', '.join(differ)}"
+        )
     return f"seed {_SEED}: equal draws from {', '.join(first)}"
 
 

@@ -65,17 +65,22 @@ def server_args_defaults(probe: Probe) -> str:
     before = _problems(bare)
     own = [p for p in _problems(args) if p not in before]
     if own:
-        raise CheckFailed("the defaulted arguments no longer pass check_server_args(): "
-                          + "; ".join(own))
+        raise CheckFailed(
+            "the defaulted arguments no longer pass check_server_args(): " + "; ".join(own)
+        )
     changed = [
         f"{name}: {defaults[name]!r} -> {getattr(args, name)!r}"
         for name in defaults
         if name != "runtime" and getattr(args, name) != defaults[name]
     ]
-    result = ("set " + ", ".join(changed) if changed else "changed nothing") + "; check_server_args() passes"
+    result = (
+        "set " + ", ".join(changed) if changed else "changed nothing"
+    ) + "; check_server_args() passes"
     if before:
-        result += (f" (apart from what it refuses without the platform's defaults too: "
-                   f"{'; '.join(before)})")
+        result += (
+            f" (apart from what it refuses without the platform's defaults too: "
+            f"{'; '.join(before)})"
+        )
     return result
 
 
@@ -96,5 +101,7 @@ def init_backend(probe: Probe) -> str:
     if calls:
         raise CheckFailed("a second initialize_current_platform() ran init_backend() again")
     if again is not p:
-        raise CheckFailed("a second initialize_current_platform() returned another platform instance")
+        raise CheckFailed(
+            "a second initialize_current_platform() returned another platform instance"
+        )
     return "ran in the bootstrap before the checks; calling initialize_current_platform() again did not re-run it"

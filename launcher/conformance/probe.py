@@ -57,7 +57,9 @@ def _not_implemented(exc: NotImplementedError, platform: object) -> str:
 def evaluate(check: Check, probe: Probe) -> rows.Row:
     """Run ``check`` against ``probe`` and return its row (never raises for a platform's fault)."""
 
-    def row(status: str, detail: str, expected: str | None = None, missing: str | None = None) -> rows.Row:
+    def row(
+        status: str, detail: str, expected: str | None = None, missing: str | None = None
+    ) -> rows.Row:
         probe.statuses[check.id] = status
         return rows.Row(check.id, check.group, check.title, status, detail, expected, missing)
 
@@ -79,7 +81,8 @@ def evaluate(check: Check, probe: Probe) -> rows.Row:
             return row(
                 rows.FAIL,
                 f"{_not_implemented(exc, probe.platform)}, but a launch needs {method}(): {where}",
-                check.contract, missing=method,
+                check.contract,
+                missing=method,
             )
         if check.optional:
             return row(rows.MISSING, _not_implemented(exc, probe.platform))

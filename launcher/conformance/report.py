@@ -28,8 +28,11 @@ from .rows import FAIL, MISSING, PASS, SKIPPED, Row, counts
 if TYPE_CHECKING:
     from .parent import ChildResult
 
-PROCESS_ROW = ("process.check", "the check process ran to the end",
-               "the check process starts through the bootstrap, runs every check and stops when asked")
+PROCESS_ROW = (
+    "process.check",
+    "the check process ran to the end",
+    "the check process starts through the bootstrap, runs every check and stops when asked",
+)
 
 
 class Blame(NamedTuple):
@@ -55,8 +58,11 @@ class Report(NamedTuple):
     def failed(self) -> list[str]:
         """Rows that keep the platform from conforming: failed ones, and workload rows that did
         not pass (a launch is only known to work when they ran)."""
-        return [row.id for row in self.rows
-                if row.status == FAIL or (row.group == WORKLOAD and row.status != PASS)]
+        return [
+            row.id
+            for row in self.rows
+            if row.status == FAIL or (row.group == WORKLOAD and row.status != PASS)
+        ]
 
     @property
     def missing_required(self) -> list[str]:
@@ -69,8 +75,11 @@ class Report(NamedTuple):
         tally = ", ".join(f"{c[s]} {s}" for s in (PASS, FAIL, MISSING, SKIPPED))
         verdict = "conforms" if self.ok else "FAILED: " + ", ".join(self.failed)
         if self.missing_required:
-            verdict += " (a launch needs, and the platform lacks: " + ", ".join(
-                f"{m}()" for m in self.missing_required) + ")"
+            verdict += (
+                " (a launch needs, and the platform lacks: "
+                + ", ".join(f"{m}()" for m in self.missing_required)
+                + ")"
+            )
         return f"check-platform {self.runtime} on {where}: {len(self.rows)} checks, {tally} - {verdict}"
 
     def to_dict(self) -> dict:
@@ -114,7 +123,11 @@ def _row_for_phase(phase: str, failure: dict | None) -> str:
     if phase == "platform_initialized":
         if failure and failure["exc_type"].endswith("PlatformSelectionError"):
             # Construction errors are raised from platforms._selection.instantiate().
-            return "selection.construct" if " in instantiate\n" in failure["traceback"] else "selection.source"
+            return (
+                "selection.construct"
+                if " in instantiate\n" in failure["traceback"]
+                else "selection.source"
+            )
         return "lifecycle.init_backend"
     if phase in ("plugins_loaded", "hooks_applied"):
         return "lifecycle.plugins"
@@ -148,14 +161,22 @@ def build(runtime: str, result: ChildResult, checks: list[Check] | None = None) 
     culprit = blame(result)
     rows: list[Row] = []
     if culprit is not None and culprit.id == PROCESS_ROW[0]:
-        rows.append(Row(PROCESS_ROW[0], "process", PROCESS_ROW[1], FAIL, culprit.detail, PROCESS_ROW[2]))
+        rows.append(
+            Row(PROCESS_ROW[0], "process", PROCESS_ROW[1], FAIL, culprit.detail, PROCESS_ROW[2])
+        )
     for check in checks:
         if check.id in finished:
             rows.append(finished[check.id])
         elif culprit is not None and check.id == culprit.id:
-            rows.append(Row(check.id, check.group, check.title, FAIL, culprit.detail, check.contract))
+            rows.append(
+                Row(check.id, check.group, check.title, FAIL, culprit.detail, check.contract)
+            )
         else:
-            why = f"not run: the check process ended at {culprit.id}" if culprit else "not reported by the check process"
+            why = (
+                f"not run: the check process ended at {culprit.id}"
+                if culprit
+                else "not reported by the check process"
+            )
             rows.append(Row(check.id, check.group, check.title, SKIPPED, why))
     return Report(runtime, result.journal.platform, rows)
 
@@ -185,11 +206,15 @@ def render_table(report: Report, colour: bool = False) -> str:
     platform = report.platform
     if platform:
         source = platform.get("distribution") or "built in"
-        lines.append(f"check-platform: {report.runtime} runtime, platform {platform['key']} "
-                     f"({platform['qualname']}, {source})")
+        lines.append(
+            f"check-platform: {report.runtime} runtime, platform {platform['key']} "
+            f"({platform['qualname']}, {source})"
+        )
         lines.append(f"  selected by {platform['reason']}")
     else:
-        lines.append(f"check-platform: {report.runtime} runtime, platform not reported by the check process")
+        lines.append(
+            f"check-platform: {report.runtime} runtime, platform not reported by the check process"
+        )
     width = max(len(row.id) for row in report.rows)
     group = None
     for row in report.rows:

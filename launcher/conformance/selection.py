@@ -54,7 +54,9 @@ def construct(probe: Probe) -> str:
     cls = type(probe.platform)
     base = probe.platforms.SRTPlatform if probe.runtime == "srt" else probe.platforms.Platform
     if not isinstance(probe.platform, base):
-        raise CheckFailed(f"{cls.__qualname__} does not derive from {base.__module__}.{base.__qualname__}")
+        raise CheckFailed(
+            f"{cls.__qualname__} does not derive from {base.__module__}.{base.__qualname__}"
+        )
     return f"{cls.__module__}.{cls.__qualname__}() with _enum = {_enum_text(probe.platform)}"
 
 
@@ -80,7 +82,9 @@ def identity(probe: Probe) -> str:
             true.append(f"{query}()")
     if wrong:
         raise CheckFailed(f"_enum is {_enum_text(p)} but " + "; ".join(wrong))
-    return f"{_enum_text(p)}: " + (", ".join(true) + " True, the rest False" if true else "every query False")
+    return f"{_enum_text(p)}: " + (
+        ", ".join(true) + " True, the rest False" if true else "every query False"
+    )
 
 
 @check(
@@ -94,7 +98,9 @@ def out_of_tree(probe: Probe) -> str:
     answer = probe.platform.is_out_of_tree()
     if answer is not plugin:
         kind = "a plugin platform" if plugin else "a built-in platform"
-        raise CheckFailed(f"{kind} answered is_out_of_tree() = {answer!r} (_enum is {_enum_text(probe.platform)})")
+        raise CheckFailed(
+            f"{kind} answered is_out_of_tree() = {answer!r} (_enum is {_enum_text(probe.platform)})"
+        )
     return f"{answer} ({'plugin' if plugin else 'built-in'})"
 
 
@@ -113,7 +119,9 @@ def names(probe: Probe) -> str:
     if bad:
         hint = ""
         if probe.selection.key == "builtin:base":
-            hint = (" (this is the base SRTPlatform, the fallback when no plugin activated and no "
-                    "accelerator was found; set SGLANG_USE_CPU_ENGINE=1 to check the CPU platform)")
+            hint = (
+                " (this is the base SRTPlatform, the fallback when no plugin activated and no "
+                "accelerator was found; set SGLANG_USE_CPU_ENGINE=1 to check the CPU platform)"
+            )
         raise CheckFailed("; ".join(bad) + hint)
     return f"device_name={p.device_name!r}, device_type={p.device_type!r}"

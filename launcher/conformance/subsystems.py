@@ -43,8 +43,10 @@ def _factory(method: str, what: str) -> None:
     "get_default_attention_backend() returns the name of the attention backend used when the "
     "operator names none",
     runtimes=SRT,
-    required=("get_default_attention_backend",
-              "every scheduler worker picks the model's attention from it unless --attention-backend is given"),
+    required=(
+        "get_default_attention_backend",
+        "every scheduler worker picks the model's attention from it unless --attention-backend is given",
+    ),
 )
 def default_attention_backend(probe: Probe) -> str:
     value = probe.platform.get_default_attention_backend()
@@ -129,9 +131,15 @@ for _method, _what, _runtimes in (
     ("support_cuda_graph", "whether device graph capture is supported", SRT),
     ("support_piecewise_cuda_graph", "whether piecewise graph capture is supported", SRT),
     ("supports_fp8", "whether FP8 quantization is supported", SRT),
-    ("supports_distributed_device_id", "whether init_process_group(device_id=...) may bind the device",
-     ("diffusion",)),
-    ("enable_dit_layerwise_offload_by_default", "whether DiT layer-wise offload is on by default",
-     ("diffusion",)),
+    (
+        "supports_distributed_device_id",
+        "whether init_process_group(device_id=...) may bind the device",
+        ("diffusion",),
+    ),
+    (
+        "enable_dit_layerwise_offload_by_default",
+        "whether DiT layer-wise offload is on by default",
+        ("diffusion",),
+    ),
 ):
     _flag(_method, _what, _runtimes)

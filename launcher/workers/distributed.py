@@ -68,13 +68,25 @@ def launch_store(server_args: ServerArgs, *, host: bool, timeout_s: float = 300.
 
         addr, port = rendezvous_address(server_args)
         try:
-            store = TCPStore(addr, port, is_master=host, timeout=timedelta(seconds=timeout_s),
-                             wait_for_workers=False)
+            store = TCPStore(
+                addr,
+                port,
+                is_master=host,
+                timeout=timedelta(seconds=timeout_s),
+                wait_for_workers=False,
+            )
         except Exception as exc:  # noqa: BLE001 - re-raised with the fix
-            what = (f"cannot serve the launch's rendezvous store on port {port} (--dist-init-addr "
-                    f"{addr}:{port}): is the port free on node 0?") if host else (
+            what = (
+                (
+                    f"cannot serve the launch's rendezvous store on port {port} (--dist-init-addr "
+                    f"{addr}:{port}): is the port free on node 0?"
+                )
+                if host
+                else (
                     f"cannot reach the launch's rendezvous store at {addr}:{port} (--dist-init-addr) "
-                    f"within {timeout_s:.0f} s: is node 0 running and the address reachable from here?")
+                    f"within {timeout_s:.0f} s: is node 0 running and the address reachable from here?"
+                )
+            )
             raise RuntimeError(f"{what} ({type(exc).__name__}: {exc})") from exc
         _store = store
         return store
@@ -105,8 +117,15 @@ class EndpointDirectory:
         return bytes(store.get(key)).decode()
 
 
-def init_tp_group(backend: str, runtime_dir: str, dp_rank: int, tp_rank: int, tp_size: int,
-                  timeout_s: float = 300.0, store: Store | None = None) -> None:
+def init_tp_group(
+    backend: str,
+    runtime_dir: str,
+    dp_rank: int,
+    tp_rank: int,
+    tp_size: int,
+    timeout_s: float = 300.0,
+    store: Store | None = None,
+) -> None:
     """Join replica ``dp_rank``'s group on ``backend`` (the platform's distributed backend):
     through ``store`` (the launch's ``TCPStore``, several nodes) or a file store in
     ``runtime_dir`` (one node)."""

@@ -19,8 +19,10 @@ import asyncio
 import json
 from typing import Any
 
-_408 = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
-        b"content-length: 16\r\nconnection: close\r\n\r\nrequest timeout\n")
+_408 = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 16\r\nconnection: close\r\n\r\nrequest timeout\n"
+)
 
 
 def guarded_protocol(header_timeout: float, body_timeout: float) -> type:
@@ -101,11 +103,24 @@ class RequestTimeout:
             if started:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
-            body = json.dumps({"error": {
-                "message": f"the request was not answered within --request-timeout {self.seconds:g}s",
-                "type": "timeout_error", "param": None, "code": 504,
-            }}).encode()
-            await send({"type": "http.response.start", "status": 504,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
+            body = json.dumps(
+                {
+                    "error": {
+                        "message": f"the request was not answered within --request-timeout {self.seconds:g}s",
+                        "type": "timeout_error",
+                        "param": None,
+                        "code": 504,
+                    }
+                }
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 504,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body})

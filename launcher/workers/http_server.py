@@ -134,8 +134,10 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
 
     config = uvicorn.Config(
         RequestTimeout(app, float(getattr(server_args, "request_timeout", 0) or 0)),
-        http=guarded_protocol(float(getattr(server_args, "http_header_timeout", 0) or 0),
-                              float(getattr(server_args, "http_body_timeout", 0) or 0)),
+        http=guarded_protocol(
+            float(getattr(server_args, "http_header_timeout", 0) or 0),
+            float(getattr(server_args, "http_body_timeout", 0) or 0),
+        ),
         limit_concurrency=int(getattr(server_args, "max_connections", 0) or 0) or None,
         loop="uvloop",
         lifespan="on",

@@ -27,24 +27,44 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("sglang_requests", "HTTP requests answered, by route and status.",
-                                ("route", "status"), registry=r)
-        self.latency = Histogram("sglang_request_latency_seconds", "Time from request to response, by route.",
-                                 ("route",), buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("sglang_batch_size",
-                                    "Requests (embeddings: texts) in the batch each result ran in.",
-                                    buckets=BATCH_BUCKETS, registry=r)
-        self.queue_depth = Gauge("sglang_queue_depth", "Requests sent to a scheduler replica and not answered yet.",
-                                 ("dp_rank",), registry=r)
+        self.requests = Counter(
+            "sglang_requests",
+            "HTTP requests answered, by route and status.",
+            ("route", "status"),
+            registry=r,
+        )
+        self.latency = Histogram(
+            "sglang_request_latency_seconds",
+            "Time from request to response, by route.",
+            ("route",),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "sglang_batch_size",
+            "Requests (embeddings: texts) in the batch each result ran in.",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "sglang_queue_depth",
+            "Requests sent to a scheduler replica and not answered yet.",
+            ("dp_rank",),
+            registry=r,
+        )
         self.prompt_tokens = Counter("sglang_prompt_tokens", "Prompt tokens processed.", registry=r)
-        self.completion_tokens = Counter("sglang_completion_tokens", "Tokens generated.", registry=r)
+        self.completion_tokens = Counter(
+            "sglang_completion_tokens", "Tokens generated.", registry=r
+        )
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request of ``route`` and its latency."""
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(seconds)
 
-    def observe_result(self, batch_size: int, prompt_tokens: int, completion_tokens: int = 0) -> None:
+    def observe_result(
+        self, batch_size: int, prompt_tokens: int, completion_tokens: int = 0
+    ) -> None:
         """Record one finished request: the size of its batch and its tokens."""
         self.batch_size.observe(batch_size)
         self.prompt_tokens.inc(prompt_tokens)

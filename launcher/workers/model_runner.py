@@ -46,8 +46,16 @@ _ATTENTION_ALIASES = {
     "fa2": "flash_attention_2",
     "flash_attn": "flash_attention_2",
 }
-_DTYPES = {"float32": "float32", "fp32": "float32", "float": "float32", "float16": "float16",
-           "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
 
 
 class ModelLoadError(RuntimeError):
@@ -108,7 +116,8 @@ def check_device_visible(device: torch.device) -> None:
             f"this rank would run on {device}, but torch sees {visible} {device.type} device(s) on this "
             f"node; each scheduler rank on a node takes its own device, so run at most {visible} rank(s) "
             f"per node (--dp-size x --tp-size / --nnodes), or make more devices visible "
-            f"(CUDA_VISIBLE_DEVICES or your platform's equivalent)")
+            f"(CUDA_VISIBLE_DEVICES or your platform's equivalent)"
+        )
 
 
 class ModelRunner:
@@ -147,7 +156,9 @@ class ModelRunner:
         transformers.utils.logging.disable_progress_bar()
         try:
             platform.seed_everything(seed)
-            self.device = torch.device(device) if device else torch.device(platform.get_device(local_rank))
+            self.device = (
+                torch.device(device) if device else torch.device(platform.get_device(local_rank))
+            )
             check_device_visible(self.device)
             platform_attention = platform.get_default_attention_backend()
         except NotImplementedError as exc:
@@ -214,7 +225,9 @@ class ModelRunner:
                 f"(config.base_model_tp_plan is empty), so --tp-size {self.tp_size} cannot shard it; "
                 f"serve it with --tp-size 1 and scale out with --dp-size N"
             )
-        heads = getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", 0)
+        heads = getattr(config, "num_key_value_heads", None) or getattr(
+            config, "num_attention_heads", 0
+        )
         if heads and heads % self.tp_size:
             raise ModelLoadError(
                 f"--tp-size {self.tp_size} does not divide the model's {heads} key/value heads; "
@@ -240,7 +253,11 @@ class ModelRunner:
         return getattr(torch, _DTYPES[name])
 
     def _load_model(self, transformers: Any, torch: Any, trust_remote_code: bool) -> Any:
-        auto = transformers.AutoModelForCausalLM if self.kind == "generation" else transformers.AutoModel
+        auto = (
+            transformers.AutoModelForCausalLM
+            if self.kind == "generation"
+            else transformers.AutoModel
+        )
         kwargs = dict(dtype=self.dtype, local_files_only=True, trust_remote_code=trust_remote_code)
         if self.tp_size > 1:
             from transformers.distributed import DistributedConfig
@@ -254,10 +271,16 @@ class ModelRunner:
             except (ValueError, ImportError) as exc:
                 if self.attn_implementation == "eager" or "attn" not in str(exc).lower():
                     raise
-                log.warning("attention %r unavailable for %s (%s); using eager",
-                            self.attn_implementation, self.architecture, exc)
+                log.warning(
+                    "attention %r unavailable for %s (%s); using eager",
+                    self.attn_implementation,
+                    self.architecture,
+                    exc,
+                )
                 self.attn_implementation = "eager"
-                model = auto.from_pretrained(self.source.path, attn_implementation="eager", **kwargs)
+                model = auto.from_pretrained(
+                    self.source.path, attn_implementation="eager", **kwargs
+                )
         except ModelLoadError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -283,8 +306,12 @@ class ModelRunner:
         return ids
 
     def _pad_id(self, config: Any) -> int:
-        for value in (self.tokenizer.pad_token_id, getattr(config, "pad_token_id", None),
-                      self.tokenizer.eos_token_id, *sorted(self.eos_ids)):
+        for value in (
+            self.tokenizer.pad_token_id,
+            getattr(config, "pad_token_id", None),
+            self.tokenizer.eos_token_id,
+            *sorted(self.eos_ids),
+        ):
             if isinstance(value, int):
                 return value
         return 0
@@ -363,15 +390,19 @@ class ModelRunner:
 
         pooling = self.pooling
         if pooling is None:
-            raise InputError(f"model {self.source.served_name!r} serves {self.kind}, not embeddings")
+            raise InputError(
+                f"model {self.source.served_name!r} serves {self.kind}, not embeddings"
+            )
 
         pad = self.tokenizer.pad_token_id or 0
         rows = []
         for start in range(0, len(inputs), self.max_batch_size):
-            chunk = inputs[start:start + self.max_batch_size]
+            chunk = inputs[start : start + self.max_batch_size]
             width = max(len(ids) for ids in chunk)
             ids = torch.tensor([x + [pad] * (width - len(x)) for x in chunk], dtype=torch.long)
-            mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in chunk], dtype=torch.long)
+            mask = torch.tensor(
+                [[1] * len(x) + [0] * (width - len(x)) for x in chunk], dtype=torch.long
+            )
             enc = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
             if "token_type_ids" in self.tokenizer.model_input_names:
                 enc["token_type_ids"] = torch.zeros_like(enc["input_ids"])
@@ -399,8 +430,8 @@ class ModelRunner:
         ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((batch, width), dtype=torch.long)
         for i, s in enumerate(seqs):
-            ids[i, width - len(s.prompt_ids):] = torch.tensor(s.prompt_ids)
-            mask[i, width - len(s.prompt_ids):] = 1
+            ids[i, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
+            mask[i, width - len(s.prompt_ids) :] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         generators = [torch.Generator(device="cpu").manual_seed(int(s.seed)) for s in seqs]
         ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
@@ -409,8 +440,13 @@ class ModelRunner:
         with self.platform.inference_mode():
             step_input = ids
             while True:
-                out = self.model(input_ids=step_input, attention_mask=mask, position_ids=positions,
-                                 use_cache=True, **{self._cache_arg: cache})
+                out = self.model(
+                    input_ids=step_input,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    **{self._cache_arg: cache},
+                )
                 cache = getattr(out, self._cache_arg, None)
                 logits = out.logits[:, -1, :].float().cpu()
                 stop_now = self._cancel_flags(seqs, cancelled)
@@ -420,8 +456,11 @@ class ModelRunner:
                         if stop_now[i]:
                             s.finish_reason = "abort"
                         else:
-                            s.advance(select_token(logits[i], s.params, generators[i]),
-                                      self.eos_ids, decode)
+                            s.advance(
+                                select_token(logits[i], s.params, generators[i]),
+                                self.eos_ids,
+                                decode,
+                            )
                     next_tokens.append(s.output_ids[-1] if s.output_ids else self.pad_id)
                     if emit is not None and i not in reported and (s.stream or s.finished):
                         emit(s)
@@ -429,8 +468,12 @@ class ModelRunner:
                             reported.add(i)
                 if all(s.finished for s in seqs):
                     break
-                step_input = torch.tensor(next_tokens, dtype=torch.long, device=self.device)[:, None]
-                mask = torch.cat([mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], 1)
+                step_input = torch.tensor(next_tokens, dtype=torch.long, device=self.device)[
+                    :, None
+                ]
+                mask = torch.cat(
+                    [mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], 1
+                )
                 positions = positions[:, -1:] + 1
         self.platform.synchronize()
         return seqs
@@ -492,8 +535,11 @@ class ModelRunner:
             "tp_size": self.tp_size,
             "max_input_tokens": self.max_input_tokens,
             "max_total_tokens": self.max_total_tokens,
-            "pooling": None if self.pooling is None else {
-                "mode": self.pooling.mode, "normalize": self.pooling.normalize,
+            "pooling": None
+            if self.pooling is None
+            else {
+                "mode": self.pooling.mode,
+                "normalize": self.pooling.normalize,
                 "declared_by": self.pooling.declared_by,
             },
             "load_seconds": round(self.load_seconds, 3),

@@ -80,6 +80,6 @@ class Sequence:
             end = max(self.sent, end - hold)
             while end > self.sent and self.text[end - 1] == "\ufffd":
                 end -= 1
-        piece = self.text[self.sent:end]
+        piece = self.text[self.sent : end]
         self.sent = end
         return piece

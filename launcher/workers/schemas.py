@@ -49,7 +49,9 @@ def _check_text(value: str, param: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise BodyError(f"{param} must be valid Unicode text (it holds an unpaired surrogate)", param) from None
+        raise BodyError(
+            f"{param} must be valid Unicode text (it holds an unpaired surrogate)", param
+        ) from None
 
 
 def _check_texts(value: str | list[str], param: str) -> None:
@@ -60,7 +62,9 @@ def _check_texts(value: str | list[str], param: str) -> None:
     if not value:
         raise BodyError(f"{param} must hold at least one text", param)
     if len(value) > MAX_INPUTS:
-        raise BodyError(f"{param} holds {len(value)} texts; at most {MAX_INPUTS} per request", param)
+        raise BodyError(
+            f"{param} holds {len(value)} texts; at most {MAX_INPUTS} per request", param
+        )
     for i, text in enumerate(value):
         _check_text(text, f"{param}[{i}]")
 
@@ -72,7 +76,10 @@ def _refuse(param: str, why: str) -> None:
 # A text, or a list of 1 to MAX_INPUTS texts (the bounds are checked by ``check()``).
 _Text = Annotated[str, msgspec.Meta(extra_json_schema={"minLength": 1})]
 Texts = Annotated[
-    _Text | Annotated[list[_Text], msgspec.Meta(extra_json_schema={"minItems": 1, "maxItems": MAX_INPUTS})],
+    _Text
+    | Annotated[
+        list[_Text], msgspec.Meta(extra_json_schema={"minItems": 1, "maxItems": MAX_INPUTS})
+    ],
     msgspec.Meta(description=f"a text, or a list of texts (at most {MAX_INPUTS})"),
 ]
 Stop = Annotated[
@@ -93,19 +100,29 @@ class EmbeddingRequest(Body, kw_only=True):
 
     input: Texts
     model: Annotated[str | None, _schema("must name the served model when given")] = None
-    encoding_format: Annotated[str, _schema(
-        "float: a list of numbers; base64: the little-endian float32 bytes, base64-encoded",
-        enum=list(ENCODING_FORMATS))] = "float"
-    dimensions: Annotated[int | None, _schema(
-        "not supported: the model returns its native size, and a request that sets this is "
-        "refused (400)")] = None
+    encoding_format: Annotated[
+        str,
+        _schema(
+            "float: a list of numbers; base64: the little-endian float32 bytes, base64-encoded",
+            enum=list(ENCODING_FORMATS),
+        ),
+    ] = "float"
+    dimensions: Annotated[
+        int | None,
+        _schema(
+            "not supported: the model returns its native size, and a request that sets this is "
+            "refused (400)"
+        ),
+    ] = None
     user: Annotated[str | None, _schema("accepted and ignored")] = None
 
     def check(self, prefix: str = "") -> None:
         _check_texts(self.input, "input")
         if self.encoding_format not in ENCODING_FORMATS:
-            raise BodyError(f"encoding_format must be 'float' or 'base64', not {self.encoding_format!r}",
-                            "encoding_format")
+            raise BodyError(
+                f"encoding_format must be 'float' or 'base64', not {self.encoding_format!r}",
+                "encoding_format",
+            )
 
 
 class SamplingFields(Body, kw_only=True):
@@ -121,17 +138,25 @@ class SamplingFields(Body, kw_only=True):
     def check(self, prefix: str = "") -> None:
         _bound(self.temperature, prefix + "temperature", 0.0, 2.0)
         if not 0.0 < self.top_p <= 1.0:
-            raise BodyError(f"{prefix}top_p must be more than 0 and at most 1, not {self.top_p}",
-                            prefix + "top_p")
+            raise BodyError(
+                f"{prefix}top_p must be more than 0 and at most 1, not {self.top_p}",
+                prefix + "top_p",
+            )
         _bound(self.top_k, prefix + "top_k", -1, 1 << 30)
         if self.seed is not None:
             _bound(self.seed, prefix + "seed", 0, MAX_SEED)
-        stops = [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else self.stop
+        stops = (
+            [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else self.stop
+        )
         if len(stops) > MAX_STOP:
-            raise BodyError(f"{prefix}stop holds {len(stops)} strings; at most {MAX_STOP} are allowed",
-                            prefix + "stop")
+            raise BodyError(
+                f"{prefix}stop holds {len(stops)} strings; at most {MAX_STOP} are allowed",
+                prefix + "stop",
+            )
         for i, text in enumerate(stops):
-            _check_text(text, f"{prefix}stop" if isinstance(self.stop, str) else f"{prefix}stop[{i}]")
+            _check_text(
+                text, f"{prefix}stop" if isinstance(self.stop, str) else f"{prefix}stop[{i}]"
+            )
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -155,7 +180,9 @@ class CompletionRequest(SamplingFields, kw_only=True):
 
     prompt: Texts
     model: Annotated[str | None, _schema("must name the served model when given")] = None
-    max_tokens: Annotated[int, _schema("tokens to generate", minimum=1, maximum=MAX_NEW_TOKENS)] = 16
+    max_tokens: Annotated[int, _schema("tokens to generate", minimum=1, maximum=MAX_NEW_TOKENS)] = (
+        16
+    )
     n: Annotated[int, _schema("only 1 is supported", minimum=1, maximum=1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -187,14 +214,18 @@ class CompletionRequest(SamplingFields, kw_only=True):
         if self.logit_bias:
             _refuse("logit_bias", "leave logit_bias out")
         if self.stream and not isinstance(self.prompt, str) and len(self.prompt) != 1:
-            raise BodyError("stream: true takes one prompt; send the prompts one per request", "prompt")
+            raise BodyError(
+                "stream: true takes one prompt; send the prompts one per request", "prompt"
+            )
         super().check(prefix)
 
 
 class NativeSamplingParams(SamplingFields, kw_only=True):
     """SGLang's ``sampling_params``."""
 
-    max_new_tokens: Annotated[int, _schema("tokens to generate", minimum=1, maximum=MAX_NEW_TOKENS)] = 128
+    max_new_tokens: Annotated[
+        int, _schema("tokens to generate", minimum=1, maximum=MAX_NEW_TOKENS)
+    ] = 128
 
     def check(self, prefix: str = "") -> None:
         _bound(self.max_new_tokens, prefix + "max_new_tokens", 1, MAX_NEW_TOKENS)
@@ -232,8 +263,15 @@ class ErrorBody(msgspec.Struct):
 B = TypeVar("B", bound=Body)
 _decoders: dict[type, msgspec.json.Decoder] = {}
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
-_TYPE_WORDS = {"str": "a string", "array": "a list", "int": "an integer", "float": "a number",
-               "bool": "true or false", "object": "a JSON object", "null": "null"}
+_TYPE_WORDS = {
+    "str": "a string",
+    "array": "a list",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "object": "a JSON object",
+    "null": "null",
+}
 
 
 def decode_body(data: bytes, kind: type[B]) -> B:
@@ -273,8 +311,10 @@ def _decode_slowly(data: bytes, kind: type[B]) -> B:
 
 def not_json_message(problem: str) -> str:
     """The message for a body that is not JSON, with ``problem`` saying why."""
-    return (f"the request body is not valid JSON ({problem}); send a JSON object, "
-            f"for example with Content-Type: application/json")
+    return (
+        f"the request body is not valid JSON ({problem}); send a JSON object, "
+        f"for example with Content-Type: application/json"
+    )
 
 
 def _validation_error(text: str) -> BodyError:

@@ -45,7 +45,9 @@ class TorchAccelerator(DeviceMixin):
         api = torch_api(self.torch_module, self.extension)
         if api is None:
             needed = self.extension or "a torch build with " + self.torch_module
-            raise RuntimeError(f"{type(self).__qualname__} needs torch.{self.torch_module}; install {needed}")
+            raise RuntimeError(
+                f"{type(self).__qualname__} needs torch.{self.torch_module}; install {needed}"
+            )
         return api
 
     def get_device(self, local_rank: int = 0) -> torch.device:

@@ -21,6 +21,7 @@ from ..device_mixin import PlatformEnum as _SRTPlatformEnum
 if TYPE_CHECKING:
     import torch
 
+
 def _copy_enum(source: type[enum.Enum], name: str) -> Any:
     """A new enum type called ``name`` with ``source``'s members (typed ``Any``: a type checker
     cannot list members made at run time)."""
@@ -30,7 +31,9 @@ def _copy_enum(source: type[enum.Enum], name: str) -> Any:
 
 # The same members as SRT's enum, as a distinct type: the runtimes' identities never compare equal.
 PlatformEnum = _copy_enum(_SRTPlatformEnum, "PlatformEnum")
-PlatformEnum.__doc__ = "The diffusion runtime's platform identities. Out-of-tree platforms use ``OOT``."
+PlatformEnum.__doc__ = (
+    "The diffusion runtime's platform identities. Out-of-tree platforms use ``OOT``."
+)
 
 _GIB = float(1 << 30)
 
@@ -43,6 +46,7 @@ class Platform(DeviceMixin):
     (``DeviceMixin``'s default, an SRT member), which diffusion selection rejects: a diffusion
     platform sets this runtime's ``PlatformEnum`` member itself (``OOT`` for a plugin).
     """
+
     dispatch_key: str | None = None
 
     # -- initialization and configuration --------------------------------------------------
@@ -111,7 +115,9 @@ class Platform(DeviceMixin):
         """The key that picks ``CustomOp`` implementations (``forward_<key>``)."""
         return "native"
 
-    def get_attn_backend_cls_str(self, selected_backend: Any = None, head_size: int = 0, dtype: Any = None) -> str:
+    def get_attn_backend_cls_str(
+        self, selected_backend: Any = None, head_size: int = 0, dtype: Any = None
+    ) -> str:
         """The dotted path of the attention backend to use."""
         raise self._missing("get_attn_backend_cls_str")
 
