@@ -18,7 +18,8 @@ if [[ -t 1 ]]; then
 else
   pip_output=(-q --progress-bar off)
 fi
-pip=(.venv/bin/python -m pip --disable-pip-version-check "${pip_output[@]}")
+# --progress-bar is an option of "pip install", so the output options follow the command.
+pip_install=(.venv/bin/python -m pip --disable-pip-version-check install "${pip_output[@]}")
 
 step() {  # step "what" command...: one line before, one after with the time it took
   local what="$1" started=$SECONDS
@@ -36,7 +37,7 @@ if [[ ! -x .venv/bin/python ]]; then
   step "creating .venv with $($py --version)" "$py" -m venv .venv
 fi
 step "pip, setuptools, wheel (current releases: editable installs and the tests' plugin builds need them)" \
-  "${pip[@]}" install --upgrade pip setuptools wheel
-step "torch==2.13.0 (the largest download: minutes on a slow link)" "${pip[@]}" install "torch==2.13.0"
-step "sglang-launch[$extras] (editable)" "${pip[@]}" install -e ".[$extras]"
+  "${pip_install[@]}" --upgrade pip setuptools wheel
+step "torch==2.13.0 (the largest download: minutes on a slow link)" "${pip_install[@]}" "torch==2.13.0"
+step "sglang-launch[$extras] (editable)" "${pip_install[@]}" -e ".[$extras]"
 echo "[install] done: .venv/bin/sglang-launch --help"

@@ -49,6 +49,7 @@ def test_without_a_terminal_each_step_is_a_line_and_pip_is_quiet(tmp_path):
     pips = calls(root)
     assert len(pips) == 3, pips
     assert all("-q --progress-bar off" in call for call in pips), pips
+    assert all(_install_options_follow_install(call) for call in pips), pips
     torch = next(i for i, call in enumerate(pips) if "torch==2.13.0" in call)
     project_install = next(i for i, call in enumerate(pips) if "-e .[serve,test]" in call)
     assert torch < project_install, pips  # the exact pin first
@@ -96,4 +97,11 @@ def test_on_a_terminal_pip_shows_its_progress_bar(tmp_path):
     assert proc.returncode == 0, output.decode(errors="replace")
     pips = calls(root)
     assert len(pips) == 3 and all("--progress-bar on" in c and " -q" not in c for c in pips), pips
+    assert all(_install_options_follow_install(call) for call in pips), pips
     assert b"[install] torch==2.13.0" in output
+
+
+def _install_options_follow_install(call: str) -> bool:
+    """--progress-bar is an option of "pip install": before the command, real pip refuses it."""
+    words = call.split()
+    return "install" in words and words.index("install") < words.index("--progress-bar")
