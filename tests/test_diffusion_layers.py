@@ -8,6 +8,9 @@ from __future__ import annotations
 import pytest
 from support import clean_env, make_dist, run_python
 
+# Each test runs a fresh interpreter that imports torch and diffusers: end-to-end by the suite's rule.
+pytestmark = pytest.mark.e2e
+
 EQUALITY = """
 import json, torch
 from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
