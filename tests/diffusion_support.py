@@ -85,35 +85,18 @@ def _vae(**extra):
 
 
 def build_tiny_pipeline(path: Path, seed: int = 0) -> Path:
-    """Build and save the tiny UNet pipeline (``StableDiffusionPipeline``) into ``path``."""
+    """Build and save the tiny UNet pipeline (``StableDiffusionPipeline``) into ``path``: the
+    UNet, VAE and scheduler are check-platform's own tiny denoising parts."""
     import torch
-    from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers import StableDiffusionPipeline
     from transformers import CLIPTextModel
 
-    torch.manual_seed(seed)
+    from launcher.conformance.workload import tiny_denoising_parts
+
     tokenizer = tiny_tokenizer()
-    unet = UNet2DConditionModel(
-        sample_size=16,
-        in_channels=4,
-        out_channels=4,
-        layers_per_block=1,
-        block_out_channels=(32, 32),
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32,
-        attention_head_dim=8,
-        norm_num_groups=8,
-    )
-    scheduler = DDIMScheduler(
-        beta_start=0.00085,
-        beta_end=0.012,
-        beta_schedule="scaled_linear",
-        clip_sample=False,
-        set_alpha_to_one=False,
-        steps_offset=1,
-    )
+    unet, vae, scheduler = tiny_denoising_parts(torch, seed)
     pipe = StableDiffusionPipeline(
-        vae=_vae(),
+        vae=vae,
         text_encoder=CLIPTextModel(_text_config(tokenizer)),
         tokenizer=tokenizer,
         unet=unet,

@@ -10,13 +10,11 @@ folder on ``PYTHONPATH`` (``run_python(..., sites=[demo_site])``) or ``sys.path`
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from support import REPO
+from support import REPO, pip_install_into
 
 DEMO_SOURCE = REPO / "examples" / "demo-platform-plugin"
 DEMO_DISTRIBUTION = "sglang-launch-demo-platform"
@@ -32,25 +30,7 @@ def install_demo(root: Path) -> Path:
     shutil.copytree(DEMO_SOURCE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     target = root / "site"
     started = time.perf_counter()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-build-isolation",
-            "--disable-pip-version-check",
-            "--no-input",
-            "-q",
-            "--target",
-            str(target),
-            str(source),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = pip_install_into(source, target)
     if proc.returncode != 0:
         raise RuntimeError(f"pip could not install the demo plugin:\n{proc.stdout}\n{proc.stderr}")
     print(

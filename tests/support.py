@@ -68,6 +68,29 @@ def make_dist(
     return info
 
 
+def pip_install_into(source: Path, target: Path) -> subprocess.CompletedProcess:
+    """``pip install`` a project folder into ``target`` (no dependencies, no build isolation)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--no-input",
+            "-q",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 def clean_env(**overrides: str | None) -> dict[str, str]:
     """The current environment without the product's variables, plus ``overrides``."""
     env = {k: v for k, v in os.environ.items() if k not in PRODUCT_ENV}

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import pytest
 from serving_support import REPO, cli_command, post, server_env, start_server
-from support import clean_env, free_port
+from support import clean_env, free_port, pip_install_into
 
 pytestmark = pytest.mark.e2e  # installs packages and starts the launcher
 
@@ -75,25 +74,7 @@ def installed(tmp_path_factory) -> dict:
             path = source / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(code, encoding="utf-8")
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--no-deps",
-                "--no-build-isolation",
-                "--disable-pip-version-check",
-                "--no-input",
-                "-q",
-                "--target",
-                str(site),
-                str(source),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        proc = pip_install_into(source, site)
         assert proc.returncode == 0, (
             f"pip could not install the tutorial's {name} package:\n{proc.stderr}"
         )

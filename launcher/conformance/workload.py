@@ -148,12 +148,12 @@ def _cpu_reference(folder: str, ids: list[int], runner: Any) -> Any:
         return pooling.pool(hidden, enc["attention_mask"], runner.pooling).float()
 
 
-def _tiny_denoising_parts(torch: Any) -> tuple[Any, Any, Any]:
+def tiny_denoising_parts(torch: Any, seed: int = 0) -> tuple[Any, Any, Any]:
     """A seeded, randomly initialised UNet, VAE and DDIM scheduler small enough for one step on
     any device in well under a second (diffusers' real classes; nothing is downloaded)."""
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     unet = UNet2DConditionModel(
         sample_size=16,
         in_channels=4,
@@ -209,7 +209,7 @@ def diffusion_step(probe: Probe) -> str:
         ) from None
     from platforms.diffusion.layers import adopt_custom_ops, custom_op_report
 
-    unet, vae, scheduler = _tiny_denoising_parts(torch)
+    unet, vae, scheduler = tiny_denoising_parts(torch)
     adopt_custom_ops(unet)
     ops = custom_op_report(unet)
     scheduler.set_timesteps(2)
