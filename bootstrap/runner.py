@@ -172,9 +172,10 @@ class _ChildState:
     # -- the whole run -------------------------------------------------------------------------
     def run(self) -> None:
         spec = self.spec
-        steps = runtime_steps(spec.runtime)
-        found_early = early_imports(spec.target)
         try:
+            # Inside the try: a SIGTERM that lands while the runtime table imports is a stop too.
+            found_early = early_imports(spec.target)
+            steps = runtime_steps(spec.runtime)
             self.arm()
             if found_early:
                 log.warning(warning_text(spec.worker_id, found_early))
@@ -346,11 +347,14 @@ def _ignore_group_signal(signum: int, frame: FrameType | None) -> None:
 def run(spec: ProcessSpec) -> None:
     """Start one child as ``spec`` says; never returns (the process ends with the child's code)."""
     child = _ChildState(spec)
-    signal.signal(signal.SIGTERM, child.on_sigterm)
+    _configure_logging(spec)
     if hasattr(signal, "SIGINT"):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     for name in _GROUP_SIGNALS:  # a terminal's hangup or Ctrl-\ is for the supervisor to handle
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _ignore_group_signal)
-    _configure_logging(spec)
-    child.run()
+    try:
+        signal.signal(signal.SIGTERM, child.on_sigterm)
+        child.run()
+    except _StopRequested:  # a stop that landed outside run()'s own try
+        child.finish_stopped()
