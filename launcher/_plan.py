@@ -23,6 +23,14 @@ if TYPE_CHECKING:
     from launcher.server_args import ServerArgs
 
 
+# Set in every scheduler child whose environment leaves them unset. OpenMP's threads (torch's
+# intra-op pool on the CPU) sleep as soon as they wait, instead of spinning on a core for a while
+# first: a spinning pool takes the cores from the HTTP child, from other replicas and from other
+# work on the machine, and stalls itself when one of its threads loses its core. It must be set
+# before torch is imported, hence here and not in the worker.
+SCHEDULER_ENV_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
 class PlanError(ValueError):
     """The server arguments describe a launch that cannot be planned; the message says the fix."""
 
@@ -103,6 +111,7 @@ def plan_children(
             "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(master_port),
         }
+        env.update({k: v for k, v in SCHEDULER_ENV_DEFAULTS.items() if k not in os.environ})
         assert args.scheduler_target, (
             "ServerArgs.__post_init__ fills in the runtime's worker target"
         )

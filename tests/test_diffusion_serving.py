@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import signal
 import threading
 import time
@@ -15,7 +16,7 @@ import psutil
 import pytest
 from diffusion_support import SIZE
 from PIL import Image
-from serving_support import start_server
+from serving_support import server_env, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -54,6 +55,7 @@ def server(tiny_pipeline, tmp_path_factory):
         ["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--api-key", KEY],
         tmp_path_factory.mktemp("diffusion-serving"),
         "diffusion",
+        env=server_env(OMP_WAIT_POLICY=None),
     )
     yield srv
     srv.stop()
@@ -146,6 +148,9 @@ def test_models_ready_info_and_metrics(server, leak_ok, tiny_pipeline):
         "forward_native": model["custom_ops"]["GroupNorm"]["count"]
     }
     assert model["custom_ops"]["LayerNorm"]["count"] > 0
+    # The launch tells the worker's OpenMP threads to sleep while they wait (no spinning).
+    assert model["cpu_threads"]["omp_wait_policy"] == "PASSIVE"
+    assert model["cpu_threads"]["intra_op"] >= 1
     memory = info["schedulers"][0]["memory"]
     assert memory["total_gib"] > 0 and memory["available_gib"] > 0
     post(server, seed=1)
@@ -189,6 +194,7 @@ def test_dp2_serves_on_both_replicas_and_sigint_leaves_nothing(tiny_pipeline, tm
         ["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--dp-size", "2"],
         tmp_path,
         "diffusion-dp2",
+        env=server_env(OMP_WAIT_POLICY="ACTIVE", OMP_NUM_THREADS=None),
     )
     try:
         tree = [
@@ -217,6 +223,12 @@ def test_dp2_serves_on_both_replicas_and_sigint_leaves_nothing(tiny_pipeline, tm
             True,
             True,
         ]  # least-loaded routing
+        # The user's OMP_WAIT_POLICY wins; the two replicas share the cores as torch threads.
+        cores = len(os.sched_getaffinity(0))
+        assert info["model"]["cpu_threads"] == {
+            "intra_op": max(1, cores // 2),
+            "omp_wait_policy": "ACTIVE",
+        }
         srv.proc.send_signal(signal.SIGINT)
         assert srv.wait_exit(timeout=60) == 0, srv.log
         wait_for(

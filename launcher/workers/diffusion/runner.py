@@ -394,8 +394,20 @@ class DiffusionWorker:
             "size_multiple": self.size_multiple if self.pipeline is not None else None,
             "default_size": self.default_size() if self.pipeline is not None else None,
             "load_seconds": round(self.load_seconds, 3),
+            "cpu_threads": cpu_threads(),
             "pid": os.getpid(),
         }
+
+
+def cpu_threads() -> dict:
+    """This process's torch CPU thread settings: the intra-op thread count and the OpenMP wait
+    policy its thread pool started with (``OMP_WAIT_POLICY``, None when unset)."""
+    import torch
+
+    return {
+        "intra_op": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }
 
 
 def absent_components(path: Path) -> dict:
