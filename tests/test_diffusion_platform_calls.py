@@ -14,9 +14,10 @@ import json
 import httpx
 import pytest
 from diffusion_support import SIZE
-from platforms.device_mixin import host_cpu_architecture
 from serving_support import Server, server_env, start_server
 from support import make_dist
+
+from platforms.device_mixin import host_cpu_architecture
 
 pytestmark = pytest.mark.e2e
 
