@@ -196,6 +196,11 @@ class DiffusionWorker:
         denoiser.register_forward_pre_hook(self._own_half, with_kwargs=True)
         denoiser.register_forward_hook(self._both_halves)
 
+    def splits(self, shape: Shape) -> bool:
+        """Whether a batch of ``shape`` runs on both ranks of a CFG-parallel replica (it has
+        guidance to split); otherwise rank 0 runs it alone."""
+        return self.group is not None and shape.guidance_scale > 1
+
     @staticmethod
     def uses_guidance(pipe: Any) -> bool:
         """Whether ``pipe`` batches an unconditional and a conditional half when its guidance
@@ -473,7 +478,7 @@ class DiffusionWorker:
                 generators.append(torch.Generator("cpu").manual_seed(job.seed + i))
         pipe = self.pipeline
         kwargs = {}
-        split = self.group is not None and shape.guidance_scale > 1
+        split = self.splits(shape)
         if step_callback is not None or split:
 
             def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict) -> dict:

@@ -30,7 +30,7 @@ from launcher.workers.diffusion.runner import (
     ReplicaGroup,
     Shape,
 )
-from launcher.workers.scheduler import Scheduler, _Queued
+from launcher.workers.scheduler import _TICK_SECONDS, Scheduler, _Queued
 
 log = logging.getLogger("sglang_launch.diffusion")
 
@@ -163,13 +163,17 @@ class ImageScheduler(Scheduler):
             for q in batch
         ]
 
+        shape = batch[0].shape
+        split = self.runner.splits(shape)
+
         def every_step(step: int) -> bool:
             self.drain()  # take in cancellations (and queue new requests) between steps
+            if self.runner.tp_size > 1 and not split:
+                self.keep_followers_waiting()  # rank 1 is idle through this batch
             return rids <= self.cancelled
 
         try:
-            shape = batch[0].shape
-            if self.runner.tp_size > 1 and shape.guidance_scale > 1:
+            if split:
                 self._broadcast(cfg_batch(shape, jobs))  # rank 1 computes the other CFG half
             encoded = self.runner.generate(shape, jobs, every_step)
             images = sum(j.n for j in jobs)
@@ -206,6 +210,12 @@ class ImageScheduler(Scheduler):
             self.runner.platform.empty_cache()
         finally:
             self.cancelled.clear()
+
+    def keep_followers_waiting(self) -> None:
+        """A ``Tick`` to rank 1 when rank 0 has been silent a while, so that its wait for the
+        next broadcast never reaches the group's timeout during a batch rank 0 runs alone."""
+        if time.monotonic() - self.last_broadcast > _TICK_SECONDS:
+            self._broadcast(m.Tick())
 
     def pong(self, rid: str) -> m.Pong:
         pong = super().pong(rid)
