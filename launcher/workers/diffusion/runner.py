@@ -155,6 +155,7 @@ class DiffusionWorker:
         )
         if self.group is not None:
             self.split_guidance()
+            self.parallel["split_steps"] = 0  # denoiser calls computed half here, half on rank 1
 
     def join_group(self) -> None:
         """Form this replica's process group: on ``get_torch_distributed_backend_str()``, bound
@@ -260,6 +261,7 @@ class DiffusionWorker:
 
         def joined(mine: Any) -> Any:
             cond, uncond = all_gather_tensor(mine)
+            self.parallel["split_steps"] += 1
             return torch.cat([uncond, cond])
 
         if isinstance(output, torch.Tensor):
