@@ -69,8 +69,7 @@ def baseline(opts: argparse.Namespace) -> int:
     """``--baseline``: the worker's own set-up in this process, then one timed
     ``generate(shape, [job])`` per seed read from stdin; prints the seconds it took. The first
     line out reports the thread settings."""
-    from types import SimpleNamespace
-
+    from launcher.server_args import ServerArgs
     from launcher.workers.diffusion.runner import DiffusionWorker, ImageJob
     from launcher.workers.scheduler import share_cpu_threads
     from platforms.diffusion import current_platform, initialize_current_platform
@@ -78,15 +77,10 @@ def baseline(opts: argparse.Namespace) -> int:
     initialize_current_platform()
     if current_platform.is_cpu():
         share_cpu_threads(ranks_on_node=1)  # what run_diffusion_worker does at dp=1
-    args = SimpleNamespace(
-        model_path=opts.model_path,
-        served_model_name=None,
-        dtype="auto",
-        seed=0,
-        attention_backend=None,
-        device=None,
+    # The server's arguments: its defaults for everything but the model.
+    worker = DiffusionWorker(
+        ServerArgs(model_path=opts.model_path, runtime="diffusion"), current_platform
     )
-    worker = DiffusionWorker(args, current_platform)
     worker.init_device_and_model()
     shape = worker.shape_of(opts.size, opts.size, opts.steps, GUIDANCE)
     print(json.dumps(worker.describe()["cpu_threads"]), flush=True)
@@ -104,8 +98,15 @@ class Baseline:
     def __init__(self, opts: argparse.Namespace, env: dict[str, str]) -> None:
         command = [sys.executable, __file__, "--baseline", "--model-path", opts.model_path]
         command += ["--size", str(opts.size), "--steps", str(opts.steps)]
+        # A session of its own, as the server has (serving_support.Server): Linux shares the
+        # CPU between sessions (autogroups) first, so both sides get the same kind of share.
         self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout

@@ -3,8 +3,9 @@
 1. An embedding request through HTTP (``sglang-launch`` with the embedded default model, one
    client, one request at a time) against the same model call made in-process
    (``ModelRunner.embed`` on one text: tokenising and the model, as the scheduler does), with
-   torch's thread count set the way a dp=1 scheduler sets it (``share_cpu_threads``), so both
-   sides run the same model call on the same threads. The sides alternate in ``--rounds`` short
+   torch's thread count set the way a dp=1 scheduler sets it (``share_cpu_threads``) and the
+   OpenMP wait policy the server's scheduler reports (``cpu_threads`` in ``/get_server_info``;
+   checked equal), so both sides run the same model call on the same threads. The sides alternate in ``--rounds`` short
    blocks against one server (30 blocks of 10 requests by default), so a drift in the machine's
    speed falls on both (benchmarks/README.md shows how much fewer, longer blocks let the ratio
    move). Target: HTTP at most 1.2x the in-process time.
@@ -114,6 +115,14 @@ def batch_one(
     in-process, HTTP with the lean client, HTTP with httpx. Returns the times and where the
     in-process model ran."""
     import httpx
+
+    # OpenMP reads OMP_WAIT_POLICY once, when torch loads it: take the server worker's first.
+    served = httpx.get(url + "/get_server_info", timeout=60).json()["model"]["cpu_threads"]
+    if "torch" in sys.modules:
+        raise RuntimeError("torch was imported before the in-process side's thread settings")
+    os.environ.pop("OMP_WAIT_POLICY", None)
+    if served["omp_wait_policy"]:
+        os.environ["OMP_WAIT_POLICY"] = served["omp_wait_policy"]
     import torch
 
     from launcher.model_source import resolve_model
@@ -127,6 +136,11 @@ def batch_one(
     else:
         where = current_selection().key
     runner = ModelRunner(resolve_model(model_path), platform=current_platform)
+    if runner.describe()["cpu_threads"] != served:
+        raise RuntimeError(
+            f"the in-process side runs with {runner.describe()['cpu_threads']}, the server's "
+            f"scheduler with {served}: the comparison would not be on the same threads"
+        )
     runner.warm_up()
     body = json.dumps({"input": TEXT}).encode()
     lean = KeepAliveClient(url, "/v1/embeddings", body)

@@ -5,7 +5,8 @@ The launch has ``replica_ranks() * dp_size`` scheduler ranks in all (a replica's
 parallelism span the nodes), split evenly: node ``node_rank`` of ``nnodes`` runs ``local = world /
 nnodes`` of them, global ranks ``node_rank * local .. node_rank * local + local - 1``, each with
 the torch.distributed environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
-``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); node 0 also runs one HTTP child, unless
+``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and ``SCHEDULER_ENV_DEFAULTS`` where this
+process's environment leaves them unset; node 0 also runs one HTTP child, unless
 ``http_target`` is empty (an engine that serves no HTTP). The rendezvous address is
 ``--dist-init-addr`` or, on a single node, a free loopback port (``launcher.rendezvous``).
 """

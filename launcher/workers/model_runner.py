@@ -523,6 +523,8 @@ class ModelRunner:
 
     def describe(self) -> dict:
         """What ``/get_server_info`` and the ready report show about the model."""
+        from launcher.workers.scheduler import cpu_threads
+
         return {
             "model_path": str(self.source.path),
             "served_model_name": self.source.served_name,
@@ -543,6 +545,7 @@ class ModelRunner:
                 "declared_by": self.pooling.declared_by,
             },
             "load_seconds": round(self.load_seconds, 3),
+            "cpu_threads": cpu_threads(),
         }
 
 

@@ -105,10 +105,12 @@ def run_scheduler_process(server_args: ServerArgs, ctx: WorkerContext) -> None:
 
 def share_cpu_threads(ranks_on_node: int) -> None:
     """Size torch's intra-op thread pool for a scheduler rank computing on the CPU: the cores are
-    shared among this node's ``ranks_on_node`` ranks. Without this every rank starts one spinning
-    thread per core, and the ranks slow each other down. No core is kept back for the HTTP child,
-    whose work per request is small beside the model's. An explicit ``OMP_NUM_THREADS`` wins (set
-    it lower when other work shares the cores)."""
+    shared among this node's ``ranks_on_node`` ranks. Without this every rank starts one thread
+    per core, and the ranks slow each other down. No core is kept back for the HTTP child, whose
+    work per request is small beside the model's: the launch starts scheduler children with
+    ``OMP_WAIT_POLICY=PASSIVE`` (unless set), so a waiting pool thread sleeps instead of spinning
+    and the HTTP child gets a core as soon as it needs one. An explicit ``OMP_NUM_THREADS`` wins
+    (set it lower when other work shares the cores)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return
     import torch
@@ -117,6 +119,19 @@ def share_cpu_threads(ranks_on_node: int) -> None:
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     )
     torch.set_num_threads(max(1, cores // max(ranks_on_node, 1)))
+
+
+def cpu_threads() -> dict[str, Any]:
+    """This process's torch CPU thread settings, as ``/get_server_info`` reports them under
+    ``model``: the intra-op thread count and the OpenMP wait policy its thread pool started with
+    (``OMP_WAIT_POLICY``, which the launch sets to ``PASSIVE`` unless the environment sets it;
+    None when unset)."""
+    import torch
+
+    return {
+        "intra_op": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }
 
 
 def load_runner(

@@ -538,6 +538,8 @@ class DiffusionWorker:
 
     def describe(self) -> dict:
         """What is served and how: for ``/get_server_info`` and the ready report."""
+        from launcher.workers.scheduler import cpu_threads
+
         return {
             "name": self.source.served_name,
             "path": str(self.source.path),
@@ -557,17 +559,6 @@ class DiffusionWorker:
             "cpu_threads": cpu_threads(),
             "pid": os.getpid(),
         }
-
-
-def cpu_threads() -> dict:
-    """This process's torch CPU thread settings: the intra-op thread count and the OpenMP wait
-    policy its thread pool started with (``OMP_WAIT_POLICY``, None when unset)."""
-    import torch
-
-    return {
-        "intra_op": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-    }
 
 
 def absent_components(path: Path) -> dict:
