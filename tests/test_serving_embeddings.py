@@ -82,6 +82,10 @@ def test_read_only_routes(server):
     info = get("/get_server_info").json()
     assert info["platform"]["key"] == "builtin:cpu" and info["device"] == "cpu"
     assert info["model"]["pooling"]["normalize"] is True
+    # The scheduler's OpenMP threads sleep while they wait, unless the environment says otherwise.
+    threads = info["model"]["cpu_threads"]
+    assert threads["omp_wait_policy"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
+    assert threads["intra_op"] >= 1
     memory = info["schedulers"][0]["memory"]
     assert memory["total_bytes"] > memory["available_bytes"] > 0
     assert info["server_args"]["host"] == "127.0.0.1" and info["server_args"]["model_path"] is None
