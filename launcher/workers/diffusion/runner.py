@@ -40,8 +40,9 @@ _GIB = float(1 << 30)
 _DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
-# Called after each denoising step with the step's index; returning True stops the loop.
-StepCallback = Callable[[int], bool]
+# Called after each denoising step as ``(done, total)``: the steps finished so far (1 after the
+# first) and the steps of this pipeline call; returning True stops the loop.
+StepCallback = Callable[[int, int], bool]
 
 
 class ModelLoadError(RuntimeError):
@@ -311,7 +312,8 @@ class DiffusionWorker:
         self, shape: Shape, jobs: list[ImageJob], step_callback: StepCallback | None = None
     ) -> list[list[bytes]]:
         """Run ``jobs`` as one pipeline batch of ``shape``; each job's images, encoded (a hook
-        target). ``step_callback(step)`` runs after each denoising step; returning True stops."""
+        target). ``step_callback(done, total)`` runs after each denoising step; returning True
+        stops."""
         images = self.denoise(shape, jobs, step_callback)
         out, at = [], 0
         for job in jobs:
@@ -336,7 +338,10 @@ class DiffusionWorker:
         if step_callback is not None:
 
             def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict) -> dict:
-                if step_callback(step):
+                # diffusers counts the loop's steps in num_timesteps (more than the steps asked
+                # for with a second-order scheduler); the asked-for count where it has none.
+                total = getattr(pipeline, "num_timesteps", None) or shape.steps
+                if step_callback(step + 1, total):
                     pipeline._interrupt = True
                 return tensors
 
