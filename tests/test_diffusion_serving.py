@@ -211,6 +211,15 @@ def sse_events(lines) -> list[tuple[str | None, object]]:
     return events
 
 
+def first_step(lines) -> dict:
+    """The data of the first event of ``lines``, read without closing them (a line generator that
+    is dropped closes its connection: the client would hang up there)."""
+    for line in lines:
+        if line.startswith("data: "):
+            return json.loads(line[len("data: ") :])
+    raise AssertionError("the stream ended before its first event")
+
+
 def stream(server, **extra) -> list[tuple[str | None, object]]:
     with httpx.stream(
         "POST", server.url + ROUTE, json=body(stream=True, **extra), headers=AUTH, timeout=120
@@ -299,14 +308,48 @@ def test_a_client_that_leaves_mid_stream_cancels_its_request(server, leak_ok):
 
     before = aborted()
     with httpx.stream(
-        "POST", server.url + ROUTE, json=body(stream=True, num_inference_steps=900), headers=AUTH
+        "POST",
+        server.url + ROUTE,
+        json=body(stream=True, num_inference_steps=900),
+        headers=AUTH,
+        timeout=60,
     ) as reply:
-        first = next(line for line in reply.iter_lines() if line.startswith("data: "))
-        assert json.loads(first[len("data: ") :])["step"] == 1  # then hang up
+        lines = reply.iter_lines()
+        assert first_step(lines)["step"] == 1
+        assert first_step(lines)["step"] == 2  # still streaming; then hang up
     # The scheduler stops the loop at the next step rather than running 900, and goes on serving.
     wait_for(lambda: aborted() > before, what="the abandoned stream counted as aborted")
     progress, images = split_events(stream(server, seed=2))
     assert len(progress) == 2 and len(images) == 1
+
+
+def test_a_client_that_leaves_before_the_first_event_is_dropped_from_the_queue(server, leak_ok):
+    def counts() -> tuple[int, int]:
+        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+        return info["schedulers"][0]["batches"], info["schedulers"][0]["aborted"]
+
+    batches, aborted = counts()
+    with httpx.stream(
+        "POST",
+        server.url + ROUTE,
+        json=body(stream=True, num_inference_steps=900),
+        headers=AUTH,
+        timeout=60,
+    ) as busy:
+        lines = busy.iter_lines()
+        first_step(lines)
+        # The worker is busy with that one: this stream waits in the queue, and its client
+        # gives up before its first event.
+        with pytest.raises(httpx.ReadTimeout):
+            with httpx.stream(
+                "POST", server.url + ROUTE, json=body(stream=True), headers=AUTH, timeout=1
+            ) as queued:
+                queued.read()
+    wait_for(lambda: counts()[1] > aborted, what="the busy stream counted as aborted")
+    # A probe of another shape (it cannot share the queued request's batch) runs after where
+    # the queued request would have: only the busy batch and the probe's ran.
+    assert len(images_of(post(server, num_inference_steps=3, seed=4))) == 1
+    assert counts()[0] - batches == 2
 
 
 def docs_stream_example() -> str:
@@ -353,9 +396,7 @@ def test_a_worker_that_dies_mid_stream_ends_it_with_an_error_event(tiny_pipeline
             "POST", srv.url + ROUTE, json=body(stream=True, num_inference_steps=900), timeout=60
         ) as reply:
             lines = reply.iter_lines()
-            for line in lines:
-                if line.startswith("data: "):
-                    break  # the first step is done: the worker is in the denoising loop
+            first_step(lines)  # the worker is in the denoising loop
             os.kill(worker, signal.SIGKILL)
             events = sse_events(lines)
         errors = [data for name, data in events if name == "error"]
