@@ -505,6 +505,9 @@ def test_cfg_parallel_gives_the_single_rank_images(server, leak_ok, tiny_pipelin
         again = images_of(post(cfg, **requests[0]))  # both ranks stopped together: still in step
         for mine, theirs in zip(again, reference[0], strict=True):
             assert int(abs(pixels(mine) - pixels(theirs)).max()) <= 1
+        # A streamed request on the two ranks: rank 0 reports each step of the split loop.
+        progress, images = split_events(stream(cfg, seed=9, num_inference_steps=3))
+        assert [e["step"] for e in progress] == [1, 2, 3] and len(images) == 1
         cfg.proc.send_signal(signal.SIGINT)
         assert cfg.wait_exit(timeout=60) == 0, cfg.log
         wait_for(
