@@ -128,7 +128,8 @@ def init_tp_group(
 ) -> None:
     """Join replica ``dp_rank``'s group on ``backend`` (the platform's distributed backend):
     through ``store`` (the launch's ``TCPStore``, several nodes) or a file store in
-    ``runtime_dir`` (one node)."""
+    ``runtime_dir`` (one node; a restarted replica's ranks, which carry ``SGLANG_LAUNCH_RESTART``,
+    use a file of their own)."""
     import torch.distributed as dist
 
     # transformers reads these when it builds its device mesh.
@@ -142,7 +143,11 @@ def init_tp_group(
             timeout=timedelta(seconds=timeout_s),
         )
         return
-    path = Path(runtime_dir) / f"tp-store-{dp_rank}"
+    # A replica restarted by the supervisor meets in a fresh file: its killed ranks left theirs.
+    restart = os.environ.get("SGLANG_LAUNCH_RESTART", "")
+    path = Path(runtime_dir) / (
+        f"tp-store-{dp_rank}.{restart}" if restart else f"tp-store-{dp_rank}"
+    )
     dist.init_process_group(
         backend=backend,
         init_method=f"file://{path}",
