@@ -744,7 +744,7 @@ class Supervisor:
 
     async def _respawn(self, restart: ReplicaRestart, cause: RootCause, delay: float) -> None:
         workers = self._replica(restart.dp_rank)
-        log.warning(
+        log.debug(
             "%s restarts (attempt %d of %d, in %.1fs): %s",
             restart.name,
             restart.attempt,
@@ -799,7 +799,7 @@ class Supervisor:
         if restart.timer is not None:
             restart.timer.cancel()
         down = time.monotonic() - restart.died_at
-        log.warning(
+        log.debug(
             "%s serves again (restart %d, %.1fs after it failed)",
             restart.name,
             restart.attempt,

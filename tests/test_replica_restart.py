@@ -137,8 +137,9 @@ def test_a_killed_rank_restarts_its_whole_tp_group_then_max_restarts_ends_the_la
             "scheduler.2",
             "scheduler.3",
         ]
-        assert "scheduler.3 was killed by SIGKILL after the server was ready" in (
-            restarting[0]["cause"]
+        assert (
+            "scheduler.3 was killed by SIGKILL after the server was ready"
+            in (restarting[0]["cause"])
         )
         back = [e for e in events if e["topic"] == "replica.1.ready"]
         assert len(back) == 1 and back[0]["down_s"] > 0

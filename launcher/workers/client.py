@@ -168,6 +168,7 @@ class SchedulerClient:
         log.info("scheduler dp=%d at %s", rep.dp_rank, endpoint)
         self.loop.add_reader(rep.io.FD, self._drain, rep)
         rep.watcher = asyncio.create_task(self._watch(rep, monitor))
+        self._tasks = [t for t in self._tasks if not t.done()]
         self._tasks.append(rep.watcher)
 
     def _disconnect(self, rep: Replica) -> None:
@@ -277,6 +278,9 @@ class SchedulerClient:
             deliver = self._pending.get(rid)
             if deliver is not None:
                 deliver(_ReplicaGone(f"scheduler dp={rep.dp_rank} is gone ({reason}); {after}"))
+        if self.heals:
+            # Nothing more goes to the old process, and nothing queued reaches its successor.
+            self._disconnect(rep)
 
     async def _watch(self, rep: Replica, monitor: zmq.asyncio.Socket) -> None:
         import zmq
@@ -293,6 +297,8 @@ class SchedulerClient:
             raise
         except Exception:  # noqa: BLE001 - a monitor failure must not take the server down
             log.exception("socket monitor of scheduler dp=%d stopped", rep.dp_rank)
+        finally:
+            monitor.close(0)
 
     async def _follow_ops(self, sub: zmq.asyncio.Socket) -> None:
         try:
