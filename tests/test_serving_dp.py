@@ -20,6 +20,7 @@ import httpx
 import psutil
 import pytest
 from serving_support import (
+    build_tiny_llama,
     cli_command,
     embedding_body,
     report,
@@ -261,4 +262,82 @@ def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
         f"{ready_again[0]['down_s']:.1f} s from the failure to ready), "
         f"{stats['requests']} requests from 4 clients, {len(stats['errors'])} client errors, "
         f"/health 200 on {len(health)} of {len(health)} polls",
+    )
+
+
+def _status(srv) -> dict[str, dict]:
+    """The launch's workers, from ``sglang-launch status --json``."""
+    out = subprocess.run(
+        [*cli_command(), "status", "--json", "--pid", str(srv.proc.pid)],
+        env=server_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return {w["name"]: w for w in json.loads(out.stdout)["workers"]}
+
+
+def test_tp2_dp2_restarts_the_tp_group_of_a_killed_rank_as_a_unit(tmp_path, capsys):
+    """Killing tensor-parallel rank 1 of replica dp=1 (a rank the HTTP child never talks to)
+    restarts both of that replica's ranks; generation under load sees no error."""
+    from launcher.model_source import default_model_dir
+
+    tiny = build_tiny_llama(tmp_path / "tiny-llama", default_model_dir())
+    srv = start_server(
+        ["--model-path", str(tiny), "--tp-size", "2", "--dp-size", "2"], tmp_path, "tp2dp2-heal"
+    )
+    stop_load = threading.Event()
+    result: dict = {}
+
+    def body(i: int) -> dict:
+        return {"text": f"count to {i}", "sampling_params": {"max_new_tokens": 4}}
+
+    load = threading.Thread(
+        target=lambda: result.update(
+            run_load(srv.url, body, clients=2, seconds=600, path="/generate", stop_event=stop_load)
+        ),
+        daemon=True,
+    )
+    try:
+        before = _status(srv)
+        load.start()
+        wait_for(
+            lambda: all((s["batches"] or 0) > 1 for s in _schedulers(srv.url)),
+            120,
+            "the load to reach both replicas",
+            interval=0.2,
+        )
+        os.kill(before["scheduler.3"]["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+
+        def regrouped():
+            workers = _status(srv)
+            group = [workers["scheduler.2"], workers["scheduler.3"]]
+            return workers if all(w["restarts"] == 1 and w["ready"] for w in group) else None
+
+        after = wait_for(regrouped, 240, "replica dp=1 (both ranks) to be restarted", interval=0.2)
+        wait_for(
+            lambda: (s := _schedulers(srv.url)[1]) and (s["batches"] or 0) > 1,
+            120,
+            "requests to reach the restarted replica",
+            interval=0.2,
+        )
+        back_s = time.monotonic() - killed
+        assert _schedulers(srv.url)[1]["pid"] == after["scheduler.2"]["pid"]
+    finally:
+        stop_load.set()
+        load.join(timeout=120)
+        srv.stop()
+    for name in ("scheduler.2", "scheduler.3"):
+        assert after[name]["pid"] != before[name]["pid"], name
+    for name in ("http.0", "scheduler.0", "scheduler.1"):
+        assert after[name]["pid"] == before[name]["pid"] and after[name]["restarts"] == 0, name
+    assert result["errors"] == [] and result["requests"] > 0, result["errors"][:5]
+    assert srv.proc.returncode == 0, srv.log
+    report(
+        capsys,
+        f"heal tp=2 dp=2: tp group dp=1 back and serving {back_s:.1f} s after SIGKILL of its "
+        f"rank 1, {result['requests']} generations from 2 clients, "
+        f"{len(result['errors'])} client errors",
     )
