@@ -1,12 +1,13 @@
 """Which children one node's supervisor starts, and what each is told.
 
-The launch has ``tp_size * dp_size`` scheduler ranks in all (tensor and data parallelism span
-the nodes), split evenly: node ``node_rank`` of ``nnodes`` runs ``local = world / nnodes`` of them,
-global ranks ``node_rank * local .. node_rank * local + local - 1``, each with the torch.distributed
-environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``,
-``MASTER_ADDR``, ``MASTER_PORT``); node 0 also runs one HTTP child, unless ``http_target`` is
-empty (an engine that serves no HTTP). The rendezvous address is ``--dist-init-addr`` or, on a
-single node, a free loopback port (``launcher.rendezvous``).
+The launch has ``replica_ranks() * dp_size`` scheduler ranks in all (a replica's ranks are its
+``--tp-size`` tensor-parallel ranks, or the two ranks of ``--enable-cfg-parallel``; tensor and data
+parallelism span the nodes), split evenly: node ``node_rank`` of ``nnodes`` runs ``local = world /
+nnodes`` of them, global ranks ``node_rank * local .. node_rank * local + local - 1``, each with
+the torch.distributed environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); node 0 also runs one HTTP child, unless
+``http_target`` is empty (an engine that serves no HTTP). The rendezvous address is
+``--dist-init-addr`` or, on a single node, a free loopback port (``launcher.rendezvous``).
 """
 
 from __future__ import annotations
@@ -46,10 +47,13 @@ def plan_children(
 
     entry_points = entrypoints.snapshot()  # read once here, adopted by every child
 
-    world = args.tp_size * args.dp_size
+    per_replica = args.replica_ranks()
+    world = per_replica * args.dp_size
     if world < 1 or args.nnodes < 1 or world % args.nnodes:
         raise PlanError(
-            f"--tp-size {args.tp_size} x --dp-size {args.dp_size} = {world} ranks cannot be split "
+            f"--tp-size {args.tp_size}"
+            f"{' x 2 (--enable-cfg-parallel)' if per_replica != args.tp_size else ''} x "
+            f"--dp-size {args.dp_size} = {world} ranks cannot be split "
             f"evenly over --nnodes {args.nnodes}; make the product a positive multiple of nnodes"
         )
     if not 0 <= args.node_rank < args.nnodes:
@@ -73,7 +77,7 @@ def plan_children(
             rank=rank,
             local_rank=local_rank,
             world_size=world,
-            tp_size=args.tp_size,
+            tp_size=per_replica,
             dp_size=args.dp_size,
             runtime=runtime,
             platform_key=platform_key,

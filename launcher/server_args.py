@@ -170,6 +170,12 @@ class ServerArgs:
         "keep the denoiser's weights on the host and move one block at a time to the device "
         "(default: the diffusion platform's enable_dit_layerwise_offload_by_default())",
     )
+    enable_cfg_parallel: bool = _opt(
+        False,
+        "diffusion: run each replica on two ranks that split classifier-free guidance (rank 0 "
+        "computes the conditional, rank 1 the unconditional noise prediction of each step; "
+        "the same images as one rank, within float rounding); the pipeline must use CFG",
+    )
 
     def __post_init__(self) -> None:
         """Fill in the runtime's worker target, then let the runtime's selected platform set its
@@ -191,6 +197,11 @@ class ServerArgs:
         if self.restart_policy:
             return self.restart_policy
         return ON_FAILURE if self.dp_size > 1 and self.nnodes == 1 else NEVER
+
+    def replica_ranks(self) -> int:
+        """Scheduler ranks per data-parallel replica: ``--tp-size``, times two with
+        ``--enable-cfg-parallel``. The launch has ``replica_ranks() * dp_size`` ranks in all."""
+        return self.tp_size * (2 if self.enable_cfg_parallel else 1)
 
     # -- command line ----------------------------------------------------------------------------
     @classmethod
@@ -258,11 +269,11 @@ class ServerArgs:
             parse_dist_init_addr(self.dist_init_addr, self.nnodes)
         except RendezvousError as exc:
             problems.append(str(exc))
-        world = self.tp_size * self.dp_size
+        world = self.replica_ranks() * self.dp_size
         if self.nnodes >= 1 and world >= 1:
             need(
                 world % self.nnodes == 0,
-                f"--tp-size {self.tp_size} x --dp-size {self.dp_size} = {world} ranks cannot be "
+                f"{_ranks_text(self)} = {world} ranks cannot be "
                 f"split evenly over --nnodes {self.nnodes}; make the product a multiple of nnodes",
             )
         need(self.seed >= 0, f"--seed {self.seed} must be 0 or more")
@@ -319,8 +330,26 @@ class ServerArgs:
         spec = _RUNTIME_SPECS.get(self.runtime)
         if spec is not None and not spec.tensor_parallel and self.tp_size > 1:
             problems.append(
-                f"--runtime {self.runtime} runs one rank per replica, not --tp-size "
+                f"--runtime {self.runtime} has no tensor parallelism, not --tp-size "
                 f"{self.tp_size}; use --tp-size 1 and --dp-size for more replicas"
+                + (
+                    " (or --enable-cfg-parallel for two ranks per replica)"
+                    if spec.cfg_parallel
+                    else ""
+                )
+            )
+        if spec is not None and self.enable_cfg_parallel:
+            cfg_runtimes = [s.name for s in _RUNTIME_SPECS.values() if s.cfg_parallel]
+            need(
+                spec.cfg_parallel,
+                f"--enable-cfg-parallel splits the classifier-free guidance of --runtime "
+                f"{' or '.join(cfg_runtimes)}; --runtime {self.runtime} has none: drop the flag"
+                + (" (--tp-size splits its models)" if spec.tensor_parallel else ""),
+            )
+            need(
+                self.nnodes == 1,
+                f"--enable-cfg-parallel keeps both ranks of a replica on one node, not --nnodes "
+                f"{self.nnodes}; serve on one node (scale with --dp-size)",
             )
         if spec is not None and self.scheduler_target in (None, spec.worker_target):
             # The runtime's own worker needs its model on disk: say so now, before any worker
@@ -359,6 +388,12 @@ def decode_server_args(data: bytes, cls: type[ServerArgs] | None = None) -> Serv
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def _ranks_text(args: ServerArgs) -> str:
+    """How the launch's rank count is made, as the flags say it."""
+    cfg = " x 2 (--enable-cfg-parallel)" if args.enable_cfg_parallel else ""
+    return f"--tp-size {args.tp_size}{cfg} x --dp-size {args.dp_size}"
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

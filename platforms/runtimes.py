@@ -64,6 +64,9 @@ class RuntimeSpec(NamedTuple):
     api_routes: str | None = None
     model_marker: str = "config.json"
     tensor_parallel: bool = True  # whether a replica may span several ranks (--tp-size > 1)
+    # Whether --enable-cfg-parallel applies: each replica is two ranks that split classifier-free
+    # guidance (rank 0 the conditional, rank 1 the unconditional noise prediction of each step).
+    cfg_parallel: bool = False
 
     def builtin(self, name: str) -> Builtin | None:
         for entry in self.builtins:
@@ -152,6 +155,7 @@ DIFFUSION = RuntimeSpec(
     api_routes="launcher.workers.diffusion.routes:add_image_routes",
     model_marker="model_index.json",
     tensor_parallel=False,
+    cfg_parallel=True,
 )
 
 RUNTIMES = {spec.name: spec for spec in (SRT, DIFFUSION)}

@@ -84,17 +84,22 @@ def _vae(**extra):
     )
 
 
-def build_tiny_pipeline(path: Path, seed: int = 0) -> Path:
+def build_tiny_pipeline(path: Path, seed: int = 0, guidance_distilled: bool = False) -> Path:
     """Build and save the tiny UNet pipeline (``StableDiffusionPipeline``) into ``path``: the
-    UNet, VAE and scheduler are check-platform's own tiny denoising parts."""
+    UNet, VAE and scheduler are check-platform's own tiny denoising parts. ``guidance_distilled``
+    gives the UNet a guidance embedding (``time_cond_proj_dim``, as LCM's has), with which the
+    pipeline runs no classifier-free guidance whatever the guidance scale."""
     import torch
-    from diffusers import StableDiffusionPipeline
+    from diffusers import StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextModel
 
     from launcher.conformance.workload import tiny_denoising_parts
 
     tokenizer = tiny_tokenizer()
     unet, vae, scheduler = tiny_denoising_parts(torch, seed)
+    if guidance_distilled:
+        config = {k: v for k, v in unet.config.items() if not k.startswith("_")}
+        unet = UNet2DConditionModel.from_config({**config, "time_cond_proj_dim": 32})
     pipe = StableDiffusionPipeline(
         vae=vae,
         text_encoder=CLIPTextModel(_text_config(tokenizer)),

@@ -442,6 +442,51 @@ def test_each_failing_phase_reports_phase_type_traceback_and_its_exit_code(site,
     assert kinds(stopped) == ["phase", "stopped"]
 
 
+@pytest.mark.e2e
+def test_a_sigterm_while_the_child_imports_the_runtime_table_ends_the_start_up_with_0(tmp_path):
+    # The first thing a child imports is the runtime table (platforms.runtimes). A meta-path
+    # finder, installed by sitecustomize in spawn children only, holds that import until the
+    # harness sends SIGTERM: the stop must end the start-up like any other, exit 0, no traceback.
+    site = tmp_path / "slow-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            """
+            import multiprocessing, os, sys, time
+
+            class HoldRuntimeTable:
+                def find_spec(self, name, path=None, target=None):
+                    if name == "platforms.runtimes" and multiprocessing.parent_process():
+                        open(os.environ["TESTWORKER_MARKER"], "w").close()
+                        time.sleep(60)  # the SIGTERM handler interrupts this
+                    return None
+
+            sys.meta_path.insert(0, HoldRuntimeTable())
+            """
+        )
+    )
+    marker = str(tmp_path / "in-table-import")
+    env = {**clean_env(), "TESTWORKER_MARKER": marker}
+    children, result = run_harness(
+        {
+            "children": {
+                "stop_in_table": {
+                    "target": "workers_for_tests.ready_then_wait",
+                    "env": {"TESTWORKER_MARKER": marker},
+                    "signal": {"when": "marker", "sig": "SIGTERM"},
+                    # Stopped before it connects its reporter: only the exit code tells.
+                    "status": "bad",
+                }
+            }
+        },
+        sites=[site],
+        env=env,
+    )
+    stopped = children["stop_in_table"]
+    assert stopped["exitcode"] == 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # The spec's early-import warning.
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from serving_support import cli_command, server_env
+from serving_support import Server, cli_command, server_env
 
 pytestmark = pytest.mark.e2e
 
@@ -58,6 +58,39 @@ def test_tensor_parallel_is_refused(tiny_pipeline):
     result = launch("--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--tp-size", "2")
     assert result.returncode == 2, result
     assert "--tp-size 1" in result.stderr and "--dp-size" in result.stderr
+
+
+def test_cfg_parallel_is_refused_where_there_is_no_guidance_to_split():
+    result = launch("--runtime", "srt", "--enable-cfg-parallel")
+    assert result.returncode == 2, result
+    assert "--enable-cfg-parallel splits the classifier-free guidance of --runtime diffusion" in (
+        result.stderr
+    )
+    assert "drop the flag" in result.stderr
+    assert "spawned" not in result.stderr + result.stdout
+
+
+def test_cfg_parallel_is_refused_for_a_pipeline_without_guidance(tmp_path):
+    """A guidance-distilled UNet: the pipeline never batches an unconditional half, so the
+    second rank would have nothing to compute. Both ranks refuse after loading, naming the fix;
+    the launch stops and leaves nothing behind."""
+    from diffusion_support import build_tiny_pipeline
+
+    distilled = build_tiny_pipeline(tmp_path / "distilled", guidance_distilled=True)
+    srv = Server(
+        ["--runtime", "diffusion", "--model-path", str(distilled), "--enable-cfg-parallel"],
+        tmp_path / "distilled.log",
+        env=server_env(),
+    )
+    try:
+        code = srv.wait_exit(timeout=240)
+    finally:
+        srv.stop()
+    assert code != 0
+    assert "--enable-cfg-parallel splits classifier-free guidance, but StableDiffusionPipeline" in (
+        srv.log
+    )
+    assert "serve it without --enable-cfg-parallel" in srv.log
 
 
 # diffusers is hidden from this one interpreter by a finder on sys.meta_path (the package is

@@ -2,7 +2,8 @@
 contract, shown on a real launch: a recording platform, installed as a real dist-info with
 ``sglang.multimodal_gen.platforms`` and ``sglang.multimodal_gen.plugins`` entry points, logs each
 call of its methods with the calling process; the launch serves an image through the CLI with
-``--enable-torch-compile``, and the log, ``/get_server_info`` and the hook's own log are read.
+``--enable-torch-compile`` and ``--enable-cfg-parallel`` (two ranks per replica, which form a
+process group), and the log, ``/get_server_info`` and the hook's own log are read.
 
 The same platform, told to refuse the pipeline's architecture, makes the launch fail clearly."""
 
@@ -15,6 +16,8 @@ import pytest
 from diffusion_support import SIZE
 from serving_support import Server, server_env, start_server
 from support import make_dist
+
+from platforms.device_mixin import host_cpu_architecture
 
 pytestmark = pytest.mark.e2e
 
@@ -102,6 +105,26 @@ class RecordingPlatform(Platform, CpuDevice):
     def get_available_gpu_memory(self, device_id=0, distributed=False, empty_cache=True, cpu_group=None):
         record("get_available_gpu_memory")
         return super().get_available_gpu_memory(device_id, distributed, empty_cache, cpu_group)
+
+    def get_torch_distributed_backend_str(self):
+        record("get_torch_distributed_backend_str")
+        return "gloo"
+
+    def supports_distributed_device_id(self):
+        record("supports_distributed_device_id")
+        return False  # gloo on the CPU takes no device_id
+
+    def get_all_to_all_communicator_cls(self):
+        record("get_all_to_all_communicator_cls")
+        return "recording_platform.RecordingAllToAll"
+
+    @classmethod
+    def get_cpu_architecture(cls):
+        record("get_cpu_architecture")
+        return super().get_cpu_architecture()
+
+class RecordingAllToAll:
+    pass  # named by get_all_to_all_communicator_cls(); only all_to_all_4D() would use it
 """
 
 HOOKS = """
@@ -135,7 +158,11 @@ WORKER_CALLS = {
     "get_device_total_memory",
     "get_available_gpu_memory",
     "hook:init_device_and_model",
+    "get_cpu_architecture",
+    "get_all_to_all_communicator_cls",
 }
+# Forming the CFG-parallel replica's process group, on each of its two ranks.
+GROUP_CALLS = {"get_torch_distributed_backend_str", "supports_distributed_device_id"}
 
 
 @pytest.fixture
@@ -160,9 +187,18 @@ def calls(log) -> list[dict]:
 
 
 def test_each_contract_call_happens_on_a_real_launch(recorder, tiny_pipeline, tmp_path):
+    """A CFG-parallel launch (two ranks per replica, so a process group is formed), with
+    torch.compile: every call happens in the serving rank, the group calls in both."""
     env, log = recorder
     srv = start_server(
-        ["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--enable-torch-compile"],
+        [
+            "--runtime",
+            "diffusion",
+            "--model-path",
+            str(tiny_pipeline),
+            "--enable-torch-compile",
+            "--enable-cfg-parallel",
+        ],
         tmp_path,
         "recorder",
         env=env,
@@ -180,7 +216,19 @@ def test_each_contract_call_happens_on_a_real_launch(recorder, tiny_pipeline, tm
         srv.stop()
     seen = calls(log)
     in_worker = {c["call"] for c in seen if c["pid"] == worker_pid}
-    assert WORKER_CALLS <= in_worker, sorted(WORKER_CALLS - in_worker)
+    assert WORKER_CALLS | GROUP_CALLS <= in_worker, sorted(WORKER_CALLS | GROUP_CALLS - in_worker)
+    followers = {c["pid"] for c in seen if c["call"] in GROUP_CALLS} - {worker_pid}
+    assert len(followers) == 1, seen  # rank 1: its own process, in the same group
+    in_follower = {c["call"] for c in seen if c["pid"] in followers}
+    # Rank 1 sets up the same way, forms the group, and denoises its half of the request.
+    assert GROUP_CALLS | {"get_device", "verify_model_arch", "inference_mode"} <= in_follower
+    hooked = sorted(c["detail"] for c in seen if c["call"] == "hook:init_device_and_model")
+    assert hooked == [0, 1]  # the BEFORE hook ran on each rank, with its local rank
+    for pid in (worker_pid, *followers):  # the backend is asked for before the group exists
+        order = [c["call"] for c in seen if c["pid"] == pid]
+        assert order.index("get_local_torch_device") < order.index(
+            "get_torch_distributed_backend_str"
+        )
     assert "apply_server_args_defaults" in {c["call"] for c in seen}  # the launcher's ServerArgs
     order = [c["call"] for c in seen if c["pid"] == worker_pid]
     assert (
@@ -191,7 +239,7 @@ def test_each_contract_call_happens_on_a_real_launch(recorder, tiny_pipeline, tm
     assert order.index("verify_model_arch") < order.index("optimize_vae")
     assert [c["detail"] for c in seen if c["call"] == "verify_model_arch"] == [
         "StableDiffusionPipeline"
-    ]
+    ] * 2
 
     model = info["model"]
     assert info["platform"]["platform_class"] == "recording_platform.RecordingPlatform"
@@ -208,6 +256,14 @@ def test_each_contract_call_happens_on_a_real_launch(recorder, tiny_pipeline, tm
     }
     assert model["layerwise_offload"] is True
     assert model["torch_compile"] == {"backend": "eager", "options": {}}
+    assert model["parallel"] == {
+        "ranks": 2,
+        "cfg_parallel": True,
+        "backend": "gloo",
+        "device_id": None,
+        "cpu_architecture": host_cpu_architecture().name.lower(),
+        "all_to_all_communicator": "recording_platform.RecordingAllToAll",
+    }
 
 
 def test_a_refused_architecture_stops_the_launch_naming_it(recorder, tiny_pipeline, tmp_path):

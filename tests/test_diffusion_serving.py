@@ -226,3 +226,67 @@ def test_dp2_serves_on_both_replicas_and_sigint_leaves_nothing(tiny_pipeline, tm
         )
     finally:
         srv.stop()
+
+
+def pixels(blob: bytes):
+    import numpy as np
+
+    with Image.open(io.BytesIO(blob)) as img:
+        return np.asarray(img.convert("RGB"), dtype=np.int16)
+
+
+def test_cfg_parallel_gives_the_single_rank_images(server, leak_ok, tiny_pipeline, tmp_path):
+    """``--enable-cfg-parallel``: a replica of two ranks, rank 0 the conditional and rank 1 the
+    unconditional half of each guidance step. The same requests give the single-rank server's
+    images: the same size and pixels within 1 of 255 per channel (the halves are computed as two
+    batches instead of one, which can move float rounding; in practice the bytes are equal).
+    A cancelled request stops both ranks at the same step, and SIGINT leaves nothing behind."""
+    requests = [
+        {"n": 2, "seed": 7, "negative_prompt": "blurry", "num_inference_steps": 3},
+        {"seed": 11, "guidance_scale": 3.0},
+        {"seed": 9, "guidance_scale": 1.0},  # no guidance: rank 0 runs it alone
+    ]
+    reference = [images_of(post(server, **r)) for r in requests]
+    cfg = start_server(
+        [
+            *("--runtime", "diffusion", "--model-path", str(tiny_pipeline)),
+            *("--api-key", KEY, "--enable-cfg-parallel"),
+        ],
+        tmp_path,
+        "diffusion-cfg",
+    )
+    try:
+        tree = [psutil.Process(cfg.proc.pid), *psutil.Process(cfg.proc.pid).children(True)]
+        assert len(tree) >= 4  # supervisor, HTTP child, the replica's two ranks
+        for extra, expected in zip(requests, reference, strict=True):
+            got = images_of(post(cfg, **extra))
+            assert len(got) == len(expected)
+            for mine, theirs in zip(got, expected, strict=True):
+                a, b = pixels(mine), pixels(theirs)
+                assert a.shape == b.shape == (SIZE, SIZE, 3)
+                assert int(abs(a - b).max()) <= 1, (extra, int(abs(a - b).max()))
+        info = httpx.get(cfg.url + "/get_server_info", headers=AUTH, timeout=30).json()
+        parallel = info["model"]["parallel"]
+        assert parallel["ranks"] == 2 and parallel["cfg_parallel"] is True
+        assert parallel["backend"] == "gloo" and parallel["device_id"] is None
+
+        def aborted() -> int:
+            info = httpx.get(cfg.url + "/get_server_info", headers=AUTH, timeout=30).json()
+            return info["schedulers"][0]["aborted"]
+
+        before = aborted()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(cfg.url + ROUTE, json=body(num_inference_steps=900), headers=AUTH, timeout=3)
+        wait_for(lambda: aborted() > before, what="the cancelled request counted as aborted")
+        again = images_of(post(cfg, **requests[0]))  # both ranks stopped together: still in step
+        for mine, theirs in zip(again, reference[0], strict=True):
+            assert int(abs(pixels(mine) - pixels(theirs)).max()) <= 1
+        cfg.proc.send_signal(signal.SIGINT)
+        assert cfg.wait_exit(timeout=60) == 0, cfg.log
+        wait_for(
+            lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
+            timeout=30,
+            what="every process of the launch gone",
+        )
+    finally:
+        cfg.stop()

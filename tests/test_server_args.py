@@ -128,6 +128,56 @@ def test_check_server_args_lists_every_problem_with_what_to_change():
     assert encoder[0].endswith("serve it with --tp-size 1 and scale out with --dp-size 6"), encoder
 
 
+def test_cfg_parallel_makes_each_diffusion_replica_two_ranks_and_is_refused_elsewhere():
+    result = run_python(
+        """
+        import json
+        from launcher._plan import Endpoints, plan_children
+        from launcher.server_args import ServerArgs, ServerArgsError
+
+        def problems(**fields):
+            try:
+                ServerArgs(**fields).check_server_args()
+                return []
+            except ServerArgsError as exc:
+                return exc.problems
+
+        other = "other_engine.run"  # skips the model check: no pipeline on disk here
+        args = ServerArgs(runtime="diffusion", enable_cfg_parallel=True, dp_size=2,
+                          scheduler_target=other)
+        args.check_server_args()
+        specs = plan_children(args, payload=b"", platform_key="cpu", runtime="diffusion",
+                              endpoints=Endpoints("", "ipc://s", "ipc://o", "ipc://q"))
+        print("RESULT:" + json.dumps({
+            "ranks": [args.replica_ranks(), ServerArgs().replica_ranks()],
+            "specs": [[s.role, s.rank, s.tp_size, s.world_size] for s in specs],
+            "srt": problems(enable_cfg_parallel=True),
+            "nodes": problems(runtime="diffusion", enable_cfg_parallel=True, nnodes=2,
+                              dist_init_addr="10.0.0.1:5000", scheduler_target=other),
+            "tp": problems(runtime="diffusion", tp_size=2, scheduler_target=other),
+        }))
+        """,
+        env=CPU_ONLY,
+    )
+    assert result.returncode == 0, str(result)
+    data = result.data
+    assert data["ranks"] == [2, 1]
+    # Two replicas of two ranks: rank r is replica r // 2, its tp_rank r % 2.
+    assert data["specs"] == [["http", 0, 2, 4]] + [["scheduler", r, 2, 4] for r in range(4)]
+    assert data["srt"] == [
+        "--enable-cfg-parallel splits the classifier-free guidance of --runtime diffusion; "
+        "--runtime srt has none: drop the flag (--tp-size splits its models)"
+    ]
+    assert data["nodes"] == [
+        "--enable-cfg-parallel keeps both ranks of a replica on one node, not --nnodes 2; "
+        "serve on one node (scale with --dp-size)"
+    ]
+    assert (
+        len(data["tp"]) == 1
+        and "(or --enable-cfg-parallel for two ranks per replica)" in (data["tp"][0])
+    )
+
+
 def test_post_init_applies_the_selected_platforms_defaults_for_each_runtime(site):
     make_dist(
         site,

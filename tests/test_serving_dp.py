@@ -136,12 +136,11 @@ def test_dp2_over_two_nodes_serves_from_both(tmp_path):
 
 def test_a_replica_node_0_cannot_reach_keeps_the_launch_from_claiming_ready(tmp_path):
     """Node 1 never starts: node 0's scheduler is up, but /ready names the missing replica and the
-    supervisor never says ready; the start-up timeout ends the launch."""
+    supervisor never says ready. (That a start-up timeout then ends a launch is the faults suite's
+    case; here a stop ends it, so the test does not sit out the timeout.)"""
     from serving_support import Server
     from support import free_port
 
-    # The start-up timeout must outlast loading the model on a busy machine: the test needs
-    # scheduler dp=0 ready and the HTTP child answering before the timeout ends the launch.
     node0 = Server(
         [
             "--dp-size",
@@ -151,7 +150,7 @@ def test_a_replica_node_0_cannot_reach_keeps_the_launch_from_claiming_ready(tmp_
             "--node-rank",
             "0",
             "--startup-timeout",
-            "90",
+            "600",
             "--dist-init-addr",
             f"127.0.0.1:{free_port()}",
         ],
@@ -169,13 +168,13 @@ def test_a_replica_node_0_cannot_reach_keeps_the_launch_from_claiming_ready(tmp_
 
         r = wait_for(
             ready_names_only_the_missing_replica,
-            90,
+            180,
             f"/ready to name replica dp=1 alone (dp=0 answering)\n{node0.log}",
         )
         assert "not announced" in r.json()["reason"], r.text
-        assert node0.wait_exit(timeout=150) == 3, node0.log  # start-up timeout
-        assert "sglang-launch: ready at" not in node0.log and "start-up did not finish" in node0.log
-        assert "http.0" in node0.log.split("start-up did not finish", 1)[1]
+        node0.proc.send_signal(signal.SIGTERM)
+        assert node0.wait_exit(timeout=60) == 0, node0.log  # a stop during start-up
+        assert "sglang-launch: ready at" not in node0.log, node0.log
     finally:
         node0.stop()
 

@@ -1,7 +1,8 @@
 """The tensor-parallel group of one data-parallel replica, the launch's rendezvous store, and rank
 0's broadcasts to its group.
 
-On one node the ``tp_size`` ranks of replica ``dp_rank`` form their own ``torch.distributed``
+On one node the ``tp_size`` ranks of replica ``dp_rank`` (its tensor-parallel ranks, or the
+diffusion runtime's two ``--enable-cfg-parallel`` ranks) form their own ``torch.distributed``
 world (transformers' tensor parallelism shards over the default group), rendezvousing through a
 file store in the launch's private runtime directory: no port to pick, nothing reachable from
 outside. Scheduler request sockets are ``ipc://`` paths in that directory too.
@@ -22,7 +23,7 @@ import socket
 import threading
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch.distributed import Store, TCPStore
@@ -125,12 +126,16 @@ def init_tp_group(
     tp_size: int,
     timeout_s: float = 300.0,
     store: Store | None = None,
+    device_id: Any = None,
 ) -> None:
     """Join replica ``dp_rank``'s group on ``backend`` (the platform's distributed backend):
     through ``store`` (the launch's ``TCPStore``, several nodes) or a file store in
     ``runtime_dir`` (one node; a restarted replica's ranks, which carry ``SGLANG_LAUNCH_RESTART``,
-    use a file of their own)."""
+    use a file of their own). ``device_id`` (a ``torch.device``; only where the platform's
+    ``supports_distributed_device_id()``) binds the group to this rank's device."""
     import torch.distributed as dist
+
+    bind = {} if device_id is None else {"device_id": device_id}
 
     # transformers reads these when it builds its device mesh.
     os.environ.update(RANK=str(tp_rank), LOCAL_RANK=str(tp_rank), WORLD_SIZE=str(tp_size))
@@ -141,6 +146,7 @@ def init_tp_group(
             rank=tp_rank,
             world_size=tp_size,
             timeout=timedelta(seconds=timeout_s),
+            **bind,
         )
         return
     # A replica restarted by the supervisor meets in a fresh file: its killed ranks left theirs.
@@ -154,6 +160,7 @@ def init_tp_group(
         rank=tp_rank,
         world_size=tp_size,
         timeout=timedelta(seconds=timeout_s),
+        **bind,
     )
 
 
@@ -187,3 +194,13 @@ def broadcast_flags(flags: list[bool]) -> list[bool]:
     t = torch.tensor(flags, dtype=torch.uint8)
     dist.broadcast(t, src=0)
     return [bool(x) for x in t.tolist()]
+
+
+def all_gather_tensor(tensor: Any) -> list[Any]:
+    """Every rank's ``tensor`` (same shape and dtype on each), in rank order, on every rank."""
+    import torch.distributed as dist
+
+    tensor = tensor.contiguous()
+    parts = [tensor.new_empty(tensor.shape) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor)
+    return parts

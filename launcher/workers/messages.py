@@ -171,7 +171,7 @@ class Pong(msgspec.Struct, tag="pong"):
     info: dict = {}
 
 
-# ---- scheduler rank 0 -> the other tensor-parallel ranks of its replica ------------------------
+# ---- scheduler rank 0 -> the other ranks of its replica (tensor- or CFG-parallel) ------------------------
 
 
 class SeqWork(msgspec.Struct):
@@ -188,6 +188,27 @@ class Batch(msgspec.Struct, tag="batch"):
     seqs: list[SeqWork]
 
 
+class ImageWork(msgspec.Struct):
+    """One request's share of an image batch (``n`` images from seed ``seed``)."""
+
+    rid: str
+    prompt: str
+    n: int
+    negative_prompt: str | None
+    seed: int
+
+
+class ImageBatch(msgspec.Struct, tag="image_batch"):
+    """Denoise these requests as one pipeline call of this shape; with ``--enable-cfg-parallel``
+    rank 1 runs the same call and computes the unconditional half of each step."""
+
+    width: int
+    height: int
+    steps: int
+    guidance_scale: float
+    jobs: list[ImageWork]
+
+
 class Tick(msgspec.Struct, tag="tick"):
     """Nothing to do yet (sent about once a second, so followers never wait on a silent group)."""
 
@@ -196,7 +217,7 @@ class Stop(msgspec.Struct, tag="stop"):
     """Rank 0 is stopping: leave the loop and the group."""
 
 
-ToFollower = Batch | Tick | Stop
+ToFollower = Batch | ImageBatch | Tick | Stop
 
 ToScheduler = EmbedRequest | GenerateRequest | ImageRequest | Cancel | Ping
 FromScheduler = Embeddings | Generated | Images | RequestFailed | Pong

@@ -22,6 +22,7 @@ import os
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -470,8 +471,11 @@ class Scheduler:
         self.last_broadcast = time.monotonic()
 
 
-def follow(runner: ModelRunner, ctx: WorkerContext) -> None:
-    """A tensor-parallel rank > 0: run what rank 0 broadcasts until it says stop."""
+def follow(
+    runner: Any, ctx: WorkerContext, run: Callable[[messages.ToFollower], None] | None = None
+) -> None:
+    """A rank > 0 of a replica: run what rank 0 broadcasts until it says stop. ``run(work)``
+    runs each work message (default: a text ``Batch`` on ``runner``, a ``ModelRunner``)."""
     from launcher.workers.distributed import broadcast_bytes
 
     while True:
@@ -481,6 +485,10 @@ def follow(runner: ModelRunner, ctx: WorkerContext) -> None:
             # so that returning is not mistaken for a crash.
             ctx.stopping.wait(timeout=30)
             return
-        if isinstance(work, messages.Batch):
+        if isinstance(work, messages.Tick):
+            continue
+        if run is not None:
+            run(work)
+        elif isinstance(work, messages.Batch):
             seqs = [Sequence(w.rid, w.prompt_ids, w.params, w.seed, w.stream) for w in work.seqs]
             runner.generate(seqs)

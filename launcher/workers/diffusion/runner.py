@@ -70,6 +70,17 @@ class ImageJob:
 
 
 @dataclass(frozen=True)
+class ReplicaGroup:
+    """This rank's place in a replica of several ranks (``--enable-cfg-parallel``: two)."""
+
+    dp_rank: int
+    rank: int
+    size: int
+    runtime_dir: str
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class Shape:
     """What requests must share to run in one pipeline call."""
 
@@ -85,12 +96,23 @@ class DiffusionWorker:
     kind = "image"
     tp_size = 1
 
-    def __init__(self, server_args: Any, platform: Any = None, local_rank: int = 0) -> None:
+    def __init__(
+        self,
+        server_args: Any,
+        platform: Any = None,
+        local_rank: int = 0,
+        group: ReplicaGroup | None = None,
+    ) -> None:
+        """``group``: this rank's place in a CFG-parallel replica (None: a replica of one rank)."""
         if platform is None:
             from platforms.diffusion import current_platform as platform
         self.server_args = server_args
         self.platform = platform
         self.local_rank = local_rank
+        self.group = group if group is not None and group.size > 1 else None
+        self.tp_size = self.group.size if self.group else 1  # the scheduler's "ranks to follow"
+        self.parallel: dict = {}
+        self.cfg_images: int | None = None  # images of the running CFG-split call, else None
         self.source = resolve_pipeline(
             getattr(server_args, "model_path", None),
             getattr(server_args, "served_model_name", None),
@@ -119,10 +141,133 @@ class DiffusionWorker:
             import torch
 
             self.device = torch.device(self.server_args.device)
+        if self.group is not None:
+            self.join_group()
         platform.seed_everything(int(getattr(self.server_args, "seed", 0) or 0))
         started = time.monotonic()
         self.pipeline = self.load_pipeline()
         self.load_seconds = time.monotonic() - started
+        self.parallel.update(
+            ranks=self.group.size if self.group else 1,
+            cfg_parallel=self.group is not None,
+            cpu_architecture=platform.get_cpu_architecture().name.lower(),
+            all_to_all_communicator=platform.get_all_to_all_communicator_cls(),
+        )
+        if self.group is not None:
+            self.split_guidance()
+
+    def join_group(self) -> None:
+        """Form this replica's process group: on ``get_torch_distributed_backend_str()``, bound
+        to this rank's device when ``supports_distributed_device_id()`` (the launch's file-store
+        rendezvous, as for SRT's tensor-parallel groups)."""
+        from launcher.workers.distributed import init_tp_group
+
+        group, platform = self.group, self.platform
+        assert group is not None
+        backend = platform.get_torch_distributed_backend_str()
+        device_id = self.device if platform.supports_distributed_device_id() else None
+        init_tp_group(
+            backend,
+            group.runtime_dir,
+            group.dp_rank,
+            group.rank,
+            group.size,
+            timeout_s=group.timeout_s,
+            device_id=device_id,
+        )
+        self.parallel.update(
+            backend=backend, device_id=None if device_id is None else str(device_id)
+        )
+
+    def split_guidance(self) -> None:
+        """Split each classifier-free-guidance step of the denoiser over the two ranks: rank 0
+        computes the conditional half of the batch, rank 1 the unconditional half, and both
+        get the whole noise prediction back (an all-gather on the group), so they step
+        identically. ``ModelLoadError`` when the pipeline has no CFG to split."""
+        pipe = self.pipeline
+        if not self.uses_guidance(pipe):
+            raise ModelLoadError(
+                f"--enable-cfg-parallel splits classifier-free guidance, but {self.pipeline_class} "
+                f"in {self.source.path} does not run it (no do_classifier_free_guidance, or a "
+                f"guidance-distilled denoiser); serve it without --enable-cfg-parallel and scale "
+                f"with --dp-size"
+            )
+        denoiser = getattr(pipe, self.denoiser_name)
+        denoiser.register_forward_pre_hook(self._own_half, with_kwargs=True)
+        denoiser.register_forward_hook(self._both_halves)
+
+    def splits(self, shape: Shape) -> bool:
+        """Whether a batch of ``shape`` runs on both ranks of a CFG-parallel replica (it has
+        guidance to split); otherwise rank 0 runs it alone."""
+        return self.group is not None and shape.guidance_scale > 1
+
+    @staticmethod
+    def uses_guidance(pipe: Any) -> bool:
+        """Whether ``pipe`` batches an unconditional and a conditional half when its guidance
+        scale is above 1 (diffusers' ``do_classifier_free_guidance`` property says so)."""
+        if not isinstance(getattr(type(pipe), "do_classifier_free_guidance", None), property):
+            return False
+        missing = object()
+        saved = pipe.__dict__.get("_guidance_scale", missing)
+        pipe._guidance_scale = 2.0
+        try:
+            return bool(pipe.do_classifier_free_guidance)
+        except Exception:  # noqa: BLE001 - a property that needs more of a call: cannot tell
+            return False
+        finally:
+            if saved is missing:
+                del pipe._guidance_scale
+            else:
+                pipe._guidance_scale = saved
+
+    def _own_half(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """Denoiser pre-hook: keep this rank's half of every batched input (diffusers puts the
+        unconditional rows first)."""
+        images = self.cfg_images
+        if images is None:
+            return None
+        import torch
+
+        first = next(
+            (v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim()),
+            None,
+        )
+        rows = 0 if first is None else int(first.shape[0])
+        if rows != 2 * images:
+            raise RuntimeError(
+                f"--enable-cfg-parallel expects the denoiser's batch to be the unconditional and "
+                f"conditional halves of {images} image(s), {2 * images} rows, not {rows}"
+            )
+        assert self.group is not None
+        keep = slice(images, 2 * images) if self.group.rank == 0 else slice(0, images)
+
+        def half(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
+                return value[keep]
+            if isinstance(value, dict):
+                return {k: half(v) for k, v in value.items()}
+            return value
+
+        return tuple(half(a) for a in args), {k: half(v) for k, v in kwargs.items()}
+
+    def _both_halves(self, module: Any, args: tuple, output: Any) -> Any:
+        """Denoiser hook: the whole noise prediction, unconditional half (rank 1's) first."""
+        if self.cfg_images is None:
+            return None
+        import torch
+
+        from launcher.workers.distributed import all_gather_tensor
+
+        def joined(mine: Any) -> Any:
+            cond, uncond = all_gather_tensor(mine)
+            return torch.cat([uncond, cond])
+
+        if isinstance(output, torch.Tensor):
+            return joined(output)
+        if isinstance(output, tuple):
+            return (joined(output[0]), *output[1:])
+        output.sample = joined(output.sample)
+        return output
 
     def resolve_dtype(self) -> Any:
         import torch
@@ -333,26 +478,38 @@ class DiffusionWorker:
                 generators.append(torch.Generator("cpu").manual_seed(job.seed + i))
         pipe = self.pipeline
         kwargs = {}
-        if step_callback is not None:
+        split = self.splits(shape)
+        if step_callback is not None or split:
 
             def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict) -> dict:
-                if step_callback(step):
+                stop = bool(step_callback(step)) if step_callback is not None else False
+                if split:  # rank 0 decides; both ranks stop at the same step
+                    from launcher.workers.distributed import broadcast_flags
+
+                    stop = broadcast_flags([stop])[0]
+                if stop:
                     pipeline._interrupt = True
                 return tensors
 
             kwargs["callback_on_step_end"] = on_step_end
-        with self.platform.inference_mode():
-            result = pipe(
-                prompt=prompts,
-                negative_prompt=negatives,
-                width=shape.width,
-                height=shape.height,
-                num_inference_steps=shape.steps,
-                guidance_scale=shape.guidance_scale,
-                generator=generators,
-                output_type="pil",
-                **kwargs,
-            )
+        # Only rank 0 decodes: a CFG-parallel rank 1 stops at the latents.
+        decode = self.group is None or self.group.rank == 0
+        self.cfg_images = len(prompts) if split else None
+        try:
+            with self.platform.inference_mode():
+                result = pipe(
+                    prompt=prompts,
+                    negative_prompt=negatives,
+                    width=shape.width,
+                    height=shape.height,
+                    num_inference_steps=shape.steps,
+                    guidance_scale=shape.guidance_scale,
+                    generator=generators,
+                    output_type="pil" if decode else "latent",
+                    **kwargs,
+                )
+        finally:
+            self.cfg_images = None
         return list(result.images)
 
     # ---- reporting ------------------------------------------------------------------------
@@ -390,6 +547,7 @@ class DiffusionWorker:
             "attention": self.attention,
             "custom_ops": self.custom_ops,
             "layerwise_offload": self.offload,
+            "parallel": self.parallel,
             "torch_compile": self.compiled,
             "size_multiple": self.size_multiple if self.pipeline is not None else None,
             "default_size": self.default_size() if self.pipeline is not None else None,

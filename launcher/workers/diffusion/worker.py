@@ -1,6 +1,7 @@
 """The diffusion runtime's worker target: ``run_diffusion_worker(server_args, ctx)``.
 
-One process per data-parallel replica (the diffusion runtime has no tensor parallelism). It sets
+One process per data-parallel replica, two with ``--enable-cfg-parallel`` (the diffusion runtime
+has no tensor parallelism; see ``run_diffusion_worker``). It sets
 the device up and loads the pipeline through ``DiffusionWorker`` (every decision a call of
 ``platforms.diffusion.current_platform``), then serves the HTTP child on the same socket and
 with the same queue as the text scheduler (``launcher.workers.scheduler.Scheduler``): requests
@@ -26,24 +27,63 @@ from launcher.workers.diffusion.runner import (
     DiffusionWorker,
     ImageJob,
     InputError,
+    ReplicaGroup,
     Shape,
 )
-from launcher.workers.scheduler import Scheduler, _Queued
+from launcher.workers.scheduler import _TICK_SECONDS, Scheduler, _Queued
 
 log = logging.getLogger("sglang_launch.diffusion")
 
 
 def run_diffusion_worker(server_args: Any, ctx: Any) -> None:
-    """The bootstrap's diffusion target: set up, load, report ready, serve until stopping."""
-    from launcher.workers.scheduler import share_cpu_threads
+    """The bootstrap's diffusion target: set up, load, report ready, serve until stopping.
+
+    With ``--enable-cfg-parallel`` the replica is two ranks (``ctx.tp_size`` 2): both join the
+    replica's process group in ``init_device_and_model()``; rank 0 serves, rank 1 follows rank
+    0's broadcasts, running the unconditional half of each CFG batch."""
+    from launcher.workers.distributed import close_tp_group
+    from launcher.workers.scheduler import follow, share_cpu_threads
     from platforms.diffusion import current_platform
 
+    ranks = max(int(getattr(ctx, "tp_size", 1) or 1), 1)
     if current_platform.is_cpu():
-        share_cpu_threads(ranks_on_node=max(int(getattr(ctx, "dp_size", 1) or 1), 1))
-    worker = DiffusionWorker(server_args, current_platform, local_rank=ctx.local_rank)
-    worker.init_device_and_model()
-    ctx.phase("model_loaded")
-    ImageScheduler(worker, server_args, ctx).serve()
+        share_cpu_threads(ranks_on_node=ranks * max(int(getattr(ctx, "dp_size", 1) or 1), 1))
+    group = (
+        ReplicaGroup(
+            ctx.dp_rank,
+            ctx.tp_rank,
+            ranks,
+            ctx.runtime_dir,
+            float(getattr(server_args, "startup_timeout", 300.0) or 300.0),
+        )
+        if ranks > 1
+        else None
+    )
+    worker = DiffusionWorker(server_args, current_platform, local_rank=ctx.local_rank, group=group)
+    try:
+        worker.init_device_and_model()
+        ctx.phase("model_loaded")
+        if group is None or group.rank == 0:
+            ImageScheduler(worker, server_args, ctx).serve()
+        else:
+            ctx.ready(dp_rank=ctx.dp_rank, tp_rank=ctx.tp_rank, pid=os.getpid())
+            follow(worker, ctx, run=lambda work: follow_image_batch(worker, work))
+    finally:
+        if group is not None:
+            close_tp_group()
+
+
+def follow_image_batch(worker: DiffusionWorker, work: Any) -> None:
+    """Rank 1 of a CFG-parallel replica: denoise rank 0's batch alongside it (no decoding, no
+    answer). A failure is logged: rank 0 meets the same one and answers its clients."""
+    if not isinstance(work, m.ImageBatch):
+        return
+    shape = Shape(work.width, work.height, work.steps, work.guidance_scale)
+    jobs = [ImageJob(j.rid, j.prompt, j.n, j.negative_prompt, j.seed, "png") for j in work.jobs]
+    try:
+        worker.denoise(shape, jobs)
+    except Exception:  # noqa: BLE001 - one failed batch must not end the rank
+        log.exception("CFG-parallel batch of %d request(s) failed on rank 1", len(jobs))
 
 
 @dataclass
@@ -123,12 +163,19 @@ class ImageScheduler(Scheduler):
             for q in batch
         ]
 
+        shape = batch[0].shape
+        split = self.runner.splits(shape)
+
         def every_step(step: int) -> bool:
             self.drain()  # take in cancellations (and queue new requests) between steps
+            if self.runner.tp_size > 1 and not split:
+                self.keep_followers_waiting()  # rank 1 is idle through this batch
             return rids <= self.cancelled
 
         try:
-            encoded = self.runner.generate(batch[0].shape, jobs, every_step)
+            if split:
+                self._broadcast(cfg_batch(shape, jobs))  # rank 1 computes the other CFG half
+            encoded = self.runner.generate(shape, jobs, every_step)
             images = sum(j.n for j in jobs)
             item: Any
             for item, job, blobs in zip(batch, jobs, encoded, strict=True):
@@ -164,8 +211,25 @@ class ImageScheduler(Scheduler):
         finally:
             self.cancelled.clear()
 
+    def keep_followers_waiting(self) -> None:
+        """A ``Tick`` to rank 1 when rank 0 has been silent a while, so that its wait for the
+        next broadcast never reaches the group's timeout during a batch rank 0 runs alone."""
+        if time.monotonic() - self.last_broadcast > _TICK_SECONDS:
+            self._broadcast(m.Tick())
+
     def pong(self, rid: str) -> m.Pong:
         pong = super().pong(rid)
         pong.info["images"] = self.images_made
         pong.info["pid"] = os.getpid()
         return pong
+
+
+def cfg_batch(shape: Shape, jobs: list[ImageJob]) -> m.ImageBatch:
+    """What rank 1 of a CFG-parallel replica needs to run ``jobs`` alongside rank 0."""
+    return m.ImageBatch(
+        shape.width,
+        shape.height,
+        shape.steps,
+        shape.guidance_scale,
+        [m.ImageWork(j.rid, j.prompt, j.n, j.negative_prompt, j.seed) for j in jobs],
+    )
