@@ -263,6 +263,7 @@ def test_each_contract_call_happens_on_a_real_launch(recorder, tiny_pipeline, tm
         "device_id": None,
         "cpu_architecture": host_cpu_architecture().name.lower(),
         "all_to_all_communicator": "recording_platform.RecordingAllToAll",
+        "split_steps": 2,  # both steps of the request were split, compiled denoiser and all
     }
 
 

@@ -269,6 +269,7 @@ def test_cfg_parallel_gives_the_single_rank_images(server, leak_ok, tiny_pipelin
         parallel = info["model"]["parallel"]
         assert parallel["ranks"] == 2 and parallel["cfg_parallel"] is True
         assert parallel["backend"] == "gloo" and parallel["device_id"] is None
+        assert parallel["split_steps"] == 3 + 2  # the two guided requests' steps, not the third
 
         def aborted() -> int:
             info = httpx.get(cfg.url + "/get_server_info", headers=AUTH, timeout=30).json()

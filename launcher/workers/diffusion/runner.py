@@ -155,6 +155,7 @@ class DiffusionWorker:
         )
         if self.group is not None:
             self.split_guidance()
+            self.parallel["split_steps"] = 0  # denoiser calls computed half here, half on rank 1
 
     def join_group(self) -> None:
         """Form this replica's process group: on ``get_torch_distributed_backend_str()``, bound
@@ -175,6 +176,9 @@ class DiffusionWorker:
             timeout_s=group.timeout_s,
             device_id=device_id,
         )
+        # init_tp_group sets LOCAL_RANK to the rank in the group (for transformers' device mesh);
+        # get_local_torch_device() must keep naming this process's device on the node.
+        os.environ["LOCAL_RANK"] = str(self.local_rank)
         self.parallel.update(
             backend=backend, device_id=None if device_id is None else str(device_id)
         )
@@ -260,6 +264,7 @@ class DiffusionWorker:
 
         def joined(mine: Any) -> Any:
             cond, uncond = all_gather_tensor(mine)
+            self.parallel["split_steps"] += 1
             return torch.cat([uncond, cond])
 
         if isinstance(output, torch.Tensor):
