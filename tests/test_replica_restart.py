@@ -213,3 +213,21 @@ def test_the_events_command_streams_the_restart(tmp_path):
             follow.kill()
             follow.wait(10)
         run.assert_nothing_left()
+
+
+@pytest.mark.e2e
+def test_a_stop_during_a_restart_ends_everything_with_exit_0(tmp_path):
+    """SIGTERM while replica dp=1 waits out a long backoff: the restart is abandoned, the launch
+    stops as usual (exit 0) and nothing of it is left, respawned or not."""
+    with Run([*TP2_DP2[:-2], "--restart-backoff", "600"]) as run:
+        before = _workers(run.wait_ready())
+        os.kill(before["scheduler.2"]["pid"], signal.SIGKILL)
+        wait_for(
+            lambda: any(e["topic"] == "replica.1.restarting" for e in _history(run)),
+            30,
+            f"the restart to begin\n{run}",
+        )
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.wait(60) == 0, run
+        assert "stopping (received SIGTERM)" in run.stderr + run.stdout
+        run.assert_nothing_left()
