@@ -144,6 +144,10 @@ def test_a_killed_rank_restarts_its_whole_tp_group_then_max_restarts_ends_the_la
         back = [e for e in events if e["topic"] == "replica.1.ready"]
         assert len(back) == 1 and back[0]["down_s"] > 0
         assert not [e for e in events if e["topic"] == "server.failed"]
+        status = run.cli("status").stdout  # the operator's table says which workers restarted
+        assert [line for line in status.splitlines() if "(restarted 1x)" in line] == [
+            line for line in status.splitlines() if "scheduler.2" in line or "scheduler.3" in line
+        ], status
 
         # The replica's second death is one more than --max-restarts 1 allows.
         os.kill(after["scheduler.2"]["pid"], signal.SIGKILL)
