@@ -4,6 +4,8 @@ suite's workers (no model), real SIGKILLs, the real status query socket and ``ev
 - the restart unit is the tp group: killing one rank of replica dp=1 (tp=2, dp=2) respawns both of
   its ranks, and only those, through the same spawn path;
 - past ``--max-restarts`` the launch stops with the root cause (exit 4), which says so;
+- a replica the watchdog finds hung (SIGSTOP) is restarted too, and its successor is watched;
+- a stop during a restart's backoff ends everything with exit 0;
 - ``--restart-policy never``, a death before ready and the HTTP worker's death stop the launch as
   they always did;
 - the bookkeeping itself (policy, count, backoff) in ``launcher._restarts``.
@@ -234,4 +236,28 @@ def test_a_stop_during_a_restart_ends_everything_with_exit_0(tmp_path):
         run.proc.send_signal(signal.SIGTERM)
         assert run.wait(60) == 0, run
         assert "stopping (received SIGTERM)" in run.stderr + run.stdout
+        run.assert_nothing_left()
+
+
+@pytest.mark.e2e
+def test_a_hung_replica_is_restarted_and_watched_again(tmp_path):
+    """SIGSTOP scheduler.1 (dp=2): the watchdog calls it hung, its replica is restarted (SIGKILL
+    ends even a stopped process), and the new process is watched like the old one: stopped in
+    turn, it is restarted once more."""
+    args = [*FAST, "--dp-size", "2", "--scheduler-target", READY_WAIT, "--http-target", READY_WAIT]
+    with Run([*args, "--watchdog-timeout", "2", "--restart-backoff", "0"]) as run:
+        pid = _workers(run.wait_ready())["scheduler.1"]["pid"]
+        for attempt in (1, 2):
+            os.kill(pid, signal.SIGSTOP)
+
+            def restarted(attempt=attempt):
+                assert run.proc.poll() is None, run
+                w = _workers(run.snapshot() or {"workers": []}).get("scheduler.1")
+                return w if w and w["restarts"] == attempt and w["ready"] else None
+
+            pid = wait_for(restarted, 60, f"restart {attempt} of the hung replica\n{run}")["pid"]
+        causes = [e["cause"] for e in _history(run) if e["topic"] == "replica.1.restarting"]
+        assert len(causes) == 2 and all("scheduler.1 stopped answering" in c for c in causes)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.wait(60) == 0, run
         run.assert_nothing_left()
