@@ -484,8 +484,9 @@ def create_app(state: AppState) -> App:
     async def ready(body: None, receive: Receive) -> Response:
         if not client.healthy:
             return json_response({"ready": False, "reason": client.unhealthy_reason}, 503)
+        restarting = client.restarting
         pongs = await client.ping_all(timeout=1.0)
-        missing = [i for i, p in enumerate(pongs) if p is None]
+        missing = [i for i, p in enumerate(pongs) if p is None and i not in restarting]
         if missing:
             return json_response(
                 {
@@ -503,6 +504,7 @@ def create_app(state: AppState) -> App:
                     for p in pongs
                     if p
                 ],
+                "restarting": [f"scheduler dp={dp}" for dp in restarting],
             }
         )
 
@@ -704,14 +706,16 @@ def create_app(state: AppState) -> App:
                 "GET",
                 "/health",
                 health,
-                "liveness: false as soon as any scheduler is dead",
+                "liveness: false as soon as any scheduler is dead (with --restart-policy "
+                "on-failure: once every scheduler is dead)",
                 public=True,
             ),
             Route(
                 "GET",
                 "/ready",
                 ready,
-                "true once every scheduler answers (model loaded, warmed up)",
+                "true once every scheduler answers (model loaded, warmed up) but those "
+                "restarting, which it lists",
                 public=True,
             ),
             Route("GET", "/v1/models", models, "the served model (OpenAI shape)"),
