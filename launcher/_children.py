@@ -110,8 +110,23 @@ class Children:
         self, child: Child, output: int | None = None, streams: tuple[int, ...] = (1, 2)
     ) -> None:
         """Start ``child``; with ``output``, the child's ``streams`` (fds 1 and 2 by default) are
-        that file descriptor, the others this process's."""
+        that file descriptor, the others this process's. A child that ran before (and was
+        reaped) starts again as a new process: what was known of its last end is forgotten, its
+        old stop marker removed, and messages from its old process are ignored from now on."""
         import bootstrap
+
+        if child.process is not None:
+            if child.running:
+                raise RuntimeError(
+                    f"{child.name} is still running; stop it before spawning it again"
+                )
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(child.process.sentinel)
+            child.exit_seen, child.exitcode, child.failure = False, None, None
+            child.reported_failure = asyncio.Event()
+        if child.spec.stop_marker:
+            with contextlib.suppress(OSError):
+                os.unlink(child.spec.stop_marker)
 
         context = multiprocessing.get_context(
             "spawn"
@@ -145,6 +160,11 @@ class Children:
             child = next((c for c in self.children if c.name == message.worker), None)
             if child is None:
                 log.warning("ignored a status message from unknown worker %r", message.worker)
+                continue
+            if child.pid is not None and message.pid != child.pid:
+                log.debug(
+                    "ignored a message from %s's previous process %d", child.name, message.pid
+                )
                 continue
             if isinstance(message, messages.Failed):
                 child.failure = message

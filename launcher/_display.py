@@ -43,6 +43,15 @@ class TerminalDisplay:
         elif topic == "server.stopping":
             self._end_table()
             self._print(f"{PREFIX} stopping ({event.get('reason', 'requested')})")
+        elif topic.startswith("replica.") and topic.endswith(".restarting"):
+            self._print(
+                f"{PREFIX} {event['replica']} restarts (attempt {event['attempt']} of "
+                f"{event['max_restarts']}, in {event['backoff_s']:.1f}s): {event['cause']}"
+            )
+        elif topic.startswith("replica.") and topic.endswith(".ready"):
+            self._print(
+                f"{PREFIX} {event['replica']} serves again ({event['down_s']:.1f}s after it failed)"
+            )
         elif topic == "server.stopped":
             self._print(
                 f"{PREFIX} stopped; every worker process is gone ({event.get('teardown_s', 0):.2f}s)"

@@ -50,6 +50,10 @@ class SystemdNotifier:
             self.notify("STOPPING=1", f"STATUS=stopping: {event.get('reason', '')}")
         elif topic == "server.failed":
             self.notify(f"STATUS=failed: {event.get('root_cause', {}).get('summary', '')}")
+        elif topic.startswith("replica.") and topic.endswith(".restarting"):
+            self.notify(f"STATUS=ready; {event.get('replica')} restarting: {event.get('cause')}")
+        elif topic.startswith("replica.") and topic.endswith(".ready"):
+            self.notify(f"STATUS=ready; {event.get('replica')} serves again")
         elif topic.startswith("worker.") and "ready_count" in event:
             self.notify(
                 f"STATUS=starting: {event['ready_count']}/{event['worker_count']} workers ready; "

@@ -4,7 +4,11 @@ Every state change the supervisor makes is one event, ``emit(topic, **body)``: i
 sequence number, goes into a bounded history, out on the PUB socket as two frames
 ``[topic, JSON]``, and to every in-process listener (the terminal display, systemd, the embedded
 ``Launcher``'s event streams). Topics: ``worker.<role>.<rank>.<phase>``, ``server.ready``,
-``server.failed``, ``server.stopping``, ``server.stopped``.
+``server.failed``, ``server.stopping``, ``server.stopped``, and for a scheduler replica that the
+supervisor restarts (``--restart-policy on-failure``) ``replica.<dp>.restarting`` (``replica``,
+``dp_rank``, ``workers``, ``attempt``, ``max_restarts``, ``backoff_s``, ``cause``, ``root_cause``)
+and ``replica.<dp>.ready`` (``replica``, ``dp_rank``, ``attempt``, ``down_s``: seconds from the
+failure to ready again, ``pids``).
 
 A subscriber that joins late missed what was published before; the query socket (REP, JSON
 requests) fills that in:

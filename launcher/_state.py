@@ -23,7 +23,8 @@ class WorkerState:
     the bootstrap's phases, the worker's own, ``"ready"``, and ``"stopped"`` once it wound down
     on request); ``phases`` maps each reported phase to its duration in seconds. ``error`` holds
     its ``failed`` report; ``exited``, ``exitcode`` and ``signal`` say whether and how the
-    process ended.
+    process ended. ``restarts`` counts how often it was started again with its replica
+    (``--restart-policy on-failure``); each restart starts the record afresh but for that count.
     """
 
     role: str
@@ -42,10 +43,17 @@ class WorkerState:
     ready: bool = False
     started_at: float = field(default_factory=time.time)
     ready_at: float | None = None
+    restarts: int = 0
 
     @property
     def name(self) -> str:
         return f"{self.role}.{self.rank}"
+
+    def restarted(self, pid: int | None) -> None:
+        """The worker was started again as process ``pid``: a fresh record, one more restart."""
+        fresh = WorkerState(self.role, self.rank, self.local_rank, self.node_rank, pid=pid)
+        fresh.restarts = self.restarts + 1
+        self.__dict__.update(fresh.__dict__)
 
     def to_dict(self) -> dict:
         data = asdict(self)

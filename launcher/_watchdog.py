@@ -37,9 +37,11 @@ class Watchdog:
         self._last[name] = time.monotonic()
 
     def watch(self, name: str) -> None:
-        """Start watching ``name`` (call when it is ready): it must be heard every ``timeout`` s."""
+        """Start watching ``name`` (call when it is ready, again after a restart): it must be
+        heard every ``timeout`` s."""
         self._last[name] = time.monotonic()
         self._watched.add(name)
+        self._reported.discard(name)
 
     def forget(self, name: str) -> None:
         """Stop watching ``name`` (it exited, or is being stopped)."""

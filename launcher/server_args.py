@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bootstrap.payload import PayloadError, decode_payload, encode_payload
+from launcher._restarts import NEVER, ON_FAILURE
+from launcher._restarts import POLICIES as RESTART_POLICIES
 from platforms.runtimes import RUNTIMES as _RUNTIME_SPECS
 from platforms.runtimes import runtime_spec
 
@@ -105,6 +107,24 @@ class ServerArgs:
         "turns 503 and the launch stops with the root cause (0: off; keep it above the longest "
         "stall a worker process can have)",
     )
+    restart_policy: str | None = _opt(
+        None,
+        "what happens when a scheduler replica (all tp ranks of one dp group) dies after the "
+        "server was ready: 'on-failure' restarts that replica while the others keep serving, "
+        "'never' stops the launch with the root cause (default: on-failure with --dp-size > 1 "
+        "on one node, else never)",
+        choices=RESTART_POLICIES,
+    )
+    max_restarts: int = _opt(
+        3,
+        "restarts each replica gets over the launch's life under --restart-policy on-failure; "
+        "one more failure stops the launch with the root cause",
+    )
+    restart_backoff: float = _opt(
+        0.5,
+        "seconds before a replica's first restart; each further restart of it waits twice as "
+        "long, at most 30 s",
+    )
     runtime: str = _opt(
         "srt", "which runtime's platforms and plugins the workers use", choices=RUNTIMES
     )
@@ -168,6 +188,15 @@ class ServerArgs:
         importlib.import_module(spec.platform_module).current_platform.apply_server_args_defaults(
             self
         )
+
+    def restart_policy_in_effect(self) -> str:
+        """``--restart-policy``, or its default when unset: ``on-failure`` with several
+        replicas on one node (the others serve while one restarts), else ``never`` (a single
+        replica's restart is an outage the orchestrator should see; a replica spread over
+        nodes is not restarted)."""
+        if self.restart_policy:
+            return self.restart_policy
+        return ON_FAILURE if self.dp_size > 1 and self.nnodes == 1 else NEVER
 
     def replica_ranks(self) -> int:
         """Scheduler ranks per data-parallel replica: ``--tp-size``, times two with
@@ -266,6 +295,20 @@ class ServerArgs:
         need(
             self.stop_grace_period >= 0,
             f"--stop-grace-period {self.stop_grace_period} must be 0 or more seconds",
+        )
+        need(
+            self.restart_policy in (None, *RESTART_POLICIES),
+            f"--restart-policy {self.restart_policy!r} is not one of {', '.join(RESTART_POLICIES)}",
+        )
+        need(
+            not (self.restart_policy == ON_FAILURE and self.nnodes > 1),
+            f"--restart-policy on-failure restarts replicas on one node only, not with --nnodes "
+            f"{self.nnodes}; use --restart-policy never and let the orchestrator restart the nodes",
+        )
+        need(self.max_restarts >= 0, f"--max-restarts {self.max_restarts} must be 0 or more")
+        need(
+            self.restart_backoff >= 0,
+            f"--restart-backoff {self.restart_backoff} must be 0 or more seconds",
         )
         need(self.batch_wait_ms >= 0, f"--batch-wait-ms {self.batch_wait_ms} must be 0 or more")
         need(

@@ -12,7 +12,12 @@ Its life, top to bottom:
    a ``ProcessSpec`` as the argument (see ``launcher._plan``);
 3. wait for start-up: status messages and every child's sentinel are watched at once, under one
    deadline (``startup_timeout``); the first failure is the root cause;
-4. serve: until a stop request, a signal, or a child's exit or failure;
+4. serve: until a stop request, a signal, or a child's exit or failure. A scheduler replica (the
+   tp ranks of one dp group) that fails now is restarted as a unit when ``--restart-policy``
+   allows (``launcher._restarts`` keeps the counts and the backoff): its surviving ranks are
+   killed, and after the backoff all its ranks are spawned again the same way, while the other
+   replicas and the HTTP child keep serving. Events ``replica.<dp>.restarting`` and
+   ``replica.<dp>.ready`` tell the HTTP child to route around it and back to it;
 5. stop: HTTP child first, then the schedulers; SIGTERM, the grace period, then SIGKILL of every
    remaining process tree; close the sockets, remove the runtime directory.
 
@@ -23,6 +28,7 @@ Every state change is an ops event (``launcher._ops``); the terminal display, sy
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import multiprocessing.process
 import os
@@ -44,6 +50,7 @@ from launcher._notify import SystemdNotifier
 from launcher._ops import Listener, OpsChannel
 from launcher._plan import Endpoints, PlanError, plan_children
 from launcher._prepare import is_cpu_fallback
+from launcher._restarts import DOWN, RESPAWNED, ReplicaRestart, Restarts
 from launcher._rundir import RuntimeDir, RuntimeDirError
 from launcher._state import FAILED, READY, STOPPED, STOPPING, LaunchState, WorkerState
 from launcher._watchdog import Watchdog
@@ -132,6 +139,12 @@ class Supervisor:
         self._kids: Children | None = None
         self._rundir: RuntimeDir | None = None
         self._subreaper = False  # adopts the orphans of workers that die (the CLI's process only)
+        self._restarts = Restarts(
+            args.restart_policy_in_effect(),
+            int(getattr(args, "max_restarts", 0) or 0),
+            float(getattr(args, "restart_backoff", 0) or 0),
+        )
+        self._healing: dict[int, ReplicaRestart] = {}  # dp rank -> its restart in progress
         self.state: LaunchState | None = None
         self.ops: OpsChannel | None = None
         # Set once ``state`` exists and the loop takes requests (or the launch ended before).
@@ -252,24 +265,36 @@ class Supervisor:
             if kind == "failed":
                 return item
             if kind == "exit":
-                return await self._exit_cause(item)
+                return await self._exit_cause(item[0])
             if kind == "timeout":
                 return self._timeout_cause()
 
     async def _until_stop(self) -> RootCause | None:
-        """Serve until asked to stop (None) or until a worker fails or exits (its root cause)."""
+        """Serve until asked to stop (None) or until a worker fails or exits (its root cause),
+        unless that worker's replica is restarted instead."""
         while True:
             kind, item = await self._next(None)
             if kind == "stop":
                 return None
             if kind == "failed":
-                return item
-            if kind == "exit":
-                return await self._exit_cause(item)
+                cause = item
+            elif kind == "exit":
+                worker, process = item
+                if worker.process is not process or self._stage(worker) == DOWN:
+                    continue  # a process its replica's restart ends (or ended) anyway
+                cause = await self._exit_cause(worker)
+            else:
+                continue
+            if self._is_stale(cause):
+                continue
+            if not self._restart_replica_of(cause):
+                return cause
 
     async def _shutdown(self, cause: RootCause | None, was_ready: bool) -> LaunchOutcome:
         state = self._launch
         self._stopping = True
+        for restart in self._healing.values():
+            restart.cancel()
         self._watchdog = Watchdog(0, self._on_hung)  # a worker slow to stop is not a new failure
         if cause is not None:
             self._blamed = self._blamed or cause.worker
@@ -386,23 +411,27 @@ class Supervisor:
         self.opened.set()
 
     def _spawn_all(self) -> None:
-        kids, loop = self._kids, self._loop
-        assert kids is not None and loop is not None, "spawning needs _open() and the running loop"
         if self._worker_output is not None:
             os.environ["PYTHONUNBUFFERED"] = "1"  # a worker's prints reach its pipe line by line
         for worker in self._children:
-            if self._worker_output is None:
-                kids.spawn(worker.child)
-            else:
-                read_end, write_end = os.pipe()
-                try:
-                    kids.spawn(worker.child, output=write_end, streams=self._output_streams)
-                finally:
-                    os.close(write_end)
-                os.set_blocking(read_end, False)
-                self._pipes[read_end] = bytearray()
-                loop.add_reader(read_end, self._read_output, read_end)
-            worker.state.pid = worker.child.pid
+            self._spawn(worker)
+
+    def _spawn(self, worker: _Worker) -> None:
+        """Start ``worker`` (at launch, or again when its replica restarts)."""
+        kids, loop = self._kids, self._loop
+        assert kids is not None and loop is not None, "spawning needs _open() and the running loop"
+        if self._worker_output is None:
+            kids.spawn(worker.child)
+        else:
+            read_end, write_end = os.pipe()
+            try:
+                kids.spawn(worker.child, output=write_end, streams=self._output_streams)
+            finally:
+                os.close(write_end)
+            os.set_blocking(read_end, False)
+            self._pipes[read_end] = bytearray()
+            loop.add_reader(read_end, self._read_output, read_end)
+        worker.state.pid = worker.child.pid
 
     def _read_output(self, fd: int) -> None:
         """Pass the complete lines a worker wrote to ``worker_output``; at the end of its output
@@ -464,9 +493,11 @@ class Supervisor:
     def _on_sentinel(self, child: Child) -> None:
         worker = self._worker_of(child)
         self._watchdog.forget(worker.state.name)
+        if self._stage(worker) == DOWN:
+            return  # its replica's restart ends and reaps it
         if self._blamed is None and not self._stopping and self._stop_reason is None:
             self._blamed = worker.state.name
-        self._post("exit", worker)
+        self._post("exit", (worker, child.process))
 
     def _on_message(self, spawned: Child, message: messages.Message) -> None:
         child = self._worker_of(spawned)
@@ -474,6 +505,15 @@ class Supervisor:
         self._watchdog.heard(ws.name)
         if child.stopped_at_once and isinstance(message, (messages.Phase, messages.Ready)):
             return  # sent before it was killed, read after: old news about a stopped worker
+        if self._stage(child) == DOWN:
+            if isinstance(message, messages.Failed) and ws.phase != "stopped":
+                # Its replica is restarting because of a peer: a consequence, kept, not a cause.
+                ws.error = _error_of(message)
+                ws.phase = "stopped"
+                self._emit_worker(
+                    child, "stopped", error=ws.error, because_of=self._cause_of(child)
+                )
+            return
         if isinstance(message, messages.Phase):
             ws.phase = message.phase
             ws.phases[message.phase] = message.duration
@@ -490,15 +530,12 @@ class Supervisor:
             if message.platform != self.selection.key:
                 self._blamed = self._blamed or ws.name
                 self._post("failed", self._mismatch_cause(child, message.platform))
+            elif self._stage(child) == RESPAWNED:
+                self._replica_ready_again(child)
             elif self._launch.all_ready():
                 self._post("all_ready")
         elif isinstance(message, messages.Failed):
-            ws.error = {
-                "phase": message.phase,
-                "type": message.exc_type,
-                "message": message.message,
-                "traceback": message.traceback,
-            }
+            ws.error = _error_of(message)
             if self._blamed is not None and self._blamed != ws.name:
                 # A consequence of the root cause (a peer gone, a stop on the way): its report
                 # is kept in the snapshot, and the worker counts as stopped, not failed.
@@ -524,6 +561,8 @@ class Supervisor:
         if self._stopping or self._stop_reason is not None:
             return
         child = next(w for w in self._children if w.state.name == name)
+        if self._stage(child) == DOWN:
+            return  # its replica is being restarted already
         ws = child.state
         self._blamed = self._blamed or name
         self._post(
@@ -635,6 +674,170 @@ class Supervisor:
         ws.exited, ws.exitcode, ws.signal = True, code, signal_name(code)
         self._emit_worker(child, "exited", exitcode=code, signal=ws.signal)
 
+    # ----------------------------------------------------------------- healing replicas
+    def _replica(self, dp_rank: int) -> list[_Worker]:
+        """The scheduler ranks of replica ``dp_rank`` on this node."""
+        return [
+            w
+            for w in self._children
+            if w.spec.role == "scheduler" and w.spec.rank // max(w.spec.tp_size, 1) == dp_rank
+        ]
+
+    def _stage(self, worker: _Worker) -> str | None:
+        """``DOWN`` or ``RESPAWNED`` while ``worker``'s replica restarts, else None."""
+        if worker.spec.role != "scheduler":
+            return None
+        restart = self._healing.get(worker.spec.rank // max(worker.spec.tp_size, 1))
+        return restart.stage if restart is not None else None
+
+    def _cause_of(self, worker: _Worker) -> str | None:
+        """The worker whose failure restarts ``worker``'s replica."""
+        restart = self._healing.get(worker.spec.rank // max(worker.spec.tp_size, 1))
+        return restart.because_of if restart is not None else None
+
+    def _is_stale(self, cause: RootCause) -> bool:
+        """``cause`` concerns a process that a replica restart ended or replaced."""
+        worker = next((w for w in self._children if w.state.name == cause.worker), None)
+        if worker is None:
+            return False
+        replaced = cause.pid is not None and worker.state.pid != cause.pid
+        return replaced or self._stage(worker) == DOWN
+
+    def _restart_replica_of(self, cause: RootCause) -> bool:
+        """Start restarting the replica of ``cause.worker`` when the policy allows (True); else
+        False, and ``cause`` (whose hint then says restarts ran out) ends the launch."""
+        worker = next((w for w in self._children if w.state.name == cause.worker), None)
+        if worker is None or worker.spec.role != "scheduler" or self._stop_reason is not None:
+            return False
+        dp = worker.spec.rank // max(worker.spec.tp_size, 1)
+        decision = self._restarts.decide(dp)
+        if not decision.restart:
+            if decision.exhausted:
+                cause.exit_code = ExitCode.WORKER_DIED  # the server was ready before this
+                cause.hint = f"{cause.hint}; {decision.reason}" if cause.hint else decision.reason
+            return False
+        previous = self._healing.get(dp)
+        if previous is not None:  # its restarted ranks failed while starting: once more
+            previous.cancel()
+        restart = ReplicaRestart(dp, decision.attempt, cause.summary, because_of=cause.worker)
+        self._healing[dp] = restart
+        self._blamed = None  # the launch goes on: the next failure is a root cause again
+        restart.task = asyncio.create_task(self._restart(restart, cause, decision.delay))
+        return True
+
+    async def _restart(self, restart: ReplicaRestart, cause: RootCause, delay: float) -> None:
+        """Kill what is left of the replica, wait ``delay`` s, spawn all its ranks again; a
+        restart that cannot be done is the launch's root cause."""
+        try:
+            await self._respawn(restart, cause, delay)
+        except Exception as exc:  # noqa: BLE001 - reported as the root cause, never lost
+            log.exception("%s could not be restarted", restart.name)
+            self._post(
+                "failed",
+                RootCause(
+                    summary=f"{restart.name} could not be restarted after: {cause.summary}",
+                    exit_code=ExitCode.WORKER_DIED,
+                    error_type=type(exc).__name__,
+                    message=str(exc),
+                ),
+            )
+
+    async def _respawn(self, restart: ReplicaRestart, cause: RootCause, delay: float) -> None:
+        workers = self._replica(restart.dp_rank)
+        log.debug(
+            "%s restarts (attempt %d of %d, in %.1fs): %s",
+            restart.name,
+            restart.attempt,
+            self._restarts.max_restarts,
+            delay,
+            cause.summary,
+        )
+        self._channel.emit(
+            f"replica.{restart.dp_rank}.restarting",
+            replica=restart.name,
+            dp_rank=restart.dp_rank,
+            workers=[w.state.name for w in workers],
+            attempt=restart.attempt,
+            max_restarts=self._restarts.max_restarts,
+            backoff_s=delay,
+            cause=cause.summary,
+            root_cause=cause.to_dict(),
+        )
+        survivors = [w for w in workers if w.child.running]
+        for worker in workers:
+            self._watchdog.forget(worker.state.name)
+        for worker in survivors:
+            if worker.state.phase != "stopped":
+                worker.state.phase = "stopped"
+                self._emit_worker(worker, "stopped", because_of=restart.because_of, restart=True)
+        await self._watcher.stop([w.child for w in survivors], 0)  # a broken group drains nothing
+        for worker in workers:
+            if worker.process is not None:
+                await self._reap(worker)
+        await self._sweep_adopted()
+        await asyncio.sleep(delay)
+        restart.stage = RESPAWNED
+        for worker in workers:
+            spec = worker.child.spec
+            env = {**spec.env, "SGLANG_LAUNCH_RESTART": str(restart.attempt)}
+            worker.child.spec = dataclasses.replace(spec, env=env)
+            self._spawn(worker)
+            worker.state.restarted(worker.child.pid)
+            self._emit_worker(worker, "restarted", restart=restart.attempt)
+        restart.timer = self._running_loop.call_later(
+            float(self.args.startup_timeout), self._restart_timed_out, restart
+        )
+
+    def _replica_ready_again(self, worker: _Worker) -> None:
+        """A rank of a restarting replica is ready: once all are, the replica serves again."""
+        dp = worker.spec.rank // max(worker.spec.tp_size, 1)
+        restart = self._healing.get(dp)
+        workers = self._replica(dp)
+        if restart is None or self._stopping or not all(w.state.ready for w in workers):
+            return
+        del self._healing[dp]
+        if restart.timer is not None:
+            restart.timer.cancel()
+        down = time.monotonic() - restart.died_at
+        log.debug(
+            "%s serves again (restart %d, %.1fs after it failed)",
+            restart.name,
+            restart.attempt,
+            down,
+        )
+        self._channel.emit(
+            f"replica.{dp}.ready",
+            replica=restart.name,
+            dp_rank=dp,
+            attempt=restart.attempt,
+            down_s=down,
+            pids=[w.state.pid for w in workers],
+        )
+
+    def _restart_timed_out(self, restart: ReplicaRestart) -> None:
+        """The restarted replica was not ready within ``--startup-timeout``: it failed again."""
+        if self._healing.get(restart.dp_rank) is not restart or self._stopping:
+            return
+        waiting = [w.state for w in self._replica(restart.dp_rank) if not w.state.ready]
+        if not waiting:
+            return
+        first = waiting[0]
+        self._post(
+            "failed",
+            RootCause(
+                summary=f"{restart.name} did not become ready again within "
+                f"{self.args.startup_timeout:g}s of its restart",
+                exit_code=ExitCode.WORKER_DIED,
+                worker=first.name,
+                pid=first.pid,
+                node_rank=first.node_rank,
+                phase=_phase_in_progress(first.phase),
+                error_type="StartupTimeout",
+                message=", ".join(f"{w.name} in {_phase_in_progress(w.phase)}" for w in waiting),
+                hint="raise --startup-timeout if a restart is just slow",
+            ),
+        )
+
     # ----------------------------------------------------------------- stopping
     async def _stop_children(self, fail_fast: bool) -> float:
         """HTTP first, then schedulers: SIGTERM, grace period, SIGKILL of what remains of each tree.
@@ -721,6 +924,16 @@ class Supervisor:
             worker_count=len(self._launch.workers),
             startup_s=startup_s,
         )
+
+
+def _error_of(message: messages.Failed) -> dict:
+    """A worker's ``failed`` report as its state's ``error``."""
+    return {
+        "phase": message.phase,
+        "type": message.exc_type,
+        "message": message.message,
+        "traceback": message.traceback,
+    }
 
 
 def _phase_in_progress(last: str) -> str:

@@ -1,22 +1,29 @@
 """The diffusion runtime end to end through the real CLI on the tiny pipeline
 (``diffusion_support``): OpenAI's images API, its refusals, the server's reports, batching,
-a disconnect that cancels, dp=2 with least-loaded routing, and SIGINT leaving nothing behind."""
+a disconnect that cancels, progress streaming (server-sent events, read by httpx, the ``openai``
+client and ``curl -N`` running the example of docs/diffusion.md), an error event when the worker
+dies mid-stream, dp=2 with least-loaded routing, and SIGINT leaving nothing behind."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import os
+import re
+import shutil
 import signal
+import subprocess
 import threading
 import time
 
 import httpx
+import openai
 import psutil
 import pytest
 from diffusion_support import SIZE
 from PIL import Image
-from serving_support import server_env, start_server
+from serving_support import REPO, server_env, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -96,6 +103,8 @@ def test_output_formats(server, leak_ok, fmt, pil):
     "extra, param, words",
     [
         ({"response_format": "url"}, "response_format", ["b64_json"]),
+        ({"response_format": "url", "stream": True}, "response_format", ["b64_json"]),
+        ({"size": "36x32", "stream": True}, "width", ["width 36", "multiple of 8"]),
         ({"size": "36x32"}, "width", ["width 36", "multiple of 8"]),
         ({"size": None, "width": 32, "height": 20}, "height", ["height 20", "multiple of 8"]),
         ({"size": "big"}, "size", ["WIDTHxHEIGHT"]),
@@ -187,6 +196,219 @@ def test_a_client_that_disconnects_cancels_its_request(server, leak_ok):
         httpx.post(server.url + ROUTE, json=body(num_inference_steps=900), headers=AUTH, timeout=3)
     wait_for(lambda: aborted() > before, what="the cancelled request counted as aborted")
     assert len(images_of(post(server, seed=2))) == 1  # and the server goes on serving
+
+
+# ---- progress streaming ------------------------------------------------------------------------
+
+
+def sse_events(lines) -> list[tuple[str | None, object]]:
+    """``(event name or None, data)`` for each server-sent event of ``lines`` (data as JSON, or
+    the string ``"[DONE]"``)."""
+    events, name = [], None
+    for line in lines:
+        if line.startswith("event: "):
+            name = line[len("event: ") :]
+        elif line.startswith("data: "):
+            data = line[len("data: ") :]
+            events.append((name, data if data == "[DONE]" else json.loads(data)))
+            name = None
+    return events
+
+
+def first_step(lines) -> dict:
+    """The data of the first event of ``lines``, read without closing them (a line generator that
+    is dropped closes its connection: the client would hang up there)."""
+    for line in lines:
+        if line.startswith("data: "):
+            return json.loads(line[len("data: ") :])
+    raise AssertionError("the stream ended before its first event")
+
+
+def stream(server, **extra) -> list[tuple[str | None, object]]:
+    with httpx.stream(
+        "POST", server.url + ROUTE, json=body(stream=True, **extra), headers=AUTH, timeout=120
+    ) as reply:
+        assert reply.status_code == 200, reply.read()
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        return sse_events(reply.iter_lines())
+
+
+def split_events(events) -> tuple[list[dict], list[dict]]:
+    """The progress and the completed events of one whole stream, checked for their shape: the
+    progress events first, each image after them, then ``[DONE]`` last."""
+    assert events[-1] == (None, "[DONE]"), events[-3:]
+    progress = [data for name, data in events if name == "image_generation.progress"]
+    images = [data for name, data in events if name == "image_generation.completed"]
+    assert [name for name, _ in events[:-1]] == ["image_generation.progress"] * len(progress) + [
+        "image_generation.completed"
+    ] * len(images)
+    for name, data in events[:-1]:
+        assert data["type"] == name
+    return progress, images
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_stream_sends_one_event_per_step_then_the_images(server, leak_ok, n):
+    wide = {"size": None, "width": 2 * SIZE, "height": SIZE}
+    progress, images = split_events(stream(server, n=n, seed=11, num_inference_steps=3, **wide))
+    assert [(e["step"], e["total_steps"]) for e in progress] == [(k, 3) for k in range(1, 4)]
+    assert [image["index"] for image in images] == list(range(n))
+    plain = images_of(post(server, n=n, seed=11, num_inference_steps=3, **wide))
+    for image, same in zip(images, plain, strict=True):
+        blob = base64.b64decode(image["b64_json"])
+        with Image.open(io.BytesIO(blob)) as img:
+            assert img.format == "PNG" and img.size == (2 * SIZE, SIZE)
+        assert blob == same  # streaming changes nothing in the image
+        assert image["seed"] == 11 + image["index"] and image["size"] == f"{2 * SIZE}x{SIZE}"
+        assert image["output_format"] == "png" and image["num_inference_steps"] == 3
+
+
+def test_streamed_requests_batched_together_each_get_every_step(server, leak_ok):
+    def batches() -> int:
+        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+        return info["schedulers"][0]["batches"]
+
+    before = batches()
+    streams: dict[int, list] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: streams.update({i: stream(server, seed=200 + i)}))
+        for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(streams) == [0, 1, 2, 3]
+    for i, events in streams.items():
+        progress, images = split_events(events)
+        assert [e["step"] for e in progress] == [1, 2], (i, progress)
+        assert len(images) == 1 and images[0]["seed"] == 200 + i
+    assert batches() - before < 4  # at least two streamed requests ran in one pipeline call
+
+
+def test_the_openai_client_reads_the_stream(server, leak_ok):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    events = list(
+        client.images.generate(
+            prompt="a photo of a cat",
+            stream=True,
+            size=f"{SIZE}x{SIZE}",  # type: ignore[arg-type]
+            extra_body={"num_inference_steps": 3, "seed": 5},
+        )
+    )
+    assert [e.type for e in events] == ["image_generation.progress"] * 3 + [
+        "image_generation.completed"
+    ]
+    assert (
+        base64.b64decode(events[-1].b64_json)
+        == images_of(post(server, seed=5, num_inference_steps=3))[0]
+    )
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_request(server, leak_ok):
+    def aborted() -> int:
+        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+        return info["schedulers"][0]["aborted"]
+
+    before = aborted()
+    with httpx.stream(
+        "POST",
+        server.url + ROUTE,
+        json=body(stream=True, num_inference_steps=900),
+        headers=AUTH,
+        timeout=60,
+    ) as reply:
+        lines = reply.iter_lines()
+        assert first_step(lines)["step"] == 1
+        assert first_step(lines)["step"] == 2  # still streaming; then hang up
+    # The scheduler stops the loop at the next step rather than running 900, and goes on serving.
+    wait_for(lambda: aborted() > before, what="the abandoned stream counted as aborted")
+    progress, images = split_events(stream(server, seed=2))
+    assert len(progress) == 2 and len(images) == 1
+
+
+def test_a_client_that_leaves_before_the_first_event_is_dropped_from_the_queue(server, leak_ok):
+    def counts() -> tuple[int, int]:
+        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+        return info["schedulers"][0]["batches"], info["schedulers"][0]["aborted"]
+
+    batches, aborted = counts()
+    with httpx.stream(
+        "POST",
+        server.url + ROUTE,
+        json=body(stream=True, num_inference_steps=900),
+        headers=AUTH,
+        timeout=60,
+    ) as busy:
+        lines = busy.iter_lines()
+        first_step(lines)
+        # The worker is busy with that one: this stream waits in the queue, and its client
+        # gives up before its first event.
+        with pytest.raises(httpx.ReadTimeout):
+            with httpx.stream(
+                "POST", server.url + ROUTE, json=body(stream=True), headers=AUTH, timeout=1
+            ) as queued:
+                queued.read()
+    wait_for(lambda: counts()[1] > aborted, what="the busy stream counted as aborted")
+    # A probe of another shape (it cannot share the queued request's batch) runs after where
+    # the queued request would have: only the busy batch and the probe's ran.
+    assert len(images_of(post(server, num_inference_steps=3, seed=4))) == 1
+    assert counts()[0] - batches == 2
+
+
+def docs_stream_example() -> str:
+    """The ``curl -N`` command of docs/diffusion.md's streaming section."""
+    text = (REPO / "docs" / "diffusion.md").read_text(encoding="utf-8")
+    section = text.split("## Streaming progress", 1)[1].split("\n## ", 1)[0]
+    command = re.search(r"```bash\n(curl -N .*?)```", section, re.S)
+    assert command, "docs/diffusion.md's streaming section has no curl -N example"
+    return command.group(1)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_the_documented_curl_example_streams(server, leak_ok):
+    command = docs_stream_example()
+    steps = json.loads(re.search(r"-d '(.*?)'", command, re.S).group(1))["num_inference_steps"]
+    # As written, at the test server's address and with its API key.
+    command = command.replace("http://127.0.0.1:30000", server.url).replace(
+        "curl -N", f"curl -N -sS -H 'Authorization: Bearer {KEY}'", 1
+    )
+    out = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=180, check=True
+    ).stdout
+    progress, images = split_events(sse_events(out.splitlines()))
+    assert [e["step"] for e in progress] == list(range(1, steps + 1))
+    with Image.open(io.BytesIO(base64.b64decode(images[0]["b64_json"]))) as img:
+        assert img.size == (SIZE, SIZE)  # the pipeline's default size
+
+
+def test_openapi_documents_streaming(server, leak_ok):
+    doc = httpx.get(server.url + "/openapi.json", headers=AUTH, timeout=30).json()
+    answer = doc["paths"][ROUTE]["post"]["responses"]["200"]["content"]
+    assert "image_generation.progress" in answer["text/event-stream"]["schema"]["description"]
+    stream_field = doc["components"]["schemas"]["ImageGenerationRequest"]["properties"]["stream"]
+    assert stream_field["type"] == "boolean" and "server-sent events" in stream_field["description"]
+
+
+def test_a_worker_that_dies_mid_stream_ends_it_with_an_error_event(tiny_pipeline, tmp_path):
+    srv = start_server(
+        ["--runtime", "diffusion", "--model-path", str(tiny_pipeline)], tmp_path, "diffusion-dies"
+    )
+    try:
+        worker = httpx.get(srv.url + "/get_server_info", timeout=30).json()["schedulers"][0]["pid"]
+        with httpx.stream(
+            "POST", srv.url + ROUTE, json=body(stream=True, num_inference_steps=900), timeout=60
+        ) as reply:
+            lines = reply.iter_lines()
+            first_step(lines)  # the worker is in the denoising loop
+            os.kill(worker, signal.SIGKILL)
+            events = sse_events(lines)
+        errors = [data for name, data in events if name == "error"]
+        assert len(errors) == 1 and events[-1] == (None, "[DONE]"), events[-3:]
+        error = errors[0]["error"]
+        assert error["code"] == 503 and "scheduler dp=0 is gone" in error["message"], error
+    finally:
+        srv.stop()
 
 
 def test_dp2_serves_on_both_replicas_and_sigint_leaves_nothing(tiny_pipeline, tmp_path):
@@ -294,6 +516,9 @@ def test_cfg_parallel_gives_the_single_rank_images(server, leak_ok, tiny_pipelin
         again = images_of(post(cfg, **requests[0]))  # both ranks stopped together: still in step
         for mine, theirs in zip(again, reference[0], strict=True):
             assert int(abs(pixels(mine) - pixels(theirs)).max()) <= 1
+        # A streamed request on the two ranks: rank 0 reports each step of the split loop.
+        progress, images = split_events(stream(cfg, seed=9, num_inference_steps=3))
+        assert [e["step"] for e in progress] == [1, 2, 3] and len(images) == 1
         cfg.proc.send_signal(signal.SIGINT)
         assert cfg.wait_exit(timeout=60) == 0, cfg.log
         wait_for(

@@ -62,6 +62,9 @@ def test_openapi_is_built_from_the_route_table_that_dispatches():
             ]["schema"]["$ref"]
             assert ref == f"#/components/schemas/{route.body.__name__}"
             assert schemas[route.body.__name__]["type"] == "object"
+    for path in ("/v1/completions", "/generate"):  # the streaming routes say what they stream
+        answer = doc["paths"][path]["post"]["responses"]["200"]["content"]
+        assert "data: [DONE]" in answer["text/event-stream"]["schema"]["description"]
     embedding = schemas["EmbeddingRequest"]["properties"]
     assert embedding["encoding_format"]["enum"] == ["float", "base64"]
     assert schemas["EmbeddingRequest"]["required"] == ["input"]

@@ -52,8 +52,10 @@ def render(snapshot: dict) -> str:
     for w in snapshot["workers"]:
         took = f"{sum(w['phases'].values()):.2f}s" if w["phases"] else "-"
         exit_text = w["signal"] or ("-" if w["exitcode"] is None else str(w["exitcode"]))
+        restarts = w.get("restarts") or 0
+        again = f"  (restarted {restarts}x)" if restarts else ""
         lines.append(
-            f"  {w['name']:<14} {w['pid'] or '-':>7}  {w['phase']:<20} {took:>9}  {exit_text}"
+            f"  {w['name']:<14} {w['pid'] or '-':>7}  {w['phase']:<20} {took:>9}  {exit_text}{again}"
         )
     cause = snapshot.get("root_cause")
     if cause:

@@ -30,6 +30,8 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
+    Iterable,
+    Iterator,
     Mapping,
     MutableMapping,
 )
@@ -105,7 +107,9 @@ class Route:
     ``body`` is the msgspec struct a JSON request body is decoded into (``None``: the route reads
     no body). ``public`` routes need no API key. ``params`` renames the request fields the
     scheduler names in its errors (``input``, ``max_new_tokens``) to this route's own. Routes
-    with ``in_schema=False`` are served but left out of ``/openapi.json``."""
+    with ``in_schema=False`` are served but left out of ``/openapi.json``. ``events`` describes
+    what the route streams when its body asks for ``stream`` (``/openapi.json`` lists a
+    ``text/event-stream`` answer with it); None: it does not stream."""
 
     method: str
     path: str
@@ -115,6 +119,7 @@ class Route:
     public: bool = False
     params: Mapping[str, str] = dataclasses.field(default_factory=dict)
     in_schema: bool = True
+    events: str | None = None
 
 
 @dataclasses.dataclass
@@ -301,6 +306,16 @@ class App:
         paths: dict[str, dict] = {}
         for r in routes:
             responses: dict[str, dict] = {"200": {"description": "success"}}
+            if r.events:
+                responses["200"] = {
+                    "description": "success: JSON, or with stream: true server-sent events",
+                    "content": {
+                        "application/json": {},
+                        "text/event-stream": {
+                            "schema": {"type": "string", "description": r.events}
+                        },
+                    },
+                }
             operation: dict[str, Any] = {
                 "summary": r.summary,
                 "responses": responses,
@@ -469,8 +484,9 @@ def create_app(state: AppState) -> App:
     async def ready(body: None, receive: Receive) -> Response:
         if not client.healthy:
             return json_response({"ready": False, "reason": client.unhealthy_reason}, 503)
+        restarting = client.restarting
         pongs = await client.ping_all(timeout=1.0)
-        missing = [i for i, p in enumerate(pongs) if p is None]
+        missing = [i for i, p in enumerate(pongs) if p is None and i not in restarting]
         if missing:
             return json_response(
                 {
@@ -488,6 +504,7 @@ def create_app(state: AppState) -> App:
                     for p in pongs
                     if p
                 ],
+                "restarting": [f"scheduler dp={dp}" for dp in restarting],
             }
         )
 
@@ -578,10 +595,11 @@ def create_app(state: AppState) -> App:
                     "usage": _usage(reply.prompt_tokens, reply.completion_tokens),
                 }
 
-            return await _stream(
+            return await _text_stream(
                 client.call(lambda rid: messages.GenerateRequest(rid, prompts[0], params, True)),
                 chunk,
                 metrics,
+                receive,
                 last,
             )
         calls = [client.one(_generate_for(p, params)) for p in prompts]
@@ -626,10 +644,11 @@ def create_app(state: AppState) -> App:
                 text[0] += reply.text  # the native stream carries the text so far
                 return {"text": text[0], "meta_info": meta(reply, reply.rid)}
 
-            return await _stream(
+            return await _text_stream(
                 client.call(lambda rid: messages.GenerateRequest(rid, body.text, params, True)),
                 chunk,
                 metrics,
+                receive,
             )
         reply = await _unless_disconnected(
             receive, client.one(lambda rid: messages.GenerateRequest(rid, body.text, params))
@@ -687,14 +706,16 @@ def create_app(state: AppState) -> App:
                 "GET",
                 "/health",
                 health,
-                "liveness: false as soon as any scheduler is dead",
+                "liveness: false as soon as any scheduler is dead (with --restart-policy "
+                "on-failure: once every scheduler is dead)",
                 public=True,
             ),
             Route(
                 "GET",
                 "/ready",
                 ready,
-                "true once every scheduler answers (model loaded, warmed up)",
+                "true once every scheduler answers (model loaded, warmed up) but those "
+                "restarting, which it lists",
                 public=True,
             ),
             Route("GET", "/v1/models", models, "the served model (OpenAI shape)"),
@@ -708,6 +729,9 @@ def create_app(state: AppState) -> App:
                 "text completion (OpenAI shape; stream with server-sent events)",
                 CompletionRequest,
                 params=completion_fields,
+                events="one `data:` completion chunk per text increment (the last carries "
+                "finish_reason; with stream_options.include_usage a chunk with usage follows), "
+                "then `data: [DONE]`",
             ),
             Route(
                 "POST",
@@ -716,6 +740,8 @@ def create_app(state: AppState) -> App:
                 "generation (SGLang's native shape; stream with server-sent events)",
                 GenerateRequest,
                 params=generate_fields,
+                events="one `data:` object per text increment, `text` holding the text so far, "
+                "then `data: [DONE]`",
             ),
             Route(
                 "GET",
@@ -742,45 +768,75 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
-async def _stream(
+def sse(data: object, event: str | None = None) -> bytes:
+    """One server-sent event: an ``event: NAME`` line when ``event`` is given, then ``data:`` with
+    ``data`` as JSON (``bytes`` go as they are, such as ``b"[DONE]"``)."""
+    payload = data if isinstance(data, bytes) else _json.encode(data)
+    named = b"event: " + event.encode("ascii") + b"\n" if event else b""
+    return named + b"data: " + payload + b"\n\n"
+
+
+_END = object()
+
+
+async def event_stream(
     replies: AsyncGenerator[Any, None],
-    chunk: Callable[[messages.Generated], dict],
-    metrics: Metrics,
-    last: Callable[[messages.Generated], dict | None] | None = None,
+    render: Callable[[Any], Iterable[bytes]],
+    receive: Receive,
+    error_event: str | None = None,
 ) -> Response:
-    """Server-sent events of ``chunk(reply)`` (and ``last(final reply)`` when it gives one); the
-    first reply is awaited before the response starts, so a rejected request is still a plain
-    4xx. Closing the stream early (the client went away) closes ``replies``, which cancels the
-    request at the scheduler."""
+    """The one way a route streams (``text/event-stream``): the events ``render(reply)`` gives
+    (``sse(...)``) for each reply of ``replies`` (``SchedulerClient.call``) in turn, then
+    ``data: [DONE]``.
+
+    The first reply is awaited before the response starts, so a request the scheduler refuses is
+    still a plain JSON 4xx, and a client that leaves while waiting for it cancels the request (the
+    answer is then a bare 499). A ``SchedulerError`` once streaming is one event of
+    ``error_body`` (named ``error_event`` when given) before ``[DONE]``. Closing the stream early
+    (the client went away) closes ``replies``, which cancels the request at the scheduler."""
     try:
-        first = await replies.__anext__()
-    except StopAsyncIteration:
-        first = None
+        first = await _unless_disconnected(receive, anext(replies, _END))
     except BaseException:
         await replies.aclose()
         raise
+    if first is None:  # the client went away: the wait was cancelled, and with it the request
+        await replies.aclose()
+        return Response(status_code=499)
 
     async def events() -> AsyncIterator[bytes]:
         try:
             reply = first
-            while reply is not None:
-                yield b"data: " + _json.encode(chunk(reply)) + b"\n\n"
-                if reply.finished:
-                    metrics.observe_result(
-                        reply.batch_size, reply.prompt_tokens, reply.completion_tokens
-                    )
-                    extra = last(reply) if last else None
-                    if extra is not None:
-                        yield b"data: " + _json.encode(extra) + b"\n\n"
+            while reply is not _END:
+                for event in render(reply):
+                    yield event
                 try:
-                    reply = await replies.__anext__()
-                except StopAsyncIteration:
-                    reply = None
+                    reply = await anext(replies, _END)
                 except SchedulerError as exc:
-                    yield b"data: " + error_body(exc.status, exc.message, exc.param) + b"\n\n"
-                    reply = None
-            yield b"data: [DONE]\n\n"
+                    yield sse(error_body(exc.status, exc.message, exc.param), error_event)
+                    reply = _END
+            yield sse(b"[DONE]")
         finally:
             await replies.aclose()
 
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def _text_stream(
+    replies: AsyncGenerator[Any, None],
+    chunk: Callable[[messages.Generated], dict],
+    metrics: Metrics,
+    receive: Receive,
+    last: Callable[[messages.Generated], dict | None] | None = None,
+) -> Response:
+    """A streamed generation (``event_stream``): ``chunk(reply)`` for each increment, and
+    ``last(final reply)`` after the final one when it gives one."""
+
+    def render(reply: messages.Generated) -> Iterator[bytes]:
+        yield sse(chunk(reply))
+        if reply.finished:
+            metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
+            extra = last(reply) if last else None
+            if extra is not None:
+                yield sse(extra)
+
+    return await event_stream(replies, render, receive)

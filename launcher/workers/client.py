@@ -9,12 +9,18 @@ goes to the live, connected replica with the fewest unanswered requests; its res
 descriptor, which hands each one straight to its request (no receiving task in between, so a
 reply reaches its handler without an extra hop through the event loop).
 
-Liveness has two sources, and ``healthy`` turns false as soon as either reports a scheduler gone:
+Liveness has two sources, and a replica is dead as soon as either reports it gone:
 - direct: a ZeroMQ socket monitor on each connection; a replica that was connected and
   disconnects has died (schedulers never close their socket while serving);
 - the supervisor: its ops PUB socket (``ctx.ops_endpoint``), topics ``worker.scheduler.<rank>.<phase>``
-  for a failed or exited scheduler and ``server.failed`` / ``server.stopping``.
-Requests in flight on a dead replica fail at once with 503 rather than waiting forever.
+  for a failed or exited scheduler, ``replica.<dp>.restarting`` and ``server.failed`` /
+  ``server.stopping``.
+A dead replica gets no new requests. Requests in flight on it are sent once more to a live replica
+when nothing of their answer was delivered yet (every request but a stream that has produced
+output), else they fail with 503. ``healthy`` turns false as soon as a replica is dead, unless the
+launch ``heals`` (``--restart-policy on-failure``): then it stays true while one replica lives, the
+dead ones are listed as ``restarting``, and ``replica.<dp>.ready`` from the supervisor (all its
+ranks are ready again) connects a fresh socket to the restarted replica and routes to it again.
 """
 
 from __future__ import annotations
@@ -46,6 +52,13 @@ log = logging.getLogger("sglang_launch.http")
 _DEAD_PHASES = {"failed", "exited", "dead", "killed", "stopped", "crashed"}
 
 
+class _ReplicaGone:
+    """Delivered to a request in flight on a replica that died: repeat it elsewhere, or fail."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
 class SchedulerError(Exception):
     """A request could not be answered: ``status``, ``message`` and ``param`` (the request field
     to change, in the scheduler's terms: ``input``, ``input[i]``, ``max_new_tokens``, ``model``)
@@ -66,6 +79,7 @@ class Replica:
         self.io: Any = None  # a plain shadow of it: requests are sent and replies read through this
         self.inflight: set[str] = set()
         self.connected = False
+        self.watcher: asyncio.Task | None = None  # its socket monitor
         self.dead_reason: str | None = None
         self.unreachable: str | None = None  # why its address could not be learned
 
@@ -80,7 +94,8 @@ class SchedulerClient:
     ``endpoints[i]`` is replica ``i``'s request address, or None when it is announced later:
     ``resolve(i)`` (blocking, run in a thread of its own) returns it once known, else None, and
     may raise when it can never be learned. ``ops_endpoint`` (optional) is the supervisor's PUB
-    socket; ``tp_size`` maps a scheduler rank in an ops topic to its replica.
+    socket; ``tp_size`` maps a scheduler rank in an ops topic to its replica. ``heals``: the
+    supervisor restarts a replica that dies (the launch goes on while one replica lives).
     """
 
     def __init__(
@@ -90,8 +105,10 @@ class SchedulerClient:
         tp_size: int = 1,
         metrics: Metrics | None = None,
         resolve: Callable[[int], str | None] | None = None,
+        heals: bool = False,
     ) -> None:
         self.replicas = [Replica(i, ep) for i, ep in enumerate(endpoints)]
+        self.heals = heals
         self.resolve = resolve
         self.loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -132,6 +149,7 @@ class SchedulerClient:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt(zmq.SUBSCRIBE, b"worker.scheduler.")
             sub.setsockopt(zmq.SUBSCRIBE, b"server.")
+            sub.setsockopt(zmq.SUBSCRIBE, b"replica.")
             sub.connect(self.ops_endpoint)
             self._tasks.append(asyncio.create_task(self._follow_ops(sub)))
 
@@ -149,7 +167,32 @@ class SchedulerClient:
         rep.endpoint, rep.sock, rep.io = endpoint, sock, zmq.Socket.shadow(sock.underlying)
         log.info("scheduler dp=%d at %s", rep.dp_rank, endpoint)
         self.loop.add_reader(rep.io.FD, self._drain, rep)
-        self._tasks.append(asyncio.create_task(self._watch(rep, monitor)))
+        rep.watcher = asyncio.create_task(self._watch(rep, monitor))
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(rep.watcher)
+
+    def _disconnect(self, rep: Replica) -> None:
+        """Close ``rep``'s socket and its monitor (the replica is dead, or the client closes)."""
+        if rep.watcher is not None:
+            rep.watcher.cancel()
+            rep.watcher = None
+        if rep.sock is not None:
+            if self.loop is not None and rep.io is not None:
+                self.loop.remove_reader(rep.io.FD)
+            rep.io = None
+            rep.sock.disable_monitor()
+            rep.sock.close(0)
+            rep.sock = None
+        rep.connected = False
+
+    def _revive(self, rep: Replica) -> None:
+        """``rep`` was restarted and is ready: a fresh connection, and requests go to it again."""
+        if not rep.dead_reason or self._closing or rep.endpoint is None:
+            return
+        self._disconnect(rep)
+        rep.dead_reason = None
+        self._connect(rep, rep.endpoint)
+        log.warning("scheduler dp=%d is back: routing to it again", rep.dp_rank)
 
     def _resolve_all(self, pending: list[Replica]) -> None:
         """Poll ``resolve`` for each replica without an address until all are known (thread)."""
@@ -194,12 +237,7 @@ class SchedulerClient:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         for rep in self.replicas:
-            if rep.sock is not None:
-                if self.loop is not None and rep.io is not None:
-                    self.loop.remove_reader(rep.io.FD)
-                rep.io = None
-                rep.sock.disable_monitor()
-                rep.sock.close(0)
+            self._disconnect(rep)
         if self._zctx is not None:
             self._zctx.destroy(0)
             self._zctx = None
@@ -212,29 +250,37 @@ class SchedulerClient:
 
     @property
     def unhealthy_reason(self) -> str | None:
+        """Why the server is not healthy: the supervisor reported failure or a stop, or a replica
+        is dead (when the launch heals: every replica is dead); None when it is."""
         if self.server_failure:
             return self.server_failure
         dead = [
             f"scheduler dp={r.dp_rank}: {r.dead_reason}" for r in self.replicas if r.dead_reason
         ]
+        if self.heals and len(dead) < len(self.replicas):
+            return None
         return "; ".join(dead) or None
+
+    @property
+    def restarting(self) -> list[int]:
+        """The dp ranks of dead replicas the supervisor restarts (empty unless ``heals``)."""
+        if not self.heals or self.server_failure:
+            return []
+        return [r.dp_rank for r in self.replicas if r.dead_reason]
 
     def _mark_dead(self, rep: Replica, reason: str) -> None:
         if rep.dead_reason:
             return
         rep.dead_reason = reason
         log.error("scheduler dp=%d is gone: %s", rep.dp_rank, reason)
+        after = "it is restarting" if self.heals else "the server is shutting down"
         for rid in list(rep.inflight):
             deliver = self._pending.get(rid)
             if deliver is not None:
-                deliver(
-                    messages.RequestFailed(
-                        rid,
-                        503,
-                        f"scheduler dp={rep.dp_rank} is gone ({reason}); "
-                        f"the server is shutting down",
-                    )
-                )
+                deliver(_ReplicaGone(f"scheduler dp={rep.dp_rank} is gone ({reason}); {after}"))
+        if self.heals:
+            # Nothing more goes to the old process, and nothing queued reaches its successor.
+            self._disconnect(rep)
 
     async def _watch(self, rep: Replica, monitor: zmq.asyncio.Socket) -> None:
         import zmq
@@ -251,6 +297,8 @@ class SchedulerClient:
             raise
         except Exception:  # noqa: BLE001 - a monitor failure must not take the server down
             log.exception("socket monitor of scheduler dp=%d stopped", rep.dp_rank)
+        finally:
+            monitor.close(0)
 
     async def _follow_ops(self, sub: zmq.asyncio.Socket) -> None:
         try:
@@ -275,6 +323,17 @@ class SchedulerClient:
             self.server_failure = f"the supervisor reported {topic}: {body.get('reason') or body.get('message') or ''}".rstrip(
                 ": "
             )
+        elif parts[0] == "replica" and len(parts) == 3:
+            try:
+                rep = self.replicas[int(parts[1])]
+            except (ValueError, IndexError):
+                return
+            if parts[2] == "restarting":
+                if self.metrics is not None:
+                    self.metrics.count_restart(rep.dp_rank)
+                self._mark_dead(rep, f"restarting: {body.get('cause') or 'it failed'}")
+            elif parts[2] == "ready":
+                self._revive(rep)
         elif len(parts) >= 4 and parts[:2] == ["worker", "scheduler"] and parts[3] in _DEAD_PHASES:
             try:
                 dp = int(parts[2]) // self.tp_size
@@ -305,42 +364,60 @@ class SchedulerClient:
     ) -> AsyncGenerator[Any, None]:
         """Send ``make(rid)`` and yield every message answering it until a final one.
 
-        Raises ``SchedulerError`` for a ``RequestFailed`` answer. Leaving the iteration early (the
-        client went away) sends ``Cancel``."""
-        queue: asyncio.Queue = asyncio.Queue()
-        rid, rep = self._open(make, rep, queue.put_nowait)
-        finished = False
-        try:
-            while True:
-                reply = await queue.get()
-                if isinstance(reply, messages.RequestFailed):
-                    finished = True
-                    raise SchedulerError(reply.status, reply.message, reply.param)
-                done = getattr(reply, "finished", True)
-                finished = done
-                yield reply
-                if done:
-                    return
-        finally:
-            self._close(rid, rep, finished)
+        Raises ``SchedulerError`` for a ``RequestFailed`` answer. A replica that dies before the
+        first message is yielded gets the request once more on another replica (unless ``rep``
+        was given); after that, its death is a 503. Leaving the iteration early (the client
+        went away) sends ``Cancel``."""
+        for attempt in range(1 if rep is not None else 2):
+            queue: asyncio.Queue = asyncio.Queue()
+            rid, used = self._open(make, rep, queue.put_nowait)
+            finished = yielded = False
+            try:
+                while True:
+                    reply = await queue.get()
+                    if isinstance(reply, _ReplicaGone):
+                        finished = True
+                        if yielded or attempt or rep is not None:
+                            raise SchedulerError(503, reply.message)
+                        log.warning("%s: sending request %s to another replica", reply.message, rid)
+                        break
+                    if isinstance(reply, messages.RequestFailed):
+                        finished = True
+                        raise SchedulerError(reply.status, reply.message, reply.param)
+                    done = getattr(reply, "finished", True)
+                    finished, yielded = done, True
+                    yield reply
+                    if done:
+                        return
+            finally:
+                self._close(rid, used, finished)
 
     async def one(self, make: MakeRequest, rep: Replica | None = None) -> Any:
         """The single final answer to ``make(rid)`` (a request that is not streamed). Raises
-        ``SchedulerError`` for a ``RequestFailed`` answer; cancelling the wait sends ``Cancel``."""
-        answer = asyncio.get_running_loop().create_future()
+        ``SchedulerError`` for a ``RequestFailed`` answer; a replica that dies first gets the
+        request once more on another replica (unless ``rep`` was given), else it is a 503.
+        Cancelling the wait sends ``Cancel``."""
+        for attempt in range(1 if rep is not None else 2):
+            answer = asyncio.get_running_loop().create_future()
 
-        def deliver(reply: object) -> None:
-            if not answer.done():
-                answer.set_result(reply)
+            def deliver(reply: object, answer: asyncio.Future = answer) -> None:
+                if not answer.done():
+                    answer.set_result(reply)
 
-        rid, rep = self._open(make, rep, deliver)
-        try:
-            reply = await answer
-        finally:  # a cancelled wait cancels ``answer`` too: only a result means it finished
-            self._close(rid, rep, finished=answer.done() and not answer.cancelled())
-        if isinstance(reply, messages.RequestFailed):
-            raise SchedulerError(reply.status, reply.message, reply.param)
-        return reply
+            rid, used = self._open(make, rep, deliver)
+            try:
+                reply = await answer
+            finally:  # a cancelled wait cancels ``answer`` too: only a result means it finished
+                self._close(rid, used, finished=answer.done() and not answer.cancelled())
+            if isinstance(reply, _ReplicaGone):
+                if attempt or rep is not None:
+                    raise SchedulerError(503, reply.message)
+                log.warning("%s: sending request %s to another replica", reply.message, rid)
+                continue
+            if isinstance(reply, messages.RequestFailed):
+                raise SchedulerError(reply.status, reply.message, reply.param)
+            return reply
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _open(
         self, make: MakeRequest, rep: Replica | None, deliver: Callable[[object], None]

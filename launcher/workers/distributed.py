@@ -130,7 +130,8 @@ def init_tp_group(
 ) -> None:
     """Join replica ``dp_rank``'s group on ``backend`` (the platform's distributed backend):
     through ``store`` (the launch's ``TCPStore``, several nodes) or a file store in
-    ``runtime_dir`` (one node). ``device_id`` (a ``torch.device``; only where the platform's
+    ``runtime_dir`` (one node; a restarted replica's ranks, which carry ``SGLANG_LAUNCH_RESTART``,
+    use a file of their own). ``device_id`` (a ``torch.device``; only where the platform's
     ``supports_distributed_device_id()``) binds the group to this rank's device."""
     import torch.distributed as dist
 
@@ -148,7 +149,11 @@ def init_tp_group(
             **bind,
         )
         return
-    path = Path(runtime_dir) / f"tp-store-{dp_rank}"
+    # A replica restarted by the supervisor meets in a fresh file: its killed ranks left theirs.
+    restart = os.environ.get("SGLANG_LAUNCH_RESTART", "")
+    path = Path(runtime_dir) / (
+        f"tp-store-{dp_rank}.{restart}" if restart else f"tp-store-{dp_rank}"
+    )
     dist.init_process_group(
         backend=backend,
         init_method=f"file://{path}",

@@ -101,6 +101,7 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
         tp_size=tp_size,
         metrics=metrics,
         resolve=directory.lookup if directory else None,
+        heals=_heals(server_args),
     )
     state = AppState(
         client=client,
@@ -114,6 +115,12 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
         api_routes=_resolve(spec.api_routes) if spec.api_routes else None,
     )
     return create_app(state)
+
+
+def _heals(server_args: ServerArgs) -> bool:
+    """The supervisor restarts a replica that dies (``--restart-policy`` in effect)."""
+    policy = getattr(server_args, "restart_policy_in_effect", None)
+    return callable(policy) and policy() == "on-failure"
 
 
 def _resolve(path: str) -> Any:

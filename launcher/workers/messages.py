@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import array
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import msgspec
 
@@ -62,7 +62,8 @@ class ImageRequest(msgspec.Struct, tag="image"):
     ``None`` for ``width``, ``height``, ``steps`` or ``guidance_scale`` means the pipeline's own
     default; ``seed=None`` means the worker draws one (and reports it). Image ``i`` of the
     request starts from the noise of seed ``seed + i`` (its own generator, whatever else shares
-    the batch). ``output_format`` is ``png``, ``jpeg`` or ``webp``."""
+    the batch). ``output_format`` is ``png``, ``jpeg`` or ``webp``. With ``stream``, an
+    ``ImageProgress`` answers each denoising step before the final ``Images``."""
 
     rid: str
     prompt: str
@@ -74,6 +75,7 @@ class ImageRequest(msgspec.Struct, tag="image"):
     guidance_scale: float | None = None
     seed: int | None = None
     output_format: str = "png"
+    stream: bool = False
     inflight: int = 1
 
 
@@ -151,6 +153,18 @@ class Images(msgspec.Struct, tag="images"):
     batch_size: int = 1
 
 
+class ImageProgress(msgspec.Struct, tag="image_progress"):
+    """A streamed ``ImageRequest`` finished denoising step ``step`` of ``total_steps`` (counted
+    from 1; the step advanced every image of the request). Never the final answer: ``Images``
+    (or ``RequestFailed``) follows."""
+
+    finished: ClassVar[bool] = False  # read by the HTTP child: more answers follow
+
+    rid: str
+    step: int
+    total_steps: int
+
+
 class RequestFailed(msgspec.Struct, tag="failed"):
     """The request could not run. ``status`` is the HTTP status the client gets (4xx for input
     the model rejects, 503 for an unavailable scheduler); ``message`` says what to change."""
@@ -220,7 +234,7 @@ class Stop(msgspec.Struct, tag="stop"):
 ToFollower = Batch | ImageBatch | Tick | Stop
 
 ToScheduler = EmbedRequest | GenerateRequest | ImageRequest | Cancel | Ping
-FromScheduler = Embeddings | Generated | Images | RequestFailed | Pong
+FromScheduler = Embeddings | Generated | Images | ImageProgress | RequestFailed | Pong
 
 _encoder = msgspec.msgpack.Encoder()
 _to_scheduler = msgspec.msgpack.Decoder(ToScheduler)

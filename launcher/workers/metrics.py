@@ -4,7 +4,9 @@
 status / route; ``sglang_batch_size`` records, for every finished request, how many requests
 (embeddings: texts) shared its batch; ``sglang_queue_depth`` is the number of requests sent to a
 scheduler replica and not yet answered; ``sglang_prompt_tokens_total`` and
-``sglang_completion_tokens_total`` count tokens. The page is Prometheus' text format.
+``sglang_completion_tokens_total`` count tokens; ``sglang_launch_replica_restarts_total`` counts,
+by ``dp``, the restarts of scheduler replicas the supervisor announced. The page is Prometheus'
+text format.
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ class Metrics:
         self.completion_tokens = Counter(
             "sglang_completion_tokens", "Tokens generated.", registry=r
         )
+        self.replica_restarts = Counter(
+            "sglang_launch_replica_restarts",
+            "Restarts of a scheduler replica by the supervisor (--restart-policy on-failure).",
+            ("dp",),
+            registry=r,
+        )
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request of ``route`` and its latency."""
@@ -74,6 +82,10 @@ class Metrics:
     def set_queue_depth(self, dp_rank: int, depth: int) -> None:
         """Requests now outstanding at replica ``dp_rank``."""
         self.queue_depth.labels(str(dp_rank)).set(depth)
+
+    def count_restart(self, dp_rank: int) -> None:
+        """Replica ``dp_rank`` is being restarted."""
+        self.replica_restarts.labels(str(dp_rank)).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The metrics page and its content type."""

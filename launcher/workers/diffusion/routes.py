@@ -9,6 +9,19 @@ replicas. Images come back as ``b64_json`` (``response_format: "url"`` is a 400 
 checked here (an empty prompt, ``n``, steps, the size's form); what needs the pipeline (a size
 that is not a multiple of its VAE factor, more steps than its scheduler has) is checked by the
 worker, also as a 400 naming the field.
+
+With ``stream: true`` the answer is server-sent events (``launcher.workers.app.event_stream``,
+the mechanism text generation streams with), named after OpenAI's image streaming events:
+
+- ``event: image_generation.progress`` after each denoising step, data
+  ``{"type", "step", "total_steps", "created_at"}`` (``step`` counts from 1 to ``total_steps``;
+  one step advances all ``n`` images of the request, so there is one event per step);
+- ``event: image_generation.completed`` for each image, data ``{"type", "index", "b64_json",
+  "seed", "size", "output_format", "num_inference_steps", "created_at"}``;
+- ``data: [DONE]``.
+
+A failure once streaming is ``event: error`` with the usual ``{"error": {...}}`` before
+``[DONE]``; one before the first step (a refused value) is a plain JSON 4xx.
 """
 
 from __future__ import annotations
@@ -16,13 +29,22 @@ from __future__ import annotations
 import base64
 import re
 import time
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import msgspec
 from starlette.responses import Response
 
 from launcher.workers import messages as m
-from launcher.workers.app import Receive, Route, RouteKit, error_response, json_response
+from launcher.workers.app import (
+    Receive,
+    Route,
+    RouteKit,
+    error_response,
+    event_stream,
+    json_response,
+    sse,
+)
 from launcher.workers.schemas import Body, BodyError
 
 MAX_IMAGES = 10
@@ -31,6 +53,8 @@ MAX_SIDE = 4096
 MAX_GUIDANCE = 100.0
 MAX_SEED = (1 << 63) - 1 - MAX_IMAGES
 OUTPUT_FORMATS = ("png", "jpeg", "webp")
+PROGRESS = "image_generation.progress"  # the streamed events' names (and their "type")
+COMPLETED = "image_generation.completed"
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
@@ -66,6 +90,13 @@ class ImageGenerationRequest(Body, kw_only=True):
     ] = None
     response_format: Annotated[str, _doc("only b64_json", enum=["b64_json"])] = "b64_json"
     output_format: Annotated[str, _doc("image encoding", enum=list(OUTPUT_FORMATS))] = "png"
+    stream: Annotated[
+        bool,
+        _doc(
+            "answer with server-sent events: image_generation.progress after each denoising "
+            "step, image_generation.completed for each image, then [DONE]"
+        ),
+    ] = False
     user: Annotated[str | None, _doc("accepted and ignored")] = None
 
     def check(self, prefix: str = "") -> None:
@@ -113,6 +144,27 @@ class ImageGenerationRequest(Body, kw_only=True):
                 setattr(self, name, value)
 
 
+def image_events(reply: m.ImageProgress | m.Images, output_format: str) -> Iterator[bytes]:
+    """The server-sent events of one answer to a streamed request (see the module docstring)."""
+    created = int(time.time())
+    if isinstance(reply, m.ImageProgress):
+        progress = {"step": reply.step, "total_steps": reply.total_steps, "created_at": created}
+        yield sse({"type": PROGRESS, **progress}, PROGRESS)
+        return
+    for i, blob in enumerate(reply.images):
+        image = {
+            "type": COMPLETED,
+            "index": i,
+            "b64_json": base64.b64encode(blob).decode("ascii"),
+            "seed": reply.seed + i,
+            "size": f"{reply.width}x{reply.height}",
+            "output_format": output_format,
+            "num_inference_steps": reply.steps,
+            "created_at": created,
+        }
+        yield sse(image, COMPLETED)
+
+
 def add_image_routes(kit: RouteKit) -> list[Route]:
     """The diffusion runtime's routes for the HTTP child's app (see the module docstring)."""
     state, client, metrics = kit.state, kit.state.client, kit.state.metrics
@@ -134,8 +186,17 @@ def add_image_routes(kit: RouteKit) -> list[Route]:
                 guidance_scale=body.guidance_scale,
                 seed=body.seed,
                 output_format=body.output_format,
+                stream=body.stream,
             )
 
+        if body.stream:
+
+            def render(reply: m.ImageProgress | m.Images) -> Iterator[bytes]:
+                if isinstance(reply, m.Images):
+                    metrics.observe_result(reply.batch_size, 0)
+                return image_events(reply, body.output_format)
+
+            return await event_stream(client.call(request), render, receive, "error")
         reply = await kit.unless_disconnected(receive, client.one(request))
         if reply is None:
             return error_response(499, "the client went away")
@@ -159,7 +220,14 @@ def add_image_routes(kit: RouteKit) -> list[Route]:
             "POST",
             "/v1/images/generations",
             images,
-            "text-to-image generation (OpenAI shape; images as b64_json)",
+            "text-to-image generation (OpenAI shape; images as b64_json; stream with "
+            "server-sent events)",
             ImageGenerationRequest,
+            events=f"`event: {PROGRESS}` after each denoising step, data {{type, step, "
+            f"total_steps, created_at}} (step counts from 1; one step advances every image of "
+            f"the request); `event: {COMPLETED}` for each image, data {{type, index, b64_json, "
+            f"seed, size, output_format, num_inference_steps, created_at}}; then "
+            f"`data: [DONE]`. A failure once streaming is `event: error` with "
+            f'{{"error": {{...}}}} before [DONE].',
         )
     ]

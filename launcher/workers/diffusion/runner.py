@@ -40,8 +40,9 @@ _GIB = float(1 << 30)
 _DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
-# Called after each denoising step with the step's index; returning True stops the loop.
-StepCallback = Callable[[int], bool]
+# Called after each denoising step as ``(done, total)``: the steps finished so far (1 after the
+# first) and the steps of this pipeline call; returning True stops the loop.
+StepCallback = Callable[[int, int], bool]
 
 
 class ModelLoadError(RuntimeError):
@@ -176,6 +177,9 @@ class DiffusionWorker:
             timeout_s=group.timeout_s,
             device_id=device_id,
         )
+        # init_tp_group sets LOCAL_RANK to the rank in the group (for transformers' device mesh);
+        # get_local_torch_device() must keep naming this process's device on the node.
+        os.environ["LOCAL_RANK"] = str(self.local_rank)
         self.parallel.update(
             backend=backend, device_id=None if device_id is None else str(device_id)
         )
@@ -458,7 +462,8 @@ class DiffusionWorker:
         self, shape: Shape, jobs: list[ImageJob], step_callback: StepCallback | None = None
     ) -> list[list[bytes]]:
         """Run ``jobs`` as one pipeline batch of ``shape``; each job's images, encoded (a hook
-        target). ``step_callback(step)`` runs after each denoising step; returning True stops."""
+        target). ``step_callback(done, total)`` runs after each denoising step; returning True
+        stops."""
         images = self.denoise(shape, jobs, step_callback)
         out, at = [], 0
         for job in jobs:
@@ -484,7 +489,10 @@ class DiffusionWorker:
         if step_callback is not None or split:
 
             def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict) -> dict:
-                stop = bool(step_callback(step)) if step_callback is not None else False
+                # diffusers counts the loop's steps in num_timesteps (more than the steps asked
+                # for with a second-order scheduler); the asked-for count where it has none.
+                total = getattr(pipeline, "num_timesteps", None) or shape.steps
+                stop = bool(step_callback(step + 1, total)) if step_callback is not None else False
                 if split:  # rank 0 decides; both ranks stop at the same step
                     from launcher.workers.distributed import broadcast_flags
 

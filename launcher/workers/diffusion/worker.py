@@ -7,9 +7,10 @@ the device up and loads the pipeline through ``DiffusionWorker`` (every decision
 with the same queue as the text scheduler (``launcher.workers.scheduler.Scheduler``): requests
 are checked on arrival (a bad one gets a 400 naming the field and the limit at once), queued,
 and those of the same size, step count and guidance scale that arrive together run as one
-pipeline batch of at most ``--max-batch-size`` images. A cancelled request is dropped from the
-queue, or, when every request of the running batch is cancelled, the denoising loop stops at
-the next step.
+pipeline batch of at most ``--max-batch-size`` images. A streamed request (``stream``) hears of
+each denoising step of its batch (``ImageProgress``) before its images. A cancelled request is
+dropped from the queue, or, when every request of the running batch is cancelled, the denoising
+loop stops at the next step.
 """
 
 from __future__ import annotations
@@ -165,11 +166,15 @@ class ImageScheduler(Scheduler):
 
         shape = batch[0].shape
         split = self.runner.splits(shape)
+        streamed = [q for q in batch if q.request.stream]
 
-        def every_step(step: int) -> bool:
+        def every_step(done: int, total: int) -> bool:
             self.drain()  # take in cancellations (and queue new requests) between steps
             if self.runner.tp_size > 1 and not split:
                 self.keep_followers_waiting()  # rank 1 is idle through this batch
+            for q in streamed:  # each streamed request of the batch hears of every step
+                if q.request.rid not in self.cancelled:
+                    self.send(q.identity, m.ImageProgress(q.request.rid, done, total))
             return rids <= self.cancelled
 
         try:
