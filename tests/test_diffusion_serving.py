@@ -451,15 +451,20 @@ def test_dp2_serves_on_both_replicas_and_sigint_leaves_nothing(tiny_pipeline, tm
             "intra_op": max(1, cores // 2),
             "omp_wait_policy": "ACTIVE",
         }
-        srv.proc.send_signal(signal.SIGINT)
-        assert srv.wait_exit(timeout=60) == 0, srv.log
-        wait_for(
-            lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
-            timeout=30,
-            what="every process of the launch gone",
-        )
+        sigint_leaves_nothing(srv, tree)
     finally:
         srv.stop()
+
+
+def sigint_leaves_nothing(srv, tree: list) -> None:
+    """SIGINT stops the launch with 0, and every process of ``tree`` is gone soon after."""
+    srv.proc.send_signal(signal.SIGINT)
+    assert srv.wait_exit(timeout=60) == 0, srv.log
+    wait_for(
+        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
+        timeout=30,
+        what="every process of the launch gone",
+    )
 
 
 def pixels(blob: bytes):
@@ -519,12 +524,6 @@ def test_cfg_parallel_gives_the_single_rank_images(server, leak_ok, tiny_pipelin
         # A streamed request on the two ranks: rank 0 reports each step of the split loop.
         progress, images = split_events(stream(cfg, seed=9, num_inference_steps=3))
         assert [e["step"] for e in progress] == [1, 2, 3] and len(images) == 1
-        cfg.proc.send_signal(signal.SIGINT)
-        assert cfg.wait_exit(timeout=60) == 0, cfg.log
-        wait_for(
-            lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
-            timeout=30,
-            what="every process of the launch gone",
-        )
+        sigint_leaves_nothing(cfg, tree)
     finally:
         cfg.stop()
