@@ -305,19 +305,29 @@ def test_the_openai_client_reads_the_stream(server, leak_ok):
     )
 
 
-def test_a_client_that_leaves_mid_stream_cancels_its_request(server, leak_ok):
-    def aborted() -> int:
-        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
-        return info["schedulers"][0]["aborted"]
+def scheduler_counts(server) -> dict:
+    """The one scheduler's counters (``batches``, ``aborted``, ...) from ``/get_server_info``."""
+    info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    return info["schedulers"][0]
 
-    before = aborted()
-    with httpx.stream(
+
+def long_stream(server):
+    """A streamed request of 900 steps: it keeps the worker busy until its client leaves."""
+    return httpx.stream(
         "POST",
         server.url + ROUTE,
         json=body(stream=True, num_inference_steps=900),
         headers=AUTH,
         timeout=60,
-    ) as reply:
+    )
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_request(server, leak_ok):
+    def aborted() -> int:
+        return scheduler_counts(server)["aborted"]
+
+    before = aborted()
+    with long_stream(server) as reply:
         lines = reply.iter_lines()
         assert first_step(lines)["step"] == 1
         assert first_step(lines)["step"] == 2  # still streaming; then hang up
@@ -329,17 +339,11 @@ def test_a_client_that_leaves_mid_stream_cancels_its_request(server, leak_ok):
 
 def test_a_client_that_leaves_before_the_first_event_is_dropped_from_the_queue(server, leak_ok):
     def counts() -> tuple[int, int]:
-        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
-        return info["schedulers"][0]["batches"], info["schedulers"][0]["aborted"]
+        one = scheduler_counts(server)
+        return one["batches"], one["aborted"]
 
     batches, aborted = counts()
-    with httpx.stream(
-        "POST",
-        server.url + ROUTE,
-        json=body(stream=True, num_inference_steps=900),
-        headers=AUTH,
-        timeout=60,
-    ) as busy:
+    with long_stream(server) as busy:
         lines = busy.iter_lines()
         first_step(lines)
         # The worker is busy with that one: this stream waits in the queue, and its client
