@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 import pytest
 
 from launcher.workers import messages
 from launcher.workers.client import SchedulerClient, SchedulerError
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_replica_that_stops_reading_gets_a_503_once_its_queue_is_full(tmp_path):
@@ -155,6 +159,7 @@ def test_in_flight_requests_on_a_dying_replica_are_answered_by_another_then_it_i
             reborn = FakeReplica(zctx, eps[0], 0)
             client._on_ops_event("replica.0.ready", {})
             assert client.restarting == [] and client.healthy
+            await _until(lambda: client.replicas[0].connected, "dp=0 connected again")
             pongs = await client.ping_all(timeout=5)
             assert [p.dp_rank for p in pongs if p] == [0, 1]
             await client.one(lambda rid: messages.EmbedRequest(rid, ["y"]), None)
@@ -198,6 +203,8 @@ def test_a_stream_that_sent_output_fails_when_its_replica_dies_one_that_sent_non
             # successor, and the client sees only that one's output.
             reborn = FakeReplica(zctx, eps[0], 0, hold=True)
             client._on_ops_event("replica.0.ready", {})
+            # Ties go to a connected replica: once dp=0's fresh connection is up it is the pick.
+            await _until(lambda: client.replicas[0].connected, "dp=0 connected again")
             filler = asyncio.ensure_future(client.one(stream))  # keeps dp=0 the busier one
             await _until(lambda: len(reborn.received) == 1, "a request at dp=0")
             waiting = client.call(stream, None)
@@ -236,3 +243,51 @@ def test_without_healing_one_dead_replica_makes_the_client_unhealthy(tmp_path):
             zctx.destroy(0)
 
     asyncio.run(scenario())
+
+
+_CLOSE_AS_REPLICAS_DIE = """
+import asyncio, sys, tempfile, zmq, zmq.asyncio
+from launcher.workers.client import SchedulerClient
+
+async def main(rounds):
+    folder = tempfile.mkdtemp()
+    for i in range(rounds):
+        zctx = zmq.asyncio.Context()
+        eps = [f"ipc://{folder}/a{i}.sock", f"ipc://{folder}/b{i}.sock"]
+        routers = []
+        for ep in eps:
+            router = zctx.socket(zmq.ROUTER)
+            router.setsockopt(zmq.LINGER, 0)
+            router.bind(ep)
+            routers.append(router)
+        client = SchedulerClient(eps)
+        await client.start()
+        while not all(r.connected for r in client.replicas):
+            await asyncio.sleep(0.001)
+        for router in routers:
+            router.close(0)
+        await client.close()
+        zctx.destroy(0)
+    print("closed", rounds)
+
+asyncio.run(main(int(sys.argv[1])))
+"""
+
+
+def test_closing_while_the_replicas_go_away_never_hangs(tmp_path):
+    """The HTTP worker shuts down as its schedulers exit (every stop of a server): the client's
+    close() returns each time. Closing a monitor's reader before the monitor itself once left
+    libzmq's I/O thread blocked on a disconnect event and close() waiting for it for ever (seen
+    within 50 rounds); the rounds run in a child so that a hang is a failure, not a stuck run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _CLOSE_AS_REPLICAS_DIE, "200"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "closed 200" in done.stdout, done.stderr

@@ -232,12 +232,15 @@ class SchedulerClient:
 
     async def close(self) -> None:
         self._closing = True
+        # Each monitor is stopped before its reader closes: libzmq's I/O thread sends monitor
+        # events with a blocking send under the socket's monitor lock, so an event for a reader
+        # that is already gone would stall that thread and, with it, disable_monitor() forever.
+        for rep in self.replicas:
+            self._disconnect(rep)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        for rep in self.replicas:
-            self._disconnect(rep)
         if self._zctx is not None:
             self._zctx.destroy(0)
             self._zctx = None
@@ -297,6 +300,8 @@ class SchedulerClient:
             raise
         except Exception:  # noqa: BLE001 - a monitor failure must not take the server down
             log.exception("socket monitor of scheduler dp=%d stopped", rep.dp_rank)
+            if rep.sock is not None:  # no more events for a reader about to close (see close())
+                rep.sock.disable_monitor()
         finally:
             monitor.close(0)
 
