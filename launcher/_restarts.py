@@ -68,6 +68,10 @@ class Restarts:
         """Seconds to wait before restart number ``attempt`` (1-based) of a replica."""
         return min(self.backoff * 2 ** max(attempt - 1, 0), BACKOFF_CAP)
 
+    def would_restart(self, dp_rank: int) -> bool:
+        """Whether a failure of replica ``dp_rank`` now would be restarted (nothing is counted)."""
+        return self.policy == ON_FAILURE and self.count(dp_rank) < self.max_restarts
+
     def decide(self, dp_rank: int) -> Decision:
         """Replica ``dp_rank`` failed after the launch was ready: restart it? A ``restart``
         decision counts as one restart of that replica."""

@@ -705,11 +705,19 @@ class Supervisor:
 
     def _restart_replica_of(self, cause: RootCause) -> bool:
         """Start restarting the replica of ``cause.worker`` when the policy allows (True); else
-        False, and ``cause`` (whose hint then says restarts ran out) ends the launch."""
+        False, and ``cause`` (whose hint then says restarts ran out) ends the launch. During a
+        stop nothing is restarted, but a failure the policy would have healed is still True."""
         worker = next((w for w in self._children if w.state.name == cause.worker), None)
-        if worker is None or worker.spec.role != "scheduler" or self._stop_reason is not None:
+        if worker is None or worker.spec.role != "scheduler":
             return False
         dp = worker.spec.rank // max(worker.spec.tp_size, 1)
+        if self._stop_reason is not None:
+            # A stop was asked for before this failure was handled: nothing is restarted, and a
+            # replica the policy would have restarted is no failure of the launch (it exits 0).
+            if not self._restarts.would_restart(dp):
+                return False
+            self._blamed = None
+            return True
         decision = self._restarts.decide(dp)
         if not decision.restart:
             if decision.exhausted:

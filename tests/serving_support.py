@@ -229,9 +229,12 @@ def run_load(
     path: str = "/v1/embeddings",
     headers: dict | None = None,
     stop_event=None,
+    pause: float = 0.0,
 ) -> dict:
     """``clients`` threads, each with one keep-alive connection, POST ``make_body(i)`` to ``path``
-    for ``seconds`` (or until ``stop_event`` is set). Returns counts, errors and latency figures."""
+    for ``seconds`` (or until ``stop_event`` is set), each waiting ``pause`` seconds after every
+    answer (0: back to back, a saturating load; a pause leaves the cores room, for example for a
+    replica that restarts meanwhile). Returns counts, errors and latency figures."""
     import threading
 
     import httpx
@@ -240,6 +243,7 @@ def run_load(
     errors: list[str] = []
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
+    stop = stop_event or threading.Event()
 
     def client(k: int) -> None:
         with httpx.Client(
@@ -258,6 +262,8 @@ def run_load(
                 with lock:
                     (latencies.append(elapsed) if ok else errors.append(note))
                 i += 1
+                if pause and stop.wait(pause):
+                    break
 
     started = time.monotonic()
     threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]

@@ -394,28 +394,12 @@ def test_openapi_documents_streaming(server, leak_ok):
     assert stream_field["type"] == "boolean" and "server-sent events" in stream_field["description"]
 
 
-def test_a_worker_that_dies_mid_stream_ends_it_with_an_error_event(tiny_pipeline, tmp_path):
-    srv = start_server(
-        ["--runtime", "diffusion", "--model-path", str(tiny_pipeline)], tmp_path, "diffusion-dies"
-    )
-    try:
-        worker = httpx.get(srv.url + "/get_server_info", timeout=30).json()["schedulers"][0]["pid"]
-        with httpx.stream(
-            "POST", srv.url + ROUTE, json=body(stream=True, num_inference_steps=900), timeout=60
-        ) as reply:
-            lines = reply.iter_lines()
-            first_step(lines)  # the worker is in the denoising loop
-            os.kill(worker, signal.SIGKILL)
-            events = sse_events(lines)
-        errors = [data for name, data in events if name == "error"]
-        assert len(errors) == 1 and events[-1] == (None, "[DONE]"), events[-3:]
-        error = errors[0]["error"]
-        assert error["code"] == 503 and "scheduler dp=0 is gone" in error["message"], error
-    finally:
-        srv.stop()
-
-
-def test_dp2_serves_on_both_replicas_and_sigint_leaves_nothing(tiny_pipeline, tmp_path):
+def test_dp2_serves_on_both_a_dying_worker_ends_its_stream_and_sigint_leaves_nothing(
+    tiny_pipeline, tmp_path
+):
+    """dp=2 serves on both replicas; a worker SIGKILLed mid-stream ends that stream with an error
+    event (its replica restarts: the dp=2 default); SIGINT, even during that restart, leaves
+    nothing behind."""
     srv = start_server(
         ["--runtime", "diffusion", "--model-path", str(tiny_pipeline), "--dp-size", "2"],
         tmp_path,
@@ -455,6 +439,20 @@ def test_dp2_serves_on_both_replicas_and_sigint_leaves_nothing(tiny_pipeline, tm
             "intra_op": max(1, cores // 2),
             "omp_wait_policy": "ACTIVE",
         }
+
+        worker = info["schedulers"][0]["pid"]  # both idle: the stream goes to dp=0
+        with httpx.stream(
+            "POST", srv.url + ROUTE, json=body(stream=True, num_inference_steps=900), timeout=60
+        ) as reply:
+            lines = reply.iter_lines()
+            first_step(lines)  # the worker is in the denoising loop
+            os.kill(worker, signal.SIGKILL)
+            events = sse_events(lines)
+        errors = [data for name, data in events if name == "error"]
+        assert len(errors) == 1 and events[-1] == (None, "[DONE]"), events[-3:]
+        error = errors[0]["error"]
+        assert error["code"] == 503 and "scheduler dp=0 is gone" in error["message"], error
+        tree += psutil.Process(srv.proc.pid).children(recursive=True)  # dp=0's successor too
         sigint_leaves_nothing(srv, tree)
     finally:
         srv.stop()

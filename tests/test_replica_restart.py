@@ -240,6 +240,34 @@ def test_a_stop_during_a_restart_ends_everything_with_exit_0(tmp_path):
 
 
 @pytest.mark.e2e
+def test_a_replica_that_dies_as_a_stop_arrives_is_no_failure(tmp_path):
+    """The supervisor is paused (SIGSTOP) while a rank of replica dp=1 is SIGKILLed and SIGTERM
+    is sent, so that it finds both at once when resumed: a replica its policy would restart is
+    not the launch's failure when a stop was asked for, whichever it handles first. Exit 0,
+    nothing restarted, nothing left."""
+    import psutil
+
+    with Run(TP2_DP2) as run:
+        before = _workers(run.wait_ready())
+        os.kill(run.pid, signal.SIGSTOP)
+        try:
+            os.kill(before["scheduler.2"]["pid"], signal.SIGKILL)
+            victim = psutil.Process(before["scheduler.2"]["pid"])
+            wait_for(
+                lambda: not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE,
+                30,
+                "scheduler.2 to die",
+            )
+            run.proc.send_signal(signal.SIGTERM)
+        finally:
+            os.kill(run.pid, signal.SIGCONT)
+        assert run.wait(60) == 0, run
+        out = run.stderr + run.stdout
+        assert "stopping (received SIGTERM)" in out and "restarts (attempt" not in out, out
+        run.assert_nothing_left()
+
+
+@pytest.mark.e2e
 def test_a_hung_replica_is_restarted_and_watched_again(tmp_path):
     """SIGSTOP scheduler.1 (dp=2): the watchdog calls it hung, its replica is restarted (SIGKILL
     ends even a stopped process), and the new process is watched like the old one: stopped in

@@ -1,4 +1,4 @@
-"""dp=2 through the real CLI: a bounded load test (16 clients, 20 s, loopback), then a scheduler
+"""dp=2 through the real CLI: a bounded load test (16 clients, 8 s, loopback), then a scheduler
 killed mid-load with ``--restart-policy never``. The supervisor is paused (SIGSTOP) for the kill,
 so what turns ``/health`` false is the HTTP child's own liveness signal; resumed, the supervisor
 tears everything down and reports the root cause. With the default policy (on-failure at dp=2) a
@@ -43,7 +43,7 @@ def server(tmp_path):
 
 
 def test_dp2_load_then_a_scheduler_dies_mid_load(server, capsys):
-    stats = run_load(server.url, embedding_body, clients=16, seconds=20)
+    stats = run_load(server.url, embedding_body, clients=16, seconds=8)
     report(
         capsys,
         f"load dp=2: {stats['requests']} requests, {len(stats['errors'])} errors, "
@@ -196,7 +196,9 @@ def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
     result: dict = {}
     load = threading.Thread(
         target=lambda: result.update(
-            run_load(srv.url, embedding_body, clients=4, seconds=600, stop_event=stop_load)
+            run_load(
+                srv.url, embedding_body, clients=4, seconds=600, pause=0.02, stop_event=stop_load
+            )
         ),
         daemon=True,
     )
@@ -294,7 +296,15 @@ def test_tp2_dp2_restarts_the_tp_group_of_a_killed_rank_as_a_unit(tmp_path, caps
 
     load = threading.Thread(
         target=lambda: result.update(
-            run_load(srv.url, body, clients=2, seconds=600, path="/generate", stop_event=stop_load)
+            run_load(
+                srv.url,
+                body,
+                clients=2,
+                seconds=600,
+                pause=0.02,
+                path="/generate",
+                stop_event=stop_load,
+            )
         ),
         daemon=True,
     )
