@@ -137,8 +137,11 @@ def init_tp_group(
 
     bind = {} if device_id is None else {"device_id": device_id}
 
-    # transformers reads these when it builds its device mesh.
-    os.environ.update(RANK=str(tp_rank), LOCAL_RANK=str(tp_rank), WORLD_SIZE=str(tp_size))
+    # transformers reads these when it builds its device mesh: RANK and WORLD_SIZE within the
+    # group, while LOCAL_RANK stays the launch's node-local rank, the index of this process's
+    # device (transformers binds the accelerator LOCAL_RANK names; the group's rank would put
+    # replica 1's ranks on replica 0's devices).
+    os.environ.update(RANK=str(tp_rank), WORLD_SIZE=str(tp_size))
     if store is not None:
         dist.init_process_group(
             backend=backend,

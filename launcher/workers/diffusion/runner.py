@@ -177,9 +177,6 @@ class DiffusionWorker:
             timeout_s=group.timeout_s,
             device_id=device_id,
         )
-        # init_tp_group sets LOCAL_RANK to the rank in the group (for transformers' device mesh);
-        # get_local_torch_device() must keep naming this process's device on the node.
-        os.environ["LOCAL_RANK"] = str(self.local_rank)
         self.parallel.update(
             backend=backend, device_id=None if device_id is None else str(device_id)
         )
