@@ -15,7 +15,7 @@ import types
 import psutil
 import pytest
 import torch
-from support import clean_env, make_dist, run_python
+from support import clean_env, drivers_present, make_dist, run_python
 
 import platforms
 import platforms.diffusion
@@ -252,6 +252,7 @@ def stand_in(monkeypatch, api, capability=(9, 0)):
     }
     for name, fn in answers.items():
         monkeypatch.setattr(api, name, fn, raising=False)
+    drivers_present(monkeypatch)
     return calls
 
 

@@ -8,6 +8,8 @@ threads, terminal failure, fork), ``pin_selection``, and the pip-installed demo 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from plugin_fixtures import DEMO_DISTRIBUTION, platform_plugin
 from support import clean_env, run_python
@@ -411,6 +413,43 @@ def test_a_server_runs_on_the_cpu_where_the_srt_chart_ends_at_the_base_platform(
     platform_plugin(site, "on")
     with_plugin = run_python(code, args=["serve"], sites=[site])
     assert with_plugin.data[0] == "plugin:on", with_plugin
+
+
+def _device_drivers_here() -> bool:
+    import glob
+
+    from platforms.builtin._accelerator import driver_loadable
+
+    return (
+        sys.platform == "darwin"
+        or driver_loadable("libcuda.so.1", "libcuda.so", "nvcuda.dll")
+        or bool(glob.glob("/dev/kfd") or glob.glob("/dev/dri/renderD*"))
+    )
+
+
+@pytest.mark.skipif(_device_drivers_here(), reason="this machine has a device driver")
+def test_probing_a_machine_without_device_drivers_imports_no_torch():
+    """This machine has no NVIDIA, AMD or Intel GPU driver and is not a Mac: every built-in probe
+    of both runtimes answers "not available" from the driver check alone, without importing
+    torch (seconds of every launch's start-up, in the supervisor, before any worker spawns).
+    A server falls back to the CPU in both runtimes."""
+    code = """
+        import json, sys
+        from platforms import runtimes
+        from platforms._selection import resolve
+        from platforms.builtin import cuda, mps, rocm, xpu
+        out = {"probes": [cuda.available(), rocm.available(), xpu.available(), mps.available()]}
+        out["keys"] = [resolve(spec, {}, serving=True).key
+                       for spec in (runtimes.SRT, runtimes.DIFFUSION)]
+        out["torch"] = "torch" in sys.modules
+        print("RESULT:" + json.dumps(out))
+    """
+    got = run_python(code).data
+    assert got == {
+        "probes": [False, False, False, False],
+        "keys": ["builtin:cpu", "builtin:cpu"],
+        "torch": False,
+    }, got
 
 
 @pytest.mark.e2e  # probes the accelerators (torch) in fresh interpreters

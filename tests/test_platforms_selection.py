@@ -16,7 +16,7 @@ import sys
 
 import pytest
 from plugin_fixtures import platform_plugin
-from support import make_dist
+from support import drivers_present, make_dist
 
 from platforms import entrypoints
 from platforms._selection import PlatformSelectionError, instantiate, resolve
@@ -211,6 +211,7 @@ def test_srt_fallback_chain_cuda_rocm_xpu_base(plugins, monkeypatch):
     """Stand-in for hardware this machine lacks: torch's own queries answer as on that hardware."""
     import torch
 
+    drivers_present(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.version, "hip", None)
     assert resolve(SRT, {"SGLANG_USE_CPU_ENGINE": "0"}).key == "builtin:cuda"

@@ -26,6 +26,32 @@ def torch_api(module_name: str, extension: str | None = None) -> Any:
     return getattr(torch, module_name, None)
 
 
+def driver_loadable(*names: str) -> bool:
+    """Whether one of the shared libraries ``names`` loads (a device driver's user-space part).
+    Probes call this before importing torch: torch can use no device whose driver is absent,
+    and a failed ``dlopen`` costs microseconds where importing torch costs seconds."""
+    import ctypes
+
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return True
+    return False
+
+
+def linux_device_nodes(*paths: str) -> bool | None:
+    """On Linux, whether any of the device files ``paths`` (globs allowed) exists; None on
+    other systems, where the probe must ask torch."""
+    import glob
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    return any(glob.glob(path) for path in paths)
+
+
 def api_available(module_name: str, extension: str | None = None) -> bool:
     """Whether ``torch.<module_name>`` exists and reports a usable device."""
     api = torch_api(module_name, extension)

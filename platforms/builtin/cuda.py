@@ -8,11 +8,14 @@ from ..device_mixin import DeviceCapability, PlatformEnum
 from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ..interface import SRTPlatform
-from ._accelerator import TorchAccelerator, api_available
+from ._accelerator import TorchAccelerator, api_available, driver_loadable
 
 
 def available() -> bool:
-    """A CUDA device is usable and this torch is a CUDA (not a HIP) build."""
+    """A CUDA device is usable and this torch is a CUDA (not a HIP) build. Without the NVIDIA
+    driver library no CUDA device can be, and torch is not imported to find that out."""
+    if not driver_loadable("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        return False
     import torch
 
     return torch.version.hip is None and api_available("cuda")

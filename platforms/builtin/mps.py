@@ -13,6 +13,11 @@ if TYPE_CHECKING:
 
 
 def available() -> bool:
+    """torch's MPS backend is usable: only on macOS (elsewhere torch is not imported)."""
+    import sys
+
+    if sys.platform != "darwin":
+        return False
     import torch
 
     backend = getattr(torch.backends, "mps", None)

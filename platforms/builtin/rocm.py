@@ -8,11 +8,14 @@ from ..device_mixin import PlatformEnum
 from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ..interface import SRTPlatform
-from ._accelerator import TorchAccelerator, api_available
+from ._accelerator import TorchAccelerator, api_available, linux_device_nodes
 
 
 def available() -> bool:
-    """This torch is a HIP build and sees an AMD device."""
+    """This torch is a HIP build and sees an AMD device. On Linux that needs the AMD GPU kernel
+    driver's ``/dev/kfd``; without it torch is not imported to find that out."""
+    if linux_device_nodes("/dev/kfd") is False:
+        return False
     import torch
 
     return torch.version.hip is not None and api_available("cuda")

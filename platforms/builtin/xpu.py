@@ -8,10 +8,14 @@ from ..device_mixin import PlatformEnum
 from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ..interface import SRTPlatform
-from ._accelerator import TorchAccelerator, api_available
+from ._accelerator import TorchAccelerator, api_available, linux_device_nodes
 
 
 def available() -> bool:
+    """torch sees an Intel GPU. On Linux that needs a DRM render node (``/dev/dri/renderD*``);
+    without one torch is not imported to find that out."""
+    if linux_device_nodes("/dev/dri/renderD*") is False:
+        return False
     return api_available("xpu")
 
 
