@@ -10,11 +10,15 @@ measurement is a fresh interpreter; the scenarios run interleaved, ``--runs`` ti
 * explicit  -- ``SGLANG_PLATFORM=demo``: resolve and construct ``platforms.current_platform``;
 * auto      -- the same with automatic discovery (every installed plugin activated; demo wins);
 * fallback  -- automatic discovery where no plugin activates, so the built-in chain probes
-               torch for CUDA/ROCm/XPU (shown for information; it pays for importing torch).
+               CUDA/ROCm/XPU: each probe checks for its driver first and asks torch only when
+               the driver is there;
+* torch-probe -- the same fallback when the probes ask torch whatever the drivers (how they
+               worked before the driver checks): the price of importing torch in the supervisor.
 
 It prints, per scenario, the median time of the operation inside the child and of the whole
 child process, the ratios to the baseline (target: explicit at most 1.5x), and how many plugin
-modules each scenario imported (explicit selection must import exactly 1).
+modules each scenario imported (explicit selection must import exactly 1); then fallback against
+torch-probe (on a machine without accelerator drivers fallback must not import torch).
 """
 
 from __future__ import annotations
@@ -44,6 +48,16 @@ elapsed = time.perf_counter() - t0
 
 RESOLVE = """
 import time; t0 = time.perf_counter()
+from platforms import current_platform
+current_platform.device_type
+elapsed = time.perf_counter() - t0
+"""
+
+TORCH_PROBES = """
+import time; t0 = time.perf_counter()
+import torch
+torch.version.hip is None and torch.cuda.is_available()
+getattr(torch, "xpu", None) is not None and torch.xpu.is_available()
 from platforms import current_platform
 current_platform.device_type
 elapsed = time.perf_counter() - t0
@@ -138,6 +152,7 @@ def main(argv=None) -> int:
             ),
             "auto": (RESOLVE + report, {"DEMO_PLATFORM_ENABLE": "1"}),
             "fallback": (RESOLVE + report, {}),
+            "torch-probe": (TORCH_PROBES + report, {}),
         }
         inner: dict[str, list[float]] = {name: [] for name in scenarios}
         wall: dict[str, list[float]] = {name: [] for name in scenarios}
@@ -158,12 +173,12 @@ def main(argv=None) -> int:
         f"({len(packages)} platform plugins installed; python {sys.version.split()[0]})"
     )
     print(
-        f"{'scenario':<10} {'operation ms':>13} {'x baseline':>11} {'process ms':>11} {'x baseline':>11}"
+        f"{'scenario':<11} {'operation ms':>13} {'x baseline':>11} {'process ms':>11} {'x baseline':>11}"
         f"  plugin modules imported  torch imported"
     )
     for name in scenarios:
         print(
-            f"{name:<10} {med_inner[name] * 1e3:>13.2f} {med_inner[name] / med_inner['baseline']:>11.2f} "
+            f"{name:<11} {med_inner[name] * 1e3:>13.2f} {med_inner[name] / med_inner['baseline']:>11.2f} "
             f"{med_wall[name] * 1e3:>11.1f} {med_wall[name] / med_wall['baseline']:>11.2f}"
             f"  {len(details[name]['imported']):>23}  {str(details[name]['torch']):>14}"
         )
@@ -173,6 +188,12 @@ def main(argv=None) -> int:
         f"explicit selection: {explicit_ratio:.2f}x the entry-point read (target <= 1.5x: "
         f"{'met' if explicit_ratio <= 1.5 else 'NOT met'}); plugin modules imported: {explicit_modules} "
         f"({', '.join(details['explicit']['imported'])}; must be 1: {'met' if explicit_modules == 1 else 'NOT met'})"
+    )
+    fallback_ratio = med_wall["fallback"] / med_wall["torch-probe"]
+    print(
+        f"fallback with driver checks: {fallback_ratio:.2f}x the process time of probing through "
+        f"torch ({med_wall['fallback'] * 1e3:.0f} vs {med_wall['torch-probe'] * 1e3:.0f} ms); "
+        f"torch imported: {details['fallback']['torch']}"
     )
     return 0
 
