@@ -167,23 +167,46 @@ def test_models_ready_info_and_metrics(server, leak_ok, tiny_pipeline):
     assert f'route="{ROUTE}"' in metrics
 
 
-def test_same_shape_requests_that_arrive_together_share_a_batch(server, leak_ok):
-    def batches() -> int:
-        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
-        return info["schedulers"][0]["batches"]
+def batches(server) -> int:
+    info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    return info["schedulers"][0]["batches"]
 
-    before = batches()
+
+def queued_behind_a_long_request(server, requests: list[threading.Thread]) -> None:
+    """Start ``requests`` while a long streamed request keeps the worker busy, wait until every
+    one of them waits in the worker's queue (its ``queue_depth``, which the worker reports between
+    two steps), then hang up on the long one: the worker stops it and takes its next batch from
+    that queue. Joins the threads."""
+
+    def queued() -> int:
+        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+        return info["schedulers"][0]["queue_depth"]
+
+    long = body(stream=True, num_inference_steps=900)
+    with httpx.stream("POST", server.url + ROUTE, json=long, headers=AUTH, timeout=60) as reply:
+        lines = reply.iter_lines()  # kept: a dropped line generator would hang up at once
+        first_step(lines)  # the worker is in the long request's denoising loop
+        for t in requests:
+            t.start()
+        wait_for(
+            lambda: queued() >= len(requests),
+            what=f"{len(requests)} requests queued behind the long one",
+        )
+    for t in requests:
+        t.join()
+
+
+def test_same_shape_requests_that_arrive_together_share_a_batch(server, leak_ok):
+    """Six requests of one shape that wait in the queue together run as one pipeline call."""
+    before = batches(server)
     replies: list[httpx.Response] = []
     threads = [
         threading.Thread(target=lambda i=i: replies.append(post(server, seed=100 + i)))
         for i in range(6)
     ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    queued_behind_a_long_request(server, threads)
     assert [r.status_code for r in replies] == [200] * 6
-    assert batches() - before < 6  # at least two requests ran in one pipeline call
+    assert batches(server) - before == 2  # the long request, then the six in one pipeline call
 
 
 def test_a_client_that_disconnects_cancels_its_request(server, leak_ok):
@@ -264,26 +287,19 @@ def test_stream_sends_one_event_per_step_then_the_images(server, leak_ok, n):
 
 
 def test_streamed_requests_batched_together_each_get_every_step(server, leak_ok):
-    def batches() -> int:
-        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
-        return info["schedulers"][0]["batches"]
-
-    before = batches()
+    before = batches(server)
     streams: dict[int, list] = {}
     threads = [
         threading.Thread(target=lambda i=i: streams.update({i: stream(server, seed=200 + i)}))
         for i in range(4)
     ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    queued_behind_a_long_request(server, threads)
     assert sorted(streams) == [0, 1, 2, 3]
     for i, events in streams.items():
         progress, images = split_events(events)
         assert [e["step"] for e in progress] == [1, 2], (i, progress)
         assert len(images) == 1 and images[0]["seed"] == 200 + i
-    assert batches() - before < 4  # at least two streamed requests ran in one pipeline call
+    assert batches(server) - before == 2  # the long request, then the four in one pipeline call
 
 
 def test_the_openai_client_reads_the_stream(server, leak_ok):
