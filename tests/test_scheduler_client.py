@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -217,6 +218,95 @@ def test_a_stream_that_sent_output_fails_when_its_replica_dies_one_that_sent_non
             filler.cancel()
         finally:
             await client.close()
+            zctx.destroy(0)
+
+    asyncio.run(scenario())
+
+
+class FakeSupervisor:
+    """The supervisor's ops sockets on real ZeroMQ: a PUB that publishes only what ``publish``
+    is given (so a test can lose an event) and a query REP answering ``events`` from the whole
+    ``history``, as the launcher's does."""
+
+    def __init__(self, zctx, folder) -> None:
+        import zmq
+
+        self.ops, self.query = f"ipc://{folder}/ops.sock", f"ipc://{folder}/query.sock"
+        self.pub = zctx.socket(zmq.PUB)
+        self.pub.bind(self.ops)
+        self.rep = zctx.socket(zmq.REP)
+        self.rep.bind(self.query)
+        self.history: list[dict] = []
+        self.queries = 0
+        self.task = asyncio.ensure_future(self._answer())
+
+    def emit(self, topic: str, publish: bool = True) -> None:
+        event = {"topic": topic, "seq": len(self.history) + 1}
+        self.history.append(event)
+        if publish:
+            self.pub.send_multipart([topic.encode(), json.dumps(event).encode()])
+
+    async def _answer(self) -> None:
+        while True:
+            request = json.loads(await self.rep.recv())
+            self.queries += 1
+            events = [e for e in self.history if e["seq"] > request["after"]]
+            await self.rep.send(json.dumps({"ok": True, "events": events}).encode())
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        self.pub.close(0)
+        self.rep.close(0)
+
+
+def test_a_lost_ready_event_is_fetched_from_the_supervisor(tmp_path):
+    """The supervisor's ``replica.0.ready`` never reaches the client's subscription (PUB/SUB
+    drops what it cannot deliver): while dp=0 restarts, the client asks the query socket for the
+    events it has not seen, applies them, and routes to the restarted replica again. A gap in
+    the sequence numbers is closed the same way as soon as the next event arrives."""
+    import zmq.asyncio
+
+    eps = [f"ipc://{tmp_path}/q0.sock", f"ipc://{tmp_path}/q1.sock"]
+
+    async def scenario():
+        zctx = zmq.asyncio.Context()
+        sup = FakeSupervisor(zctx, tmp_path)
+        dying, other = FakeReplica(zctx, eps[0], 0), FakeReplica(zctx, eps[1], 1)
+        client = SchedulerClient(eps, ops_endpoint=sup.ops, query_endpoint=sup.query, heals=True)
+        client.CATCH_UP_S = 0.05
+        await client.start()
+        try:
+            await _until(lambda: all(r.connected for r in client.replicas), "both connections")
+            deadline = asyncio.get_running_loop().time() + 10
+            while client._ops_seq == 0:  # until the subscription delivers (a slow joiner)
+                assert asyncio.get_running_loop().time() < deadline, "no event ever arrived"
+                sup.emit("server.ready")
+                await asyncio.sleep(0.05)
+            await dying.die()
+            sup.emit("replica.0.restarting")
+            await _until(lambda: client.restarting == [0], "dp=0 seen restarting")
+            reborn = FakeReplica(zctx, eps[0], 0)
+            sup.emit("replica.0.ready", publish=False)  # lost on the way
+            await _until(lambda: client.restarting == [], "dp=0 back through a catch-up")
+            await _until(lambda: client.replicas[0].connected, "dp=0 connected again")
+            await client.one(lambda rid: messages.EmbedRequest(rid, ["x"]), None)
+            assert len(reborn.received) == 1 and sup.queries >= 1
+
+            # A gap: replica 1 restarts, its ready is lost, and the next event closes the gap.
+            client.CATCH_UP_S = 3600.0  # no timed catch-up from here: only the gap triggers one
+            await other.die()
+            sup.emit("replica.1.restarting")
+            await _until(lambda: client.restarting == [1], "dp=1 seen restarting")
+            again = FakeReplica(zctx, eps[1], 1)
+            sup.emit("replica.1.ready", publish=False)
+            sup.emit("server.ready")  # the next event, numbered past the lost one
+            await _until(lambda: client.restarting == [], "dp=1 back through the gap")
+            await reborn.die()
+            await again.die()
+        finally:
+            await client.close()
+            await sup.close()
             zctx.destroy(0)
 
     asyncio.run(scenario())

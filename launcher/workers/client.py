@@ -21,6 +21,11 @@ output), else they fail with 503. ``healthy`` turns false as soon as a replica i
 launch ``heals`` (``--restart-policy on-failure``): then it stays true while one replica lives, the
 dead ones are listed as ``restarting``, and ``replica.<dp>.ready`` from the supervisor (all its
 ranks are ready again) connects a fresh socket to the restarted replica and routes to it again.
+
+No event may be missed: each carries the supervisor's sequence number, and where the numbers
+skip (or, while a replica restarts, every ``CATCH_UP_S`` seconds, in case the last one was lost)
+the client asks the supervisor's query socket (``ctx.query_endpoint``) for the events it has not
+seen and applies them in order.
 """
 
 from __future__ import annotations
@@ -94,9 +99,12 @@ class SchedulerClient:
     ``endpoints[i]`` is replica ``i``'s request address, or None when it is announced later:
     ``resolve(i)`` (blocking, run in a thread of its own) returns it once known, else None, and
     may raise when it can never be learned. ``ops_endpoint`` (optional) is the supervisor's PUB
-    socket; ``tp_size`` maps a scheduler rank in an ops topic to its replica. ``heals``: the
-    supervisor restarts a replica that dies (the launch goes on while one replica lives).
+    socket and ``query_endpoint`` its query socket (missed events are fetched there); ``tp_size``
+    maps a scheduler rank in an ops topic to its replica. ``heals``: the supervisor restarts a
+    replica that dies (the launch goes on while one replica lives).
     """
+
+    CATCH_UP_S = 2.0  # while a replica restarts: how often to ask for events not seen
 
     def __init__(
         self,
@@ -106,8 +114,11 @@ class SchedulerClient:
         metrics: Metrics | None = None,
         resolve: Callable[[int], str | None] | None = None,
         heals: bool = False,
+        query_endpoint: str | None = None,
     ) -> None:
         self.replicas = [Replica(i, ep) for i, ep in enumerate(endpoints)]
+        self.query_endpoint = query_endpoint or None
+        self._ops_seq = 0  # the last supervisor event applied
         self.heals = heals
         self.resolve = resolve
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -152,6 +163,8 @@ class SchedulerClient:
             sub.setsockopt(zmq.SUBSCRIBE, b"replica.")
             sub.connect(self.ops_endpoint)
             self._tasks.append(asyncio.create_task(self._follow_ops(sub)))
+        if self.query_endpoint and self.heals:
+            self._tasks.append(asyncio.create_task(self._catch_up_while_restarting()))
 
     def _connect(self, rep: Replica, endpoint: str) -> None:
         import zmq
@@ -316,11 +329,53 @@ class SchedulerClient:
                         body = json.loads(frames[1])
                     except ValueError:
                         body = {}
-                self._on_ops_event(topic, body if isinstance(body, dict) else {})
+                body = body if isinstance(body, dict) else {}
+                seq = body.get("seq")
+                if isinstance(seq, int):
+                    if self._ops_seq and seq > self._ops_seq + 1:
+                        await self._catch_up()  # events were lost: fetch them first, in order
+                    if seq <= self._ops_seq:
+                        continue  # applied already, by a catch-up
+                    self._ops_seq = seq
+                self._on_ops_event(topic, body)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001
             log.exception("ops subscription stopped")
+
+    async def _catch_up_while_restarting(self) -> None:
+        """While a replica restarts, ask every ``CATCH_UP_S`` for events not seen: a lost
+        ``replica.<dp>.ready`` would otherwise keep it out of routing for good."""
+        while True:
+            await asyncio.sleep(self.CATCH_UP_S)
+            if any(r.dead_reason for r in self.replicas):
+                await self._catch_up()
+
+    async def _catch_up(self) -> None:
+        """Apply, in order, the supervisor's events numbered above the last one applied."""
+        import zmq
+
+        if not self.query_endpoint or self._zctx is None:
+            return
+        sock = self._zctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(self.query_endpoint)
+            await sock.send(json.dumps({"query": "events", "after": self._ops_seq}).encode())
+            if not await sock.poll(5000):
+                log.warning("the supervisor did not answer a query for missed events")
+                return
+            reply = json.loads(await sock.recv())
+        except (zmq.ZMQError, ValueError) as exc:
+            log.warning("could not ask the supervisor for missed events: %s", exc)
+            return
+        finally:
+            sock.close(0)
+        for event in reply.get("events") or []:
+            seq = event.get("seq") if isinstance(event, dict) else None
+            if isinstance(seq, int) and seq > self._ops_seq:
+                self._ops_seq = seq
+                self._on_ops_event(str(event.get("topic", "")), event)
 
     def _on_ops_event(self, topic: str, body: dict) -> None:
         parts = topic.split(".")

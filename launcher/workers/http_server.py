@@ -102,6 +102,7 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
         metrics=metrics,
         resolve=directory.lookup if directory else None,
         heals=_heals(server_args),
+        query_endpoint=ctx.query_endpoint or None,
     )
     state = AppState(
         client=client,
