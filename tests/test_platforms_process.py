@@ -416,14 +416,13 @@ def test_a_server_runs_on_the_cpu_where_the_srt_chart_ends_at_the_base_platform(
 
 
 def _device_drivers_here() -> bool:
-    import glob
-
-    from platforms.builtin._accelerator import driver_loadable
+    from platforms.builtin import cuda, rocm, xpu
+    from platforms.builtin._accelerator import driver_loadable, linux_device_nodes
 
     return (
         sys.platform == "darwin"
-        or driver_loadable("libcuda.so.1", "libcuda.so", "nvcuda.dll")
-        or bool(glob.glob("/dev/kfd") or glob.glob("/dev/dri/renderD*"))
+        or driver_loadable(*cuda.DRIVER_LIBRARIES)
+        or linux_device_nodes(*rocm.DEVICE_NODES, *xpu.DEVICE_NODES) is not False
     )
 
 

@@ -10,11 +10,13 @@ from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ..interface import SRTPlatform
 from ._accelerator import TorchAccelerator, api_available, driver_loadable
 
+DRIVER_LIBRARIES = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")  # the NVIDIA driver's user side
+
 
 def available() -> bool:
     """A CUDA device is usable and this torch is a CUDA (not a HIP) build. Without the NVIDIA
     driver library no CUDA device can be, and torch is not imported to find that out."""
-    if not driver_loadable("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+    if not driver_loadable(*DRIVER_LIBRARIES):
         return False
     import torch
 

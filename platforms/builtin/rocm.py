@@ -10,11 +10,13 @@ from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ..interface import SRTPlatform
 from ._accelerator import TorchAccelerator, api_available, linux_device_nodes
 
+DEVICE_NODES = ("/dev/kfd",)  # the AMD GPU kernel driver's compute interface
+
 
 def available() -> bool:
     """This torch is a HIP build and sees an AMD device. On Linux that needs the AMD GPU kernel
     driver's ``/dev/kfd``; without it torch is not imported to find that out."""
-    if linux_device_nodes("/dev/kfd") is False:
+    if linux_device_nodes(*DEVICE_NODES) is False:
         return False
     import torch
 

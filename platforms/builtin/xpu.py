@@ -10,11 +10,13 @@ from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ..interface import SRTPlatform
 from ._accelerator import TorchAccelerator, api_available, linux_device_nodes
 
+DEVICE_NODES = ("/dev/dri/renderD*",)  # DRM render nodes, one per GPU
+
 
 def available() -> bool:
     """torch sees an Intel GPU. On Linux that needs a DRM render node (``/dev/dri/renderD*``);
     without one torch is not imported to find that out."""
-    if linux_device_nodes("/dev/dri/renderD*") is False:
+    if linux_device_nodes(*DEVICE_NODES) is False:
         return False
     return api_available("xpu")
 
