@@ -377,6 +377,12 @@ class Scheduler:
             else:
                 self._run_generation(batch)
         except Exception as exc:  # noqa: BLE001 - one failed batch must not end the scheduler
+            if self.runner.tp_size > 1:
+                # Unless the scheduler is one rank of a tp group: the failure (often a peer rank
+                # gone, seen as a broken collective) leaves the ranks out of step, so the process
+                # ends; the supervisor restarts the replica, and its in-flight requests that are
+                # safe to repeat go to another one instead of failing with a 500 here.
+                raise
             log.exception("batch of %d failed", len(batch))
             for item in batch:
                 self.send(
