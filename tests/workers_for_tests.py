@@ -174,7 +174,11 @@ def chatty_ready(server_args, ctx) -> None:
     count = int(os.environ.get("TESTWORKER_LINES", "5"))
     name = f"{ctx.role}.{ctx.rank}"
     for i in range(count):
-        print(f"log line {i} of {name}", file=sys.stderr if i % 2 else sys.stdout, flush=True)
+        # One write per line: with PYTHONUNBUFFERED, print() writes the text and its newline
+        # apart, and two workers sharing one file could interleave between them.
+        stream = sys.stderr if i % 2 else sys.stdout
+        stream.write(f"log line {i} of {name}\n")
+        stream.flush()
         if i == count // 2:
             ctx.phase("warming_up")
     ctx.ready(**_identity(ctx))
