@@ -70,9 +70,9 @@ def baseline(opts: argparse.Namespace) -> int:
     ``generate(shape, [job])`` per seed read from stdin; prints the seconds it took. The first
     line out reports the thread settings."""
     from launcher.server_args import ServerArgs
-    from launcher.workers.diffusion.runner import DiffusionWorker, ImageJob
-    from launcher.workers.scheduler import share_cpu_threads
     from platforms.diffusion import current_platform, initialize_current_platform
+    from serving.diffusion.runner import DiffusionWorker, ImageJob
+    from serving.srt.scheduler import share_cpu_threads
 
     initialize_current_platform()
     if current_platform.is_cpu():
@@ -132,6 +132,7 @@ def batch_one(
     """Times of the three sides, alternating request by request in ``opts.rounds`` rounds, and
     how often the lean client had to reopen its connection."""
     import httpx
+
     from serving import KeepAliveClient
 
     path = "/v1/images/generations"

@@ -126,9 +126,9 @@ def batch_one(
     import torch
 
     from launcher.model_source import resolve_model
-    from launcher.workers.model_runner import ModelRunner
-    from launcher.workers.scheduler import share_cpu_threads
     from platforms import current_platform, current_selection
+    from serving.srt.model_runner import ModelRunner
+    from serving.srt.scheduler import share_cpu_threads
 
     if current_platform.is_cpu():
         share_cpu_threads(ranks_on_node=1)  # what the dp=1 server's scheduler does

@@ -13,19 +13,20 @@ from collections.abc import Mapping
 
 from bootstrap.targets import module_of
 
-# Worker code of the reference runtime, and the heavy libraries a platform's init_backend() may
-# need to configure before they load.
-RUNTIME_MODULES = ("launcher.workers", "torch", "transformers", "diffusers", "starlette", "uvicorn")
+# The heavy libraries a platform's init_backend() may need to configure before they load; the
+# worker target's own top-level package (its worker code) is watched too.
+RUNTIME_MODULES = ("torch", "transformers", "diffusers", "starlette", "uvicorn")
 
 
 def early_imports(
     target: str | None = None, modules: Mapping[str, object] | None = None
 ) -> list[str]:
-    """Which of ``RUNTIME_MODULES`` (plus the worker target's module) are already imported."""
+    """Which of ``RUNTIME_MODULES`` (plus the worker target's top-level package) are already
+    imported."""
     loaded = sys.modules if modules is None else modules
     watched = list(RUNTIME_MODULES)
     if target:
-        watched.append(module_of(target))
+        watched.append(module_of(target).partition(".")[0])
     found = []
     for name in watched:
         if name and any(m == name or m.startswith(name + ".") for m in loaded):

@@ -61,8 +61,8 @@ def decode_payload(data: bytes, cls: type) -> Any:
         doc = msgspec.msgpack.decode(data)
     except (msgspec.DecodeError, TypeError) as exc:
         raise PayloadError(
-            f"the ServerArgs payload is corrupt ({exc}); it must be the unmodified bytes of "
-            "launcher.server_args.encode_server_args()"
+            f"the ServerArgs payload is corrupt ({exc}); it must be the unmodified bytes "
+            "encode_payload() wrote"
         ) from None
     if (
         not isinstance(doc, dict)
@@ -71,7 +71,7 @@ def decode_payload(data: bytes, cls: type) -> Any:
     ):
         raise PayloadError(
             "the payload is not a ServerArgs payload (no "
-            f"{FORMAT!r} header); build it with launcher.server_args.encode_server_args()"
+            f"{FORMAT!r} header); build it with bootstrap.payload.encode_payload()"
         )
     if doc.get("version") != VERSION:
         raise PayloadError(

@@ -46,6 +46,7 @@ from bootstrap.targets import resolve
 
 if TYPE_CHECKING:
     from bootstrap.reporter import Heartbeat, Reporter
+    from hooks import PluginRuntime
 
 log = logging.getLogger("bootstrap")
 
@@ -55,20 +56,23 @@ _DESCENDANT_GRACE = 1.0
 
 @dataclass(frozen=True)
 class RuntimeSteps:
-    """Where one runtime's platform and plugin steps live (module paths, resolved in the child)."""
+    """One runtime's platform module (its ``current_platform``) and plugin loading (its two
+    phases), as a child runs them."""
 
     platforms: str
-    register_plugins: str
-    apply_hooks: str
+    plugins: PluginRuntime
 
 
 def runtime_steps(runtime: str) -> RuntimeSteps:
     """One runtime's steps, read from the runtime table when a child needs them.
 
-    ``import bootstrap`` stays standard-library only: the table is imported here, in the child.
+    ``import bootstrap`` stays standard-library only: the table and ``hooks`` are imported here,
+    in the child.
     """
-    spec = importlib.import_module("platforms.runtimes").RUNTIMES[runtime]
-    return RuntimeSteps(spec.platform_module, spec.register_plugins, spec.apply_hooks)
+    import hooks
+    from platforms.runtimes import runtime_spec
+
+    return RuntimeSteps(runtime_spec(runtime).platform_module, hooks.runtime(runtime))
 
 
 class _StopRequested(BaseException):
@@ -186,11 +190,11 @@ class _ChildState:
             self.reached_phase(phases.PLATFORM_INITIALIZED)
 
             self.working_on = phases.PLUGINS_LOADED
-            resolve(steps.register_plugins)()
+            steps.plugins.register_plugins()
             self.reached_phase(phases.PLUGINS_LOADED)
 
             self.working_on = phases.HOOKS_APPLIED
-            resolve(steps.apply_hooks)()
+            steps.plugins.apply_plugin_hooks()
             self.reached_phase(phases.HOOKS_APPLIED)
 
             self.working_on = phases.ARGS_MATERIALIZED

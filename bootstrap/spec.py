@@ -11,9 +11,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-RUNTIMES = ("srt", "diffusion")
-DEFAULT_ARGS_CLASS = "launcher.server_args.ServerArgs"
-
 
 @dataclass
 class ProcessSpec:
@@ -25,7 +22,7 @@ class ProcessSpec:
       group and the number of groups (the worker's ``WorkerContext`` carries them).
     - ``target``: the worker function, ``"pkg.mod.func"`` or ``"pkg.mod:func"``, resolved in the
       child after hooks are applied and called as ``target(server_args, ctx)``.
-    - ``payload``: ``launcher.server_args.encode_server_args(args)``.
+    - ``payload``: the server arguments as ``bootstrap.payload.encode_payload(args)`` bytes.
     - ``runtime``: ``"srt"`` or ``"diffusion"``: which platform selection and hook registry the
       child uses.
     - ``platform_key``: the supervisor's ``Selection.key``; the child pins it so both select the
@@ -35,7 +32,7 @@ class ProcessSpec:
       means "whoever my parent is at start-up".
     - ``env``: variables set in the child before any platform or plugin code runs.
     - ``args_class``: dotted path of the ServerArgs class, looked up after hooks (a REPLACE of the
-      class applies).
+      class applies), so the child builds the class its own plugins make of that name.
     - ``heartbeat_interval``: seconds between heartbeats; 0 sends none.
     - ``entry_points``: the supervisor's ``platforms.entrypoints.snapshot()``; the child adopts it
       instead of reading entry-point metadata again. ``None``: the child reads it itself.
@@ -51,6 +48,7 @@ class ProcessSpec:
     target: str
     payload: bytes
     status_endpoint: str
+    args_class: str
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -63,7 +61,6 @@ class ProcessSpec:
     query_endpoint: str = ""
     parent_pid: int | None = field(default_factory=os.getpid)
     env: dict[str, str] = field(default_factory=dict)
-    args_class: str = DEFAULT_ARGS_CLASS
     log_level: str = "info"
     heartbeat_interval: float = 0.0
     entry_points: tuple | None = None
@@ -75,12 +72,14 @@ class ProcessSpec:
         return f"{self.role}.{self.rank}"
 
     def __post_init__(self) -> None:
+        from platforms.runtimes import RUNTIMES
+
         if self.runtime not in RUNTIMES:
             raise ValueError(
                 f"ProcessSpec.runtime is {self.runtime!r}; use one of {', '.join(RUNTIMES)}"
             )
         if not isinstance(self.payload, bytes):
             raise TypeError(
-                "ProcessSpec.payload must be bytes from launcher.server_args.encode_server_args(), "
+                "ProcessSpec.payload must be bytes from bootstrap.payload.encode_payload(), "
                 f"not {type(self.payload).__name__}"
             )

@@ -9,7 +9,9 @@ Public API (the spec's ``sglang.srt.plugins``):
   group and return ``{name: callback}`` without running them;
 * ``HookRegistry``, ``HookType``, ``plugin_hook`` (from ``hooks.hook_registry``), ``PluginError``,
   ``HookError``;
-* ``describe(runtime)``: what ``sglang-launch plugins`` reports.
+* ``describe(runtime)``: what ``sglang-launch plugins`` reports;
+* ``runtime(name)``: the ``PluginRuntime`` of any runtime of ``platforms.runtimes`` (its two
+  phases, ``register_plugins()`` and ``apply_plugin_hooks()``), for the bootstrap and the launcher.
 
 Filtering: ``SGLANG_PLUGINS`` (comma-separated entry-point names) admits only the plugins it
 names. When ``SGLANG_PLATFORM`` names a platform, plugins shipped by any *other* distribution
@@ -22,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ._core import HookError, PluginError
-from ._loader import RUNTIMES, PluginRuntime
+from ._loader import PluginRuntime, all_runtimes, runtime_of
 from .hook_registry import HookRegistry, HookType, plugin_hook
 
 __all__ = [
@@ -30,22 +32,21 @@ __all__ = [
     "HookRegistry",
     "HookType",
     "PluginError",
+    "PluginRuntime",
     "apply_plugin_hooks",
     "describe",
     "load_plugins",
     "load_plugins_by_group",
     "plugin_hook",
     "register_plugins",
+    "runtime",
 ]
 
-_SRT = PluginRuntime(
-    name="srt",
-    plugin_group="sglang.srt.plugins",
-    platform_group="sglang.srt.platforms",
-    selection_module="platforms",
-    exclusion_selector="SGLANG_PLATFORM",
-    registry=HookRegistry,
-)
+
+def runtime(name: str) -> PluginRuntime:
+    """The plugin loading of runtime ``name`` (a ``platforms.runtimes`` name: "srt" or
+    "diffusion"); ``ValueError`` names the known runtimes."""
+    return runtime_of(name)
 
 
 def register_plugins() -> None:
@@ -53,28 +54,19 @@ def register_plugins() -> None:
 
     Raises ``PluginError`` when a plugin of the selected platform's distribution fails.
     """
-    _SRT.register_plugins()
+    runtime_of("srt").register_plugins()
 
 
 def apply_plugin_hooks() -> None:
     """``register_plugins()`` if needed, then apply every registered hook, once per process; a
     later call applies only the hooks registered since (logged at INFO)."""
-    _SRT.apply_plugin_hooks()
+    runtime_of("srt").apply_plugin_hooks()
 
 
 def load_plugins() -> None:
     """Register SRT plugins and apply their hooks (both phases), once per process; a later call
     applies only the hooks registered since (logged at INFO)."""
-    _SRT.apply_plugin_hooks()
-
-
-def _runtime(name: str) -> PluginRuntime:
-    if name == "diffusion":
-        import hooks.diffusion  # noqa: F401 - creates the diffusion runtime
-    try:
-        return RUNTIMES[name]
-    except KeyError:
-        raise ValueError(f"unknown runtime {name!r}; use 'srt' or 'diffusion'") from None
+    runtime_of("srt").apply_plugin_hooks()
 
 
 def load_plugins_by_group(group: str, excluded_dists: Iterable[str] | None = None) -> dict:
@@ -82,12 +74,11 @@ def load_plugins_by_group(group: str, excluded_dists: Iterable[str] | None = Non
     platform distribution ships (or none of ``excluded_dists``, when given), with each plugin
     recorded as the source of hooks registered while it imports; returns ``{name: callback}``,
     callbacks not run. Failures follow the same rules as ``load_plugins()``."""
-    import hooks.diffusion  # noqa: F401 - so both hook groups are known
-
-    for runtime in RUNTIMES.values():
-        if runtime.plugin_group == group:
-            return runtime.load_group(excluded_dists)
-    known = ", ".join(r.plugin_group for r in RUNTIMES.values())
+    runtimes = all_runtimes()
+    for plugins in runtimes:
+        if plugins.plugin_group == group:
+            return plugins.load_group(excluded_dists)
+    known = ", ".join(r.plugin_group for r in runtimes)
     raise ValueError(f"{group!r} is not a hook entry-point group; use one of {known}")
 
 
@@ -101,4 +92,4 @@ def describe(runtime: str = "srt", probe: bool = False) -> dict:
     reach them, the report lists them in probing order instead of naming one."""
     from ._report import describe as _describe
 
-    return _describe(_runtime(runtime), probe=probe)
+    return _describe(runtime_of(runtime), probe=probe)

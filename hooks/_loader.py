@@ -43,10 +43,44 @@ if TYPE_CHECKING:
     from platforms import Selection
     from platforms.entrypoints import EntryPoint
     from platforms.once import ProcessOnce
+    from platforms.runtimes import RuntimeSpec
 
 logger = logging.getLogger("hooks")
 
+# One hook registry and one plugin runtime per runtime of ``platforms.runtimes``, keyed by its
+# name. Registries exist from import (plugins register into them); a runtime's loading rules are
+# read from its record on first use, so importing ``hooks`` imports nothing of ``platforms``.
+REGISTRIES: dict[str, Registry] = {}
 RUNTIMES: dict[str, PluginRuntime] = {}
+_building = threading.Lock()
+
+
+def registry_of(name: str) -> Registry:
+    """The hook registry of runtime ``name`` (made on first use)."""
+    with _building:
+        if name not in REGISTRIES:
+            REGISTRIES[name] = Registry(name)
+        return REGISTRIES[name]
+
+
+def runtime_of(name: str) -> PluginRuntime:
+    """The ``PluginRuntime`` of runtime ``name``, built from its ``platforms.runtimes`` record;
+    ``ValueError`` names the known runtimes."""
+    from platforms.runtimes import runtime_spec
+
+    spec = runtime_spec(name)  # ValueError for an unknown name
+    registry = registry_of(name)
+    with _building:
+        if name not in RUNTIMES:
+            RUNTIMES[name] = PluginRuntime(spec, registry)
+        return RUNTIMES[name]
+
+
+def all_runtimes() -> list[PluginRuntime]:
+    """Every runtime's ``PluginRuntime``, in the order of ``platforms.runtimes.RUNTIMES``."""
+    from platforms.runtimes import RUNTIMES as SPECS
+
+    return [runtime_of(name) for name in SPECS]
 
 
 def _norm(distribution: str | None) -> str | None:
@@ -71,32 +105,21 @@ class PluginOutcome:
 
 
 class PluginRuntime:
-    """One runtime's plugin loading (see the module docstring).
+    """One runtime's plugin loading (see the module docstring), ruled by its ``RuntimeSpec``:
+    its groups, where its selection lives, how unselected platform packages are known
+    (``plugin_exclusion_env``: the variable that, when set, names the selected platform by
+    entry-point name, so they are known from metadata alone; None: always, by the resolved
+    selection's distribution) and whether two plugins may share a name."""
 
-    ``exclusion_selector``: the variable that, when set, names the selected platform by entry-point
-    name, so unselected platform distributions are known from metadata alone (SRT's
-    ``SGLANG_PLATFORM``; unset means no exclusion). None means exclusion always applies and the
-    selected distribution comes from the runtime's resolved platform selection (diffusion).
-    """
-
-    def __init__(
-        self,
-        name: str,
-        plugin_group: str,
-        platform_group: str,
-        selection_module: str,
-        exclusion_selector: str | None,
-        registry: Registry,
-        unique_names: bool = False,
-    ) -> None:
-        self.name = name
-        self.unique_names = (
-            unique_names  # two admitted plugins of one name stop loading (diffusion)
-        )
-        self.plugin_group = plugin_group
-        self.platform_group = platform_group
-        self.selection_module = selection_module
-        self.exclusion_selector = exclusion_selector
+    def __init__(self, spec: RuntimeSpec, registry: Registry) -> None:
+        self.spec = spec
+        self.name = spec.name
+        # Two admitted plugins of one name stop loading before either is imported (diffusion).
+        self.unique_names = spec.reject_duplicate_names
+        self.plugin_group = spec.plugin_group
+        self.platform_group = spec.platform_group
+        self.selection_module = spec.platform_module
+        self.exclusion_selector = spec.plugin_exclusion_env
         self.registry = registry
         registry.required_policy = self.is_required
         self.outcomes: dict[tuple[str, str | None], PluginOutcome] = {}
@@ -105,7 +128,6 @@ class PluginRuntime:
         self._inside = threading.local()
         self._assumed_selection: tuple[str | None] | None = None  # (distribution,) while assumed
         self._callback_marks: dict[PluginSource, int] = {}  # registry.last_seq before each callback
-        RUNTIMES[name] = self
 
     # -- phases -------------------------------------------------------------------------------
     def register_plugins(self) -> None:
@@ -184,9 +206,7 @@ class PluginRuntime:
 
     def selector_env(self) -> str:
         """The variable that selects this runtime's platform."""
-        from platforms.runtimes import runtime_spec
-
-        return runtime_spec(self.name).selector_env
+        return self.spec.selector_env
 
     def selection(self, probe: bool = True) -> Selection:
         """The runtime's platform selection (resolving it if nothing has yet); ``probe=False`` as

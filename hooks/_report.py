@@ -68,9 +68,7 @@ def _selection(
 def _platform_filter(runtime: PluginRuntime) -> dict | None:
     """The variable that narrows automatic platform selection (SRT: ``SGLANG_PLUGINS``) and whether
     it applies now (not while the selector variable names a platform); None for a runtime without."""
-    from platforms import runtimes
-
-    spec = runtimes.runtime_spec(runtime.name)
+    spec = runtime.spec
     if not spec.auto_allowlist_env:
         return None
     return {

@@ -17,8 +17,8 @@ SRT's never run here.
 
 from __future__ import annotations
 
-from ._core import HookError, HookType, PluginError, Registry, make_plugin_hook
-from ._loader import PluginRuntime
+from ._core import HookError, HookType, PluginError, make_plugin_hook
+from ._loader import registry_of, runtime_of
 
 __all__ = [
     "HookError",
@@ -30,19 +30,9 @@ __all__ = [
     "plugin_hook",
 ]
 
-HookRegistry = Registry("diffusion")
+HookRegistry = registry_of("diffusion")
 
 plugin_hook = make_plugin_hook(HookRegistry)
-
-_RUNTIME = PluginRuntime(
-    name="diffusion",
-    plugin_group="sglang.multimodal_gen.plugins",
-    platform_group="sglang.multimodal_gen.platforms",
-    selection_module="platforms.diffusion",
-    exclusion_selector=None,  # always: the selected platform's distribution is known after selection
-    registry=HookRegistry,
-    unique_names=True,  # two plugins of one name stop loading before either is imported
-)
 
 
 def load_plugins() -> None:
@@ -50,11 +40,11 @@ def load_plugins() -> None:
 
     Raises ``PluginError`` when a plugin of the selected platform's distribution fails.
     """
-    _RUNTIME.register_plugins()
+    runtime_of("diffusion").register_plugins()
 
 
 def apply_plugin_hooks() -> None:
     """``load_plugins()`` if needed, then resolve and patch every registered target, once per
     process; a later call applies only the hooks registered since (logged at INFO). Raises
     ``PluginError`` as ``load_plugins()`` does, also for a hook that cannot apply."""
-    _RUNTIME.apply_plugin_hooks()
+    runtime_of("diffusion").apply_plugin_hooks()

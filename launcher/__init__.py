@@ -20,15 +20,15 @@ def __getattr__(name: str) -> Any:
     if name == "__version__":
         return _version()
     if name == "Launcher":
-        from launcher._embedded import Launcher
+        from launcher.embedded import Launcher
 
         return Launcher
     if name == "DiffGenerator":
-        from launcher._diffgen import DiffGenerator
+        from launcher.diffgen import DiffGenerator
 
         return DiffGenerator
     if name == "LaunchError":
-        from launcher._failure import LaunchError
+        from launcher.supervisor.causes import LaunchError
 
         return LaunchError
     raise AttributeError(f"module 'launcher' has no attribute {name!r}")

@@ -1,7 +1,8 @@
 """The ``sglang-launch`` command line: serving by default, plus subcommands.
 
-Each subcommand lives in its own module under ``launcher.commands`` and is imported only when it
-is asked for, so ``sglang-launch plugins`` never pays for what serving imports.
+Each subcommand lives in a module of its own, named here by dotted path and imported only when it
+is asked for, so ``sglang-launch plugins`` never pays for what serving imports. ``check-platform``
+is the conformance package's command: the launcher names it and never imports it otherwise.
 """
 
 from __future__ import annotations
@@ -10,13 +11,22 @@ import importlib
 import os
 import sys
 
-# name -> (module in launcher.commands, one-line help). Serving is the default command.
+# name -> (module with the command's ``main(argv)``, one-line help). Serving is the default.
 COMMANDS = {
-    "serve": ("serve", "start the server (the default when no subcommand is given)"),
-    "plugins": ("plugins", "list installed platform and general plugins, and what would activate"),
-    "status": ("status", "print a running launcher's status snapshot"),
-    "events": ("events", "print a running launcher's events as JSON lines"),
-    "check-platform": ("check_platform", "run the platform contract on this machine's device"),
+    "serve": (
+        "launcher.commands.serve",
+        "start the server (the default when no subcommand is given)",
+    ),
+    "plugins": (
+        "launcher.commands.plugins",
+        "list installed platform and general plugins, and what would activate",
+    ),
+    "status": ("launcher.commands.status", "print a running launcher's status snapshot"),
+    "events": ("launcher.commands.events", "print a running launcher's events as JSON lines"),
+    "check-platform": (
+        "conformance.command",
+        "run the platform contract on this machine's device",
+    ),
 }
 
 
@@ -52,11 +62,11 @@ def _main(argv: list[str] | None) -> int:
     else:
         name, rest = "serve", argv
     if name == "serve":
-        from launcher import _signals
+        from launcher.supervisor import signals as _signals
 
         _signals.install_early()
         try:
-            module = importlib.import_module("launcher.commands.serve")
+            module = importlib.import_module(COMMANDS["serve"][0])
             return int(module.main(rest) or 0)
         except _signals.StopRequested as stop:
             _signals.defer()  # a second signal now must not raise again
@@ -64,7 +74,7 @@ def _main(argv: list[str] | None) -> int:
                 f"sglang-launch: stopped before start-up (received {stop.signame})", file=sys.stderr
             )
             return 0
-    module = importlib.import_module(f"launcher.commands.{COMMANDS[name][0]}")
+    module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)
 
 

@@ -25,15 +25,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bootstrap.payload import PayloadError, decode_payload, encode_payload
-from launcher._restarts import NEVER, ON_FAILURE
-from launcher._restarts import POLICIES as RESTART_POLICIES
-from platforms.runtimes import RUNTIMES as _RUNTIME_SPECS
-from platforms.runtimes import runtime_spec
+from launcher.runtimes import SERVING, serving_spec
+from launcher.supervisor.restarts import NEVER, ON_FAILURE
+from launcher.supervisor.restarts import POLICIES as RESTART_POLICIES
 
 if TYPE_CHECKING:
     from typing import Self
 
-RUNTIMES = tuple(_RUNTIME_SPECS)
+RUNTIMES = tuple(SERVING)
+# Where children look the class up (``ProcessSpec.args_class``), after their hooks are applied, so
+# a REPLACE of it applies there too.
+ARGS_CLASS = "launcher.server_args.ServerArgs"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
@@ -135,7 +137,7 @@ class ServerArgs:
         metavar="MODULE.FUNC",
     )
     http_target: str = _opt(
-        "launcher.workers.http_server.run_http_server",
+        "serving.http.server.run_http_server",
         "dotted path of the HTTP worker function ('' for none: the schedulers are reached some "
         "other way, and the launch is ready when they are)",
         metavar="MODULE.FUNC",
@@ -180,14 +182,13 @@ class ServerArgs:
     def __post_init__(self) -> None:
         """Fill in the runtime's worker target, then let the runtime's selected platform set its
         defaults (the spec's lifecycle hook)."""
-        if self.runtime not in _RUNTIME_SPECS:
+        if self.runtime not in SERVING:
             return  # check_server_args names the bad runtime
-        spec = runtime_spec(self.runtime)
+        spec = serving_spec(self.runtime)
         if self.scheduler_target is None:
             self.scheduler_target = spec.worker_target
-        importlib.import_module(spec.platform_module).current_platform.apply_server_args_defaults(
-            self
-        )
+        platforms = importlib.import_module(spec.platform.platform_module)
+        platforms.current_platform.apply_server_args_defaults(self)
 
     def restart_policy_in_effect(self) -> str:
         """``--restart-policy``, or its default when unset: ``on-failure`` with several
@@ -327,7 +328,7 @@ class ServerArgs:
                 f"{_flag(name)} {value!r} is not a dotted path; use package.module.function"
                 + (" (or '' for no HTTP worker)" if name == "http_target" else ""),
             )
-        spec = _RUNTIME_SPECS.get(self.runtime)
+        spec = SERVING.get(self.runtime)
         if spec is not None and not spec.tensor_parallel and self.tp_size > 1:
             problems.append(
                 f"--runtime {self.runtime} has no tensor parallelism, not --tp-size "
@@ -339,7 +340,7 @@ class ServerArgs:
                 )
             )
         if spec is not None and self.enable_cfg_parallel:
-            cfg_runtimes = [s.name for s in _RUNTIME_SPECS.values() if s.cfg_parallel]
+            cfg_runtimes = [s.name for s in SERVING.values() if s.cfg_parallel]
             need(
                 spec.cfg_parallel,
                 f"--enable-cfg-parallel splits the classifier-free guidance of --runtime "
@@ -354,11 +355,8 @@ class ServerArgs:
         if spec is not None and self.scheduler_target in (None, spec.worker_target):
             # The runtime's own worker needs its model on disk: say so now, before any worker
             # starts (the check is standard library only; another engine's target checks its own).
-            module, _, function = spec.model_check.partition(":")
             try:
-                source = getattr(importlib.import_module(module), function)(
-                    self.model_path, self.served_model_name
-                )
+                source = spec.model_check(self.model_path, self.served_model_name)
             except ValueError as exc:
                 problems.append(str(exc))
             else:

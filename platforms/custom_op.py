@@ -77,13 +77,12 @@ class CustomOp(torch.nn.Module):
 
     def dispatch_key(self) -> str:
         """The current platform's ``get_dispatch_key_name()`` for this op's runtime."""
-        if self.runtime == "srt":
-            from platforms import current_platform as srt_platform
+        import importlib
 
-            return srt_platform.get_dispatch_key_name()
-        from platforms.diffusion import current_platform as diffusion_platform
+        from platforms.runtimes import runtime_spec
 
-        return diffusion_platform.get_dispatch_key_name()
+        platforms = importlib.import_module(runtime_spec(self.runtime).platform_module)
+        return str(platforms.current_platform.get_dispatch_key_name())
 
     def dispatch_forward(self) -> Callable[..., Any]:
         """Choose the implementation (see the module docstring for the order)."""

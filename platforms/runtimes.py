@@ -1,14 +1,14 @@
 """The two runtimes, described once as data; every layer reads these records.
 
-Everything that differs between SRT and diffusion lives here: entry-point groups, the selector
-variable, which built-in names the selector accepts directly, reserved names, whether automatic
-discovery honours ``SGLANG_PLUGINS`` or rejects duplicate names, the built-in fallback chain and
-the base class every selected platform must derive from (read by ``platforms._selection``); the
-module holding the runtime's ``current_platform`` and its plugin steps (read by the launcher and
-the bootstrap); and the serving side (read by ``ServerArgs`` and the HTTP child): the default
-worker target, the check that turns ``--model-path`` into a served model, and the function that
-adds the runtime's API routes. Those are dotted-path strings, resolved only where they are used,
-so this module stays free of imports.
+Everything about selecting a runtime's platform and loading its plugins lives here: entry-point
+groups, the selector variable, which built-in names the selector accepts directly, reserved
+names, whether automatic discovery honours ``SGLANG_PLUGINS`` or rejects duplicate names, the
+built-in fallback chain, the base class every selected platform must derive from (read by
+``platforms._selection``), the module holding the runtime's ``current_platform``, and how its
+general plugins of unselected platform packages are skipped (read by ``hooks``). Layers above
+extend a runtime's record with their own fields, keyed by the same ``name``: ``hooks`` builds one
+plugin runtime per record, and the launcher adds what serving the runtime takes. No string here
+names a module above ``platforms``.
 """
 
 from __future__ import annotations
@@ -49,24 +49,12 @@ class RuntimeSpec(NamedTuple):
     # The built-in a *server* uses where the fallback chain ends at a platform that cannot run a
     # model (SRT's bare base class); only in processes that called ``use_serving_fallback()``.
     serving_fallback: str | None = None
-    # Where the runtime's ``current_platform`` lives, and its plugin steps ("module:function"):
-    # registration only, registration plus hook application (what a launcher calls).
+    # Where the runtime's ``current_platform`` lives.
     platform_module: str = "platforms"
-    register_plugins: str = "hooks:register_plugins"
-    apply_hooks: str = "hooks:apply_plugin_hooks"
-    # Serving: the default worker target ("module.function", started once per rank), the check of
-    # ``--model-path`` ("module:function(model_path, served_model_name) -> ModelSource", standard
-    # library only, run by ``check_server_args`` before any worker starts and by the HTTP child),
-    # the API routes the HTTP child adds ("module:function(kit)"; None: the text routes only),
-    # and the file that marks a model directory of this runtime.
-    worker_target: str = "launcher.workers.scheduler.run_scheduler_process"
-    model_check: str = "launcher.model_source:resolve_model"
-    api_routes: str | None = None
-    model_marker: str = "config.json"
-    tensor_parallel: bool = True  # whether a replica may span several ranks (--tp-size > 1)
-    # Whether --enable-cfg-parallel applies: each replica is two ranks that split classifier-free
-    # guidance (rank 0 the conditional, rank 1 the unconditional noise prediction of each step).
-    cfg_parallel: bool = False
+    # How general plugins shipped by an unselected platform distribution are known: the variable
+    # that names the selected platform by entry-point name (SRT's ``SGLANG_PLATFORM``: unset, no
+    # plugin is skipped), or None: always, by the distribution of the resolved selection.
+    plugin_exclusion_env: str | None = None
 
     def builtin(self, name: str) -> Builtin | None:
         for entry in self.builtins:
@@ -115,6 +103,7 @@ SRT = RuntimeSpec(
     enum_class="platforms.device_mixin:PlatformEnum",
     auto_allowlist_env="SGLANG_PLUGINS",
     serving_fallback="cpu",
+    plugin_exclusion_env="SGLANG_PLATFORM",
 )
 
 _DIFFUSION_BUILTINS = tuple(
@@ -148,14 +137,6 @@ DIFFUSION = RuntimeSpec(
     reserved_names=frozenset(b.name for b in _DIFFUSION_BUILTINS),
     reject_duplicate_names=True,
     platform_module="platforms.diffusion",
-    register_plugins="hooks.diffusion:load_plugins",
-    apply_hooks="hooks.diffusion:apply_plugin_hooks",
-    worker_target="launcher.workers.diffusion.worker.run_diffusion_worker",
-    model_check="launcher.model_source:resolve_pipeline",
-    api_routes="launcher.workers.diffusion.routes:add_image_routes",
-    model_marker="model_index.json",
-    tensor_parallel=False,
-    cfg_parallel=True,
 )
 
 RUNTIMES = {spec.name: spec for spec in (SRT, DIFFUSION)}

@@ -93,7 +93,7 @@ def build_tiny_pipeline(path: Path, seed: int = 0, guidance_distilled: bool = Fa
     from diffusers import StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextModel
 
-    from launcher.conformance.workload import tiny_denoising_parts
+    from conformance.workload import tiny_denoising_parts
 
     tokenizer = tiny_tokenizer()
     unet, vae, scheduler = tiny_denoising_parts(torch, seed)

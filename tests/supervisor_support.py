@@ -96,8 +96,8 @@ class Run:
 
     def snapshot(self) -> dict | None:
         """The launcher's status snapshot through its query socket, or None if not up yet."""
-        from launcher._client import QueryError, query
-        from launcher._rundir import NoLauncherError, find_launcher
+        from launcher.query import QueryError, query
+        from launcher.supervisor.rundir import NoLauncherError, find_launcher
 
         old = os.environ.get("XDG_RUNTIME_DIR")
         os.environ["XDG_RUNTIME_DIR"] = self.runtime_dir

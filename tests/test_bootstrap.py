@@ -50,7 +50,7 @@ def _harness(config: dict) -> dict:
 
     platforms.pin_selection(config.get("supervisor_platform", "builtin:cpu"))
     import launcher.server_args as server_args_module
-    from launcher.server_args import ServerArgs, encode_server_args
+    from launcher.server_args import ARGS_CLASS, ServerArgs, encode_server_args
 
     args = server_args_module.ServerArgs(**config.get("args", {}))
     assert isinstance(args, ServerArgs)
@@ -84,6 +84,7 @@ def _harness(config: dict) -> dict:
             dp_size=args.dp_size,
             target=child["target"],
             payload=payload,
+            args_class=ARGS_CLASS,
             status_endpoint=status if child.get("status") != "bad" else "nonsense://nowhere",
             runtime=child.get("runtime", "srt"),
             platform_key=child.get("platform", "builtin:cpu"),
@@ -216,7 +217,7 @@ def test_import_bootstrap_adds_only_stdlib_and_itself():
     assert [m for m in after_bootstrap if not m.startswith("bootstrap")] == []
     # ServerArgs reads the runtime table (platforms, import-light by contract) and nothing else.
     assert {m.split(".")[0] for m in after_args} <= {"launcher", "platforms"}, after_args
-    assert not [m for m in after_args if m.startswith("launcher.workers")]
+    assert not [m for m in after_args if m.startswith("serving")]
     heavy = {"torch", "numpy", "transformers", "starlette", "uvicorn", "zmq"}
     assert not {m.split(".")[0] for m in after_messages} & heavy
 
@@ -599,12 +600,21 @@ def test_process_spec_and_worker_context_reject_bad_input_with_the_fix(tmp_path)
 
     with pytest.raises(ValueError, match="runtime is 'tpu'; use one of srt, diffusion"):
         bootstrap.ProcessSpec(
-            role="scheduler", target="m.f", payload=b"", status_endpoint="x", runtime="tpu"
+            role="scheduler",
+            target="m.f",
+            payload=b"",
+            status_endpoint="x",
+            args_class="m.Args",
+            runtime="tpu",
         )
-    with pytest.raises(TypeError, match="payload must be bytes from launcher.server_args"):
-        bootstrap.ProcessSpec(role="scheduler", target="m.f", payload="text", status_endpoint="x")
+    with pytest.raises(
+        TypeError, match="payload must be bytes from bootstrap.payload.encode_payload"
+    ):
+        bootstrap.ProcessSpec(
+            role="scheduler", target="m.f", payload="text", status_endpoint="x", args_class="m.A"
+        )
     spec = bootstrap.ProcessSpec(
-        role="http", rank=3, target="m.f", payload=b"", status_endpoint="x"
+        role="http", rank=3, target="m.f", payload=b"", status_endpoint="x", args_class="m.A"
     )
     assert spec.worker_id == "http.3" and spec.parent_pid == os.getpid()
 

@@ -42,6 +42,7 @@ if __name__ == "__main__":
     spec = bootstrap.ProcessSpec(role="scheduler", target="workers_for_tests.ready_then_wait",
                                  payload=encode_server_args(ServerArgs()),
                                  status_endpoint=f"ipc://{runtime_dir}/status",
+                                 args_class="launcher.server_args.ServerArgs",
                                  platform_key="builtin:cpu", runtime_dir=runtime_dir)
     child = multiprocessing.get_context("spawn").Process(target=bootstrap.run, args=(spec,))
     child.start()

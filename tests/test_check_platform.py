@@ -312,7 +312,7 @@ def test_broken_plugins_yield_exactly_the_expected_failed_rows(broken_site):
 
 
 def test_bad_command_line_exits_2_naming_the_problem(capsys):
-    from launcher.commands import check_platform
+    from conformance import command as check_platform
 
     for argv, needle in (
         (["--runtime", "tpu"], "invalid choice: 'tpu'"),
@@ -326,8 +326,8 @@ def test_bad_command_line_exits_2_naming_the_problem(capsys):
 
 
 def test_table_is_coloured_only_on_a_terminal_without_no_color():
-    from launcher.conformance.report import Report, render_table, use_colour
-    from launcher.conformance.rows import Row
+    from conformance.report import Report, render_table, use_colour
+    from conformance.rows import Row
 
     report = Report(
         "srt",
@@ -379,7 +379,7 @@ def test_unusable_temp_directory_exits_3_with_the_fix_and_leaves_nothing(
 ):
     import tempfile
 
-    from launcher.commands import check_platform
+    from conformance import command as check_platform
 
     deep = tmp_path / ("d" * 100)  # too long for a unix socket path under it
     deep.mkdir()

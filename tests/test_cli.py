@@ -77,7 +77,7 @@ def test_launcher_modules_import_nothing_heavy():
         import launcher
         from launcher import Launcher, LaunchError
         facade = sorted(m for m in sys.modules if m.startswith(("zmq", "psutil", "uvloop", "msgspec")))
-        import launcher.supervisor, launcher.commands.serve, launcher.commands.status, launcher.commands.events
+        import launcher.supervisor.supervisor, launcher.commands.serve, launcher.commands.status, launcher.commands.events
         heavy = sorted({m.split(".")[0] for m in sys.modules} & {"torch", "numpy", "transformers", "starlette", "uvicorn"})
         print("RESULT:" + json.dumps({"facade": facade, "heavy": heavy}))
         """
@@ -87,7 +87,7 @@ def test_launcher_modules_import_nothing_heavy():
 
 
 def _render(live: bool) -> str:
-    from launcher._display import TerminalDisplay
+    from launcher.commands.display import TerminalDisplay
 
     out = io.StringIO()
     show = TerminalDisplay(out, live=live)

@@ -40,7 +40,7 @@ def test_the_lazy_name_imports_nothing_heavy():
     result = run_python("""
         import sys
         from launcher import DiffGenerator
-        heavy = [m for m in ("torch", "diffusers", "PIL", "launcher.workers", "launcher.supervisor")
+        heavy = [m for m in ("torch", "diffusers", "PIL", "serving", "launcher.supervisor.supervisor")
                  if m in sys.modules]
         print("RESULT:" + __import__("json").dumps({"heavy": heavy, "name": DiffGenerator.__name__}))
     """)

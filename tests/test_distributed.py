@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e  # two interpreters import torch.distributed
 
 JOIN = """
 import json, os, sys
-from launcher.workers.distributed import init_tp_group
+from serving.distributed import init_tp_group
 import torch.distributed as dist
 
 tp_rank = int(sys.argv[1])

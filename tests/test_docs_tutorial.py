@@ -84,7 +84,7 @@ def installed(tmp_path_factory) -> dict:
 
 
 def test_the_page_lists_what_check_platform_requires():
-    import launcher.conformance.catalog as catalog
+    import conformance.catalog as catalog
 
     assert sorted(required_in_doc()) == sorted(
         method for method, _ in catalog.required_methods("srt")

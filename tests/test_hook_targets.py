@@ -60,9 +60,7 @@ def register():
 
 def test_the_table_is_read():
     targets = [t for t, _ in TARGETS]
-    assert (
-        len(targets) >= 10 and "launcher.workers.model_runner.ModelRunner.embed_matrix" in targets
-    )
+    assert len(targets) >= 10 and "serving.srt.model_runner.ModelRunner.embed_matrix" in targets
     assert all(when for _, when in TARGETS)
 
 

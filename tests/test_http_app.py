@@ -10,9 +10,9 @@ import json
 import httpx
 import pytest
 
-from launcher.workers.app import AppState, create_app
-from launcher.workers.client import SchedulerClient
-from launcher.workers.metrics import Metrics
+from serving.http.app import AppState, create_app
+from serving.http.client import SchedulerClient
+from serving.http.metrics import Metrics
 
 
 def make_app(**state):

@@ -14,10 +14,10 @@ pytestmark = pytest.mark.e2e  # loads real models through transformers (seconds 
 pytest.importorskip("transformers")
 
 from launcher.model_source import ModelSourceError, default_model_dir, resolve_model  # noqa: E402
-from launcher.workers.messages import SamplingParams  # noqa: E402
-from launcher.workers.model_runner import InputError, ModelLoadError, ModelRunner  # noqa: E402
-from launcher.workers.sampling import Sequence  # noqa: E402
 from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
+from serving.srt.model_runner import InputError, ModelLoadError, ModelRunner  # noqa: E402
+from serving.srt.sampling import Sequence  # noqa: E402
+from serving.wire import SamplingParams  # noqa: E402
 
 
 class RecordingCpu(CpuSRTPlatform):

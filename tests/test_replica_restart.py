@@ -8,7 +8,7 @@ suite's workers (no model), real SIGKILLs, the real status query socket and ``ev
 - a stop during a restart's backoff ends everything with exit 0;
 - ``--restart-policy never``, a death before ready and the HTTP worker's death stop the launch as
   they always did;
-- the bookkeeping itself (policy, count, backoff) in ``launcher._restarts``.
+- the bookkeeping itself (policy, count, backoff) in ``launcher.supervisor.restarts``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import signal
 import pytest
 from supervisor_support import FAST, READY_WAIT, Run, wait_for
 
-from launcher._restarts import BACKOFF_CAP, Restarts
 from launcher.server_args import ServerArgs, ServerArgsError
+from launcher.supervisor.restarts import BACKOFF_CAP, Restarts
 
 W = "workers_for_tests."
 TP2_DP2 = [
@@ -46,8 +46,8 @@ def _workers(snapshot: dict) -> dict[str, dict]:
 def _history(run: Run) -> list[dict]:
     """Every event the launcher published so far, from ``sglang-launch events`` and the
     history the query socket keeps."""
-    from launcher._client import query
-    from launcher._rundir import find_launcher
+    from launcher.query import query
+    from launcher.supervisor.rundir import find_launcher
 
     old = os.environ.get("XDG_RUNTIME_DIR")
     os.environ["XDG_RUNTIME_DIR"] = run.runtime_dir

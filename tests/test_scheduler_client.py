@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.workers import messages
-from launcher.workers.client import SchedulerClient, SchedulerError
+from serving import wire as messages
+from serving.http.client import SchedulerClient, SchedulerError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,7 +119,7 @@ def test_in_flight_requests_on_a_dying_replica_are_answered_by_another_then_it_i
     supervisor's ``replica.0.ready`` a fresh process at the same address gets requests again."""
     import zmq.asyncio
 
-    from launcher.workers.metrics import Metrics
+    from serving.http.metrics import Metrics
 
     eps = [f"ipc://{tmp_path}/r0.sock", f"ipc://{tmp_path}/r1.sock"]
 
@@ -327,7 +327,7 @@ def test_without_healing_one_dead_replica_makes_the_client_unhealthy(tmp_path):
 
 _CLOSE_AS_REPLICAS_DIE = """
 import asyncio, sys, tempfile, zmq, zmq.asyncio
-from launcher.workers.client import SchedulerClient
+from serving.http.client import SchedulerClient
 
 async def main(rounds):
     folder = tempfile.mkdtemp()

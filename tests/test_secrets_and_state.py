@@ -240,7 +240,7 @@ def _can_unshare() -> bool:
 
 
 def _query_snapshot(state: dict) -> dict | None:
-    from launcher._client import QueryError, query
+    from launcher.query import QueryError, query
 
     try:
         return query(state["query_endpoint"], {"query": "snapshot"}, timeout=5)["snapshot"]

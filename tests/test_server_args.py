@@ -132,7 +132,7 @@ def test_cfg_parallel_makes_each_diffusion_replica_two_ranks_and_is_refused_else
     result = run_python(
         """
         import json
-        from launcher._plan import Endpoints, plan_children
+        from launcher.supervisor.plan import Endpoints, plan_children
         from launcher.server_args import ServerArgs, ServerArgsError
 
         def problems(**fields):

@@ -60,8 +60,8 @@ def test_served_vectors_are_the_models_own(server):
     """What reaches the client (float32 bytes from the scheduler, JSON from the HTTP child) is the
     model's output as ModelRunner computes it in-process, for each text of a batch."""
     from launcher.model_source import resolve_model
-    from launcher.workers.model_runner import ModelRunner
     from platforms.builtin.cpu import CpuSRTPlatform
+    from serving.srt.model_runner import ModelRunner
 
     texts = ["a cat sits on the mat", "stock prices fell sharply", "x"]
     served = [d["embedding"] for d in embed(server, texts)["data"]]

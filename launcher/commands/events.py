@@ -44,8 +44,8 @@ def main(argv: list[str]) -> int:
     ns = _parser().parse_args(argv)
     import zmq
 
-    from launcher._client import QueryError, find_launcher, query
-    from launcher._rundir import NoLauncherError, RuntimeDirError
+    from launcher.query import QueryError, find_launcher, query
+    from launcher.supervisor.rundir import NoLauncherError, RuntimeDirError
 
     zctx = zmq.Context()
     sub = zctx.socket(zmq.SUB)
@@ -73,8 +73,8 @@ def main(argv: list[str]) -> int:
 
 
 def _follow(sub: zmq.Socket, state: dict, last: int, timeout: float, zctx: zmq.Context) -> int:
-    from launcher._client import QueryError, query
-    from launcher._rundir import launcher_alive
+    from launcher.query import QueryError, query
+    from launcher.supervisor.rundir import launcher_alive
 
     def emit_after(events: list[dict], before: int | None = None) -> bool:
         """Print the events newer than ``last`` (and older than ``before``); True at the end."""

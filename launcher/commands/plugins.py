@@ -23,7 +23,9 @@ import importlib
 import json
 import sys
 
-RUNTIMES = ("srt", "diffusion")
+from launcher.runtimes import SERVING
+
+RUNTIMES = tuple(SERVING)
 
 
 def _parser() -> argparse.ArgumentParser:

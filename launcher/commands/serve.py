@@ -4,7 +4,7 @@ The order is the spec's: this process's plugins are loaded (for ``--runtime``'s 
 before the ``ServerArgs`` class is looked up and its options are added to the parser, so plugins
 can add options, change defaults and relax checks. Then the platform is resolved once and the
 supervisor runs in this (main) thread, where SIGINT, SIGTERM, SIGHUP and SIGQUIT stop it gracefully
-(see ``launcher._signals``).
+(see ``launcher.supervisor.signals``).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from launcher._failure import EXIT_CODES_HELP, LaunchError
+from launcher.supervisor.causes import EXIT_CODES_HELP, LaunchError
 
 if TYPE_CHECKING:
-    from launcher._display import TerminalDisplay
+    from launcher.commands.display import TerminalDisplay
     from launcher.server_args import ServerArgs
 
 DESCRIPTION = (
@@ -40,9 +40,10 @@ def build_parser(server_args_class: type[ServerArgs]) -> argparse.ArgumentParser
 
 def main(argv: list[str]) -> int:
     """Serve until stopped; the exit code is an ``ExitCode``. The caller has installed
-    ``launcher._signals.install_early()``: a stop signal before the supervisor runs raises
+    ``launcher.supervisor.signals.install_early()``: a stop signal before the supervisor runs raises
     ``StopRequested`` (``launcher.cli`` turns it into exit 0)."""
-    from launcher import _prepare, _signals
+    from launcher import prepare as _prepare
+    from launcher.supervisor import signals as _signals
 
     try:
         runtime = _prepare.peek_runtime(argv)
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
         # Selected before ServerArgs is built: its __post_init__ applies the platform's defaults.
         _prepare.select_platform(runtime)
         _configure_logging(ns.log_level)
-        from launcher._secrets import warn_if_on_command_line
+        from launcher.supervisor.secrets import warn_if_on_command_line
 
         warn_if_on_command_line(argv)
         args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns))
@@ -62,8 +63,8 @@ def main(argv: list[str]) -> int:
         print(exc.root_cause.format(), file=sys.stderr)
         return exc.exit_code
 
-    from launcher._display import TerminalDisplay
-    from launcher.supervisor import Supervisor, run_supervisor
+    from launcher.commands.display import TerminalDisplay
+    from launcher.supervisor.supervisor import Supervisor, run_supervisor
 
     # On a terminal (stderr) the live table: the workers' stderr, and their stdout when it is
     # the terminal too, go through the display, above the table, and so do this process's log

@@ -23,8 +23,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     ns = _parser().parse_args(argv)
-    from launcher._client import QueryError, find_launcher, query
-    from launcher._rundir import NoLauncherError, RuntimeDirError
+    from launcher.query import QueryError, find_launcher, query
+    from launcher.supervisor.rundir import NoLauncherError, RuntimeDirError
 
     try:
         state = find_launcher(ns.pid)

@@ -4,7 +4,7 @@ Each registers an AFTER hook on ``launcher.server_args.ServerArgs.__post_init__`
 nothing: it appends ``"<runtime> <pid>"`` to ``CALLS`` and, when ``DEMO_PLATFORM_HOOK_LOG`` names
 a file, appends the line ``post_init <runtime> <pid>`` to it. The diffusion callback also puts a
 BEFORE hook on the diffusion worker's device-and-model set-up
-(``launcher.workers.diffusion.runner.DiffusionWorker.init_device_and_model``, the spec's
+(``serving.diffusion.runner.DiffusionWorker.init_device_and_model``, the spec's
 ``GPUWorker.init_device_and_model()``), the place for rank-aware set-up: it appends
 ``init_device_and_model <pid> <local_rank>`` to the log. ``DEMO_PLATFORM_FAIL_HOOKS=1`` makes
 the callbacks raise instead (to exercise plugin-failure handling).
@@ -16,7 +16,7 @@ TARGET = "launcher.server_args.ServerArgs.__post_init__"
 
 CALLS: list = []
 
-WORKER_SETUP = "launcher.workers.diffusion.runner.DiffusionWorker.init_device_and_model"
+WORKER_SETUP = "serving.diffusion.runner.DiffusionWorker.init_device_and_model"
 
 
 def _before_worker_setup(worker, *args, **kwargs):

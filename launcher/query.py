@@ -1,0 +1,43 @@
+"""The ops client side: find a running launcher and ask it for its state or its events.
+
+Used by ``sglang-launch status`` and ``sglang-launch events``. Every request has a deadline and
+every socket is closed without lingering, so a launcher that vanished mid-question makes the
+command fail with a message, never hang.
+"""
+
+from __future__ import annotations
+
+import json
+
+import zmq
+
+from launcher.supervisor.rundir import find_launcher
+
+__all__ = ["QueryError", "find_launcher", "query"]
+
+
+class QueryError(RuntimeError):
+    """The launcher did not answer, or answered with an error."""
+
+
+def query(
+    endpoint: str, request: dict, timeout: float = 5.0, zctx: zmq.Context | None = None
+) -> dict:
+    """Send one request to a launcher's query socket and return its (``ok``) reply."""
+    zctx = zctx or zmq.Context.instance()
+    sock = zctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send(json.dumps(request).encode())
+        if not sock.poll(int(timeout * 1000)):
+            raise QueryError(
+                f"the launcher did not answer within {timeout:g}s at {endpoint}; it may be "
+                "stopping or stuck (retry, or raise --timeout)"
+            )
+        reply = json.loads(sock.recv())
+    finally:
+        sock.close()
+    if not reply.get("ok"):
+        raise QueryError(f"the launcher refused the query: {reply.get('error')}")
+    return reply

@@ -1,0 +1,615 @@
+"""``DiffusionWorker``: one diffusers pipeline on one rank, set up through the diffusion platform.
+
+Every device and execution decision is a call of ``platforms.diffusion.current_platform``:
+
+- ``init_device_and_model()`` (the counterpart of the spec's ``GPUWorker.init_device_and_model()``,
+  where rank-aware hooks go): ``get_device(local_rank)``, ``set_device()``,
+  ``get_local_torch_device()``, ``seed_everything()``, then ``load_pipeline()``;
+- ``load_pipeline()``: ``verify_model_arch()`` with the pipeline class of ``model_index.json``
+  before anything is loaded; the denoiser's norms become ``CustomOp``s (``platforms.diffusion.layers``); the
+  attention that runs is the one ``get_attn_backend_cls_str()`` names; ``optimize_vae()``;
+  ``enable_dit_layerwise_offload_by_default()`` unless ``--dit-layerwise-offload`` says otherwise;
+  ``get_compile_backend()`` / ``get_compile_options()`` under ``--enable-torch-compile``;
+- ``denoise()``: the pipeline call, inside ``inference_mode()``, with one generator per image
+  seeded from the request (image ``i`` of a request seeded ``s`` uses ``s + i``);
+- ``memory_info()``: ``get_device_total_memory()`` and ``get_available_gpu_memory()``.
+
+``load_pipeline``, ``denoise`` and ``generate`` are hook targets too. Errors: ``ModelLoadError``
+at start-up (names the fix); ``InputError`` for one request's values (a 400 for its client).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.model_source import DIFFUSION_EXTRA, pipeline_class_name, resolve_pipeline
+
+log = logging.getLogger("sglang_launch.diffusion")
+
+OUTPUT_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
+MAX_SIDE = 4096
+_GIB = float(1 << 30)
+_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+# Called after each denoising step as ``(done, total)``: the steps finished so far (1 after the
+# first) and the steps of this pipeline call; returning True stops the loop.
+StepCallback = Callable[[int, int], bool]
+
+
+class ModelLoadError(RuntimeError):
+    """The pipeline cannot be served as configured; the message names the fix."""
+
+
+class InputError(ValueError):
+    """One request's values cannot run on this pipeline; the message names the field and limit,
+    ``param`` the request field to change."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class ImageJob:
+    """One request's share of a pipeline batch."""
+
+    rid: str
+    prompt: str
+    n: int
+    negative_prompt: str | None
+    seed: int
+    output_format: str
+
+
+@dataclass(frozen=True)
+class ReplicaGroup:
+    """This rank's place in a replica of several ranks (``--enable-cfg-parallel``: two)."""
+
+    dp_rank: int
+    rank: int
+    size: int
+    runtime_dir: str
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What requests must share to run in one pipeline call."""
+
+    width: int
+    height: int
+    steps: int
+    guidance_scale: float
+
+
+class DiffusionWorker:
+    """A diffusers pipeline on this rank's device. Construct, then ``init_device_and_model()``."""
+
+    kind = "image"
+    tp_size = 1
+
+    def __init__(
+        self,
+        server_args: Any,
+        platform: Any = None,
+        local_rank: int = 0,
+        group: ReplicaGroup | None = None,
+    ) -> None:
+        """``group``: this rank's place in a CFG-parallel replica (None: a replica of one rank)."""
+        if platform is None:
+            from platforms.diffusion import current_platform as platform
+        self.server_args = server_args
+        self.platform = platform
+        self.local_rank = local_rank
+        self.group = group if group is not None and group.size > 1 else None
+        self.tp_size = self.group.size if self.group else 1  # the scheduler's "ranks to follow"
+        self.parallel: dict = {}
+        self.cfg_images: int | None = None  # images of the running CFG-split call, else None
+        self.source = resolve_pipeline(
+            getattr(server_args, "model_path", None),
+            getattr(server_args, "served_model_name", None),
+        )
+        self.pipeline: Any = None
+        self.denoiser_name: str = "unet"
+        self.device: Any = None  # a torch.device once set up
+        self.dtype: Any = None
+        self.attention: dict = {}
+        self.custom_ops: dict = {}
+        self.offload = False
+        self.compiled: dict | None = None
+        self.pipeline_class = pipeline_class_name(self.source.path)
+        self.load_seconds = 0.0
+
+    # ---- set-up ---------------------------------------------------------------------------
+
+    def init_device_and_model(self) -> None:
+        """Bind this rank's device and load the pipeline onto it (a hook target for rank-aware
+        set-up, the counterpart of the spec's ``GPUWorker.init_device_and_model()``)."""
+        platform = self.platform
+        device = platform.get_device(self.local_rank)
+        platform.set_device(device)
+        self.device = platform.get_local_torch_device()
+        if getattr(self.server_args, "device", None):
+            import torch
+
+            self.device = torch.device(self.server_args.device)
+        if self.group is not None:
+            self.join_group()
+        platform.seed_everything(int(getattr(self.server_args, "seed", 0) or 0))
+        started = time.monotonic()
+        self.pipeline = self.load_pipeline()
+        self.load_seconds = time.monotonic() - started
+        self.parallel.update(
+            ranks=self.group.size if self.group else 1,
+            cfg_parallel=self.group is not None,
+            cpu_architecture=platform.get_cpu_architecture().name.lower(),
+            all_to_all_communicator=platform.get_all_to_all_communicator_cls(),
+        )
+        if self.group is not None:
+            self.split_guidance()
+            self.parallel["split_steps"] = 0  # denoiser calls computed half here, half on rank 1
+
+    def join_group(self) -> None:
+        """Form this replica's process group: on ``get_torch_distributed_backend_str()``, bound
+        to this rank's device when ``supports_distributed_device_id()`` (the launch's file-store
+        rendezvous, as for SRT's tensor-parallel groups)."""
+        from serving.distributed import init_tp_group
+
+        group, platform = self.group, self.platform
+        assert group is not None
+        backend = platform.get_torch_distributed_backend_str()
+        device_id = self.device if platform.supports_distributed_device_id() else None
+        init_tp_group(
+            backend,
+            group.runtime_dir,
+            group.dp_rank,
+            group.rank,
+            group.size,
+            timeout_s=group.timeout_s,
+            device_id=device_id,
+        )
+        self.parallel.update(
+            backend=backend, device_id=None if device_id is None else str(device_id)
+        )
+
+    def split_guidance(self) -> None:
+        """Split each classifier-free-guidance step of the denoiser over the two ranks: rank 0
+        computes the conditional half of the batch, rank 1 the unconditional half, and both
+        get the whole noise prediction back (an all-gather on the group), so they step
+        identically. ``ModelLoadError`` when the pipeline has no CFG to split."""
+        pipe = self.pipeline
+        if not self.uses_guidance(pipe):
+            raise ModelLoadError(
+                f"--enable-cfg-parallel splits classifier-free guidance, but {self.pipeline_class} "
+                f"in {self.source.path} does not run it (no do_classifier_free_guidance, or a "
+                f"guidance-distilled denoiser); serve it without --enable-cfg-parallel and scale "
+                f"with --dp-size"
+            )
+        denoiser = getattr(pipe, self.denoiser_name)
+        denoiser.register_forward_pre_hook(self._own_half, with_kwargs=True)
+        denoiser.register_forward_hook(self._both_halves)
+
+    def splits(self, shape: Shape) -> bool:
+        """Whether a batch of ``shape`` runs on both ranks of a CFG-parallel replica (it has
+        guidance to split); otherwise rank 0 runs it alone."""
+        return self.group is not None and shape.guidance_scale > 1
+
+    @staticmethod
+    def uses_guidance(pipe: Any) -> bool:
+        """Whether ``pipe`` batches an unconditional and a conditional half when its guidance
+        scale is above 1 (diffusers' ``do_classifier_free_guidance`` property says so)."""
+        if not isinstance(getattr(type(pipe), "do_classifier_free_guidance", None), property):
+            return False
+        missing = object()
+        saved = pipe.__dict__.get("_guidance_scale", missing)
+        pipe._guidance_scale = 2.0
+        try:
+            return bool(pipe.do_classifier_free_guidance)
+        except Exception:  # noqa: BLE001 - a property that needs more of a call: cannot tell
+            return False
+        finally:
+            if saved is missing:
+                del pipe._guidance_scale
+            else:
+                pipe._guidance_scale = saved
+
+    def _own_half(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """Denoiser pre-hook: keep this rank's half of every batched input (diffusers puts the
+        unconditional rows first)."""
+        images = self.cfg_images
+        if images is None:
+            return None
+        import torch
+
+        first = next(
+            (v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim()),
+            None,
+        )
+        rows = 0 if first is None else int(first.shape[0])
+        if rows != 2 * images:
+            raise RuntimeError(
+                f"--enable-cfg-parallel expects the denoiser's batch to be the unconditional and "
+                f"conditional halves of {images} image(s), {2 * images} rows, not {rows}"
+            )
+        assert self.group is not None
+        keep = slice(images, 2 * images) if self.group.rank == 0 else slice(0, images)
+
+        def half(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
+                return value[keep]
+            if isinstance(value, dict):
+                return {k: half(v) for k, v in value.items()}
+            return value
+
+        return tuple(half(a) for a in args), {k: half(v) for k, v in kwargs.items()}
+
+    def _both_halves(self, module: Any, args: tuple, output: Any) -> Any:
+        """Denoiser hook: the whole noise prediction, unconditional half (rank 1's) first."""
+        if self.cfg_images is None:
+            return None
+        import torch
+
+        from serving.distributed import all_gather_tensor
+
+        def joined(mine: Any) -> Any:
+            cond, uncond = all_gather_tensor(mine)
+            self.parallel["split_steps"] += 1
+            return torch.cat([uncond, cond])
+
+        if isinstance(output, torch.Tensor):
+            return joined(output)
+        if isinstance(output, tuple):
+            return (joined(output[0]), *output[1:])
+        output.sample = joined(output.sample)
+        return output
+
+    def resolve_dtype(self) -> Any:
+        import torch
+
+        name = str(getattr(self.server_args, "dtype", "auto") or "auto")
+        if name == "auto":
+            return torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        if name not in _DTYPES:
+            raise ModelLoadError(f"--dtype {name!r} is not one of auto, {', '.join(_DTYPES)}")
+        return getattr(torch, _DTYPES[name])
+
+    def load_pipeline(self) -> Any:
+        """Load ``--model-path`` with diffusers and prepare it on the device (a hook target)."""
+        platform = self.platform
+        try:
+            platform.verify_model_arch(self.pipeline_class)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"the platform {type(platform).__qualname__} refuses the pipeline {self.pipeline_class} "
+                f"of {self.source.path}: {exc}; serve another pipeline or select another platform "
+                f"(SGLANG_DIFFUSION_PLATFORM_OVERRIDE)"
+            ) from exc
+        try:
+            import diffusers
+        except ImportError as exc:
+            raise ModelLoadError(
+                f"the diffusion runtime needs 'diffusers' ({exc}); install the "
+                f"diffusion extra ({DIFFUSION_EXTRA})"
+            ) from exc
+        from platforms.diffusion.layers import adopt_custom_ops, custom_op_report
+
+        self.dtype = self.resolve_dtype()
+        try:
+            pipe = diffusers.DiffusionPipeline.from_pretrained(
+                str(self.source.path),
+                torch_dtype=self.dtype,
+                local_files_only=True,
+                **absent_components(self.source.path),
+            )
+        except Exception as exc:
+            raise ModelLoadError(
+                f"diffusers could not load the pipeline in {self.source.path}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        pipe.set_progress_bar_config(disable=True)
+        self.denoiser_name = (
+            "transformer" if getattr(pipe, "transformer", None) is not None else "unet"
+        )
+        denoiser = getattr(pipe, self.denoiser_name, None)
+        if denoiser is None or not hasattr(pipe, "vae"):
+            raise ModelLoadError(
+                f"{self.pipeline_class} in {self.source.path} has no unet or transformer "
+                f"and vae; the diffusion runtime serves text-to-image pipelines"
+            )
+        adopt_custom_ops(denoiser)
+        self.custom_ops = custom_op_report(denoiser)
+        self.set_attention(denoiser)
+        pipe.vae = platform.optimize_vae(pipe.vae)
+        offload = getattr(self.server_args, "dit_layerwise_offload", None)
+        self.offload = bool(
+            platform.enable_dit_layerwise_offload_by_default() if offload is None else offload
+        )
+        pipe.to(self.device)
+        if self.offload:
+            layerwise_offload(denoiser, self.device)
+        if getattr(self.server_args, "enable_torch_compile", False):
+            import torch
+
+            backend, options = platform.get_compile_backend(), platform.get_compile_options()
+            setattr(
+                pipe,
+                self.denoiser_name,
+                torch.compile(denoiser, backend=backend, options=dict(options) or None),
+            )
+            self.compiled = {
+                "backend": backend,
+                "options": {k: str(v) for k, v in dict(options).items()},
+            }
+        return pipe
+
+    def set_attention(self, denoiser: Any) -> None:
+        """Run the attention ``get_attn_backend_cls_str()`` names in every attention layer."""
+        import importlib
+
+        import torch.nn.functional as F
+
+        requested = getattr(self.server_args, "attention_backend", None)
+        heads = getattr(denoiser.config, "attention_head_dim", 0)
+        head_size = heads[0] if isinstance(heads, (list, tuple)) else int(heads or 0)
+        name = self.platform.get_attn_backend_cls_str(requested, head_size, self.dtype)
+        module, _, attr = str(name).replace(":", ".").rpartition(".")
+        try:
+            target = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ModelLoadError(
+                f"the platform's attention backend {name!r} cannot be imported ({exc}); "
+                f"fix get_attn_backend_cls_str() or pass --attention-backend"
+            ) from exc
+        processors = getattr(denoiser, "attn_processors", None) or {}
+        if target is F.scaled_dot_product_attention:
+            # diffusers' own processors for this model call torch's SDPA: check, keep them.
+            import inspect
+
+            for proc in {type(p) for p in processors.values()}:
+                if "scaled_dot_product_attention" not in inspect.getsource(proc.__call__):
+                    raise ModelLoadError(
+                        f"the platform asks for torch's scaled_dot_product_attention, but this pipeline's "
+                        f"attention processor {proc.__name__} does not use it; name an attention "
+                        f"processor class in get_attn_backend_cls_str() or --attention-backend"
+                    )
+        elif isinstance(target, type):
+            if processors:
+                denoiser.set_attn_processor(target())
+        else:
+            raise ModelLoadError(
+                f"the attention backend {name!r} is neither torch's "
+                f"scaled_dot_product_attention nor an attention processor class"
+            )
+        used = sorted(
+            {type(p).__name__ for p in (getattr(denoiser, "attn_processors", None) or {}).values()}
+        )
+        self.attention = {"backend": str(name), "processors": used, "requested": requested}
+
+    # ---- requests -------------------------------------------------------------------------
+
+    @property
+    def size_multiple(self) -> int:
+        """Widths and heights must be multiples of this: the VAE's scale factor times the
+        denoiser's own downsampling, and at least 8 (the pipelines' own check)."""
+        pipe = self.pipeline
+        factor = int(getattr(pipe, "vae_scale_factor", 8) or 8)
+        config = getattr(pipe, self.denoiser_name).config
+        blocks = getattr(config, "block_out_channels", None)
+        down = 2 ** (len(blocks) - 1) if blocks else int(getattr(config, "patch_size", 1) or 1)
+        need = factor * down
+        return need * 8 // math.gcd(need, 8)
+
+    def max_steps(self) -> int:
+        """The most denoising steps the pipeline's scheduler can take: its training timesteps
+        less its ``steps_offset`` (beyond that its timestep schedule runs off its table)."""
+        config = getattr(self.pipeline.scheduler, "config", {})
+        train = int(config.get("num_train_timesteps", 1000) or 1000)
+        return max(1, train - int(config.get("steps_offset", 0) or 0))
+
+    def default_size(self) -> int:
+        config = getattr(self.pipeline, self.denoiser_name).config
+        sample = getattr(config, "sample_size", 64)
+        sample = sample[0] if isinstance(sample, (list, tuple)) else int(sample or 64)
+        size = sample * int(getattr(self.pipeline, "vae_scale_factor", 8) or 8)
+        multiple = self.size_multiple
+        return max(multiple, size // multiple * multiple)
+
+    def shape_of(
+        self,
+        width: int | None,
+        height: int | None,
+        steps: int | None,
+        guidance_scale: float | None,
+    ) -> Shape:
+        """The checked ``Shape`` of a request (``None``: the pipeline's default); ``InputError``
+        names the field and its limit."""
+        default = self.default_size()
+        multiple = self.size_multiple
+        width = default if width is None else int(width)
+        height = default if height is None else int(height)
+        for field, value in (("width", width), ("height", height)):
+            if not multiple <= value <= MAX_SIDE or value % multiple:
+                raise InputError(
+                    f"{field} {value} must be a multiple of {multiple} (the VAE scale factor "
+                    f"times the denoiser's downsampling) between {multiple} and {MAX_SIDE}; "
+                    f"for example {default}",
+                    field,
+                )
+        steps = 50 if steps is None else int(steps)
+        most = self.max_steps()
+        if not 1 <= steps <= most:
+            raise InputError(
+                f"num_inference_steps {steps} must be between 1 and {most} (this pipeline's "
+                f"scheduler has {most} usable training timesteps)",
+                "num_inference_steps",
+            )
+        guidance = 7.5 if guidance_scale is None else float(guidance_scale)
+        return Shape(width, height, steps, guidance)
+
+    def generate(
+        self, shape: Shape, jobs: list[ImageJob], step_callback: StepCallback | None = None
+    ) -> list[list[bytes]]:
+        """Run ``jobs`` as one pipeline batch of ``shape``; each job's images, encoded (a hook
+        target). ``step_callback(done, total)`` runs after each denoising step; returning True
+        stops."""
+        images = self.denoise(shape, jobs, step_callback)
+        out, at = [], 0
+        for job in jobs:
+            out.append([encode_image(img, job.output_format) for img in images[at : at + job.n]])
+            at += job.n
+        return out
+
+    def denoise(
+        self, shape: Shape, jobs: list[ImageJob], step_callback: StepCallback | None = None
+    ) -> list:
+        """The pipeline call for ``jobs``: PIL images, ``sum(job.n)`` of them, in job order."""
+        import torch
+
+        prompts, negatives, generators = [], [], []
+        for job in jobs:
+            for i in range(job.n):
+                prompts.append(job.prompt)
+                negatives.append(job.negative_prompt or "")
+                generators.append(torch.Generator("cpu").manual_seed(job.seed + i))
+        pipe = self.pipeline
+        kwargs = {}
+        split = self.splits(shape)
+        if step_callback is not None or split:
+
+            def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict) -> dict:
+                # diffusers counts the loop's steps in num_timesteps (more than the steps asked
+                # for with a second-order scheduler); the asked-for count where it has none.
+                total = getattr(pipeline, "num_timesteps", None) or shape.steps
+                stop = bool(step_callback(step + 1, total)) if step_callback is not None else False
+                if split:  # rank 0 decides; both ranks stop at the same step
+                    from serving.distributed import broadcast_flags
+
+                    stop = broadcast_flags([stop])[0]
+                if stop:
+                    pipeline._interrupt = True
+                return tensors
+
+            kwargs["callback_on_step_end"] = on_step_end
+        # Only rank 0 decodes: a CFG-parallel rank 1 stops at the latents.
+        decode = self.group is None or self.group.rank == 0
+        self.cfg_images = len(prompts) if split else None
+        try:
+            with self.platform.inference_mode():
+                result = pipe(
+                    prompt=prompts,
+                    negative_prompt=negatives,
+                    width=shape.width,
+                    height=shape.height,
+                    num_inference_steps=shape.steps,
+                    guidance_scale=shape.guidance_scale,
+                    generator=generators,
+                    output_type="pil" if decode else "latent",
+                    **kwargs,
+                )
+        finally:
+            self.cfg_images = None
+        return list(result.images)
+
+    # ---- reporting ------------------------------------------------------------------------
+
+    def device_index(self) -> int:
+        return (
+            self.device.index
+            if self.device is not None and self.device.index is not None
+            else self.local_rank
+        )
+
+    def memory_info(self) -> dict:
+        """The device's total and free memory in GiB, from the platform."""
+        idx = self.device_index()
+        info: dict = {}
+        try:
+            info["total_gib"] = round(self.platform.get_device_total_memory(idx) / _GIB, 3)
+            info["available_gib"] = round(
+                float(self.platform.get_available_gpu_memory(idx, empty_cache=False)), 3
+            )
+        except Exception as exc:  # noqa: BLE001 - informative only
+            info["error"] = f"{type(exc).__name__}: {exc}"
+        return info
+
+    def describe(self) -> dict:
+        """What is served and how: for ``/get_server_info`` and the ready report."""
+        from serving.srt.scheduler import cpu_threads
+
+        return {
+            "name": self.source.served_name,
+            "path": str(self.source.path),
+            "kind": self.kind,
+            "pipeline_class": self.pipeline_class,
+            "denoiser": self.denoiser_name,
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "attention": self.attention,
+            "custom_ops": self.custom_ops,
+            "layerwise_offload": self.offload,
+            "parallel": self.parallel,
+            "torch_compile": self.compiled,
+            "size_multiple": self.size_multiple if self.pipeline is not None else None,
+            "default_size": self.default_size() if self.pipeline is not None else None,
+            "load_seconds": round(self.load_seconds, 3),
+            "cpu_threads": cpu_threads(),
+            "pid": os.getpid(),
+        }
+
+
+def absent_components(path: Path) -> dict:
+    """``{name: None}`` for each component ``model_index.json`` records as saved without one
+    (``[null, null]``, such as a pipeline saved without its third text encoder): diffusers wants
+    those passed explicitly when loading."""
+    import json
+
+    with open(path / "model_index.json", encoding="utf-8") as f:
+        index = json.load(f)
+    return {
+        name: None
+        for name, value in index.items()
+        if not name.startswith("_") and isinstance(value, list) and value[:2] == [None, None]
+    }
+
+
+def encode_image(image: Any, output_format: str) -> bytes:
+    """``image`` (PIL) as ``png``, ``jpeg`` or ``webp`` bytes (the same bytes for the same pixels)."""
+    fmt = OUTPUT_FORMATS.get(output_format)
+    if fmt is None:
+        raise InputError(
+            f"output_format {output_format!r} is not one of {', '.join(OUTPUT_FORMATS)}",
+            "output_format",
+        )
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def layerwise_offload(model: Any, device: Any) -> None:
+    """Keep ``model``'s top-level blocks on the host and move each to ``device`` only while it runs."""
+    import torch
+
+    host = torch.device("cpu")
+    blocks: list[Any] = []
+    for child in model.children():
+        blocks.extend(child if isinstance(child, torch.nn.ModuleList) else [child])
+    for block in blocks:
+        block.to(host)
+
+        def to_device(module: Any, args: Any, _device: Any = device) -> None:
+            module.to(_device)
+
+        def to_host(module: Any, args: Any, output: Any, _host: Any = host) -> None:
+            module.to(_host)
+
+        block.register_forward_pre_hook(to_device)
+        block.register_forward_hook(to_host)

@@ -1,0 +1,222 @@
+"""The HTTP child: ``run_http_server(server_args, ctx)``, the app of ``serving.http.app`` on uvicorn with uvloop.
+
+The listening socket is bound here first (``ServerArgs.host``, loopback by default, and
+``ServerArgs.port``), so a taken port is a clear start-up error rather than a log line from a
+thread. uvicorn runs in a thread of its own and leaves signal handling to the bootstrap. Once uvicorn has
+started, the main thread waits (at most ``startup_timeout``) until every scheduler replica answers
+a ping through its socket and only then reports ready, so the launch never claims ready with a
+replica the HTTP child cannot reach; it then waits for ``ctx.stopping`` (SIGTERM), lets uvicorn
+finish the requests in flight and returns. On several nodes a replica whose rank 0 runs on another
+node is found through the launch's rendezvous store (``distributed.EndpointDirectory``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from bootstrap import resolve
+from launcher.runtimes import serving_spec
+from serving.distributed import EndpointDirectory, replica_node
+from serving.wire import scheduler_endpoint_name
+
+if TYPE_CHECKING:
+    from bootstrap import WorkerContext
+    from launcher.server_args import ServerArgs
+    from serving.http.app import App
+    from serving.http.client import SchedulerClient
+    from serving.http.metrics import Metrics
+
+log = logging.getLogger("sglang_launch.http")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``; ``OSError`` names the fix."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            exc.errno,
+            f"cannot listen on {host}:{port} ({exc.strerror}); pick a free "
+            f"port with --port or another address with --host",
+        ) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def platform_summary(ctx: WorkerContext, platform_module: str = "platforms") -> dict:
+    """The platform as the HTTP child sees it (the one ``platform_module``, the launch's runtime's,
+    selected): what was selected, why, and its device."""
+    summary: dict = {"key": ctx.platform}
+    try:
+        module = importlib.import_module(platform_module)
+        current_platform, selection = module.current_platform, module.current_selection()
+        summary.update(
+            key=selection.key,
+            platform_class=selection.qualname,
+            distribution=selection.distribution,
+            reason=selection.reason,
+            device_type=current_platform.device_type,
+        )
+        summary["device_name"] = current_platform.get_device_name(0)
+    except Exception as exc:  # noqa: BLE001 - the summary is informative only
+        summary.setdefault("error", f"{type(exc).__name__}: {exc}")
+    return summary
+
+
+def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | None = None) -> App:
+    """The ASGI app for ``server_args`` talking to the schedulers of ``ctx``'s launch."""
+    from serving.http.app import AppState, create_app
+    from serving.http.client import SchedulerClient
+    from serving.http.metrics import Metrics
+
+    spec = serving_spec(server_args.runtime)
+    source = spec.model_check(server_args.model_path, server_args.served_model_name)
+    dp_size, tp_size = ctx.dp_size, ctx.tp_size
+    metrics = metrics or Metrics()
+    nnodes = server_args.nnodes
+    # A replica whose rank 0 runs on node 0 (this node) has its private ipc:// socket; one on
+    # another node announces a TCP address in the launch's store.
+    endpoints = [
+        ctx.endpoint(scheduler_endpoint_name(i))
+        if nnodes == 1 or replica_node(i, tp_size, dp_size, nnodes) == 0
+        else None
+        for i in range(dp_size)
+    ]
+    directory = None
+    if None in endpoints:
+        directory = EndpointDirectory(server_args, timeout_s=server_args.startup_timeout)
+    client = SchedulerClient(
+        endpoints,
+        ops_endpoint=ctx.ops_endpoint or None,
+        tp_size=tp_size,
+        metrics=metrics,
+        resolve=directory.lookup if directory else None,
+        heals=_heals(server_args),
+        query_endpoint=ctx.query_endpoint or None,
+    )
+    state = AppState(
+        client=client,
+        metrics=metrics,
+        served_name=source.served_name,
+        model_path=str(source.path),
+        server_args=server_args,
+        platform=platform_summary(ctx, spec.platform.platform_module),
+        api_key=server_args.api_key or None,
+        max_request_bytes=server_args.max_request_bytes,
+        api_routes=resolve(spec.api_routes) if spec.api_routes else None,
+    )
+    return create_app(state)
+
+
+def _heals(server_args: ServerArgs) -> bool:
+    """The supervisor restarts a replica that dies (``--restart-policy`` in effect)."""
+    return server_args.restart_policy_in_effect() == "on-failure"
+
+
+def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
+    """The bootstrap's HTTP target: serve until ``ctx.stopping`` is set."""
+    import uvicorn
+
+    host, port = server_args.host, server_args.port
+    started = time.monotonic()
+    sock = bind_socket(host, port)
+    app = build_app(server_args, ctx)
+    from serving.http.limits import RequestTimeout, guarded_protocol
+
+    config = uvicorn.Config(
+        RequestTimeout(app, server_args.request_timeout),
+        http=guarded_protocol(server_args.http_header_timeout, server_args.http_body_timeout),
+        limit_concurrency=server_args.max_connections or None,
+        loop="uvloop",
+        lifespan="on",
+        log_level=server_args.log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=max(1, int(server_args.stop_grace_period / 2)),
+    )
+    server = uvicorn.Server(config)
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=serve, name="uvicorn", daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive() and not ctx.stopping.is_set():
+        thread.join(timeout=0.05)
+    if not server.started:
+        if ctx.stopping.is_set():
+            server.should_exit = True
+            thread.join(timeout=10)
+            return
+        raise RuntimeError(
+            f"the HTTP server did not start on {host}:{port}: "
+            f"{failure[0] if failure else 'uvicorn exited during start-up'}"
+        )
+    url_host = f"[{host}]" if ":" in host else host
+    url = f"http://{url_host}:{port}"
+    log.info("HTTP server listening on %s", url)
+    deadline = started + server_args.startup_timeout
+    if not wait_for_schedulers(app.state.client, ctx, thread, deadline):
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+        return
+    ctx.ready(url=url, host=host, port=port)
+    while not ctx.stopping.is_set() and thread.is_alive():
+        ctx.stopping.wait(timeout=0.2)
+    server.should_exit = True
+    thread.join(timeout=server_args.stop_grace_period)
+    sock.close()
+    if not ctx.stopping.is_set():
+        raise RuntimeError(
+            f"the HTTP server on {url} stopped unexpectedly: "
+            f"{failure[0] if failure else 'uvicorn exited'}"
+        )
+
+
+def wait_for_schedulers(
+    client: SchedulerClient, ctx: WorkerContext, thread: threading.Thread, deadline: float
+) -> bool:
+    """Wait until every replica answers a ping (True), or the stop request (False); raise when
+    ``deadline`` passes or uvicorn stops first, naming the replicas that never answered."""
+    last_log = time.monotonic()
+    while not ctx.stopping.is_set():
+        if not thread.is_alive():
+            raise RuntimeError("the HTTP server stopped while waiting for the schedulers")
+        missing = list(range(len(client.replicas)))
+        if client.loop is not None:
+            try:
+                pongs = asyncio.run_coroutine_threadsafe(
+                    client.ping_all(timeout=1.0), client.loop
+                ).result(timeout=10)
+                missing = [i for i, p in enumerate(pongs) if p is None]
+            except Exception as exc:  # noqa: BLE001 - the loop is stopping; seen above next time
+                log.debug("ping of the schedulers failed: %s", exc)
+        if not missing:
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            raise RuntimeError(
+                f"scheduler replica(s) did not answer the HTTP child before the start-up "
+                f"timeout: {client.unanswered_reason(missing)}; check that node 0 can "
+                f"reach every node (--dist-init-addr, firewalls) and the nodes' logs"
+            )
+        if now - last_log > 15:
+            last_log = now
+            log.info("waiting for scheduler(s) to answer: %s", client.unanswered_reason(missing))
+        ctx.stopping.wait(timeout=0.2)
+    return False

@@ -1,0 +1,1 @@
+"""The SRT (text) runtime's worker: a scheduler per rank over a transformers model."""

@@ -1,0 +1,562 @@
+"""Load a Hugging Face model directory with ``transformers`` on the current platform, and run it.
+
+Encoder models (BERT-like, including the sentence-transformers layout) serve embeddings, pooled
+and normalised as the directory declares (``pooling``); causal LMs serve generation with a
+batched decode loop over the model's KV cache (``sampling`` picks tokens). Every hardware decision
+is a call of the platform contract: the device (``get_device``), the attention implementation
+(``get_default_attention_backend``), the no-grad context (``inference_mode``), seeding
+(``seed_everything``), memory figures (``get_device_total_memory``, ``get_available_memory``,
+``get_current_memory_usage``), ``synchronize``, ``empty_cache``, and for tensor parallelism the
+backend of the group (``get_torch_distributed_backend_str``, used by the scheduler).
+
+Errors: ``ModelLoadError`` at start-up (the message says which argument or file to change);
+``InputError`` for one request's input (the scheduler turns it into a 400 for that client only).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from launcher.model_config import is_causal_lm
+from launcher.model_source import ModelSource
+from serving.srt.pooling import PoolingConfig, pool, read_pooling_config
+from serving.srt.sampling import Sequence, select_token
+from serving.wire import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("sglang_launch.model_runner")
+
+# Attention names transformers understands, and what the SGLang-style backend names a platform
+# may report mean for a transformers model.
+_HF_ATTENTION = {"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"}
+_ATTENTION_ALIASES = {
+    "torch_native": "sdpa",
+    "torch": "sdpa",
+    "native": "sdpa",
+    "intel_amx": "sdpa",
+    "triton": "sdpa",
+    "flashinfer": "sdpa",
+    "fa3": "flash_attention_3",
+    "fa2": "flash_attention_2",
+    "flash_attn": "flash_attention_2",
+}
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+
+
+class ModelLoadError(RuntimeError):
+    """The model cannot be served as configured; the message names the fix."""
+
+
+class InputError(ValueError):
+    """One request's input is unusable (too long, empty after tokenising): a 400 for its client.
+    ``field`` is what the client must change: ``"input"`` (the text) or ``"max_new_tokens"``."""
+
+    def __init__(self, message: str, field: str = "input") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def attention_implementation(platform_backend: str | None, requested: str | None) -> str:
+    """The transformers ``attn_implementation`` for ``--attention-backend`` or the platform's default."""
+    name = (requested or platform_backend or "sdpa").lower()
+    if name in _HF_ATTENTION:
+        return name
+    return _ATTENTION_ALIASES.get(name, "sdpa")
+
+
+def cannot_run_message(platform: Any, exc: BaseException) -> str:
+    """Why ``platform`` cannot run a model (it raised ``exc``, a ``NotImplementedError``), and the
+    fix. A plugin platform won selection over the built-ins, so the fix is in the plugin: no
+    variable that selection ignores while a plugin activates (``SGLANG_USE_CPU_ENGINE``) is
+    suggested for it."""
+    name = type(platform).__name__
+    if platform.is_out_of_tree():
+        return (
+            f"the selected platform plugin {name} cannot run a model ({exc}); implement that method in "
+            f"the plugin (sglang-launch check-platform lists every method a launch needs and fails "
+            f"while one is missing), or turn the plugin off or uninstall it to use another platform"
+        )
+    return (
+        f"the selected platform {name} cannot run a model ({exc}); on a machine without an "
+        f"accelerator set SGLANG_USE_CPU_ENGINE=1 to serve on the CPU, otherwise install the platform "
+        f"plugin for this hardware (sglang-launch plugins shows what is installed and why it did not "
+        f"activate)"
+    )
+
+
+def check_device_visible(device: torch.device) -> None:
+    """``ModelLoadError`` when ``device`` (an accelerator with an index) is not among the devices
+    torch sees on this node, which happens when a node runs more ranks than it has devices."""
+    import torch
+
+    if device.type in ("cpu", "meta") or device.index is None:
+        return
+    module = getattr(torch, device.type, None)
+    count = getattr(module, "device_count", None)
+    if count is None:
+        return
+    visible = int(count())
+    if device.index >= visible:
+        raise ModelLoadError(
+            f"this rank would run on {device}, but torch sees {visible} {device.type} device(s) on this "
+            f"node; each scheduler rank on a node takes its own device, so run at most {visible} rank(s) "
+            f"per node (--dp-size x --tp-size / --nnodes), or make more devices visible "
+            f"(CUDA_VISIBLE_DEVICES or your platform's equivalent)"
+        )
+
+
+class ModelRunner:
+    """One loaded model on one rank. ``kind`` is ``"embedding"`` or ``"generation"``.
+
+    With ``tp_size > 1`` the process must already be in its replica's ``torch.distributed``
+    group; every rank then calls ``generate`` with the same sequences (rank 0 broadcasts them),
+    and rank 0 alone passes ``cancelled``.
+    """
+
+    def __init__(
+        self,
+        source: ModelSource,
+        *,
+        platform: Any,
+        local_rank: int = 0,
+        tp_size: int = 1,
+        device: str | None = None,
+        dtype: str = "auto",
+        attention_backend: str | None = None,
+        seed: int = 0,
+        max_input_tokens: int = 512,
+        max_total_tokens: int = 2048,
+        max_batch_size: int = 32,
+        trust_remote_code: bool = False,
+    ) -> None:
+        import torch
+        import transformers
+
+        self.source = source
+        self.platform = platform
+        self.tp_size = tp_size
+        self.max_batch_size = max(1, int(max_batch_size))
+        started = time.monotonic()
+
+        transformers.utils.logging.disable_progress_bar()
+        try:
+            platform.seed_everything(seed)
+            self.device = (
+                torch.device(device) if device else torch.device(platform.get_device(local_rank))
+            )
+            check_device_visible(self.device)
+            platform_attention = platform.get_default_attention_backend()
+        except NotImplementedError as exc:
+            raise ModelLoadError(cannot_run_message(platform, exc)) from exc
+        try:
+            config = transformers.AutoConfig.from_pretrained(
+                source.path, local_files_only=True, trust_remote_code=trust_remote_code
+            )
+        except Exception as exc:  # noqa: BLE001 - any config failure is the same user error
+            raise ModelLoadError(
+                f"cannot read the model config in {source.path}: {exc}; pass --model-path a "
+                f"Hugging Face model directory (add --trust-remote-code for custom architectures)"
+            ) from exc
+        self.architecture = (getattr(config, "architectures", None) or [type(config).__name__])[0]
+        self.kind = "generation" if is_causal_lm(self.architecture) else "embedding"
+        if tp_size > 1:
+            self._check_tp_plan(config)
+
+        self.dtype = self._resolve_dtype(dtype, config)
+        self.attn_implementation = attention_implementation(platform_attention, attention_backend)
+        try:
+            self.tokenizer = transformers.AutoTokenizer.from_pretrained(
+                source.path, local_files_only=True, trust_remote_code=trust_remote_code
+            )
+        except Exception as exc:  # noqa: BLE001
+            raise ModelLoadError(
+                f"cannot load the tokenizer in {source.path}: {exc}; the directory needs its "
+                f"tokenizer files (tokenizer.json or vocab files) beside config.json"
+            ) from exc
+
+        self.max_token_chars = _longest_token(self.tokenizer)
+        self.model = self._load_model(transformers, torch, trust_remote_code)
+        limit = getattr(config, "max_position_embeddings", None) or max_total_tokens
+        if self.kind == "embedding":
+            self.pooling: PoolingConfig | None = read_pooling_config(source.path)
+            caps = [max_input_tokens, limit, self.pooling.max_seq_length]
+            self.max_input_tokens = min(c for c in caps if c)
+            self.max_total_tokens = self.max_input_tokens
+            self.dimensions = int(getattr(config, "hidden_size", 0))
+        else:
+            self.pooling = None
+            self.max_total_tokens = min(max_total_tokens, limit)
+            self.max_input_tokens = min(max_input_tokens, self.max_total_tokens - 1)
+            self.tokenizer.padding_side = "left"
+            self.eos_ids = self._eos_ids(config)
+            self.pad_id = self._pad_id(config)
+            # transformers 5 renamed the KV-cache argument from past_key_values to cache.
+            forward_args = inspect.signature(self.model.forward).parameters
+            self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        self.load_seconds = time.monotonic() - started
+
+    # ---- loading ---------------------------------------------------------------------------
+
+    def _check_tp_plan(self, config: Any) -> None:
+        if self.kind != "generation":
+            raise ModelLoadError(
+                f"--tp-size {self.tp_size} needs a causal LM, but {self.source.path} is a "
+                f"{self.architecture} encoder with no tensor-parallel plan; serve it with "
+                f"--tp-size 1 and scale out with --dp-size N"
+            )
+        if not getattr(config, "base_model_tp_plan", None):
+            raise ModelLoadError(
+                f"architecture {self.architecture} has no tensor-parallel plan in transformers "
+                f"(config.base_model_tp_plan is empty), so --tp-size {self.tp_size} cannot shard it; "
+                f"serve it with --tp-size 1 and scale out with --dp-size N"
+            )
+        heads = getattr(config, "num_key_value_heads", None) or getattr(
+            config, "num_attention_heads", 0
+        )
+        if heads and heads % self.tp_size:
+            raise ModelLoadError(
+                f"--tp-size {self.tp_size} does not divide the model's {heads} key/value heads; "
+                f"pick a tp size that divides {heads}"
+            )
+
+    def _resolve_dtype(self, requested: str, config: Any) -> torch.dtype:
+        import torch
+
+        name = (requested or "auto").lower()
+        if name == "auto":
+            # A CPU platform computes in float32; an accelerator keeps the checkpoint's dtype.
+            if self.platform.is_cpu() or self.device.type == "cpu":
+                return torch.float32
+            saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+            if isinstance(saved, torch.dtype):
+                return saved
+            return getattr(torch, str(saved), torch.float32) if saved else torch.float32
+        if name not in _DTYPES:
+            raise ModelLoadError(
+                f"--dtype {requested!r} is not supported; use one of auto, float32, float16, bfloat16"
+            )
+        return getattr(torch, _DTYPES[name])
+
+    def _load_model(self, transformers: Any, torch: Any, trust_remote_code: bool) -> Any:
+        auto = (
+            transformers.AutoModelForCausalLM
+            if self.kind == "generation"
+            else transformers.AutoModel
+        )
+        kwargs = dict(dtype=self.dtype, local_files_only=True, trust_remote_code=trust_remote_code)
+        if self.tp_size > 1:
+            from transformers.distributed import DistributedConfig
+
+            kwargs["distributed_config"] = DistributedConfig(tp_plan="auto", tp_size=self.tp_size)
+        try:
+            try:
+                model = auto.from_pretrained(
+                    self.source.path, attn_implementation=self.attn_implementation, **kwargs
+                )
+            except (ValueError, ImportError) as exc:
+                if self.attn_implementation == "eager" or "attn" not in str(exc).lower():
+                    raise
+                log.warning(
+                    "attention %r unavailable for %s (%s); using eager",
+                    self.attn_implementation,
+                    self.architecture,
+                    exc,
+                )
+                self.attn_implementation = "eager"
+                model = auto.from_pretrained(
+                    self.source.path, attn_implementation="eager", **kwargs
+                )
+        except ModelLoadError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise ModelLoadError(
+                f"cannot load {self.architecture} weights from {self.source.path}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if self.tp_size == 1:
+            model = model.to(self.device)
+        return model.eval()
+
+    def _eos_ids(self, config: Any) -> set[int]:
+        ids: set[int] = set()
+        sources = [getattr(config, "eos_token_id", None), self.tokenizer.eos_token_id]
+        gen = getattr(self.model, "generation_config", None)
+        if gen is not None:
+            sources.append(getattr(gen, "eos_token_id", None))
+        for value in sources:
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(v for v in value if isinstance(v, int))
+        return ids
+
+    def _pad_id(self, config: Any) -> int:
+        for value in (
+            self.tokenizer.pad_token_id,
+            getattr(config, "pad_token_id", None),
+            self.tokenizer.eos_token_id,
+            *sorted(self.eos_ids),
+        ):
+            if isinstance(value, int):
+                return value
+        return 0
+
+    # ---- inputs ----------------------------------------------------------------------------
+
+    def encode_embedding_input(self, text: str) -> list[int]:
+        """Token ids of ``text`` (with special tokens), for ``embed_ids``; ``InputError`` if over
+        the limit."""
+        self.refuse_oversize(text, "input")
+        # verbose=False: an over-long text is refused here, not warned about by the tokenizer.
+        ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
+        if len(ids) > self.max_input_tokens:
+            raise InputError(
+                f"input has {len(ids)} tokens, more than this model's limit of {self.max_input_tokens}; "
+                f"shorten it or split it into several inputs"
+            )
+        return ids
+
+    def refuse_oversize(self, text: str, what: str) -> None:
+        """``InputError`` without tokenising when ``text`` certainly has more tokens than the limit.
+
+        A token covers at most ``max_token_chars`` characters of the text (its longest vocabulary
+        entry); whitespace and what normalisation may drop do not count, and a factor of
+        ``_OVERSIZE_SLACK`` keeps the bound far from any text that could fit. Cheap: no tokeniser.
+        """
+        bound = _OVERSIZE_SLACK * self.max_input_tokens * self.max_token_chars
+        if len(text) <= bound:
+            return
+        visible = len("".join(text.split()))
+        if visible > bound:
+            raise InputError(
+                f"{what} has {len(text)} characters, far more than this model's limit of "
+                f"{self.max_input_tokens} tokens can hold; shorten it or split it into several inputs"
+            )
+
+    def count_embedding_tokens(self, text: str) -> int:
+        """Tokens ``text`` takes (with special tokens); ``InputError`` if over the limit."""
+        return len(self.encode_embedding_input(text))
+
+    def encode_prompt(self, text: str, max_new_tokens: int) -> list[int]:
+        """Prompt token ids; ``InputError`` if the prompt or prompt + completion is too long."""
+        self.refuse_oversize(text, "the prompt")
+        ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
+        if not ids:
+            raise InputError("the prompt is empty after tokenisation; send some text")
+        if len(ids) > self.max_input_tokens:
+            raise InputError(
+                f"the prompt has {len(ids)} tokens, more than the limit of {self.max_input_tokens} "
+                f"(--max-input-tokens); shorten it"
+            )
+        if len(ids) + max_new_tokens > self.max_total_tokens:
+            raise InputError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the limit "
+                f"of {self.max_total_tokens} tokens (--max-total-tokens); ask for fewer tokens",
+                field="max_new_tokens",
+            )
+        return list(ids)
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """One vector per text (truncated to ``max_input_tokens``), pooled and normalised as the
+        model declares."""
+        enc = self.tokenizer(texts, truncation=True, max_length=self.max_input_tokens)
+        return self.embed_ids(enc["input_ids"])
+
+    def embed_ids(self, inputs: list[list[int]]) -> list[list[float]]:
+        """``embed`` of inputs already tokenised (``encode_embedding_input``), right-padded."""
+        return self.embed_matrix(inputs).tolist()
+
+    def embed_matrix(self, inputs: list[list[int]]) -> torch.Tensor:
+        """``embed_ids`` as one float32 tensor on the CPU, a row per input (the scheduler sends its
+        bytes: no Python float per value on the scheduler's side)."""
+        import torch
+
+        pooling = self.pooling
+        if pooling is None:
+            raise InputError(
+                f"model {self.source.served_name!r} serves {self.kind}, not embeddings"
+            )
+
+        pad = self.tokenizer.pad_token_id or 0
+        rows = []
+        for start in range(0, len(inputs), self.max_batch_size):
+            chunk = inputs[start : start + self.max_batch_size]
+            width = max(len(ids) for ids in chunk)
+            ids = torch.tensor([x + [pad] * (width - len(x)) for x in chunk], dtype=torch.long)
+            mask = torch.tensor(
+                [[1] * len(x) + [0] * (width - len(x)) for x in chunk], dtype=torch.long
+            )
+            enc = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+            if "token_type_ids" in self.tokenizer.model_input_names:
+                enc["token_type_ids"] = torch.zeros_like(enc["input_ids"])
+            with self.platform.inference_mode():
+                hidden = self.model(**enc).last_hidden_state
+                pooled = pool(hidden, enc["attention_mask"], pooling)
+            self.platform.synchronize()
+            rows.append(pooled.to(torch.float32).cpu())
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    def generate(
+        self,
+        seqs: list[Sequence],
+        emit: Callable[[Sequence], None] | None = None,
+        cancelled: Callable[[], Iterable[str]] | None = None,
+    ) -> list[Sequence]:
+        """Decode every sequence until it finishes; ``emit(seq)`` after each step a streaming
+        sequence advanced and once when any sequence finishes. ``cancelled()`` (rank 0) names
+        rids to stop, checked before each step; they finish with reason ``"abort"``."""
+        import torch
+
+        decode = self._decode
+        batch = len(seqs)
+        width = max(len(s.prompt_ids) for s in seqs)
+        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
+            mask[i, width - len(s.prompt_ids) :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        generators = [torch.Generator(device="cpu").manual_seed(int(s.seed)) for s in seqs]
+        ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
+        cache = None
+        reported: set[int] = set()
+        with self.platform.inference_mode():
+            step_input = ids
+            while True:
+                out = self.model(
+                    input_ids=step_input,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    use_cache=True,
+                    **{self._cache_arg: cache},
+                )
+                cache = getattr(out, self._cache_arg, None)
+                logits = out.logits[:, -1, :].float().cpu()
+                stop_now = self._cancel_flags(seqs, cancelled)
+                next_tokens = []
+                for i, s in enumerate(seqs):
+                    if not s.finished:
+                        if stop_now[i]:
+                            s.finish_reason = "abort"
+                        else:
+                            s.advance(
+                                select_token(logits[i], s.params, generators[i]),
+                                self.eos_ids,
+                                decode,
+                            )
+                    next_tokens.append(s.output_ids[-1] if s.output_ids else self.pad_id)
+                    if emit is not None and i not in reported and (s.stream or s.finished):
+                        emit(s)
+                        if s.finished:
+                            reported.add(i)
+                if all(s.finished for s in seqs):
+                    break
+                step_input = torch.tensor(next_tokens, dtype=torch.long, device=self.device)[
+                    :, None
+                ]
+                mask = torch.cat(
+                    [mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], 1
+                )
+                positions = positions[:, -1:] + 1
+        self.platform.synchronize()
+        return seqs
+
+    def _cancel_flags(
+        self, seqs: list[Sequence], cancelled: Callable[[], Iterable[str]] | None
+    ) -> list[bool]:
+        gone = set(cancelled()) if cancelled is not None else set()
+        flags = [s.rid in gone for s in seqs]
+        if self.tp_size > 1:
+            from serving.distributed import broadcast_flags
+
+            flags = broadcast_flags(flags)
+        return flags
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    def warm_up(self) -> None:
+        """Run one small batch through the model, then release what it cached."""
+        if self.kind == "embedding":
+            self.embed(["warm-up"])
+        else:
+            prompt = self.encode_prompt("warm-up", 2)
+            params = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
+            self.generate([Sequence("warm-up", prompt, params, seed=0)])
+        self.platform.synchronize()
+        self.platform.empty_cache()
+
+    # ---- figures ---------------------------------------------------------------------------
+
+    def memory_info(self) -> dict:
+        """Memory figures from the platform; a figure the platform cannot give is None."""
+        index = self.device.index or 0
+        info: dict = {}
+        for key, call in (
+            ("total_bytes", lambda: self.platform.get_device_total_memory(index)),
+            ("available_bytes", lambda: self.platform.get_available_memory(index)[0]),
+            ("used_bytes", lambda: self.platform.get_current_memory_usage(self.device)),
+        ):
+            try:
+                value = call()
+                info[key] = int(value) if value is not None else None
+            except (NotImplementedError, RuntimeError, AttributeError, TypeError, ValueError):
+                info[key] = None
+        return info
+
+    def describe(self) -> dict:
+        """What ``/get_server_info`` and the ready report show about the model."""
+        from serving.srt.scheduler import cpu_threads
+
+        return {
+            "model_path": str(self.source.path),
+            "served_model_name": self.source.served_name,
+            "embedded_default": self.source.embedded_default,
+            "architecture": self.architecture,
+            "kind": self.kind,
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "attention": self.attn_implementation,
+            "tp_size": self.tp_size,
+            "max_input_tokens": self.max_input_tokens,
+            "max_total_tokens": self.max_total_tokens,
+            "pooling": None
+            if self.pooling is None
+            else {
+                "mode": self.pooling.mode,
+                "normalize": self.pooling.normalize,
+                "declared_by": self.pooling.declared_by,
+            },
+            "load_seconds": round(self.load_seconds, 3),
+            "cpu_threads": cpu_threads(),
+        }
+
+
+# How many times more characters than (limit x longest token) a text needs to be refused unread.
+_OVERSIZE_SLACK = 4
+
+
+def _longest_token(tokenizer: Any) -> int:
+    """Characters in the longest entry of ``tokenizer``'s vocabulary (at least 1)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary: a generous guess
+        return 64
+    return max((len(token) for token in vocab), default=1) or 1
