@@ -98,7 +98,7 @@ class Baseline:
     def __init__(self, opts: argparse.Namespace, env: dict[str, str]) -> None:
         command = [sys.executable, __file__, "--baseline", "--model-path", opts.model_path]
         command += ["--size", str(opts.size), "--steps", str(opts.steps)]
-        # A session of its own, as the server has (serving_support.Server): Linux shares the
+        # A session of its own, as the server has (support.serving.Server): Linux shares the
         # CPU between sessions (autogroups) first, so both sides get the same kind of share.
         self.proc = subprocess.Popen(
             command,
@@ -216,11 +216,11 @@ def main() -> int:
     if opts.baseline:
         return baseline(opts)
     import httpx
-    from serving_support import server_env, start_server
+    from support.serving import server_env, start_server
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-diffusion-"))
     if opts.model_path is None:
-        from diffusion_support import build_tiny_pipeline
+        from support.diffusion import build_tiny_pipeline
 
         opts.model_path = str(build_tiny_pipeline(tmp / "tiny-sd"))
     env = server_env(SGLANG_USE_CPU_ENGINE=None)

@@ -40,7 +40,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # The CLI server helpers and the load generator the tests use (one copy of each).
-from serving_support import embedding_body, run_load, server_env, start_server  # noqa: E402
+from support.serving import embedding_body, run_load, server_env, start_server  # noqa: E402
 
 TEXT = "a cat sits on the mat"
 

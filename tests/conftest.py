@@ -1,5 +1,10 @@
 """Fixtures shared by the whole suite.
 
+The tree mirrors the packages: ``tests/<package>/`` holds the tests of one package (some start
+real processes), ``tests/e2e/`` the end-to-end tests (a real server through the CLI or the
+embedded ``Launcher``, every one marked ``e2e``), ``tests/project/`` the checks of the tree as a
+whole (layering, docs, install script), and ``tests/support/`` the one support package.
+
 Every test runs with the product's environment variables cleared, and every process a test leaves
 behind (its whole tree, found with psutil) is killed when the test ends, pass or fail; a test that
 leaves one behind fails, so a leak is a bug report, not a silent cleanup.
@@ -17,10 +22,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from support import PRODUCT_ENV, descendants, kill_tree  # noqa: E402
 
-pytest_plugins = ("plugin_fixtures",)  # the demo_site fixture: the demo plugin, pip-installed once
+pytest_plugins = ("support.plugins",)  # the demo_site fixture: the demo plugin, pip-installed once
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+E2E = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(items):
+    """Every test under ``tests/e2e/`` is end-to-end (``-m "not e2e"`` leaves them out)."""
+    for item in items:
+        if E2E in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(autouse=True)
@@ -66,8 +81,8 @@ def site(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory) -> Path:
     """A tiny diffusers text-to-image pipeline saved on disk once per session
-    (``diffusion_support.build_tiny_pipeline``); default size 32x32."""
-    from diffusion_support import build_tiny_pipeline
+    (``support.diffusion.build_tiny_pipeline``); default size 32x32."""
+    from support.diffusion import build_tiny_pipeline
 
     return build_tiny_pipeline(tmp_path_factory.mktemp("diffusion") / "tiny-sd")
 
@@ -75,6 +90,6 @@ def tiny_pipeline(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_dit_pipeline(tmp_path_factory) -> Path:
     """A tiny diffusers DiT pipeline (SD3 layout, RMSNorm in its attention) saved once per session."""
-    from diffusion_support import build_tiny_dit_pipeline
+    from support.diffusion import build_tiny_dit_pipeline
 
     return build_tiny_dit_pipeline(tmp_path_factory.mktemp("diffusion-dit") / "tiny-sd3")

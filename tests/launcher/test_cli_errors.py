@@ -1,0 +1,132 @@
+"""Bad input to the launcher ends in one clear message and the documented exit code, before any
+worker starts: no traceback, nothing left running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from support import REPO, clean_env, free_port, run_python
+
+LAUNCH = [sys.executable, "-m", "launcher"]
+
+
+def _run(argv, **env):
+    environ = clean_env(**{"PYTHONPATH": str(REPO), **env})
+    return subprocess.run(
+        LAUNCH + argv, capture_output=True, text=True, env=environ, cwd=str(REPO), timeout=120
+    )
+
+
+@pytest.mark.e2e
+def test_unknown_platform_is_a_setup_error_with_its_fix_not_a_traceback():
+    for argv, env, variable in (
+        ([], {"SGLANG_PLATFORM": "nosuch"}, "SGLANG_PLATFORM"),
+        (
+            ["--runtime", "diffusion"],
+            {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "nosuch"},
+            "SGLANG_DIFFUSION_PLATFORM_OVERRIDE",
+        ),
+    ):
+        run = _run(argv + ["--port", str(free_port())], **env)
+        assert run.returncode == 5, run.stderr
+        assert "no platform could be selected" in run.stderr
+        assert f"{variable}=nosuch" in run.stderr and "unset it" in run.stderr
+        assert "Traceback" not in run.stderr
+        assert "starting" not in run.stderr  # no worker was started
+
+
+@pytest.mark.e2e
+def test_embedded_launcher_gets_launch_error_for_an_unknown_platform():
+    result = run_python(
+        """
+        import json
+        from launcher import LaunchError, Launcher
+        try:
+            Launcher(port=1).start()
+        except LaunchError as exc:
+            print("RESULT:" + json.dumps([exc.exit_code, str(exc)]))
+        """,
+        env=clean_env(SGLANG_PLATFORM="nosuch"),
+    )
+    assert result.returncode == 0, result
+    code, text = result.data
+    assert code == 5 and "SGLANG_PLATFORM=nosuch" in text
+
+
+@pytest.mark.e2e
+def test_a_model_path_that_is_not_a_model_is_a_usage_error_before_any_worker_starts(tmp_path):
+    missing = _run(["--model-path", str(tmp_path / "nowhere"), "--port", str(free_port())])
+    not_a_model = _run(["--model-path", str(tmp_path), "--port", str(free_port())])
+    assert missing.returncode == 2 and "does not exist" in missing.stderr, missing.stderr
+    assert not_a_model.returncode == 2 and "no config.json" in not_a_model.stderr, (
+        not_a_model.stderr
+    )
+    for run in (missing, not_a_model):
+        assert "Traceback" not in run.stderr and "starting" not in run.stderr
+
+
+@pytest.mark.e2e
+def test_output_cut_short_by_the_reader_is_not_an_error():
+    """``sglang-launch --help | head -1``: the reader is gone before the output is written."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has already gone away: every write meets a broken pipe
+    try:
+        run = subprocess.run(
+            LAUNCH + ["--help"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(PYTHONPATH=str(REPO)),
+            cwd=str(REPO),
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr and "BrokenPipe" not in run.stderr, run.stderr
+
+
+@pytest.mark.e2e
+def test_a_plugin_class_posing_as_a_builtin_is_refused_before_any_worker_starts(site):
+    from support.plugins import platform_plugin
+
+    platform_plugin(
+        site,
+        "poser",
+        activate="return 'platforms.builtin.cpu.CpuSRTPlatform'",
+        distribution="poser-vendor",
+    )
+    run = _run(
+        ["--port", str(free_port())],
+        SGLANG_PLATFORM="poser",
+        PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
+    )
+    assert run.returncode == 5, run.stderr
+    assert "platforms.builtin.cpu.CpuSRTPlatform" in run.stderr and "poser-vendor" in run.stderr
+    assert "_enum = PlatformEnum.OOT" in run.stderr
+    assert "Traceback" not in run.stderr and "starting" not in run.stderr
+
+
+@pytest.mark.e2e
+def test_a_launch_on_a_plugin_lacking_get_device_names_the_fix_in_the_plugin(site):
+    """Selection ignores SGLANG_USE_CPU_ENGINE while a plugin activates, so the failure must not
+    suggest it: it names the missing method and check-platform."""
+    from support.plugins import platform_plugin
+
+    platform_plugin(
+        site, "lacking", class_body="def get_default_attention_backend(self):\n    return 'sdpa'"
+    )
+    run = _run(
+        ["--port", str(free_port()), "--startup-timeout", "120"],
+        SGLANG_PLATFORM="lacking",
+        PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
+    )
+    assert run.returncode != 0, run.stderr
+    assert "does not implement get_device()" in run.stderr, run.stderr
+    assert "sglang-launch check-platform" in run.stderr
+    assert "SGLANG_USE_CPU_ENGINE" not in run.stderr + run.stdout

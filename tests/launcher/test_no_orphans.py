@@ -1,0 +1,119 @@
+"""No process of a launch outlives it: workers' children and setsid grandchildren included.
+
+Real ``sglang-launch`` processes whose schedulers start a plain child and a double-forked
+``setsid`` grandchild (orphaned at once, so a subreaper adopts it) and never stop them. Every
+process of a launch carries the launch's tag in its environment, so ``Run.leftovers()`` finds
+any of them with psutil wherever they were re-parented.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import psutil
+import pytest
+from support import free_port
+from support.supervisor import FAST, READY_WAIT, Run, wait_for
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux"), reason="subreapers and pidfds are Linux's"
+    ),
+]
+
+ARGS = [
+    *FAST,
+    "--tp-size",
+    "2",
+    "--scheduler-target",
+    "support.workers.spawn_descendants",
+    "--http-target",
+    READY_WAIT,
+]
+
+
+def _start(run_args=ARGS) -> tuple[Run, list[dict]]:
+    run = Run([*run_args, "--port", str(free_port())])
+    try:
+        snap = run.wait_ready()
+    except BaseException:
+        run.stop()
+        raise
+    schedulers = [w for w in snap["workers"] if w["role"] == "scheduler"]
+    for worker in schedulers:
+        info = worker["info"]
+        # The setsid grandchild's parent exited: it was adopted by its worker, not by pid 1.
+        assert psutil.Process(info["detached"]).ppid() == worker["pid"], info
+        assert psutil.Process(info["child"]).ppid() == worker["pid"], info
+    return run, schedulers
+
+
+def _tree_pids(schedulers: list[dict]) -> list[int]:
+    return [
+        pid for w in schedulers for pid in (w["pid"], w["info"]["child"], w["info"]["detached"])
+    ]
+
+
+def _assert_gone_within(run: Run, pids: list[int], seconds: float) -> None:
+    def gone():
+        alive = [
+            p
+            for p in pids
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
+        return not alive and not run.leftovers()
+
+    wait_for(
+        gone,
+        seconds,
+        f"every descendant of the launch to be gone: {[p.pid for p in run.leftovers()]}",
+    )
+
+
+def test_sigkill_of_the_launcher_ends_children_and_setsid_grandchildren():
+    run, schedulers = _start()
+    with run:
+        pids = _tree_pids(schedulers)
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(10)
+        _assert_gone_within(run, pids, 60)
+
+
+def test_a_stopped_worker_and_its_tree_end_with_a_sigkilled_launcher():
+    """The worker cannot run a line of its own (SIGSTOP): its guard process ends the tree."""
+    run, schedulers = _start()
+    with run:
+        pids = _tree_pids(schedulers)
+        os.kill(schedulers[0]["pid"], signal.SIGSTOP)
+        wait_for(
+            lambda: psutil.Process(schedulers[0]["pid"]).status() == psutil.STATUS_STOPPED,
+            10,
+            "the worker to stop",
+        )
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(10)
+        _assert_gone_within(run, pids, 60)
+
+
+def test_a_graceful_stop_ends_descendants_the_worker_left_running():
+    run, schedulers = _start()
+    with run:
+        pids = _tree_pids(schedulers)
+        os.kill(run.pid, signal.SIGTERM)
+        assert run.wait(60) == 0, run
+        _assert_gone_within(run, pids, 60)
+        assert "every worker process is gone" in run.stderr
+
+
+def test_what_a_sigkilled_worker_leaves_behind_is_ended_by_the_launcher():
+    """The dead worker's children are adopted by the launcher (a subreaper), which ends them."""
+    run, schedulers = _start()
+    with run:
+        pids = _tree_pids(schedulers)
+        os.kill(schedulers[1]["pid"], signal.SIGKILL)
+        assert run.wait(60) == 4, run
+        assert "scheduler.1 was killed by SIGKILL" in run.stderr
+        _assert_gone_within(run, pids, 60)
