@@ -9,7 +9,6 @@ treated as a dot; the entry-point form's part before it must be a module).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -58,14 +57,11 @@ def parse_target(target: object) -> TargetPath:
 
 
 def _import(name: str) -> ModuleType | None:
-    """Import module ``name``; None if no such module exists. An import error raised *inside*
-    an existing module propagates unchanged, so a broken target module is not misreported."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
-            return None
-        raise
+    """Import module ``name``; None if no such module exists (``platforms.entrypoints``' rule:
+    an import error raised inside an existing module propagates unchanged)."""
+    from platforms.entrypoints import import_if_exists
+
+    return import_if_exists(name)
 
 
 def _describe(obj: object) -> str:

@@ -12,6 +12,7 @@ import importlib
 import os
 import threading
 from collections.abc import Iterable, Mapping
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -164,28 +165,33 @@ def allowlist(
     return frozenset(item.strip() for item in raw.split(",") if item.strip())
 
 
+def import_if_exists(name: str) -> ModuleType | None:
+    """Import module ``name``, or None when no such module exists. An import error raised
+    *inside* an existing module (a dependency it lacks) propagates unchanged, so a broken module
+    is never mistaken for a wrong path. The project's one rule for importing a named module."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+            return None
+        raise
+
+
 def import_object(path: str) -> Any:
     """Import what ``path`` names: ``"pkg.mod:Attr.sub"`` or a dotted ``"pkg.mod.Attr"``.
 
-    For a dotted path the longest importable module prefix is the module; an ``ImportError``
-    raised *inside* that module propagates unchanged.
+    For a dotted path the longest importable module prefix is the module (``import_if_exists``).
     """
     if ":" in path:
         return EntryPoint("", "", path, None).load()
     parts = path.split(".")
-    missing: ModuleNotFoundError | None = None
     for split in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:split])
-        try:
-            obj = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-                missing = missing or exc
-                continue
-            raise
+        obj: Any = import_if_exists(".".join(parts[:split]))
+        if obj is None:
+            continue
         for attr in parts[split:]:
             obj = getattr(obj, attr)
         return obj
-    if missing is not None:
-        raise missing
-    raise ImportError(f"{path!r} names no importable module; expected 'package.module.Name'")
+    raise ModuleNotFoundError(
+        f"{path!r} names no importable module; expected 'package.module.Name'", name=parts[0]
+    )
