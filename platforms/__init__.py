@@ -10,7 +10,16 @@ Importing this package imports no torch and no plugin.
 
 from __future__ import annotations
 
-from ._selection import PlatformSelectionError, ProbeRequired, Selection
+from ._selection import (
+    PlatformAttributeError,
+    PlatformImportError,
+    PlatformNotFoundError,
+    PlatformSelectionError,
+    PlatformTypeError,
+    PlatformValueError,
+    ProbeRequired,
+    Selection,
+)
 from ._state import LazyPlatform, PlatformSlot
 from .device_mixin import CpuArchEnum, DeviceCapability, DeviceMixin, PlatformEnum
 from .interface import SRTPlatform
@@ -21,7 +30,12 @@ __all__ = [
     "DeviceCapability",
     "DeviceMixin",
     "PlatformEnum",
+    "PlatformAttributeError",
+    "PlatformImportError",
+    "PlatformNotFoundError",
     "PlatformSelectionError",
+    "PlatformTypeError",
+    "PlatformValueError",
     "ProbeRequired",
     "SRTPlatform",
     "Selection",

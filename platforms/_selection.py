@@ -43,7 +43,60 @@ _FALSE = {"", "0", "false", "no", "off"}
 
 
 class PlatformSelectionError(RuntimeError):
-    """Platform selection failed; the message says what was found and what to set."""
+    """Platform selection failed; the message says what was found and what to set.
+
+    The common base of every selection error. Where SGLang raises a ``ValueError``, a
+    ``TypeError`` or lets a plugin's own ``ImportError`` through, the error raised here is also an
+    instance of that type (``PlatformValueError``, ``PlatformTypeError``, ``PlatformImportError``,
+    ``PlatformAttributeError``), so plugin code written against SGLang catches it unchanged.
+    """
+
+
+class PlatformValueError(PlatformSelectionError, ValueError):
+    """A value selection read is wrong (a selector variable that is not a boolean), or a selector
+    names no installed platform (``PlatformNotFoundError``)."""
+
+
+class PlatformNotFoundError(PlatformValueError):
+    """The selector variable (or a pinned key) names no installed platform plugin."""
+
+
+class PlatformTypeError(PlatformSelectionError, TypeError):
+    """A plugin gave selection something of the wrong kind: an entry point that is no function,
+    an ``activate()`` result that is no class name, a class that is not its runtime's platform
+    (base class, ``_enum``, device names); or the plugin's code raised a ``TypeError``."""
+
+
+class PlatformImportError(PlatformSelectionError, ImportError):
+    """A plugin's module or platform class cannot be imported (``name`` and ``path`` are the
+    original ``ImportError``'s)."""
+
+
+class PlatformAttributeError(PlatformSelectionError, AttributeError):
+    """The class a plugin selected does not exist in its module."""
+
+
+# The built-in type a plugin's own exception is checked against, in order, and the selection
+# error that is also one.
+_LIKE: tuple[tuple[type[BaseException], type[PlatformSelectionError]], ...] = (
+    (ImportError, PlatformImportError),
+    (AttributeError, PlatformAttributeError),
+    (TypeError, PlatformTypeError),
+    (ValueError, PlatformValueError),
+)
+
+
+def selection_error(message: str, cause: BaseException | None = None) -> PlatformSelectionError:
+    """A ``PlatformSelectionError`` saying ``message``; when ``cause`` (what a plugin's code raised)
+    is an ``ImportError``, ``AttributeError``, ``TypeError`` or ``ValueError``, the error is also an
+    instance of that type (an ``ImportError``'s ``name`` and ``path`` carried over)."""
+    for like, cls in _LIKE:
+        if isinstance(cause, like):
+            error = cls(message)
+            if isinstance(cause, ImportError) and isinstance(error, ImportError):
+                error.name, error.path = cause.name, cause.path
+            return error
+    return PlatformSelectionError(message)
 
 
 class ProbeRequired(PlatformSelectionError):
@@ -102,7 +155,7 @@ def env_flag(environ: Mapping[str, str], name: str) -> bool:
         return True
     if raw in _FALSE:
         return False
-    raise PlatformSelectionError(f"{name}={environ.get(name)!r} is not a boolean; set it to 1 or 0")
+    raise PlatformValueError(f"{name}={environ.get(name)!r} is not a boolean; set it to 1 or 0")
 
 
 def _listing(eps: list[EntryPoint] | tuple[EntryPoint, ...]) -> str:
@@ -136,12 +189,12 @@ def parse_key(spec: RuntimeSpec, key: str) -> tuple[str, str]:
     """Split a selection key into ``("plugin" | "builtin", name)``, or raise naming the format."""
     kind, sep, name = key.partition(":")
     if not sep or not name or kind not in ("plugin", "builtin"):
-        raise PlatformSelectionError(
+        raise PlatformValueError(
             f"{key!r} is not a {spec.name} platform key; expected 'plugin:<entry-point name>' or "
             f"'builtin:<name>' (built-ins: {', '.join(b.name for b in spec.builtins)})"
         )
     if kind == "builtin" and spec.builtin(name) is None:
-        raise PlatformSelectionError(
+        raise PlatformNotFoundError(
             f"{key!r} names no {spec.name} built-in platform; built-ins: "
             f"{', '.join(b.name for b in spec.builtins)}"
         )
@@ -152,7 +205,7 @@ def _known_builtin(spec: RuntimeSpec, name: str) -> Builtin:
     """The built-in ``name`` of ``spec``, which the caller has checked exists."""
     entry = spec.builtin(name)
     if entry is None:
-        raise PlatformSelectionError(
+        raise PlatformNotFoundError(
             f"{spec.name} has no built-in platform {name!r}; built-ins: "
             f"{', '.join(b.name for b in spec.builtins)}"
         )
@@ -175,7 +228,7 @@ def _explicit(spec: RuntimeSpec, value: str) -> Selection:
             spec, _known_builtin(spec, alias), f"{var}={value} (built-in, not probed)"
         )
     if alias in spec.reserved_names:
-        raise PlatformSelectionError(
+        raise PlatformNotFoundError(
             f"{var}={value} names the built-in {alias!r} platform, which is selected automatically "
             f"only; unset {var} to let detection pick it, or set it to one of "
             f"{', '.join(sorted(spec.explicit_builtins))} or a plugin's entry-point name"
@@ -189,7 +242,7 @@ def _activate_named(spec: RuntimeSpec, name: str, reason: str, how: str) -> Sele
     installed = entrypoints.entry_points(spec.platform_group)
     matches = [ep for ep in installed if ep.name == name]
     if not matches:
-        raise PlatformSelectionError(
+        raise PlatformNotFoundError(
             f"{how}: no {spec.name} platform plugin named {name!r} is installed (entry-point group "
             f"{spec.platform_group!r}; found: {_listing(installed)}); install the plugin package, "
             f"or set {var} to one of the names found, or unset it for automatic selection"
@@ -314,27 +367,29 @@ def _call_activate(spec: RuntimeSpec, ep: EntryPoint) -> str | None:
     try:
         callback = ep.load()
     except Exception as exc:
-        raise PlatformSelectionError(
+        raise selection_error(
             f"cannot import the activation callback of {spec.name} platform plugin {ep.describe()}: "
             f"{type(exc).__name__}: {exc}; fix or uninstall that package, or set {var} to select "
-            f"another platform"
+            f"another platform",
+            exc,
         ) from exc
     if not callable(callback):
-        raise PlatformSelectionError(
+        raise PlatformTypeError(
             f"{spec.name} platform plugin {ep.describe()} points at a {type(callback).__name__}, not "
             f"a zero-argument activate() function; fix its entry point"
         )
     try:
         result = callback()
     except Exception as exc:
-        raise PlatformSelectionError(
+        raise selection_error(
             f"activate() of {spec.name} platform plugin {ep.describe()} raised "
             f"{type(exc).__name__}: {exc}; start-up stops rather than fall back to a built-in "
             f"platform. Fix that plugin's runtime, or uninstall it, or set {var} to select "
-            f"another platform"
+            f"another platform",
+            exc,
         ) from exc
     if result is not None and (not isinstance(result, str) or not result.strip()):
-        raise PlatformSelectionError(
+        raise PlatformTypeError(
             f"activate() of {spec.name} platform plugin {ep.describe()} returned {result!r}; it must "
             f"return the platform class's qualified name ('package.module.Class') or None"
         )
@@ -373,13 +428,14 @@ def instantiate(spec: RuntimeSpec, selection: Selection) -> Any:
     try:
         cls = entrypoints.import_object(selection.qualname)
     except Exception as exc:
-        raise PlatformSelectionError(
+        raise selection_error(
             f"{spec.name} platform {source} selected {selection.qualname!r}, which cannot be imported: "
-            f"{type(exc).__name__}: {exc}; {fix}"
+            f"{type(exc).__name__}: {exc}; {fix}",
+            exc,
         ) from exc
     base = entrypoints.import_object(spec.base_class)
     if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise PlatformSelectionError(
+        raise PlatformTypeError(
             f"{spec.name} platform {source} selected {selection.qualname!r}, which is not a subclass "
             f"of {base.__module__}.{base.__qualname__}; every {spec.name} platform class must derive "
             f"from it (SRT: platforms.SRTPlatform, diffusion: platforms.diffusion.Platform)"
@@ -387,7 +443,7 @@ def instantiate(spec: RuntimeSpec, selection: Selection) -> Any:
     enum_type = entrypoints.import_object(spec.enum_class)
     identity = getattr(cls, "_enum", None)
     if not isinstance(identity, enum_type):
-        raise PlatformSelectionError(
+        raise PlatformTypeError(
             f"{spec.name} platform class {selection.qualname!r} sets _enum = {identity!r}, which is "
             f"not a {enum_type.__module__}.{enum_type.__qualname__} member; use that runtime's own "
             f"PlatformEnum (OOT for a plugin)"
@@ -397,10 +453,11 @@ def instantiate(spec: RuntimeSpec, selection: Selection) -> Any:
     try:
         return cls()
     except Exception as exc:
-        raise PlatformSelectionError(
+        raise selection_error(
             f"cannot construct {spec.name} platform {selection.qualname}() from {source}: "
             f"{type(exc).__name__}: {exc}; platform classes must be constructible with no arguments "
-            f"and without touching the device (put device set-up in init_backend()); {fix}"
+            f"and without touching the device (put device set-up in init_backend()); {fix}",
+            exc,
         ) from exc
 
 
@@ -412,7 +469,7 @@ def _check_plugin_identity(spec: RuntimeSpec, cls: type, enum_type: Any, source:
     name = f"{cls.__module__}.{cls.__qualname__}"
     enum = getattr(cls, "_enum", None)
     if enum is not enum_type.OOT:
-        raise PlatformSelectionError(
+        raise PlatformTypeError(
             f"{spec.name} platform {source} selected {name}, whose _enum is {enum!r}, not "
             f"{enum_type.__qualname__}.OOT; a plugin's activate() must return its own class with "
             f"_enum = PlatformEnum.OOT (from {enum_type.__module__}), not a built-in platform "
@@ -425,7 +482,7 @@ def _check_plugin_identity(spec: RuntimeSpec, cls: type, enum_type: Any, source:
             example = (
                 "'my_device'" if attr == "device_name" else "the torch device type, e.g. 'cuda'"
             )
-            raise PlatformSelectionError(
+            raise PlatformTypeError(
                 f"{spec.name} platform {source} selected {name}, whose {attr} {what}; set the class "
                 f"attribute {attr} to a non-blank string ({example})"
             )

@@ -11,7 +11,16 @@ distribution supplied the platform. Importing this package imports no torch and 
 
 from __future__ import annotations
 
-from .._selection import PlatformSelectionError, ProbeRequired, Selection
+from .._selection import (
+    PlatformAttributeError,
+    PlatformImportError,
+    PlatformNotFoundError,
+    PlatformSelectionError,
+    PlatformTypeError,
+    PlatformValueError,
+    ProbeRequired,
+    Selection,
+)
 from .._state import LazyPlatform, PlatformSlot
 from ..device_mixin import CpuArchEnum, DeviceCapability
 from ..runtimes import DIFFUSION
@@ -22,7 +31,12 @@ __all__ = [
     "DeviceCapability",
     "Platform",
     "PlatformEnum",
+    "PlatformAttributeError",
+    "PlatformImportError",
+    "PlatformNotFoundError",
     "PlatformSelectionError",
+    "PlatformTypeError",
+    "PlatformValueError",
     "ProbeRequired",
     "Selection",
     "current_platform",
