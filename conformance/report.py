@@ -119,9 +119,22 @@ def _phase_in_progress(reached: str) -> str:
     return PHASES[0] if reached == "starting" else PHASES[-1]
 
 
+def _selection_error_names() -> set[str]:
+    """The class names of every platform selection error (the child reports a type by name)."""
+    from platforms import PlatformSelectionError
+
+    names, todo = set(), [PlatformSelectionError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return names
+
+
 def _row_for_phase(phase: str, failure: dict | None) -> str:
     if phase == "platform_initialized":
-        if failure and failure["exc_type"].endswith("PlatformSelectionError"):
+        reported = failure["exc_type"].rpartition(".")[2] if failure else ""
+        if failure and reported in _selection_error_names():
             # Construction errors are raised from platforms._selection.instantiate().
             return (
                 "selection.construct"

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from platforms.entrypoints import import_object
+from platforms.runtimes import RUNTIMES
+
+from . import surface
 from .catalog import check
 from .rows import CheckFailed
 
@@ -125,3 +129,34 @@ def names(probe: Probe) -> str:
             )
         raise CheckFailed("; ".join(bad) + hint)
     return f"device_name={p.device_name!r}, device_type={p.device_type!r}"
+
+
+@check(
+    "selection.contract_names",
+    "every public name of the platform class is a contract name",
+    "a platform class's public methods and attributes are its runtime's contract names (the base "
+    "class's); the runtime calls nothing else, so a typo or a name from another runtime or from "
+    "SGLang's older interface leaves the contract method it meant at its default",
+)
+def contract_names(probe: Probe) -> str:
+    cls, base = type(probe.platform), probe.base_class
+    others = [import_object(s.base_class) for s in RUNTIMES.values() if s.name != probe.runtime]
+    stray = surface.stray_names(cls, base, others)
+    if stray:
+        raise CheckFailed("; ".join(stray))
+    own = surface.own_public_names(cls, base)
+    return f"{len(own)} public name(s) of {cls.__qualname__}'s own classes, all contract names"
+
+
+@check(
+    "selection.signatures",
+    "every overridden contract method accepts what the runtime passes",
+    "an override takes every call its base method accepts: the same parameters, positionally and "
+    "by keyword, with no new required one",
+)
+def signatures(probe: Probe) -> str:
+    cls = type(probe.platform)
+    problems, compared = surface.incompatible_overrides(cls, probe.base_class)
+    if problems:
+        raise CheckFailed("; ".join(problems))
+    return f"{compared} overridden contract method(s), each accepts the base signature's calls"

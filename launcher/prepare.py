@@ -209,7 +209,7 @@ def select_platform(runtime: str) -> Selection:
         module.current_platform.device_type  # noqa: B018 - constructs the selected class once
         return selection
     except Exception as exc:  # noqa: BLE001 - selection errors already name their fix
-        plain = type(exc).__name__ == "PlatformSelectionError" and exc.__cause__ is None
+        plain = isinstance(exc, module.PlatformSelectionError) and exc.__cause__ is None
         raise _setup_error("no platform could be selected", exc, plain=plain) from exc
 
 

@@ -61,18 +61,18 @@ def api_available(module_name: str, extension: str | None = None) -> bool:
 class TorchAccelerator(DeviceMixin):
     """Device operations over ``torch.<torch_module>``."""
 
-    torch_module: str = "cuda"
-    extension: str | None = None  # vendor package that adds the torch module, imported first
-    distributed_backend: str = "nccl"
-    has_capability: bool = True
+    _torch_module: str = "cuda"
+    _extension: str | None = None  # vendor package that adds the torch module, imported first
+    _distributed_backend: str = "nccl"
+    _has_capability: bool = True
 
     @property
-    def api(self) -> Any:
-        api = torch_api(self.torch_module, self.extension)
+    def _api(self) -> Any:
+        api = torch_api(self._torch_module, self._extension)
         if api is None:
-            needed = self.extension or "a torch build with " + self.torch_module
+            needed = self._extension or "a torch build with " + self._torch_module
             raise RuntimeError(
-                f"{type(self).__qualname__} needs torch.{self.torch_module}; install {needed}"
+                f"{type(self).__qualname__} needs torch.{self._torch_module}; install {needed}"
             )
         return api
 
@@ -82,43 +82,43 @@ class TorchAccelerator(DeviceMixin):
         return torch.device(self.device_type, local_rank)
 
     def set_device(self, device: torch.device) -> None:
-        self.api.set_device(device)
+        self._api.set_device(device)
 
     def get_device_name(self, device_id: int = 0) -> str:
-        return str(self.api.get_device_name(device_id))
+        return str(self._api.get_device_name(device_id))
 
     def get_device_uuid(self, device_id: int = 0) -> str:
-        props = self.api.get_device_properties(device_id)
+        props = self._api.get_device_properties(device_id)
         uuid = getattr(props, "uuid", None)
         if uuid is None:
-            raise NotImplementedError(f"torch.{self.torch_module} reports no device UUID")
+            raise NotImplementedError(f"torch.{self._torch_module} reports no device UUID")
         return str(uuid)
 
     def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
-        if not self.has_capability:
+        if not self._has_capability:
             return None
-        major, minor = self.api.get_device_capability(device_id)
+        major, minor = self._api.get_device_capability(device_id)
         return DeviceCapability(int(major), int(minor))
 
     def empty_cache(self) -> None:
-        self.api.empty_cache()
+        self._api.empty_cache()
 
     def synchronize(self) -> None:
-        self.api.synchronize()
+        self._api.synchronize()
 
     def get_device_total_memory(self, device_id: int = 0) -> int:
-        return int(self.api.get_device_properties(device_id).total_memory)
+        return int(self._api.get_device_properties(device_id).total_memory)
 
     def get_available_memory(self, device_id: int = 0) -> tuple[int, int]:
-        free, total = self.api.mem_get_info(device_id)
+        free, total = self._api.mem_get_info(device_id)
         return int(free), int(total)
 
     def get_current_memory_usage(self, device: torch.device | None = None) -> float:
-        return float(self.api.max_memory_allocated(device))
+        return float(self._api.max_memory_allocated(device))
 
     def is_pin_memory_available(self, device: torch.device | str | None = None) -> bool:
         """True for transfers to this accelerator; False when ``device`` is the CPU."""
         return not targets_cpu(device)
 
     def get_torch_distributed_backend_str(self) -> str:
-        return self.distributed_backend
+        return self._distributed_backend

@@ -26,8 +26,8 @@ def available() -> bool:
 class CudaDevice(TorchAccelerator):
     device_name = "cuda"
     device_type = "cuda"
-    torch_module = "cuda"
-    distributed_backend = "nccl"
+    _torch_module = "cuda"
+    _distributed_backend = "nccl"
 
 
 class CudaSRTPlatform(SRTPlatform, CudaDevice):

@@ -16,9 +16,9 @@ def available() -> bool:
 class MusaDevice(TorchAccelerator):
     device_name = "musa"
     device_type = "musa"
-    torch_module = "musa"
-    extension = "torch_musa"
-    distributed_backend = "mccl"
+    _torch_module = "musa"
+    _extension = "torch_musa"
+    _distributed_backend = "mccl"
 
 
 class MusaPlatform(Platform, MusaDevice):

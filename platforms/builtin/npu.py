@@ -16,10 +16,10 @@ def available() -> bool:
 class NpuDevice(TorchAccelerator):
     device_name = "npu"
     device_type = "npu"
-    torch_module = "npu"
-    extension = "torch_npu"
-    distributed_backend = "hccl"
-    has_capability = False
+    _torch_module = "npu"
+    _extension = "torch_npu"
+    _distributed_backend = "hccl"
+    _has_capability = False
 
 
 class NpuPlatform(Platform, NpuDevice):

@@ -26,8 +26,8 @@ def available() -> bool:
 class RocmDevice(TorchAccelerator):
     device_name = "rocm"
     device_type = "cuda"
-    torch_module = "cuda"
-    distributed_backend = "nccl"  # RCCL answers to the NCCL backend name
+    _torch_module = "cuda"
+    _distributed_backend = "nccl"  # RCCL answers to the NCCL backend name
 
 
 class RocmSRTPlatform(SRTPlatform, RocmDevice):

@@ -24,9 +24,9 @@ def available() -> bool:
 class XpuDevice(TorchAccelerator):
     device_name = "xpu"
     device_type = "xpu"
-    torch_module = "xpu"
-    distributed_backend = "xccl"
-    has_capability = False
+    _torch_module = "xpu"
+    _distributed_backend = "xccl"
+    _has_capability = False
 
 
 class XpuSRTPlatform(SRTPlatform, XpuDevice):

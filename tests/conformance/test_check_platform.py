@@ -110,7 +110,7 @@ def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
     assert re.search(r"^  missing +subsystems\.get_graph_runner_cls", text, re.M), text
     summary = text.strip().splitlines()[-1]
     assert (
-        summary.startswith("check-platform srt on builtin:cpu: 40 checks, ") and "0 fail" in summary
+        summary.startswith("check-platform srt on builtin:cpu: 42 checks, ") and "0 fail" in summary
     )
     assert summary.endswith("conforms")
     # The last row loaded a model through the runtime's own runner and ran a forward on the device.
