@@ -147,6 +147,10 @@ class _ChildState:
     def arm(self) -> None:
         orphan.arm(self.spec.parent_pid)
         os.environ.update({str(k): str(v) for k, v in self.spec.env.items()})
+        if self.spec.aliases:  # before a platform's activate() or a plugin imports SGLang's names
+            from hooks import compat
+
+            compat.install(self.spec.aliases)
         from bootstrap.reporter import Heartbeat, Reporter
 
         reporter = self.reporter = Reporter(self.spec.status_endpoint, self.spec.worker_id)

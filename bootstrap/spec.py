@@ -42,6 +42,8 @@ class ProcessSpec:
       Empty: every SIGTERM stops the child.
     - ``serving_fallback``: a child that selects on its own (no ``platform_key``) resolves as a
       server does (``platforms.use_serving_fallback``).
+    - ``aliases``: the table of SGLang names this project answers to (``hooks.compat.AliasTable``
+      as data), installed before anything selects a platform or loads a plugin; empty: none.
     """
 
     role: str
@@ -66,6 +68,7 @@ class ProcessSpec:
     entry_points: tuple | None = None
     serving_fallback: bool = False
     stop_marker: str = ""
+    aliases: dict = field(default_factory=dict)
 
     @property
     def worker_id(self) -> str:

@@ -120,6 +120,7 @@ async def _watch(
 def run_child(runtime: str, timeout: float) -> ChildResult:
     """Run the checks of ``runtime`` in a spawned bootstrap child; never leaves it running."""
     import bootstrap
+    from launcher.compat import TABLE
     from launcher.server_args import ARGS_CLASS
 
     try:
@@ -137,6 +138,7 @@ def run_child(runtime: str, timeout: float) -> ChildResult:
             target=TARGET,
             payload=bootstrap.encode_payload(_CheckArgs(runtime)),
             args_class=ARGS_CLASS,
+            aliases=TABLE.to_dict(),
             status_endpoint=endpoint,
             runtime=runtime,
             platform_key=None,  # select in the child, from the same environment a launch reads,

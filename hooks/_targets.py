@@ -37,7 +37,9 @@ _EXAMPLE = "write 'package.module.function', 'package.module.Class.method' or 'p
 
 
 def parse_target(target: object) -> TargetPath:
-    """Check a target's syntax; raises ``TypeError``/``ValueError`` naming the problem."""
+    """Check a target's syntax; raises ``TypeError``/``ValueError`` naming the problem. A target
+    under ``sglang`` is translated to this project's path where SGLang's names are aliased
+    (``hooks.compat``); one without an equivalent is a ``ValueError`` naming the nearest."""
     if not isinstance(target, str):
         raise TypeError(f"hook target must be a string, not {type(target).__name__}; {_EXAMPLE}")
     text = target.strip()
@@ -47,6 +49,11 @@ def parse_target(target: object) -> TargetPath:
     names = module_part.split(".") + (attr_part.split(".") if colon else [])
     if not all(name.isidentifier() for name in names):
         raise ValueError(f"hook target {target!r} is not a dotted path of Python names; {_EXAMPLE}")
+    from .compat import translate_target
+
+    translated = translate_target(text)
+    if translated != text:
+        return TargetPath(target, translated, None, ())
     if colon:
         return TargetPath(target, ".".join(names), module_part, tuple(attr_part.split(".")))
     if len(names) < 2:

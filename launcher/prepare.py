@@ -54,6 +54,7 @@ def load_plugins(runtime: str, select: bool = True) -> None:
     imports no torch).
     """
     check_runtime(runtime)
+    install_aliases()
     prefer_cpu_over_base(runtime)
     try:
         hooks.runtime(runtime).apply_plugin_hooks()
@@ -61,6 +62,16 @@ def load_plugins(runtime: str, select: bool = True) -> None:
         raise _setup_error("a required plugin failed to load in the launcher process", exc) from exc
     if select:
         select_platform(runtime)
+
+
+def install_aliases() -> bool:
+    """Make SGLang's module paths and hook targets resolve to this project's in this process
+    (``launcher.compat``), before any plugin or platform callback imports them; True when they
+    are in effect (not where the real ``sglang`` is installed)."""
+    from hooks import compat
+    from launcher.compat import TABLE
+
+    return compat.install(TABLE)
 
 
 def build_args(make: Callable[[], ServerArgs]) -> ServerArgs:

@@ -144,10 +144,12 @@ def _render(report: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import hooks
+    from launcher.prepare import install_aliases
 
     names = RUNTIMES if args.runtime == "all" else (args.runtime,)
-    for module in ("platforms", "platforms.diffusion"):  # report what a launch would select
-        importlib.import_module(module).use_serving_fallback()
+    install_aliases()  # plugins written for SGLang import its names, as in a launch
+    for spec in SERVING.values():  # report what a launch would select
+        importlib.import_module(spec.platform.platform_module).use_serving_fallback()
     reports = [hooks.describe(name, probe=args.probe) for name in names]
     if args.json:
         json.dump({"runtimes": reports}, sys.stdout, indent=2)

@@ -52,10 +52,12 @@ def plan_children(
 ) -> list[ProcessSpec]:
     """The ``ProcessSpec`` of every child of this node, HTTP first when there is one."""
     from bootstrap import ProcessSpec
+    from launcher.compat import TABLE
     from launcher.server_args import ARGS_CLASS
     from platforms import entrypoints
 
     entry_points = entrypoints.snapshot()  # read once here, adopted by every child
+    aliases = TABLE.to_dict()
 
     per_replica = args.replica_ranks()
     world = per_replica * args.dp_size
@@ -84,6 +86,7 @@ def plan_children(
             target=target,
             payload=payload,
             args_class=ARGS_CLASS,
+            aliases=aliases,
             status_endpoint=endpoints.status,
             rank=rank,
             local_rank=local_rank,

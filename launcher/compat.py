@@ -1,0 +1,78 @@
+"""SGLang's module paths and hook targets, and what they are here: the alias table.
+
+``hooks.compat`` installs the table (the launcher's process before its plugins load, every
+child from its ``ProcessSpec``), so a plugin written to SGLang's plugin documentation runs
+unchanged where the real ``sglang`` is not installed. The launcher holds the table because it is
+the composition root: the names on the right are this project's modules, the serving runtime's
+included, named by string and never imported here.
+
+Keep the three tables and ``TARGETS`` in step with docs/plugins.md ("SGLang's names"), which
+tests check against them.
+"""
+
+from __future__ import annotations
+
+from hooks.compat import AliasTable
+
+# SGLang module (and every module below it) -> this project's module.
+MODULES = {
+    # The platform contract and selection, both runtimes.
+    "sglang.srt.platforms": "platforms",
+    "sglang.multimodal_gen.runtime.platforms": "platforms.diffusion",
+    # General plugins and their hook registries.
+    "sglang.srt.plugins": "hooks",
+    "sglang.multimodal_gen.runtime.platforms.plugins": "hooks.diffusion",
+    # The diffusion section's custom-op and layer modules.
+    "sglang.multimodal_gen.runtime.layers.custom_op": "platforms.custom_op",
+    "sglang.multimodal_gen.runtime.layers.layernorm": "platforms.diffusion.layers",
+    # The modules of the documented hook targets.
+    "sglang.srt.server_args": "launcher.server_args",
+    "sglang.srt.managers.scheduler": "serving.srt.scheduler",
+    "sglang.srt.managers.tp_worker": "serving.srt.model_runner",
+    "sglang.multimodal_gen.runtime.managers.gpu_worker": "serving.diffusion.runner",
+}
+
+# SGLang names this project spells otherwise, where the meaning matches.
+NAMES = {
+    "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run": (
+        "serving.srt.scheduler.Scheduler.take_batch"
+    ),
+    "sglang.srt.managers.tp_worker.TpModelWorker": "serving.srt.model_runner.ModelRunner",
+    "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": (
+        "serving.srt.model_runner.ModelRunner.generate"
+    ),
+    "sglang.multimodal_gen.runtime.managers.gpu_worker.GPUWorker": (
+        "serving.diffusion.runner.DiffusionWorker"
+    ),
+}
+
+# SGLang hook targets with no equivalent here -> the nearest target this project has.
+ABSENT = {
+    "sglang.srt.managers.scheduler.Scheduler.process_batch_result": (
+        "serving.srt.scheduler.Scheduler.run_batch"
+    ),
+}
+
+# This project's documented hook targets (docs/plugins.md and docs/diffusion.md), the
+# candidates when an SGLang target matches nothing.
+TARGETS = (
+    "launcher.server_args.ServerArgs.add_cli_args",
+    "launcher.server_args.ServerArgs.__post_init__",
+    "launcher.server_args.ServerArgs.check_server_args",
+    "launcher.server_args.ServerArgs.from_cli_args",
+    "serving.srt.scheduler.run_scheduler_process",
+    "serving.srt.scheduler.Scheduler.__init__",
+    "serving.srt.scheduler.Scheduler.take_batch",
+    "serving.srt.scheduler.Scheduler.run_batch",
+    "serving.srt.model_runner.ModelRunner.generate",
+    "serving.srt.model_runner.ModelRunner.embed_matrix",
+    "serving.http.server.run_http_server",
+    "serving.http.server.build_app",
+    "serving.diffusion.runner.DiffusionWorker.init_device_and_model",
+    "serving.diffusion.runner.DiffusionWorker.load_pipeline",
+    "serving.diffusion.runner.DiffusionWorker.denoise",
+    "serving.diffusion.runner.DiffusionWorker.generate",
+    "serving.diffusion.worker.run_diffusion_worker",
+)
+
+TABLE = AliasTable(modules=MODULES, names=NAMES, absent=ABSENT, known=TARGETS)

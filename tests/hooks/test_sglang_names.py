@@ -1,0 +1,118 @@
+"""SGLang's module paths and hook targets resolve to this project's, and never over the real one.
+
+Aliasing is installed once per process, so each case runs in a fresh interpreter (that is the
+point: what ``import sglang`` does in a process).
+"""
+
+from __future__ import annotations
+
+import pytest
+from support import make_dist, run_python
+
+pytestmark = pytest.mark.e2e  # fresh interpreters
+
+TRANSLATE = """
+import json
+from launcher.prepare import install_aliases
+from hooks import HookRegistry, HookType
+from hooks.compat import NoEquivalentError, translate_target
+
+active = install_aliases()
+out = {"active": active, "targets": {}, "errors": {}}
+for target in (
+    "sglang.srt.server_args.ServerArgs.__post_init__",
+    "sglang.srt.server_args:ServerArgs.check_server_args",
+    "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run",
+    "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",
+    "sglang.multimodal_gen.runtime.managers.gpu_worker.GPUWorker.init_device_and_model",
+    "launcher.server_args.ServerArgs.__post_init__",
+):
+    out["targets"][target] = translate_target(target)
+for target in (
+    "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode",
+):
+    try:
+        HookRegistry.register(target, lambda result, *a: None, HookType.AFTER)
+    except NoEquivalentError as exc:
+        out["errors"][target] = str(exc)
+
+# Two hooks on one attribute, one by each name, share one patch of the real method.
+calls = []
+HookRegistry.register("sglang.srt.server_args.ServerArgs.check_server_args",
+                      lambda result, self: calls.append("sglang name"), HookType.AFTER)
+HookRegistry.register("launcher.server_args.ServerArgs.check_server_args",
+                      lambda result, self: calls.append("own name"), HookType.AFTER)
+HookRegistry.apply_hooks()
+from sglang.srt.managers.tp_worker import TpModelWorker
+from serving.srt.model_runner import ModelRunner
+import platforms
+platforms.pin_selection("builtin:cpu")
+from launcher.server_args import ServerArgs
+ServerArgs().check_server_args()
+out["calls"] = calls
+out["renamed_class"] = TpModelWorker is ModelRunner
+print("RESULT:" + json.dumps(out))
+"""
+
+
+def test_targets_translate_to_this_projects_and_unmatched_ones_name_the_nearest():
+    result = run_python(TRANSLATE, timeout=120)
+    data = result.data
+    assert data is not None and data["active"] is True, result
+    assert data["targets"] == {
+        "sglang.srt.server_args.ServerArgs.__post_init__": "launcher.server_args.ServerArgs.__post_init__",
+        "sglang.srt.server_args:ServerArgs.check_server_args": "launcher.server_args.ServerArgs.check_server_args",
+        "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run": "serving.srt.scheduler.Scheduler.take_batch",
+        "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": "serving.srt.model_runner.ModelRunner.generate",
+        "sglang.multimodal_gen.runtime.managers.gpu_worker.GPUWorker.init_device_and_model": "serving.diffusion.runner.DiffusionWorker.init_device_and_model",
+        "launcher.server_args.ServerArgs.__post_init__": "launcher.server_args.ServerArgs.__post_init__",
+    }
+    errors = data["errors"]
+    absent = errors["sglang.srt.managers.scheduler.Scheduler.process_batch_result"]
+    assert "has no equivalent in sglang-launch" in absent
+    assert "'serving.srt.scheduler.Scheduler.run_batch'" in absent
+    internal = errors["sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"]
+    assert "names SGLang internals that sglang-launch does not have" in internal
+    assert "the nearest target here is 'serving.srt.scheduler." in internal
+    assert data["calls"] == ["sglang name", "own name"]
+    assert data["renamed_class"] is True
+
+
+STAND_IN = """
+import json
+from launcher.prepare import install_aliases
+from hooks.compat import installed, translate_target
+active = install_aliases()
+import sglang
+out = {"active": active, "installed": installed() is not None, "real": getattr(sglang, "REAL", None),
+       "target": translate_target("sglang.srt.server_args.ServerArgs.__post_init__")}
+try:
+    import sglang.srt.platforms.interface as interface
+    out["interface"] = interface.__name__
+except ImportError as exc:
+    out["interface"] = f"ImportError: {exc}"
+print("RESULT:" + json.dumps(out))
+"""
+
+
+def test_a_real_sglang_on_the_path_is_left_alone(site):
+    make_dist(
+        site,
+        "sglang",
+        modules={
+            "sglang/__init__.py": "REAL = 'stand-in'\n",
+            "sglang/srt/__init__.py": "",
+            "sglang/srt/platforms/__init__.py": "",
+            "sglang/srt/platforms/interface.py": "class SRTPlatform: pass\n",
+        },
+        version="0.5.23",
+    )
+    result = run_python(STAND_IN, sites=[site], timeout=120)
+    assert result.data == {
+        "active": False,
+        "installed": False,
+        "real": "stand-in",
+        "target": "sglang.srt.server_args.ServerArgs.__post_init__",
+        "interface": "sglang.srt.platforms.interface",
+    }, result
