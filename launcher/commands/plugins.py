@@ -14,6 +14,10 @@ hardware probes (which import torch) run only with ``--probe``, otherwise the re
 built-ins start-up would probe, in order.
 Exit status: 0, or 1 when start-up would stop (a selection error, or a failing plugin of the
 selected platform's distribution); 2 for a usage error.
+
+``--check`` is a dry run that imports no plugin code: from metadata and source alone
+(``launcher.plugin_check``) it says what each plugin would do and what makes it incompatible
+here; exit status 1 when a plugin of the platform that would be selected is incompatible.
 """
 
 from __future__ import annotations
@@ -45,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
         "--probe",
         action="store_true",
         help="probe built-in platforms' hardware now when no plugin decides (imports torch)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="a dry run that imports no plugin code: from metadata and source alone, what each "
+        "plugin would do and what makes it incompatible here (exit 1 when a plugin of the "
+        "platform that would be selected is)",
     )
     return parser
 
@@ -141,8 +152,54 @@ def _render(report: dict) -> list[str]:
     return lines
 
 
+def _render_check(report: dict, runtimes: tuple[str, ...]) -> list[str]:
+    lines = []
+    for block in report["runtimes"]:
+        if block["runtime"] not in runtimes:
+            continue
+        lines.append(f"{block['runtime'].upper()} runtime: {block['selection']}")
+        rows = [
+            [
+                f["kind"],
+                f["name"],
+                f"{f['distribution']} {f['version'] or ''}".strip(),
+                "INCOMPATIBLE" if f["incompatible"] else f["verdict"],
+                f["why"],
+            ]
+            for f in block["findings"]
+        ]
+        lines += _table(rows, ["KIND", "NAME", "DISTRIBUTION", "VERDICT", "WHY"])
+        for f in block["findings"]:
+            for problem in f["problems"]:
+                lines.append(f"    {f['kind']} {f['name']}: incompatible: {problem}")
+            for note in f["notes"]:
+                lines.append(f"    {f['kind']} {f['name']}: {note}")
+        if block["blocking"]:
+            lines.append(
+                "  start-up would fail or misbehave: the selected platform's "
+                + ", ".join(block["blocking"])
+                + " incompatible"
+            )
+        lines.append("")
+    lines.append(report["sglang"]["note"])
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.check:
+        from launcher.plugin_check import check
+
+        names = RUNTIMES if args.runtime == "all" else (args.runtime,)
+        report = check()
+        report["runtimes"] = [r for r in report["runtimes"] if r["runtime"] in names]
+        report["ok"] = not any(r["blocking"] for r in report["runtimes"])
+        if args.json:
+            json.dump(report, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            print("\n".join(_render_check(report, names)))
+        return 0 if report["ok"] else 1
     import hooks
     from launcher.prepare import install_aliases
 
