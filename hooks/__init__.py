@@ -37,6 +37,7 @@ __all__ = [
     "describe",
     "load_plugins",
     "load_plugins_by_group",
+    "manifest",
     "plugin_hook",
     "register_plugins",
     "runtime",
@@ -80,6 +81,14 @@ def load_plugins_by_group(group: str, excluded_dists: Iterable[str] | None = Non
             return plugins.load_group(excluded_dists)
     known = ", ".join(r.plugin_group for r in runtimes)
     raise ValueError(f"{group!r} is not a hook entry-point group; use one of {known}")
+
+
+def manifest(runtime: str = "srt") -> dict:
+    """What this process really has of ``runtime``'s general plugins (each installed plugin's
+    status and why, each hook's target, type, plugin and whether it is applied or failed, with
+    the error); see ``PluginRuntime.manifest``. Runs nothing: a process that never loaded
+    plugins says "not run"."""
+    return runtime_of(runtime).manifest()
 
 
 def describe(runtime: str = "srt", probe: bool = False) -> dict:

@@ -181,6 +181,7 @@ class Registry:
         self._hooks: list[Hook] = []
         self._patches: dict[tuple, _Patch] = {}
         self._dirty: set[tuple] = set()  # patches whose hook set shrank since they were built
+        self._failed: list[tuple[Hook, str]] = []  # hooks dropped by a failure, and why
         self._seq = 0
         self._applied = False
         _registries.add(self)
@@ -249,6 +250,45 @@ class Registry:
         with self._lock:
             return [h for h in self._hooks if h.location is None]
 
+    def applied(self) -> list[Hook]:
+        """Hooks in effect: applied to their target, in registration order."""
+        with self._lock:
+            return [h for h in self._hooks if h.location is not None]
+
+    def failed(self) -> list[tuple[Hook, str]]:
+        """Hooks dropped by a failure (their own, or their plugin's), each with why."""
+        with self._lock:
+            return list(self._failed)
+
+    def is_applied(self, callback: Callable) -> bool:
+        """Whether ``callback`` is a hook applied to its target in this process."""
+        with self._lock:
+            return any(h.func is callback and h.location is not None for h in self._hooks)
+
+    def records(self) -> list[dict]:
+        """Every hook this process registered, as plain data: ``target`` (as applied, after any
+        translation of SGLang's names), ``registered_as`` (as written), ``type``, ``hook``,
+        ``plugin`` and ``distribution`` (None for a hook of no plugin), ``state`` (applied,
+        pending or failed) and ``error`` (why it failed)."""
+
+        def record(hook: Hook, state: str, error: str | None = None) -> dict:
+            return {
+                "target": hook.path.dotted,
+                "registered_as": hook.path.text,
+                "type": hook.type.name,
+                "hook": hook.name,
+                "plugin": hook.source.name if hook.source else None,
+                "distribution": hook.source.distribution if hook.source else None,
+                "state": state,
+                "error": error,
+            }
+
+        with self._lock:
+            live = [
+                record(h, "applied" if h.location is not None else "pending") for h in self._hooks
+            ]
+            return live + [record(h, "failed", why) for h, why in self._failed]
+
     def conflicts(self) -> list[dict]:
         """Targets with REPLACE hooks from more than one plugin: who asked and who wins."""
         by_target: dict[str, list[Hook]] = {}
@@ -289,11 +329,16 @@ class Registry:
         """The sequence number of the latest registration (0 before any)."""
         return self._seq
 
-    def discard(self, source: PluginSource | None, after: int = 0) -> list[Hook]:
+    def discard(
+        self, source: PluginSource | None, after: int = 0, because: str | None = None
+    ) -> list[Hook]:
         """Forget every hook of ``source`` (registered after sequence number ``after``) and restore
-        the targets they patched; returns them."""
+        the targets they patched; returns them. With ``because`` (a failure of the plugin), they
+        are remembered as failed, with that reason."""
         with self._lock:
             removed = self._forget(lambda h: h.source == source and h.seq > after)
+            if because is not None:
+                self._failed.extend((hook, because) for hook in removed)
             if self._dirty:
                 self._run_rounds(include_pending=False)
             return removed
@@ -302,6 +347,7 @@ class Registry:
         """Restore every patched target and forget all hooks (tests, embedding apps)."""
         with self._lock:
             self._forget(lambda h: True)
+            self._failed.clear()
             self._run_rounds(include_pending=False)
             self._applied = False
 
@@ -341,8 +387,15 @@ class Registry:
         """Drop the failing hook's plugin; return the error to raise, if it must abort."""
         hook, error = failure.hook, failure.error
         source = hook.source
-        self._forget(lambda h: h.source == source if source is not None else h is hook)
+        dropped = self._forget(lambda h: h.source == source if source is not None else h is hook)
         message = f"cannot apply {hook}: {type(error).__name__}: {error}"
+        for other in dropped:
+            why = (
+                f"{type(error).__name__}: {error}"
+                if other is hook
+                else f"discarded with its plugin: {hook.path.dotted} failed to apply"
+            )
+            self._failed.append((other, why))
         if source is None:
             exc = HookError(message)
         elif self.required_policy(source):

@@ -83,6 +83,18 @@ def all_runtimes() -> list[PluginRuntime]:
     return [runtime_of(name) for name in SPECS]
 
 
+def _version(distribution: str | None) -> str | None:
+    """The installed version of ``distribution`` (None when unknown)."""
+    if not distribution:
+        return None
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def _norm(distribution: str | None) -> str | None:
     return re.sub(r"[-_.]+", "_", distribution).lower() if distribution else None
 
@@ -358,7 +370,9 @@ class PluginRuntime:
         return _norm(selected) == dist
 
     def _failed(self, source: PluginSource, stage: str, error: Exception) -> None:
-        self.registry.discard(source)
+        self.registry.discard(
+            source, because=f"its plugin failed to {stage}: {type(error).__name__}: {error}"
+        )
         self.outcomes[(source.name, source.distribution)] = PluginOutcome(
             "failed", f"failed to {stage}: {type(error).__name__}: {error}"
         )
@@ -376,6 +390,29 @@ class PluginRuntime:
             stage,
             exc_info=error,
         )
+
+    # -- what this process has -------------------------------------------------------------------
+    def manifest(self) -> dict[str, Any]:
+        """What this process really has of this runtime's general plugins, as plain data:
+        ``plugins`` (each installed entry point of the hook group: ``name``, ``group``,
+        ``distribution``, ``version``, ``status`` — loaded, failed, not allowed, skipped or not
+        run, when the registration phase has not run here — and ``detail``, the reason) and
+        ``hooks`` (``registry.records()``: each hook's target, type, plugin, state and error)."""
+        plugins = []
+        for ep in self.entry_points():
+            outcome = self.outcomes.get((ep.name, ep.distribution))
+            plugins.append(
+                {
+                    "name": ep.name,
+                    "group": ep.group,
+                    "value": ep.value,
+                    "distribution": ep.distribution,
+                    "version": _version(ep.distribution),
+                    "status": outcome.status if outcome else "not run",
+                    "detail": outcome.detail if outcome else "",
+                }
+            )
+        return {"runtime": self.name, "plugins": plugins, "hooks": self.registry.records()}
 
     # -- the public load_plugins_by_group -----------------------------------------------------
     def load_group(self, excluded_dists: Iterable[str] | None = None) -> dict[str, object]:

@@ -624,3 +624,40 @@ def hook(result, x, y):
     assert by_func[(extra.hook, f"{target.__name__}.add")] is None
     assert by_func[(other.hook, f"{target.__name__}.add")] is None
     assert by_func[(owner.hook, f"{target.__name__}.g")].name == "theirs"
+
+
+def test_the_registry_says_which_hooks_are_applied_failed_or_pending(modules, registry):
+    mod = modules(FUNCS)
+    good_source = PluginSource("good", "good-dist", "sglang.srt.plugins")
+    bad_source = PluginSource("bad", "bad-dist", "sglang.srt.plugins")
+
+    def observe(result, *args, **kwargs):
+        return None
+
+    def also(result, *args, **kwargs):
+        return None
+
+    with plugin_source(good_source):
+        registry.register(f"{mod.__name__}.add", observe, HookType.AFTER)
+    with plugin_source(bad_source):
+        registry.register(f"{mod.__name__}.add", also, HookType.AFTER)
+        registry.register(f"{mod.__name__}.no_such_function", also, HookType.AFTER)
+    assert not registry.is_applied(observe)  # registered, not applied yet
+    registry.apply_hooks()
+    registry.register(f"{mod.__name__}.add", lambda result, *a, **k: None)  # after: pending
+
+    assert registry.is_applied(observe) and not registry.is_applied(also)
+    by_state = {}
+    for record in registry.records():
+        by_state.setdefault(record["state"], []).append(record)
+    applied = by_state["applied"]
+    assert [(r["plugin"], r["distribution"], r["type"]) for r in applied] == [
+        ("good", "good-dist", "AFTER")
+    ]
+    assert applied[0]["target"] == f"{mod.__name__}.add"
+    failed = {r["target"]: r for r in by_state["failed"]}
+    assert (
+        "has no attribute 'no_such_function'" in failed[f"{mod.__name__}.no_such_function"]["error"]
+    )
+    assert failed[f"{mod.__name__}.add"]["error"].startswith("discarded with its plugin")
+    assert [r["plugin"] for r in by_state["pending"]] == [None]
