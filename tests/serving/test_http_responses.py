@@ -4,7 +4,7 @@ the document and the wire cannot disagree. A scheduler's refusal of a request of
 names the routes that serve the model's kind, once.
 
 The answers that need a scheduler (embeddings, completions, images, their streams) are checked
-against real servers in ``tests/e2e/test_http_responses.py``."""
+against real servers in ``tests/e2e/test_serving_responses.py``."""
 
 from __future__ import annotations
 
