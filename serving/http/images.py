@@ -10,14 +10,17 @@ checked here (an empty prompt, ``n``, steps, the size's form); what needs the pi
 that is not a multiple of its VAE factor, more steps than its scheduler has) is checked by the
 worker, also as a 400 naming the field.
 
-With ``stream: true`` the answer is server-sent events (``serving.http.app.event_stream``,
-the mechanism text generation streams with), named after OpenAI's image streaming events:
+With ``stream: true`` the answer is server-sent events (``serving.http.streaming.event_stream``,
+the mechanism text generation streams with), named after OpenAI's image streaming events; the
+JSON answer is ``responses.ImagesResponse``:
 
 - ``event: image_generation.progress`` after each denoising step, data
-  ``{"type", "step", "total_steps", "created_at"}`` (``step`` counts from 1 to ``total_steps``;
-  one step advances all ``n`` images of the request, so there is one event per step);
+  ``{"type", "step", "total_steps", "created_at"}`` (``responses.ImageProgressEvent``; ``step``
+  counts from 1 to ``total_steps``; one step advances all ``n`` images of the request, so there
+  is one event per step);
 - ``event: image_generation.completed`` for each image, data ``{"type", "index", "b64_json",
-  "seed", "size", "output_format", "num_inference_steps", "created_at"}``;
+  "seed", "size", "output_format", "num_inference_steps", "created_at"}``
+  (``responses.ImageCompletedEvent``);
 - ``data: [DONE]``.
 
 A failure once streaming is ``event: error`` with the usual ``{"error": {...}}`` before
@@ -30,22 +33,25 @@ import base64
 import re
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Annotated, Any
 
 import msgspec
 from starlette.responses import Response
 
 from serving import wire as m
-from serving.http.app import (
-    Receive,
-    Route,
-    RouteKit,
-    error_response,
-    event_stream,
-    json_response,
-    sse,
+from serving.http.app import Route, RouteKit, error_response, json_response
+from serving.http.asgi import Receive
+from serving.http.responses import (
+    COMPLETED,
+    PROGRESS,
+    ImageCompletedEvent,
+    ImageData,
+    ImageProgressEvent,
+    ImagesResponse,
 )
 from serving.http.schemas import Body, BodyError
+from serving.http.streaming import event_stream, sse
 
 MAX_IMAGES = 10
 MAX_STEPS = 1000
@@ -53,8 +59,6 @@ MAX_SIDE = 4096
 MAX_GUIDANCE = 100.0
 MAX_SEED = (1 << 63) - 1 - MAX_IMAGES
 OUTPUT_FORMATS = ("png", "jpeg", "webp")
-PROGRESS = "image_generation.progress"  # the streamed events' names (and their "type")
-COMPLETED = "image_generation.completed"
 _SIZE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
@@ -148,78 +152,83 @@ def image_events(reply: m.ImageProgress | m.Images, output_format: str) -> Itera
     """The server-sent events of one answer to a streamed request (see the module docstring)."""
     created = int(time.time())
     if isinstance(reply, m.ImageProgress):
-        progress = {"step": reply.step, "total_steps": reply.total_steps, "created_at": created}
-        yield sse({"type": PROGRESS, **progress}, PROGRESS)
+        progress = ImageProgressEvent(
+            step=reply.step, total_steps=reply.total_steps, created_at=created
+        )
+        yield sse(progress, PROGRESS)
         return
     for i, blob in enumerate(reply.images):
-        image = {
-            "type": COMPLETED,
-            "index": i,
-            "b64_json": base64.b64encode(blob).decode("ascii"),
-            "seed": reply.seed + i,
-            "size": f"{reply.width}x{reply.height}",
-            "output_format": output_format,
-            "num_inference_steps": reply.steps,
-            "created_at": created,
-        }
+        image = ImageCompletedEvent(
+            index=i,
+            b64_json=base64.b64encode(blob).decode("ascii"),
+            seed=reply.seed + i,
+            size=f"{reply.width}x{reply.height}",
+            output_format=output_format,
+            num_inference_steps=reply.steps,
+            created_at=created,
+        )
         yield sse(image, COMPLETED)
 
 
-def add_image_routes(kit: RouteKit) -> list[Route]:
-    """The diffusion runtime's routes for the HTTP child's app (see the module docstring)."""
-    state, client, metrics = kit.state, kit.state.client, kit.state.metrics
+async def generate_images(
+    kit: RouteKit, body: ImageGenerationRequest, receive: Receive
+) -> Response:
+    """``POST /v1/images/generations``: ``ImagesResponse``, or with ``stream`` the events of
+    ``image_events``."""
+    refused = kit.wrong_model(body.model)
+    if refused:
+        return refused
+    client, metrics = kit.state.client, kit.state.metrics
 
-    async def images(body: ImageGenerationRequest, receive: Receive) -> Response:
-        refused = kit.wrong_model(body.model)
-        if refused:
-            return refused
-
-        def request(rid: str) -> m.ImageRequest:
-            return m.ImageRequest(
-                rid,
-                body.prompt,
-                n=body.n,
-                negative_prompt=body.negative_prompt,
-                width=body.width,
-                height=body.height,
-                steps=body.num_inference_steps,
-                guidance_scale=body.guidance_scale,
-                seed=body.seed,
-                output_format=body.output_format,
-                stream=body.stream,
-            )
-
-        if body.stream:
-
-            def render(reply: m.ImageProgress | m.Images) -> Iterator[bytes]:
-                if isinstance(reply, m.Images):
-                    metrics.observe_result(reply.batch_size, 0)
-                return image_events(reply, body.output_format)
-
-            return await event_stream(client.call(request), render, receive, "error")
-        reply = await kit.unless_disconnected(receive, client.one(request))
-        if reply is None:
-            return error_response(499, "the client went away")
-        metrics.observe_result(reply.batch_size, 0)
-        return json_response(
-            {
-                "created": int(time.time()),
-                "model": state.served_name,
-                "data": [
-                    {"b64_json": base64.b64encode(blob).decode("ascii"), "seed": reply.seed + i}
-                    for i, blob in enumerate(reply.images)
-                ],
-                "output_format": body.output_format,
-                "size": f"{reply.width}x{reply.height}",
-                "num_inference_steps": reply.steps,
-            }
+    def request(rid: str) -> m.ImageRequest:
+        return m.ImageRequest(
+            rid,
+            body.prompt,
+            n=body.n,
+            negative_prompt=body.negative_prompt,
+            width=body.width,
+            height=body.height,
+            steps=body.num_inference_steps,
+            guidance_scale=body.guidance_scale,
+            seed=body.seed,
+            output_format=body.output_format,
+            stream=body.stream,
         )
 
+    if body.stream:
+
+        def render(reply: m.ImageProgress | m.Images) -> Iterator[bytes]:
+            if isinstance(reply, m.Images):
+                metrics.observe_result(reply.batch_size, 0)
+            return image_events(reply, body.output_format)
+
+        return await event_stream(client.call(request), render, receive, "error")
+    reply: m.Images | None = await kit.unless_disconnected(receive, client.one(request))
+    if reply is None:
+        return error_response(499, "the client went away")
+    metrics.observe_result(reply.batch_size, 0)
+    return json_response(
+        ImagesResponse(
+            created=int(time.time()),
+            model=kit.state.served_name,
+            data=[
+                ImageData(b64_json=base64.b64encode(blob).decode("ascii"), seed=reply.seed + i)
+                for i, blob in enumerate(reply.images)
+            ],
+            output_format=body.output_format,
+            size=f"{reply.width}x{reply.height}",
+            num_inference_steps=reply.steps,
+        )
+    )
+
+
+def add_image_routes(kit: RouteKit) -> list[Route[Any]]:
+    """The diffusion runtime's routes for the HTTP child's app (see the module docstring)."""
     return [
         Route(
             "POST",
             "/v1/images/generations",
-            images,
+            partial(generate_images, kit),
             "text-to-image generation (OpenAI shape; images as b64_json; stream with "
             "server-sent events)",
             ImageGenerationRequest,
@@ -229,5 +238,8 @@ def add_image_routes(kit: RouteKit) -> list[Route]:
             f"seed, size, output_format, num_inference_steps, created_at}}; then "
             f"`data: [DONE]`. A failure once streaming is `event: error` with "
             f'{{"error": {{...}}}} before [DONE].',
+            response=ImagesResponse,
+            stream=(ImageProgressEvent, ImageCompletedEvent),
+            kind="image",
         )
     ]

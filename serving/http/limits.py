@@ -16,8 +16,9 @@ the cap gets 503), configured in ``http_server``.
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Any
+
+from serving.http.asgi import ASGIApp, Message, Receive, Scope, Send
+from serving.http.responses import error_body
 
 _408 = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -81,17 +82,17 @@ def guarded_protocol(header_timeout: float, body_timeout: float) -> type:
 class RequestTimeout:
     """ASGI wrapper: an HTTP request not answered within ``seconds`` gets a 504 JSON error."""
 
-    def __init__(self, app: Any, seconds: float) -> None:
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
         self.app = app
         self.seconds = seconds
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self.seconds <= 0:
             await self.app(scope, receive, send)
             return
         started = False
 
-        async def tracking_send(message: dict) -> None:
+        async def tracking_send(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
@@ -103,16 +104,9 @@ class RequestTimeout:
             if started:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
-            body = json.dumps(
-                {
-                    "error": {
-                        "message": f"the request was not answered within --request-timeout {self.seconds:g}s",
-                        "type": "timeout_error",
-                        "param": None,
-                        "code": 504,
-                    }
-                }
-            ).encode()
+            body = error_body(
+                504, f"the request was not answered within --request-timeout {self.seconds:g}s"
+            )
             await send(
                 {
                     "type": "http.response.start",

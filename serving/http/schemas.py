@@ -245,23 +245,10 @@ class GenerateRequest(Body, kw_only=True):
         self.sampling_params.check("sampling_params.")
 
 
-class ErrorDetail(msgspec.Struct):
-    message: str
-    type: str
-    param: str | None
-    code: int
-
-
-class ErrorBody(msgspec.Struct):
-    """Every error the server answers (OpenAI's shape)."""
-
-    error: ErrorDetail
-
-
 # ---- decoding -----------------------------------------------------------------------------
 
 B = TypeVar("B", bound=Body)
-_decoders: dict[type, msgspec.json.Decoder] = {}
+_decoders: dict[type, msgspec.json.Decoder[Any]] = {}
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 _TYPE_WORDS = {
     "str": "a string",
@@ -280,7 +267,7 @@ def decode_body(data: bytes, kind: type[B]) -> B:
     if decoder is None:
         decoder = _decoders[kind] = msgspec.json.Decoder(kind)
     try:
-        body = decoder.decode(data)
+        body: B = decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise _validation_error(str(exc)) from None
     except (msgspec.DecodeError, RecursionError):

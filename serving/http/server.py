@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from serving.http.app import App
     from serving.http.client import SchedulerClient
     from serving.http.metrics import Metrics
+    from serving.http.responses import PlatformSummary
 
 log = logging.getLogger("sglang_launch.http")
 
@@ -54,23 +55,25 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def platform_summary(ctx: WorkerContext, platform_module: str = "platforms") -> dict:
+def platform_summary(ctx: WorkerContext, platform_module: str = "platforms") -> PlatformSummary:
     """The platform as the HTTP child sees it (the one ``platform_module``, the launch's runtime's,
     selected): what was selected, why, and its device."""
-    summary: dict = {"key": ctx.platform}
+    from serving.http.responses import PlatformSummary
+
+    summary = PlatformSummary(key=ctx.platform)
     try:
         module = importlib.import_module(platform_module)
         current_platform, selection = module.current_platform, module.current_selection()
-        summary.update(
+        summary = PlatformSummary(
             key=selection.key,
             platform_class=selection.qualname,
             distribution=selection.distribution,
             reason=selection.reason,
             device_type=current_platform.device_type,
         )
-        summary["device_name"] = current_platform.get_device_name(0)
+        summary.device_name = current_platform.get_device_name(0)
     except Exception as exc:  # noqa: BLE001 - the summary is informative only
-        summary.setdefault("error", f"{type(exc).__name__}: {exc}")
+        summary.error = f"{type(exc).__name__}: {exc}"
     return summary
 
 

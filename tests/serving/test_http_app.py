@@ -10,9 +10,11 @@ import json
 import httpx
 import pytest
 
+from launcher.server_args import ServerArgs
 from serving.http.app import AppState, create_app
 from serving.http.client import SchedulerClient
 from serving.http.metrics import Metrics
+from serving.http.responses import PlatformSummary
 
 
 def make_app(**state):
@@ -20,10 +22,10 @@ def make_app(**state):
         AppState(
             client=SchedulerClient([]),
             metrics=Metrics(),
-            server_args=None,
+            server_args=ServerArgs(),
             served_name="tiny",
             model_path="/models/tiny",
-            platform={},
+            platform=PlatformSummary(key="builtin:cpu"),
             **state,
         )
     )

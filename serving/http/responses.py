@@ -1,0 +1,270 @@
+"""Every JSON body the HTTP child sends, as msgspec structs: the wire and ``/openapi.json`` both.
+
+A route answers ``json_response(SomeStruct(...))`` and names that struct as its ``Route.response``,
+from which ``/openapi.json`` documents its 200 answer; a client can decode the bytes back into the
+struct (``msgspec.json.decode(data, type=..., strict=True)``). Field order is the order on the
+wire. A field typed ``... | UnsetType`` is left out of the JSON while ``UNSET`` (the usage chunk of
+a completion stream is the only chunk that has ``usage``); ``None`` is sent as ``null``.
+
+- text: ``EmbeddingList``, ``Completion``, ``CompletionChunk``, ``GenerateResult``,
+  ``GenerateChunk`` (OpenAI's shapes, and SGLang's native one for ``/generate``);
+- the server: ``ModelList``, ``Health``, ``Ready``, ``ServerInfo``;
+- images: ``ImagesResponse`` and the streamed ``ImageProgressEvent`` / ``ImageCompletedEvent``;
+- every refusal: ``ErrorBody`` (OpenAI's ``{"error": {"message", "type", "param", "code"}}``),
+  made by ``error_body``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+PROGRESS: Final = "image_generation.progress"  # the streamed image events' names (and their "type")
+COMPLETED: Final = "image_generation.completed"
+# A JSON object whose values are whatever its source reports (a scheduler's model description
+# and memory figures, the server arguments).
+JsonObject = dict[str, Annotated[object, msgspec.Meta(description="any JSON value")]]
+
+# ---- errors ----------------------------------------------------------------------------------
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorBody(msgspec.Struct):
+    """Every error the server answers (OpenAI's shape)."""
+
+    error: ErrorDetail
+
+
+_json = msgspec.json.Encoder()
+
+
+def error_body(status: int, message: str, param: str | None = None) -> bytes:
+    """The JSON of an ``ErrorBody``: ``type`` follows ``status`` (``ERROR_TYPES``; otherwise
+    ``invalid_request_error`` for a 4xx, ``server_error`` for a 5xx)."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return _json.encode(ErrorBody(ErrorDetail(message, kind, param, status)))
+
+
+# ---- text ------------------------------------------------------------------------------------
+
+
+class Embedding(msgspec.Struct, kw_only=True):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # str: the base64 of little-endian float32 values
+
+
+class EmbeddingUsage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(msgspec.Struct, kw_only=True):
+    """OpenAI's answer to ``POST /v1/embeddings``."""
+
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+        """The usage of ``prompt_tokens`` in and ``completion_tokens`` out."""
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: str | None  # "length", "stop" or "abort"; null in a chunk before the last
+
+
+class Completion(msgspec.Struct, kw_only=True):
+    """OpenAI's answer to ``POST /v1/completions``."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class CompletionChunk(msgspec.Struct, kw_only=True):
+    """One streamed event of ``POST /v1/completions``: a text increment in ``choices``, or (with
+    ``stream_options.include_usage``, after the last increment) no choices and ``usage``."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | UnsetType = UNSET
+
+
+class FinishReason(msgspec.Struct):
+    type: str  # "length", "stop" or "abort"
+
+
+class GenerateMeta(msgspec.Struct, kw_only=True):
+    id: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason | None
+    seed: int | None
+
+
+class GenerateResult(msgspec.Struct, kw_only=True):
+    """SGLang's native answer to ``POST /generate``: the completion and its ``meta_info``."""
+
+    text: str
+    meta_info: GenerateMeta
+
+
+class GenerateChunk(GenerateResult, kw_only=True):
+    """One streamed event of ``POST /generate``: ``text`` is the whole text so far."""
+
+
+# ---- the server ------------------------------------------------------------------------------
+
+
+class ModelCard(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "sglang-launch"
+    root: str
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    """OpenAI's answer to ``GET /v1/models``: the one served model."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(msgspec.Struct, kw_only=True):
+    """``GET /health``: ``reason`` only when not healthy (a 503)."""
+
+    healthy: bool
+    reason: str | UnsetType = UNSET
+
+
+class SchedulerLoad(msgspec.Struct, kw_only=True):
+    dp_rank: int
+    pid: int
+    queue_depth: int
+
+
+class Ready(msgspec.Struct, kw_only=True):
+    """``GET /ready``: when ready, the schedulers that answered and those restarting; when not
+    (a 503), only ``reason``."""
+
+    ready: bool
+    reason: str | UnsetType = UNSET
+    schedulers: list[SchedulerLoad] | UnsetType = UNSET
+    restarting: list[str] | UnsetType = UNSET  # "scheduler dp=N"
+
+
+class PlatformSummary(msgspec.Struct, kw_only=True):
+    """The selected platform as the HTTP child sees it; ``error`` when it could not say more."""
+
+    key: str
+    platform_class: str | UnsetType = UNSET
+    distribution: str | None | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+    device_type: str | UnsetType = UNSET
+    device_name: str | UnsetType = UNSET
+    error: str | UnsetType = UNSET
+
+
+class SchedulerState(msgspec.Struct, kw_only=True):
+    dp_rank: int
+    pid: int
+    queue_depth: int
+    batches: int | None
+    aborted: int | None
+    generated_tokens: int | None
+    memory: JsonObject | None
+
+
+class ServerInfo(msgspec.Struct, kw_only=True):
+    """``GET /get_server_info``; ``schedulers`` holds null for a replica that did not answer."""
+
+    version: str
+    platform: PlatformSummary
+    device: str | None
+    model: JsonObject | None  # the model as the first answering scheduler describes it
+    schedulers: list[SchedulerState | None]
+    server_args: JsonObject  # the api key masked
+    healthy: bool
+
+
+# ---- images ----------------------------------------------------------------------------------
+
+
+class ImageData(msgspec.Struct, kw_only=True):
+    b64_json: str
+    seed: int
+
+
+class ImagesResponse(msgspec.Struct, kw_only=True):
+    """OpenAI's answer to ``POST /v1/images/generations`` (images inline, with their seeds)."""
+
+    created: int
+    model: str
+    data: list[ImageData]
+    output_format: str
+    size: str  # WIDTHxHEIGHT
+    num_inference_steps: int
+
+
+class ImageProgressEvent(msgspec.Struct, kw_only=True):
+    """``event: image_generation.progress``: denoising step ``step`` of ``total_steps`` is done."""
+
+    type: Literal["image_generation.progress"] = PROGRESS
+    step: int
+    total_steps: int
+    created_at: int
+
+
+class ImageCompletedEvent(msgspec.Struct, kw_only=True):
+    """``event: image_generation.completed``: image ``index`` of the request."""
+
+    type: Literal["image_generation.completed"] = COMPLETED
+    index: int
+    b64_json: str
+    seed: int
+    size: str
+    output_format: str
+    num_inference_steps: int
+    created_at: int

@@ -1,0 +1,117 @@
+"""The built-in route table of the HTTP child (``builtin_routes``), with its handlers in
+``info`` (the server) and ``text`` (embeddings and generation).
+
+A handler is a module-level ``async def name(state, body, receive)``; the table binds it to the
+app's ``AppState`` (``functools.partial``), so a ``Route`` calls it as ``handler(body, receive)``
+like any plugin's route.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from serving.http.app import App, Route
+from serving.http.responses import (
+    Completion,
+    CompletionChunk,
+    EmbeddingList,
+    GenerateChunk,
+    GenerateResult,
+    Health,
+    ModelList,
+    Ready,
+    ServerInfo,
+)
+from serving.http.routes import info, text
+from serving.http.schemas import CompletionRequest, EmbeddingRequest, GenerateRequest
+
+# The request fields the schedulers name in their refusals, as each route calls them.
+COMPLETION_FIELDS = {"input": "prompt", "max_new_tokens": "max_tokens"}
+GENERATE_FIELDS = {"input": "text", "max_new_tokens": "sampling_params.max_new_tokens"}
+
+
+def builtin_routes(app: App) -> list[Route[Any]]:
+    """Every route an app serves whatever the runtime, in ``/openapi.json``'s order."""
+    state = app.state
+    return [
+        Route(
+            "GET",
+            "/health",
+            partial(info.health, state),
+            "liveness: false as soon as any scheduler is dead (with --restart-policy "
+            "on-failure: once every scheduler is dead)",
+            public=True,
+            response=Health,
+            answers=(200, 503),
+        ),
+        Route(
+            "GET",
+            "/ready",
+            partial(info.ready, state),
+            "true once every scheduler answers (model loaded, warmed up) but those "
+            "restarting, which it lists",
+            public=True,
+            response=Ready,
+            answers=(200, 503),
+        ),
+        Route(
+            "GET",
+            "/v1/models",
+            partial(info.models, state),
+            "the served model (OpenAI shape)",
+            response=ModelList,
+        ),
+        Route(
+            "POST",
+            "/v1/embeddings",
+            partial(text.embeddings, state),
+            "embeddings (OpenAI shape)",
+            EmbeddingRequest,
+            response=EmbeddingList,
+            kind="embedding",
+        ),
+        Route(
+            "POST",
+            "/v1/completions",
+            partial(text.completions, state),
+            "text completion (OpenAI shape; stream with server-sent events)",
+            CompletionRequest,
+            params=COMPLETION_FIELDS,
+            events="one `data:` completion chunk per text increment (the last carries "
+            "finish_reason; with stream_options.include_usage a chunk with usage follows), "
+            "then `data: [DONE]`",
+            response=Completion,
+            stream=(CompletionChunk,),
+            kind="generation",
+        ),
+        Route(
+            "POST",
+            "/generate",
+            partial(text.generate, state),
+            "generation (SGLang's native shape; stream with server-sent events)",
+            GenerateRequest,
+            params=GENERATE_FIELDS,
+            events="one `data:` object per text increment, `text` holding the text so far, "
+            "then `data: [DONE]`",
+            response=GenerateResult,
+            stream=(GenerateChunk,),
+            kind="generation",
+        ),
+        Route(
+            "GET",
+            "/get_server_info",
+            partial(info.server_info, state),
+            "platform, device, memory, model and arguments",
+            response=ServerInfo,
+        ),
+        Route(
+            "GET",
+            "/metrics",
+            partial(info.prometheus, state),
+            "Prometheus metrics",
+            media_type="text/plain",
+        ),
+        Route("GET", "/openapi.json", partial(info.openapi, app), "this document", in_schema=False),
+        Route("GET", "/docs", partial(info.docs, app), "the API, browsable", in_schema=False),
+    ]
