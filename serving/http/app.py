@@ -661,12 +661,12 @@ def create_app(state: AppState) -> App:
     async def server_info(body: None, receive: Receive) -> Response:
         pongs = await client.ping_all(timeout=2.0)
         live = [p for p in pongs if p is not None]
-        model = live[0].info.get("model") if live else None
+        model = live[0].info.model if live and live[0].info else None
         return json_response(
             {
                 "version": VERSION,
                 "platform": state.platform,
-                "device": (model or {}).get("device"),
+                "device": model.device if model else None,
                 "model": model,
                 "schedulers": [
                     None
@@ -675,10 +675,10 @@ def create_app(state: AppState) -> App:
                         "dp_rank": p.dp_rank,
                         "pid": p.pid,
                         "queue_depth": p.queue_depth,
-                        "batches": p.info.get("batches"),
-                        "aborted": p.info.get("aborted"),
-                        "generated_tokens": p.info.get("generated_tokens"),
-                        "memory": p.info.get("memory"),
+                        "batches": p.info.batches if p.info else None,
+                        "aborted": p.info.aborted if p.info else None,
+                        "generated_tokens": p.info.generated_tokens if p.info else None,
+                        "memory": p.info.memory if p.info else None,
                     }
                     for p in pongs
                 ],
