@@ -82,6 +82,7 @@ class Queued:
 
 R = TypeVar("R", bound=wire.Request)
 Q = TypeVar("Q", bound=Queued)
+S = TypeVar("S", bound=wire.SchedulerStats)
 
 
 class BatchingScheduler(ABC, Generic[R, Q]):
@@ -121,7 +122,8 @@ class BatchingScheduler(ABC, Generic[R, Q]):
         self.running: dict[str, Q] = {}
         self.cancelled: set[str] = set()
         self.batches = 0
-        self.aborted = 0
+        self.aborted = 0  # requests cancelled while they ran
+        self.generated_tokens = 0
         self.last_broadcast = time.monotonic()
         self._zctx = zmq.Context()
         self.sock = self._zctx.socket(zmq.ROUTER)
@@ -147,7 +149,14 @@ class BatchingScheduler(ABC, Generic[R, Q]):
 
     @abstractmethod
     def stats(self) -> wire.Stats:
-        """This scheduler's counters, its model and its device's memory (for ``Pong``)."""
+        """This scheduler's counters (``counted``), its model and its device's memory (for
+        ``Pong`` and the ready report)."""
+
+    def counted(self, stats: S) -> S:
+        """``stats`` with the counters every scheduler keeps filled in."""
+        stats.batches, stats.aborted = self.batches, self.aborted
+        stats.generated_tokens = self.generated_tokens
+        return stats
 
     # ---- lifecycle ---------------------------------------------------------------------------
 

@@ -194,13 +194,10 @@ class ImageScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
             self.images_made += job.n
 
     def stats(self) -> wire.ImageStats:
-        return wire.ImageStats(
-            batches=self.batches,
-            aborted=self.aborted,
-            images=self.images_made,
-            model=self.worker.describe(),
-            memory=self.worker.memory_info(),
-        )
+        worker = self.worker
+        stats = wire.ImageStats(model=worker.describe(), memory=worker.memory_info())
+        stats.images = self.images_made
+        return self.counted(stats)
 
 
 def cfg_batch(shape: Shape, jobs: list[ImageJob]) -> wire.ImageBatch:

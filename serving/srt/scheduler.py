@@ -170,7 +170,6 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
             store=store,
         )
         self.runner = runner
-        self.generated_tokens = 0
 
     def admit(self, identity: bytes, request: wire.EmbedRequest | wire.GenerateRequest) -> TextItem:
         """Tokenise ``request``; ``InputError`` names the text (``input[i]`` of several) or the
@@ -273,13 +272,8 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
         self.generated_tokens += sum(len(s.output_ids) for s in seqs)
 
     def stats(self) -> wire.TextStats:
-        return wire.TextStats(
-            batches=self.batches,
-            aborted=self.aborted,
-            generated_tokens=self.generated_tokens,
-            model=self.runner.describe(),
-            memory=self.runner.memory_info(),
-        )
+        runner = self.runner
+        return self.counted(wire.TextStats(model=runner.describe(), memory=runner.memory_info()))
 
 
 def follow_text_batch(runner: ModelRunner, work: wire.FollowerWork) -> None:
