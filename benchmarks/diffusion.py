@@ -69,10 +69,12 @@ def baseline(opts: argparse.Namespace) -> int:
     """``--baseline``: the worker's own set-up in this process, then one timed
     ``generate(shape, [job])`` per seed read from stdin; prints the seconds it took. The first
     line out reports the thread settings."""
+    import msgspec
+
     from launcher.server_args import ServerArgs
     from platforms.diffusion import current_platform, initialize_current_platform
     from serving.diffusion.runner import DiffusionWorker, ImageJob
-    from serving.srt.scheduler import share_cpu_threads
+    from serving.threads import share_cpu_threads
 
     initialize_current_platform()
     if current_platform.is_cpu():
@@ -83,7 +85,7 @@ def baseline(opts: argparse.Namespace) -> int:
     )
     worker.init_device_and_model()
     shape = worker.shape_of(opts.size, opts.size, opts.steps, GUIDANCE)
-    print(json.dumps(worker.describe()["cpu_threads"]), flush=True)
+    print(msgspec.json.encode(worker.describe().cpu_threads).decode(), flush=True)
     for line in sys.stdin:
         job = ImageJob("bench", PROMPT, 1, None, int(line), "png")
         started = time.perf_counter()

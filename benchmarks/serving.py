@@ -123,12 +123,13 @@ def batch_one(
     os.environ.pop("OMP_WAIT_POLICY", None)
     if served["omp_wait_policy"]:
         os.environ["OMP_WAIT_POLICY"] = served["omp_wait_policy"]
+    import msgspec
     import torch
 
     from launcher.model_source import resolve_model
     from platforms import current_platform, current_selection
     from serving.srt.model_runner import ModelRunner
-    from serving.srt.scheduler import share_cpu_threads
+    from serving.threads import share_cpu_threads
 
     if current_platform.is_cpu():
         share_cpu_threads(ranks_on_node=1)  # what the dp=1 server's scheduler does
@@ -136,9 +137,10 @@ def batch_one(
     else:
         where = current_selection().key
     runner = ModelRunner(resolve_model(model_path), platform=current_platform)
-    if runner.describe()["cpu_threads"] != served:
+    threads = msgspec.to_builtins(runner.describe().cpu_threads)
+    if threads != served:
         raise RuntimeError(
-            f"the in-process side runs with {runner.describe()['cpu_threads']}, the server's "
+            f"the in-process side runs with {threads}, the server's "
             f"scheduler with {served}: the comparison would not be on the same threads"
         )
     runner.warm_up()
@@ -174,7 +176,7 @@ def batch_one(
     finally:
         lean.close()
         library.close()
-    where = f"{where}; device {runner.describe().get('device')}"
+    where = f"{where}; device {runner.describe().device}"
     if lean.reconnects:  # each such request's time includes opening a new connection
         where += f"; the lean client reconnected {lean.reconnects} time(s) after an idle close"
     return times, where

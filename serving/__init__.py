@@ -6,7 +6,12 @@
   .run_diffusion_worker``) and its diffusers pipeline runner;
 - ``serving.http``: the one HTTP child of a launch (``serving.http.server.run_http_server``):
   the ASGI app, its routes, and the client of the schedulers' sockets;
-- ``serving.wire``: the messages between the HTTP child and the schedulers;
+- ``serving.scheduler``: the batching scheduler both runtimes' schedulers subclass (socket,
+  queue, batch timing, failure policy, broadcasts to a replica's other ranks, ``follow``);
+- ``serving.errors``: ``InputError`` (a 400 naming the request field) and ``ModelLoadError``;
+- ``serving.threads``: torch's CPU threads in a scheduler process;
+- ``serving.wire``: the messages between the HTTP child and the schedulers, and what a scheduler
+  reports about itself (ready info, ``Pong`` stats);
 - ``serving.distributed``: the torch.distributed groups of a replica's ranks.
 
 The launcher names these targets by dotted path and never imports them; the bootstrap resolves

@@ -41,7 +41,10 @@ class SamplingParams(msgspec.Struct, frozen=True):
 
 class EmbedRequest(msgspec.Struct, tag="embed"):
     """``inflight``: how many requests the sender has outstanding at this replica, this one
-    included; once that many are queued, no more are on the way and the batch can start."""
+    included; once that many are queued, no more are on the way and the batch can start.
+    ``kind`` (of every request struct): the kind of model that serves it."""
+
+    kind: ClassVar[str] = "embedding"
 
     rid: str
     texts: list[str]
@@ -49,6 +52,8 @@ class EmbedRequest(msgspec.Struct, tag="embed"):
 
 
 class GenerateRequest(msgspec.Struct, tag="generate"):
+    kind: ClassVar[str] = "generation"
+
     rid: str
     text: str
     params: SamplingParams
@@ -64,6 +69,8 @@ class ImageRequest(msgspec.Struct, tag="image"):
     request starts from the noise of seed ``seed + i`` (its own generator, whatever else shares
     the batch). ``output_format`` is ``png``, ``jpeg`` or ``webp``. With ``stream``, an
     ``ImageProgress`` answers each denoising step before the final ``Images``."""
+
+    kind: ClassVar[str] = "image"
 
     rid: str
     prompt: str
@@ -175,14 +182,178 @@ class RequestFailed(msgspec.Struct, tag="failed"):
     param: str | None = None  # the request field to change: "input", "max_new_tokens" or "model"
 
 
+# ---- what a scheduler reports about itself: ready info (to the supervisor) and its Pong ---------
+
+
+class CpuThreads(msgspec.Struct):
+    """The process's torch CPU threads: the intra-op thread count and the OpenMP wait policy its
+    pool started with (``OMP_WAIT_POLICY``; None when unset)."""
+
+    intra_op: int
+    omp_wait_policy: str | None
+
+
+class Pooling(msgspec.Struct):
+    """How an embedding model pools and normalises, and which file of its directory says so."""
+
+    mode: str
+    normalize: bool
+    declared_by: str
+
+
+class TextModel(msgspec.Struct):
+    """A text model as served: embeddings (``pooling`` set) or generation (``kind``)."""
+
+    model_path: str
+    served_model_name: str
+    embedded_default: bool
+    architecture: str
+    kind: str
+    device: str
+    dtype: str
+    attention: str
+    tp_size: int
+    max_input_tokens: int
+    max_total_tokens: int
+    pooling: Pooling | None
+    load_seconds: float
+    cpu_threads: CpuThreads
+
+
+class TextMemory(msgspec.Struct):
+    """The device's memory from the SRT platform, in bytes; None where the platform cannot tell."""
+
+    total_bytes: int | None
+    available_bytes: int | None
+    used_bytes: int | None
+
+
+class ImageAttention(msgspec.Struct):
+    """The attention the platform named (``backend``), the processor classes the denoiser runs,
+    and ``--attention-backend`` as asked (None: the platform's choice)."""
+
+    backend: str
+    processors: list[str]
+    requested: str | None
+
+
+class CustomOpUse(msgspec.Struct):
+    """How many of the denoiser's layers are one ``CustomOp`` class, by the forward each resolved
+    to."""
+
+    count: int
+    forward: dict[str, int]
+
+
+class ImageParallel(msgspec.Struct):
+    """A replica's ranks (two with ``--enable-cfg-parallel``) and the platform's parallel parts.
+    ``backend``, ``device_id`` and ``split_steps`` (denoiser calls computed half on each rank)
+    are reported only for a CFG-parallel replica."""
+
+    ranks: int
+    cfg_parallel: bool
+    cpu_architecture: str
+    all_to_all_communicator: str | None
+    backend: str | msgspec.UnsetType = msgspec.UNSET
+    device_id: str | None | msgspec.UnsetType = msgspec.UNSET
+    split_steps: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class TorchCompile(msgspec.Struct):
+    """``--enable-torch-compile``: the platform's backend and options (as strings)."""
+
+    backend: str
+    options: dict[str, str]
+
+
+class ImageModel(msgspec.Struct):
+    """A diffusers pipeline as served."""
+
+    name: str
+    path: str
+    kind: str
+    pipeline_class: str
+    denoiser: str
+    device: str
+    dtype: str
+    attention: ImageAttention | None
+    custom_ops: dict[str, CustomOpUse]
+    layerwise_offload: bool
+    parallel: ImageParallel | None
+    torch_compile: TorchCompile | None
+    size_multiple: int | None
+    default_size: int | None
+    load_seconds: float
+    cpu_threads: CpuThreads
+    pid: int
+
+
+class ImageMemory(msgspec.Struct):
+    """The device's total and free memory from the diffusion platform, in GiB, or the error that
+    kept the platform from telling."""
+
+    total_gib: float | msgspec.UnsetType = msgspec.UNSET
+    available_gib: float | msgspec.UnsetType = msgspec.UNSET
+    error: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class SchedulerStats(msgspec.Struct, kw_only=True):
+    """The counters every scheduler keeps: batches run, requests cancelled while they ran, and
+    tokens generated (0 where the runtime generates none)."""
+
+    batches: int = 0
+    aborted: int = 0
+    generated_tokens: int = 0
+
+
+class TextStats(SchedulerStats, tag="text", kw_only=True):
+    """A text scheduler's counters, its model and its device's memory."""
+
+    model: TextModel
+    memory: TextMemory
+
+
+class ImageStats(SchedulerStats, tag="image", kw_only=True):
+    """An image scheduler's counters (``images``: images sent), its pipeline and device memory."""
+
+    model: ImageModel
+    memory: ImageMemory
+    images: int = 0
+
+
+Stats = TextStats | ImageStats
+
+
+class ReplicaReady(msgspec.Struct, kw_only=True):
+    """What rank 0 of a replica reports ready with (as ``ctx.ready(**msgspec.to_builtins(it))``;
+    the supervisor keeps it as JSON): where its request socket is, its model and memory."""
+
+    dp_rank: int
+    endpoint: str
+    pid: int
+    model: TextModel | ImageModel
+    memory: TextMemory | ImageMemory
+
+
+class RankReady(msgspec.Struct, kw_only=True):
+    """What a rank > 0 of a replica (it follows rank 0, serves nobody) reports ready with."""
+
+    dp_rank: int
+    tp_rank: int
+    pid: int
+
+
 class Pong(msgspec.Struct, tag="pong"):
+    """A scheduler's answer to ``Ping``: who it is, what it serves, how many requests wait in
+    its queue, and its ``Stats`` (None from a scheduler that keeps none)."""
+
     rid: str
     dp_rank: int
     pid: int
     model: str
     kind: str
     queue_depth: int
-    info: dict = {}
+    info: Stats | None = None
 
 
 # ---- scheduler rank 0 -> the other ranks of its replica (tensor- or CFG-parallel) ------------------------
@@ -231,9 +402,11 @@ class Stop(msgspec.Struct, tag="stop"):
     """Rank 0 is stopping: leave the loop and the group."""
 
 
-ToFollower = Batch | ImageBatch | Tick | Stop
+FollowerWork = Batch | ImageBatch
+ToFollower = FollowerWork | Tick | Stop
 
-ToScheduler = EmbedRequest | GenerateRequest | ImageRequest | Cancel | Ping
+Request = EmbedRequest | GenerateRequest | ImageRequest
+ToScheduler = Request | Cancel | Ping
 FromScheduler = Embeddings | Generated | Images | ImageProgress | RequestFailed | Pong
 
 _encoder = msgspec.msgpack.Encoder()

