@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from support import PRODUCT_ENV, descendants, kill_tree  # noqa: E402
 
-pytest_plugins = ("support.plugins",)  # the demo_site fixture: the demo plugin, pip-installed once
+# demo_site: the demo plugin, pip-installed once; fresh_process: a test of the process-wide state
+# (platform selection, plugins, hooks) in this process.
+pytest_plugins = ("support.plugins", "support.process")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

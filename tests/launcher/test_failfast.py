@@ -11,7 +11,8 @@ Every case runs the real ``sglang-launch`` (``python -m launcher``) as a process
 - on a pseudo-terminal, the workers' own lines appear above the live table, each once, and the
   table is drawn once (the byte stream is replayed through the ``pyte`` terminal emulator);
   without a terminal no escape sequence is written;
-- the embedded ``Launcher`` names settings the way its API spells them.
+- the embedded ``Launcher`` (in this process, in ``fresh_process``) names settings the way its
+  API spells them.
 """
 
 from __future__ import annotations
@@ -300,40 +301,34 @@ def test_without_a_terminal_lines_are_plain():
 
 
 # ------------------------------------------------------------------ the embedded Launcher
-EMBEDDED = r"""
-import json, socket, sys
-from launcher import Launcher, LaunchError
+def _launch_error(**fields) -> dict:
+    """``Launcher(**fields).start()``'s ``LaunchError``: its exit code and text."""
+    from launcher import Launcher, LaunchError
 
-results = {}
-def attempt(name, **fields):
-    try:
+    with pytest.raises(LaunchError) as caught:
         Launcher(**fields).start(timeout=60)
-    except LaunchError as exc:
-        results[name] = {"code": exc.exit_code, "text": str(exc)}
-
-attempt("missing", model_path="/no/such/model/dir")
-attempt("encoder", tp_size=2, port=int(sys.argv[1]))
-with socket.socket() as holder:
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
-    attempt("busy", port=holder.getsockname()[1])
-print("RESULT:" + json.dumps(results))
-"""
+    return {"code": caught.value.exit_code, "text": str(caught.value)}
 
 
-def test_embedded_launcher_errors_name_keyword_arguments():
-    env = clean_env(SGLANG_USE_CPU_ENGINE="1")
-    result = run_python(EMBEDDED, env=env, args=[str(free_port())], timeout=120)
-    assert result.returncode == 0, result
-    data = result.data
+@pytest.mark.usefixtures("fresh_process")  # the launcher's own process is this one
+def test_embedded_launcher_errors_name_keyword_arguments(monkeypatch):
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    data = {
+        "missing": _launch_error(model_path="/no/such/model/dir"),
+        "encoder": _launch_error(tp_size=2, port=free_port()),
+    }
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        data["busy"] = _launch_error(port=holder.getsockname()[1])
     for name in ("missing", "encoder", "busy"):
-        assert data[name]["code"] == 2, result
+        assert data[name]["code"] == 2, data
         assert "--" not in data[name]["text"].replace("=" * 72, ""), (
-            f"CLI spelling in {name}\n{result}"
+            f"CLI spelling in {name}\n{data}"
         )
-    assert "model_path='/no/such/model/dir' does not exist" in data["missing"]["text"], result
-    assert "tp_size=2 needs a causal LM" in data["encoder"]["text"], result
-    assert "tp_size=1 and scale out with dp_size=2" in data["encoder"]["text"], result
+    assert "model_path='/no/such/model/dir' does not exist" in data["missing"]["text"], data
+    assert "tp_size=2 needs a causal LM" in data["encoder"]["text"], data
+    assert "tp_size=1 and scale out with dp_size=2" in data["encoder"]["text"], data
     assert "is already in use" in data["busy"]["text"] and "pass port=N" in data["busy"]["text"], (
-        result
+        data
     )

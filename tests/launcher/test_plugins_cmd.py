@@ -1,18 +1,40 @@
-"""``sglang-launch plugins``: the human table and ``--json``, over real installed entry points,
-in fresh interpreters; it imports no torch and reports (never raises) selection errors."""
+"""``sglang-launch plugins``: the human table and ``--json``, over real installed entry points;
+it reports (never raises) selection errors, resolves no hook target and imports no torch.
+
+The command runs in this process, in ``fresh_process`` (``hooks.testing``: no platform selected
+and no plugin loaded when a test starts, every hook target restored when it ends); what it
+imports, and its exit status, are checked where they show: in a fresh interpreter, and by
+running the command as its own process.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import json
 import subprocess
 import sys
 
 import pytest
 from support import REPO, clean_env, make_dist, run_python
+from support.process import forget_modules_from
+
+import hooks
+from hooks.testing import fresh_plugins
+from launcher.cli import main
 
 SRT_PLUGINS = "sglang.srt.plugins"
 SRT_PLATFORMS = "sglang.srt.platforms"
 DIFF_PLUGINS = "sglang.multimodal_gen.plugins"
+
+
+def _run(*argv: str) -> tuple[int, str]:
+    """``sglang-launch ARGV`` in this process: its exit status and what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(list(argv))
+    return code, out.getvalue()
 
 
 def _site(site):
@@ -73,31 +95,16 @@ def _site(site):
     )
 
 
-def test_table_and_json_report_every_entry_point_selection_hooks_and_conflicts(site):
+@pytest.mark.usefixtures("fresh_process")
+def test_table_and_json_report_every_entry_point_selection_hooks_and_conflicts(site, monkeypatch):
     _site(site)
-    res = run_python(
-        """
-        import contextlib, io, json, sys
-        from launcher.cli import main
-        outputs, codes = [], []
-        for argv in (["plugins"], ["plugins", "--json"]):
-            buf = io.StringIO()
-            with contextlib.redirect_stdout(buf):
-                codes.append(main(argv))
-            outputs.append(buf.getvalue())
-        heavy = [m for m in ("torch", "numpy", "transformers", "starlette", "uvicorn") if m in sys.modules]
-        print("RESULT:" + json.dumps({"codes": codes, "table": outputs[0], "doc": json.loads(outputs[1]),
-                                       "heavy": heavy, "tgt_imported": "tgt" in sys.modules}))
-    """,
-        sites=[site],
-        env=clean_env(SGLANG_PLATFORM="vendor", SGLANG_PLUGINS="vendor,plain,other_extra"),
-    )
-    assert res.returncode == 0, res
-    out = res.data
-    assert out["codes"] == [0, 0]
-    assert (
-        out["heavy"] == [] and out["tgt_imported"] is False
-    )  # no hook applied, no target resolved
+    monkeypatch.setenv("SGLANG_PLATFORM", "vendor")
+    monkeypatch.setenv("SGLANG_PLUGINS", "vendor,plain,other_extra")
+    table_code, table = _run("plugins")
+    json_code, doc = _run("plugins", "--json")
+    assert [table_code, json_code] == [0, 0]
+    assert "tgt" not in sys.modules  # no hook applied, no target resolved
+    out = {"table": table, "doc": json.loads(doc)}
 
     srt, diffusion = out["doc"]["runtimes"]
     assert srt["runtime"] == "srt" and diffusion["runtime"] == "diffusion"
@@ -161,34 +168,33 @@ def _platform_rows(table: str) -> dict:
     return {line.split()[0]: line.split()[3:] for line in section.splitlines()[2:] if line.strip()}
 
 
-def test_platform_rows_say_whether_sglang_plugins_admits_them_to_automatic_selection(site):
+def _srt_report(monkeypatch, allowlist: str) -> dict:
+    """``plugins --runtime srt``'s table and JSON report with ``SGLANG_PLUGINS=allowlist``."""
+    monkeypatch.setenv("SGLANG_PLUGINS", allowlist)
+    with fresh_plugins():
+        _, table = _run("plugins", "--runtime", "srt")
+        _, doc = _run("plugins", "--runtime", "srt", "--json")
+    return {"table": table, "doc": json.loads(doc)["runtimes"][0]}
+
+
+@pytest.mark.usefixtures("fresh_process")
+def test_platform_rows_say_whether_sglang_plugins_admits_them_to_automatic_selection(
+    site, monkeypatch
+):
     _site(site)
-    code = """
-        import contextlib, io, json
-        from launcher.cli import main
-        outputs = []
-        for argv in (["plugins", "--runtime", "srt"], ["plugins", "--runtime", "srt", "--json"]):
-            buf = io.StringIO()
-            with contextlib.redirect_stdout(buf):
-                main(argv)
-            outputs.append(buf.getvalue())
-        print("RESULT:" + json.dumps({"table": outputs[0], "doc": json.loads(outputs[1])["runtimes"][0]}))
-    """
-    some = run_python(code, sites=[site], env=clean_env(SGLANG_PLUGINS="other,plain"))
-    assert some.returncode == 0, some
-    doc = some.data["doc"]
+    some = _srt_report(monkeypatch, "other,plain")
+    doc = some["doc"]
     assert doc["platform_allowlist"] == {"variable": "SGLANG_PLUGINS", "applies": True}
     assert {p["name"]: p["allowed"] for p in doc["groups"][SRT_PLATFORMS]} == {
         "other": True,
         "vendor": False,
     }
-    rows = _platform_rows(some.data["table"])
+    rows = _platform_rows(some["table"])
     assert rows == {"other": ["allowed"], "vendor": ["left", "out"]}
-    assert "AUTO (SGLANG_PLUGINS)" in some.data["table"]
+    assert "AUTO (SGLANG_PLUGINS)" in some["table"]
 
-    none = run_python(code, sites=[site], env=clean_env(SGLANG_PLUGINS="plain"))
-    assert none.returncode == 0, none
-    reason = none.data["doc"]["selection"]["reason"]
+    none = _srt_report(monkeypatch, "plain")
+    reason = none["doc"]["selection"]["reason"]
     assert reason.startswith(
         "fallback: no platform plugin allowed (SGLANG_PLUGINS=plain leaves out "
     ), reason
@@ -198,7 +204,7 @@ def test_platform_rows_say_whether_sglang_plugins_admits_them_to_automatic_selec
         "; add their names to SGLANG_PLUGINS, or unset it, to admit them to automatic selection, or set "
         "SGLANG_PLATFORM to one to select it); start-up probes the built-ins"
     ) in reason
-    assert f"why: {reason}" in none.data["table"]
+    assert f"why: {reason}" in none["table"]
 
 
 def _cli(args, site, **env):
@@ -232,23 +238,17 @@ def test_selection_error_is_reported_with_exit_status_1_and_bad_options_are_usag
     assert bad.returncode == 2 and "unrecognized arguments: --format" in bad.stderr
 
 
-@pytest.mark.e2e  # probes the accelerators (torch) in a fresh interpreter
+@pytest.mark.usefixtures("fresh_process")
 def test_reports_the_platform_a_launch_would_serve_on():
     """With nothing installed or set, and no accelerator, a launch serves on the CPU platform; the
     report says so, without probing (the chain as listed) and with ``--probe`` (the selection)."""
-    res = run_python("""
-        import contextlib, io, json
-        from launcher.cli import main
-        docs = []
-        for argv in (["plugins", "--json", "--runtime", "srt"], ["plugins", "--json", "--runtime", "srt", "--probe"]):
-            buf = io.StringIO()
-            with contextlib.redirect_stdout(buf):
-                main(argv)
-            docs.append(json.loads(buf.getvalue()))
-        print("RESULT:" + json.dumps(docs))
-    """)
-    assert res.returncode == 0, res
-    dry, probed = (json.dumps(doc) for doc in res.data)
+    dry, probed = (
+        json.dumps(json.loads(_run(*argv)[1]))
+        for argv in (
+            ["plugins", "--json", "--runtime", "srt"],
+            ["plugins", "--json", "--runtime", "srt", "--probe"],
+        )
+    )
     assert "cpu (a server's stand-in for base)" in dry, dry
     assert '"key": "builtin:cpu"' in probed and "so a server runs on the CPU platform" in probed, (
         probed
@@ -300,28 +300,28 @@ def _dual_site(site):
     )
 
 
+def _report_then_load(site, plugins_first: bool) -> dict:
+    """The SRT report (JSON and table) of a fresh block, then what ``tgt.f(0)`` returns once the
+    block has loaded its plugins; ``plugins_first``: the general-plugin loader imports
+    ``dual_pkg.hooks`` before the report selects the platform. The modules imported from
+    ``site`` are forgotten after, so the next block imports them afresh, as a new process would."""
+    with fresh_plugins():
+        if plugins_first:
+            hooks.register_plugins()  # the general-plugin loader imports dual_pkg.hooks first
+        _, doc = _run("plugins", "--runtime", "srt", "--json")
+        _, table = _run("plugins", "--runtime", "srt")
+        hooks.load_plugins()
+        f = importlib.import_module("tgt").f(0)
+    forget_modules_from([site])
+    return {"doc": json.loads(doc), "table": table, "f": f}
+
+
+@pytest.mark.usefixtures("fresh_process")
 def test_plugins_lists_every_hook_that_will_be_applied_whatever_imported_the_module_first(site):
     _dual_site(site)
-    code = """
-        import contextlib, io, json, sys
-        import hooks
-        if sys.argv[1] == "plugins-first":
-            hooks.register_plugins()  # the general-plugin loader imports dual_pkg.hooks first
-        from launcher.cli import main
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            main(["plugins", "--runtime", "srt", "--json"])
-        table = io.StringIO()
-        with contextlib.redirect_stdout(table):
-            main(["plugins", "--runtime", "srt"])
-        hooks.load_plugins()
-        import tgt
-        print("RESULT:" + json.dumps({"doc": json.loads(buf.getvalue()), "table": table.getvalue(), "f": tgt.f(0)}))
-    """
     for order in ("selection-first", "plugins-first"):
-        res_one = run_python(code, sites=[site], env=clean_env(), args=[order])
-        assert res_one.returncode == 0, res_one
-        srt = res_one.data["doc"]["runtimes"][0]
+        res_one = _report_then_load(site, plugins_first=order == "plugins-first")
+        srt = res_one["doc"]["runtimes"][0]
         assert srt["selection"]["key"] == "plugin:dual", (order, srt["selection"])
         plugins = {p["name"]: p for p in srt["groups"][SRT_PLUGINS]}
         assert [(h["type"], h["target"], h["hook"]) for h in plugins["dual"]["hooks"]] == [
@@ -335,12 +335,34 @@ def test_plugins_lists_every_hook_that_will_be_applied_whatever_imported_the_mod
             "imported by platform entry point solo = solo_pkg:activate (from solo-platform)"
             in others[0]["registered_by"]
         )
-        table = res_one.data["table"]
+        table = res_one["table"]
         assert "dual_pkg.hooks.dual_after" in table and "solo_pkg.solo_after" in table
         assert (
             "solo_pkg.solo_after is of no plugin: module solo_pkg, imported by platform entry point"
             in table
         )
         # What the report lists is what is applied.
-        f = res_one.data["f"]
+        f = res_one["f"]
         assert f[0] == 0 and sorted(f[1:]) == ["dual", "solo"], (order, f)
+
+
+def test_the_report_imports_no_torch(site):
+    """``sglang-launch plugins`` (table and ``--json``) selects the platform and runs the plugins'
+    registration without importing torch or the serving runtime's libraries."""
+    _site(site)
+    res = run_python(
+        """
+        import contextlib, io, json, sys
+        from launcher.cli import main
+        codes = []
+        for argv in (["plugins"], ["plugins", "--json"]):
+            with contextlib.redirect_stdout(io.StringIO()):
+                codes.append(main(argv))
+        heavy = [m for m in ("torch", "numpy", "transformers", "starlette", "uvicorn") if m in sys.modules]
+        print("RESULT:" + json.dumps({"codes": codes, "heavy": heavy}))
+    """,
+        sites=[site],
+        env=clean_env(SGLANG_PLATFORM="vendor", SGLANG_PLUGINS="vendor,plain,other_extra"),
+    )
+    assert res.returncode == 0, res
+    assert res.data == {"codes": [0, 0], "heavy": []}

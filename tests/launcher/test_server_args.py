@@ -1,108 +1,99 @@
 """ServerArgs: command line, platform defaults, checks, hooks, and the versioned payload.
 
 Building a ``ServerArgs`` resolves the platform (``__post_init__`` asks it for defaults), a
-process-wide choice, so those tests run in fresh interpreters. The payload codec is tested here
-in-process on plain dataclasses, which touch no platform.
+process-wide choice, so those tests run in ``fresh_process`` (``hooks.testing``): nothing selected
+and no plugin loaded when each starts, everything restored when it ends. The payload codec is
+tested on plain dataclasses, which touch no platform.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
+import io
 
 import msgspec
 import pytest
-from support import clean_env, make_dist, run_python
+from support import make_dist
 
+import hooks
 from bootstrap.payload import FORMAT, VERSION, PayloadError, decode_payload, encode_payload
+from launcher.server_args import ServerArgs, ServerArgsError
 
-# The platform these tests' ServerArgs resolve: the CPU one, without probing for accelerators (the
-# probe imports torch, which these tests do not need; selection has tests of its own).
-CPU_ONLY = clean_env(SGLANG_USE_CPU_ENGINE="1", SGLANG_DIFFUSION_PLATFORM_OVERRIDE="cpu")
+
+@pytest.fixture
+def cpu_only(fresh_process, monkeypatch):
+    """The platform these tests' ServerArgs resolve: the CPU one, without probing for
+    accelerators (selection has tests of its own)."""
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    monkeypatch.setenv("SGLANG_DIFFUSION_PLATFORM_OVERRIDE", "cpu")
 
 
 # ---------------------------------------------------------------------------------------------
-# Command line and checks (fresh interpreter: ServerArgs resolves the platform).
+# Command line and checks (ServerArgs resolves the platform).
 # ---------------------------------------------------------------------------------------------
+@pytest.mark.usefixtures("cpu_only")
 def test_command_line_round_trip_help_and_bad_values():
-    result = run_python(
-        """
-        import argparse, contextlib, dataclasses, io, json
-        from launcher.server_args import ServerArgs
-
-        parser = ServerArgs.add_cli_args(argparse.ArgumentParser(prog="sglang-launch"))
-        ns = parser.parse_args([
-            "--model-path", "/models/tiny", "--port", "8123", "--tp-size", "2", "--dp-size", "2",
-            "--startup-timeout", "12.5", "--trust-remote-code", "--log-level", "debug",
-            "--runtime", "diffusion", "--api-key", "s3cret",
-        ])
-        args = ServerArgs.from_cli_args(ns)
-        defaults = ServerArgs.from_cli_args(parser.parse_args([]))
-
-        help_text = parser.format_help()
-        flags = ["--" + f.name.replace("_", "-") for f in dataclasses.fields(ServerArgs)]
-
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            try:
-                parser.parse_args(["--log-level", "loud"])
-                code = None
-            except SystemExit as exc:
-                code = exc.code
-        print("RESULT:" + json.dumps({
-            "args": dataclasses.asdict(args),
-            "defaults_equal": defaults == ServerArgs(),
-            "missing_flags": [f for f in flags if f not in help_text],
-            "bad_choice": [code, err.getvalue()],
-            "repr_hides_key": "s3cret" not in repr(args),
-        }))
-        """,
-        env=CPU_ONLY,
+    parser = ServerArgs.add_cli_args(argparse.ArgumentParser(prog="sglang-launch"))
+    command_line = (
+        "--model-path /models/tiny --port 8123 --tp-size 2 --dp-size 2 --startup-timeout 12.5 "
+        "--trust-remote-code --log-level debug --runtime diffusion --api-key s3cret"
     )
-    assert result.returncode == 0, str(result)
-    data = result.data
-    args = data["args"]
+    ns = parser.parse_args(command_line.split())
+    parsed = ServerArgs.from_cli_args(ns)
+    defaults = ServerArgs.from_cli_args(parser.parse_args([]))
+    help_text = parser.format_help()
+    flags = ["--" + f.name.replace("_", "-") for f in dataclasses.fields(ServerArgs)]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as bad_choice:
+        parser.parse_args(["--log-level", "loud"])
+
+    args = dataclasses.asdict(parsed)
     assert args["model_path"] == "/models/tiny" and args["port"] == 8123
     assert (args["tp_size"], args["dp_size"]) == (2, 2)
     assert args["startup_timeout"] == 12.5 and args["trust_remote_code"] is True
     assert (args["log_level"], args["runtime"], args["api_key"]) == ("debug", "diffusion", "s3cret")
-    assert data["defaults_equal"]
-    assert data["missing_flags"] == []
-    code, err = data["bad_choice"]
-    assert code == 2 and "--log-level" in err and "loud" in err
-    assert data["repr_hides_key"]
-
-
-def test_check_server_args_lists_every_problem_with_what_to_change():
-    result = run_python(
-        """
-        import json
-        from launcher.server_args import ServerArgs, ServerArgsError
-
-        out = {}
-        ServerArgs().check_server_args()  # the defaults are valid
-        # (another engine's scheduler: the default model, an encoder, cannot take --tp-size 2)
-        ServerArgs(nnodes=2, tp_size=2, dist_init_addr="10.0.0.1:5000", node_rank=1,
-                   scheduler_target="other_engine.run").check_server_args()
-        ServerArgs(http_target="").check_server_args()  # no HTTP worker
-        cases = {
-            "many": dict(port=70000, tp_size=0, nnodes=2, node_rank=3, max_total_tokens=10,
-                         stop_grace_period=-1, scheduler_target="not a path", http_target="x y"),
-            "addr": dict(dist_init_addr="nohost"),
-            "types": dict(port="8000", trust_remote_code="yes"),
-            "encoder": dict(tp_size=2, dp_size=3),  # the default model is a BERT encoder
-        }
-        for name, fields in cases.items():
-            try:
-                ServerArgs(**fields).check_server_args()
-                out[name] = None
-            except ServerArgsError as exc:
-                out[name] = {"text": str(exc), "problems": exc.problems}
-        print("RESULT:" + json.dumps(out))
-        """,
-        env=CPU_ONLY,
+    assert defaults == ServerArgs()
+    assert [f for f in flags if f not in help_text] == []
+    assert (
+        bad_choice.value.code == 2 and "--log-level" in err.getvalue() and "loud" in err.getvalue()
     )
-    assert result.returncode == 0, str(result)
-    many = result.data["many"]
+    assert "s3cret" not in repr(parsed)
+
+
+def _problems(**fields) -> dict | None:
+    """``ServerArgs(**fields).check_server_args()``'s complaint (text and problems), or None."""
+    try:
+        ServerArgs(**fields).check_server_args()
+    except ServerArgsError as exc:
+        return {"text": str(exc), "problems": exc.problems}
+    return None
+
+
+@pytest.mark.usefixtures("cpu_only")
+def test_check_server_args_lists_every_problem_with_what_to_change():
+    ServerArgs().check_server_args()  # the defaults are valid
+    # (another engine's scheduler: the default model, an encoder, cannot take --tp-size 2)
+    ServerArgs(
+        nnodes=2,
+        tp_size=2,
+        dist_init_addr="10.0.0.1:5000",
+        node_rank=1,
+        scheduler_target="other_engine.run",
+    ).check_server_args()
+    ServerArgs(http_target="").check_server_args()  # no HTTP worker
+    many = _problems(
+        port=70000,
+        tp_size=0,
+        nnodes=2,
+        node_rank=3,
+        max_total_tokens=10,
+        stop_grace_period=-1,
+        scheduler_target="not a path",
+        http_target="x y",
+    )
+    assert many is not None
     text = many["text"]
     assert text.startswith("invalid server arguments:")
     assert len(many["problems"]) >= 6  # all at once, not one per attempt
@@ -118,66 +109,65 @@ def test_check_server_args_lists_every_problem_with_what_to_change():
         "--http-target 'x y' is not a dotted path; use package.module.function (or '' for no HTTP worker)",
     ):
         assert needle in text, needle
-    assert "HOST:PORT" in result.data["addr"]["text"]
-    types = result.data["types"]["text"]
-    assert "--port must be an int, got '8000' (str)" in types
-    assert "--trust-remote-code must be a bool" in types
-    encoder = result.data["encoder"]["problems"]
+    addr = _problems(dist_init_addr="nohost")
+    assert addr is not None and "HOST:PORT" in addr["text"]
+    types = _problems(port="8000", trust_remote_code="yes")
+    assert types is not None
+    assert "--port must be an int, got '8000' (str)" in types["text"]
+    assert "--trust-remote-code must be a bool" in types["text"]
+    encoder_problems = _problems(tp_size=2, dp_size=3)  # the default model is a BERT encoder
+    assert encoder_problems is not None
+    encoder = encoder_problems["problems"]
     assert len(encoder) == 1 and "--tp-size 2 needs a causal LM" in encoder[0], encoder
     assert "BertModel encoder (its config.json says so)" in encoder[0], encoder
     assert encoder[0].endswith("serve it with --tp-size 1 and scale out with --dp-size 6"), encoder
 
 
+@pytest.mark.usefixtures("cpu_only")
 def test_cfg_parallel_makes_each_diffusion_replica_two_ranks_and_is_refused_elsewhere():
-    result = run_python(
-        """
-        import json
-        from launcher.supervisor.plan import Endpoints, plan_children
-        from launcher.server_args import ServerArgs, ServerArgsError
+    from launcher.supervisor.plan import Endpoints, plan_children
 
-        def problems(**fields):
-            try:
-                ServerArgs(**fields).check_server_args()
-                return []
-            except ServerArgsError as exc:
-                return exc.problems
+    def problems(**fields) -> list[str]:
+        complaint = _problems(**fields)
+        return complaint["problems"] if complaint else []
 
-        other = "other_engine.run"  # skips the model check: no pipeline on disk here
-        args = ServerArgs(runtime="diffusion", enable_cfg_parallel=True, dp_size=2,
-                          scheduler_target=other)
-        args.check_server_args()
-        specs = plan_children(args, payload=b"", platform_key="cpu", runtime="diffusion",
-                              endpoints=Endpoints("", "ipc://s", "ipc://o", "ipc://q"))
-        print("RESULT:" + json.dumps({
-            "ranks": [args.replica_ranks(), ServerArgs().replica_ranks()],
-            "specs": [[s.role, s.rank, s.tp_size, s.world_size] for s in specs],
-            "srt": problems(enable_cfg_parallel=True),
-            "nodes": problems(runtime="diffusion", enable_cfg_parallel=True, nnodes=2,
-                              dist_init_addr="10.0.0.1:5000", scheduler_target=other),
-            "tp": problems(runtime="diffusion", tp_size=2, scheduler_target=other),
-        }))
-        """,
-        env=CPU_ONLY,
+    other = "other_engine.run"  # skips the model check: no pipeline on disk here
+    args = ServerArgs(
+        runtime="diffusion", enable_cfg_parallel=True, dp_size=2, scheduler_target=other
     )
-    assert result.returncode == 0, str(result)
-    data = result.data
-    assert data["ranks"] == [2, 1]
+    args.check_server_args()
+    specs = plan_children(
+        args,
+        payload=b"",
+        platform_key="cpu",
+        runtime="diffusion",
+        endpoints=Endpoints("", "ipc://s", "ipc://o", "ipc://q"),
+    )
+    assert [args.replica_ranks(), ServerArgs().replica_ranks()] == [2, 1]
     # Two replicas of two ranks: rank r is replica r // 2, its tp_rank r % 2.
-    assert data["specs"] == [["http", 0, 2, 4]] + [["scheduler", r, 2, 4] for r in range(4)]
-    assert data["srt"] == [
+    assert [[s.role, s.rank, s.tp_size, s.world_size] for s in specs] == [["http", 0, 2, 4]] + [
+        ["scheduler", r, 2, 4] for r in range(4)
+    ]
+    assert problems(enable_cfg_parallel=True) == [
         "--enable-cfg-parallel splits the classifier-free guidance of --runtime diffusion; "
         "--runtime srt has none: drop the flag (--tp-size splits its models)"
     ]
-    assert data["nodes"] == [
+    nodes = problems(
+        runtime="diffusion",
+        enable_cfg_parallel=True,
+        nnodes=2,
+        dist_init_addr="10.0.0.1:5000",
+        scheduler_target=other,
+    )
+    assert nodes == [
         "--enable-cfg-parallel keeps both ranks of a replica on one node, not --nnodes 2; "
         "serve on one node (scale with --dp-size)"
     ]
-    assert (
-        len(data["tp"]) == 1
-        and "(or --enable-cfg-parallel for two ranks per replica)" in (data["tp"][0])
-    )
+    tp = problems(runtime="diffusion", tp_size=2, scheduler_target=other)
+    assert len(tp) == 1 and "(or --enable-cfg-parallel for two ranks per replica)" in tp[0]
 
 
+@pytest.mark.usefixtures("fresh_process")
 def test_post_init_applies_the_selected_platforms_defaults_for_each_runtime(site):
     make_dist(
         site,
@@ -223,23 +213,18 @@ def test_post_init_applies_the_selected_platforms_defaults_for_each_runtime(site
             """,
         },
     )
-    result = run_python(
-        """
-        import json
-        from launcher.server_args import ServerArgs
-
-        srt = ServerArgs()
-        explicit = ServerArgs(attention_backend="mine")
-        diffusion = ServerArgs(runtime="diffusion")
-        print("RESULT:" + json.dumps([srt.attention_backend, srt.device, explicit.attention_backend,
-                                      diffusion.attention_backend]))
-        """,
-        sites=[site],
-    )
-    assert result.returncode == 0, str(result)
-    assert result.data == ["tidy_attention", "cpu", "mine", "tidy_diffusion_attention"]
+    srt = ServerArgs()
+    explicit = ServerArgs(attention_backend="mine")
+    diffusion = ServerArgs(runtime="diffusion")
+    assert [
+        srt.attention_backend,
+        srt.device,
+        explicit.attention_backend,
+        diffusion.attention_backend,
+    ] == ["tidy_attention", "cpu", "mine", "tidy_diffusion_attention"]
 
 
+@pytest.mark.usefixtures("cpu_only")
 def test_server_args_hooks_add_options_change_defaults_and_relax_checks(site):
     make_dist(
         site,
@@ -270,29 +255,16 @@ def test_server_args_hooks_add_options_change_defaults_and_relax_checks(site):
             """
         },
     )
-    result = run_python(
-        """
-        import argparse, json
-        import hooks
-        hooks.load_plugins()  # before ServerArgs is built, as the spec's call-site table says
-        from launcher.server_args import ServerArgs, ServerArgsError
+    hooks.load_plugins()  # before ServerArgs is built, as the spec's call-site table says
+    from launcher.server_args import ServerArgs as HookedArgs  # the class as hooks left it
 
-        parser = ServerArgs.add_cli_args(argparse.ArgumentParser())
-        ns = parser.parse_args(["--tweak-level", "3", "--port", "1"])
-        args = ServerArgs.from_cli_args(ns)
-        args.check_server_args()
-        try:
-            ServerArgs(port=0).check_server_args()
-            still_checked = False
-        except ServerArgsError:
-            still_checked = True
-        print("RESULT:" + json.dumps([ns.tweak_level, args.served_model_name, args.port, still_checked]))
-        """,
-        sites=[site],
-        env=CPU_ONLY,
-    )
-    assert result.returncode == 0, str(result)
-    assert result.data == [3, "tweaked", 1, True]
+    parser = HookedArgs.add_cli_args(argparse.ArgumentParser())
+    ns = parser.parse_args(["--tweak-level", "3", "--port", "1"])
+    args = HookedArgs.from_cli_args(ns)
+    args.check_server_args()
+    assert [ns.tweak_level, args.served_model_name, args.port] == [3, "tweaked", 1]
+    with pytest.raises(ServerArgsError):
+        HookedArgs(port=0).check_server_args()  # still checked
 
 
 # ---------------------------------------------------------------------------------------------

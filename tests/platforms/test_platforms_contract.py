@@ -8,6 +8,7 @@ the platform reads the right ones and converts their answers correctly.
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import types
@@ -15,7 +16,7 @@ import types
 import psutil
 import pytest
 import torch
-from support import clean_env, drivers_present, make_dist, run_python
+from support import drivers_present, make_dist
 
 import platforms
 import platforms.diffusion
@@ -95,8 +96,9 @@ def test_identity_queries_follow_enum(member, true_queries, base, enum):
         ),
     ],
 )
+@pytest.mark.usefixtures("fresh_process")
 def test_spec_quick_start_layout_reports_out_of_tree(
-    site, runtime, group, selector, base, base_name
+    site, monkeypatch, runtime, group, selector, base, base_name
 ):
     """The spec's quick start: the device mixin carries ``_enum``/``device_name``/``device_type``
     and the platform class lists the runtime's base first (``class P(SRTPlatform, MyDeviceMixin)``)."""
@@ -126,20 +128,18 @@ def test_spec_quick_start_layout_reports_out_of_tree(
         """,
         },
     )
-    module = "platforms" if runtime == "srt" else "platforms.diffusion"
-    res = run_python(
-        f"""
-        import json
-        from {module} import current_platform as p, PlatformEnum
-        from my_platform_plugin.platform import MyPlatform
-        print("RESULT:" + json.dumps([p._enum is PlatformEnum.OOT, p.is_out_of_tree(), p.is_cuda(),
-                                      p.device_name, p.device_type, isinstance(p, MyPlatform)]))
-    """,
-        sites=[site],
-        env=clean_env(**{selector: "my_device"}),
-    )
-    assert res.returncode == 0, res
-    assert res.data == [True, True, False, "my_device", "my_device", True]
+    monkeypatch.setenv(selector, "my_device")
+    module = platforms if runtime == "srt" else platforms.diffusion
+    p = module.current_platform
+    my_platform = importlib.import_module("my_platform_plugin.platform").MyPlatform
+    assert [
+        p._enum is module.PlatformEnum.OOT,
+        p.is_out_of_tree(),
+        p.is_cuda(),
+        p.device_name,
+        p.device_type,
+        isinstance(p, my_platform),
+    ] == [True, True, False, "my_device", "my_device", True]
 
 
 def test_srt_platform_defaults():

@@ -2,13 +2,15 @@
 
 Nothing here mocks the product. ``make_dist`` writes a real ``*.dist-info`` folder (METADATA and
 ``entry_points.txt``) plus the plugin's modules into a site folder, so ``importlib.metadata`` finds
-its entry points exactly as it finds a pip-installed package. ``run_python`` runs code in a fresh
-interpreter with that site folder on ``PYTHONPATH``, for everything that depends on the
-process-level singletons (``current_platform``, the hook registries, activation phases).
+its entry points exactly as it finds a pip-installed package. Tests of the process-level
+singletons (``current_platform``, the hook registries, activation phases) run in the test process
+with the ``fresh_process`` fixture (``support.process``); ``run_python`` runs code in a fresh
+interpreter with that site folder on ``PYTHONPATH``, for tests whose subject is a fresh process.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -65,6 +67,7 @@ def make_dist(
         path = site / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(source))
+    importlib.invalidate_caches()  # a running process finds the new files at its next lookup
     return info
 
 
