@@ -69,6 +69,7 @@ def _clear(runtime: PluginRuntime) -> Callable[[], None]:
         sources = [hook.source for hook in held]
         applied = [hook for hook in held if hook.location is not None]
         was_applied = registry._applied
+        failed = list(registry._failed)
     saved = (
         runtime._phases,
         runtime.outcomes,
@@ -90,6 +91,7 @@ def _clear(runtime: PluginRuntime) -> Callable[[], None]:
                 registry.apply_hooks()
             registry._hooks = list(held)
             registry._applied = was_applied
+            registry._failed = failed
         (
             runtime._phases,
             runtime.outcomes,
