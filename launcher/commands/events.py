@@ -94,7 +94,7 @@ def _follow(
         nonlocal last
         for event in new:
             if event.seq > last and (before is None or event.seq < before):
-                _print(events.encode(event).decode())
+                _print(json.dumps(events.to_dict(event)))
                 last = event.seq
                 if isinstance(event, events.ServerStopped):
                     return True
