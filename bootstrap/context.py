@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 # sockaddr_un.sun_path holds 108 bytes on Linux (104 on macOS), terminator included.
 _MAX_IPC_PATH = 103
@@ -93,7 +92,7 @@ class WorkerContext:
         if self._report is not None:
             self._report("phase", name, duration, None)
 
-    def ready(self, **info: Any) -> None:
+    def ready(self, **info: object) -> None:
         """Report that this worker is ready; ``info`` (JSON-able) goes into the status snapshot."""
         try:
             json.dumps(info)

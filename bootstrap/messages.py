@@ -51,7 +51,7 @@ class Ready(_Base, tag="ready", frozen=True):
     platform: str
     duration: float
     elapsed: float
-    info: dict[str, Any] = {}
+    info: dict[str, object] = {}
 
 
 class Failed(_Base, tag="failed", frozen=True):
@@ -100,4 +100,5 @@ def decode(data: bytes) -> Message:
 
 def to_dict(message: Message) -> dict[str, Any]:
     """The message as plain JSON-able data, ``kind`` included."""
-    return msgspec.to_builtins(message)
+    data: dict[str, Any] = msgspec.to_builtins(message)
+    return data

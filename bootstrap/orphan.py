@@ -58,7 +58,7 @@ def _prctl(option: int, arg: int) -> bool:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(option, arg, 0, 0, 0) == 0
+        return int(libc.prctl(option, arg, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 
@@ -330,7 +330,9 @@ def _start_guard(parent_pid: int) -> int | None:
     return pid
 
 
-def arm(parent_pid: int | None = None, *, death_signal: bool = True, guard: bool = True) -> dict:
+def arm(
+    parent_pid: int | None = None, *, death_signal: bool = True, guard: bool = True
+) -> dict[str, bool]:
     """Arm orphan protection for a process whose parent is ``parent_pid``.
 
     Exits the process at once with ``EXIT_PARENT_GONE`` when the parent is no longer

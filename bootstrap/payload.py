@@ -13,7 +13,9 @@ msgspec is imported inside the functions, so importing this module stays standar
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 FORMAT = "sglang-launch/server-args"
 VERSION = 1
@@ -27,7 +29,7 @@ def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def encode_payload(args: Any) -> bytes:
+def encode_payload(args: object) -> bytes:
     """``args`` (a dataclass instance) as versioned msgpack bytes."""
     import msgspec
 
@@ -53,7 +55,7 @@ def encode_payload(args: Any) -> bytes:
         ) from None
 
 
-def decode_payload(data: bytes, cls: type) -> Any:
+def decode_payload(data: bytes, cls: type[_T]) -> _T:
     """Build a ``cls`` instance from ``encode_payload`` bytes; ``PayloadError`` on bad data."""
     import msgspec
 

@@ -13,7 +13,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 
 class Reporter:
@@ -35,7 +34,7 @@ class Reporter:
         self._socket.connect(endpoint)
         self._closed = False
 
-    def send(self, kind: str, **fields: Any) -> None:
+    def send(self, kind: str, **fields: object) -> None:
         """Send one message of ``kind`` (a ``bootstrap.messages`` Struct name, e.g. ``"Phase"``)."""
         message = getattr(self._messages, kind)(worker=self.worker, pid=self.pid, **fields)
         data = self._messages.encode(message)

@@ -36,7 +36,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from bootstrap import orphan, phases
 from bootstrap.context import WorkerContext
@@ -130,7 +130,7 @@ class _ChildState:
             )
 
     def report_from_worker(
-        self, kind: str, name: str, duration: float, info: dict[str, Any] | None
+        self, kind: str, name: str, duration: float, info: dict[str, object] | None
     ) -> None:
         self.reached = name
         elapsed = time.monotonic() - self.started

@@ -65,7 +65,7 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)
     log_level: str = "info"
     heartbeat_interval: float = 0.0
-    entry_points: tuple | None = None
+    entry_points: tuple[tuple[str, str, str, str | None], ...] | None = None
     serving_fallback: bool = False
     stop_marker: str = ""
     aliases: dict = field(default_factory=dict)

@@ -26,12 +26,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from launcher.supervisor.causes import ExitCode, LaunchError, RootCause
 
 if TYPE_CHECKING:
+    from launcher.events import Event
     from launcher.server_args import ServerArgs
     from launcher.supervisor.supervisor import LaunchOutcome, Supervisor
 
 _T = TypeVar("_T")
 
-_live: weakref.WeakSet = weakref.WeakSet()  # started and not yet stopped, for the exit hook
+_live: weakref.WeakSet[Launcher] = (
+    weakref.WeakSet()
+)  # started and not yet stopped, for the exit hook
 
 
 class Launcher:
@@ -40,7 +43,8 @@ class Launcher:
     - ``start()`` returns once every worker is ready; ``start(wait=False)`` returns at once and
       ``wait_ready(timeout)`` waits later. Both raise ``LaunchError`` if the launch fails.
     - ``status()`` is the ops snapshot (what ``sglang-launch status --json`` prints);
-      ``events()`` yields it first and then every event until the launch ends.
+      ``events()`` yields it first and then every event until the launch ends, each as the JSON
+      object the ops socket publishes (``launcher.events.from_dict`` makes it its struct).
     - ``stop()`` stops gracefully (HTTP child first, then schedulers) and returns when every
       child process is gone. ``with Launcher(...) as launcher:`` starts, waits and stops.
     """
@@ -55,7 +59,7 @@ class Launcher:
         self._thread: threading.Thread | None = None
         self._settled = threading.Event()  # set when ready, or when the launch ended
         self._outcome: LaunchOutcome | None = None
-        self._subscribers: list[queue.Queue] = []
+        self._subscribers: list[queue.Queue[dict[str, object]]] = []
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
@@ -125,14 +129,15 @@ class Launcher:
     # ------------------------------------------------------------------ state
     @property
     def url(self) -> str | None:
-        return self.status().get("url")
+        url = self.status().get("url")
+        return url if isinstance(url, str) else None
 
     @property
     def outcome(self) -> LaunchOutcome | None:
         """The ``LaunchOutcome`` once the launch ended (exit code, root cause, final snapshot), else None."""
         return self._outcome
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, object]:
         """The current ops snapshot: server phase, URL, platform, and every worker's record."""
         if self._thread is None:
             raise RuntimeError("call start() before status()")
@@ -140,7 +145,9 @@ class Launcher:
         snapshot = self._in_loop(lambda: _snapshot(supervisor))
         return snapshot if snapshot is not None else self._final_snapshot()
 
-    def events(self, follow: bool = True, timeout: float | None = None) -> Iterator[dict]:
+    def events(
+        self, follow: bool = True, timeout: float | None = None
+    ) -> Iterator[dict[str, object]]:
         """Yield ``{"topic": "snapshot", ...}`` (the current state), then each event as it happens.
 
         Ends after ``server.stopped``, at once when ``follow`` is false, or when no event came
@@ -148,12 +155,12 @@ class Launcher:
         """
         if self._thread is None:
             raise RuntimeError("call start() before events()")
-        inbox: queue.Queue = queue.Queue()
+        inbox: queue.Queue[dict[str, object]] = queue.Queue()
 
         supervisor = self._started()
 
         # In the loop thread: no event falls between the snapshot and the subscription.
-        def subscribe() -> dict:
+        def subscribe() -> dict[str, object]:
             snapshot = _snapshot(supervisor)
             with self._lock:
                 self._subscribers.append(inbox)
@@ -217,22 +224,26 @@ class Launcher:
         self._outcome = outcome
         self._settled.set()
 
-    def _on_event(self, event: dict) -> None:
-        if event["topic"] == "server.ready":
+    def _on_event(self, event: Event) -> None:
+        from launcher import events
+
+        if isinstance(event, events.ServerReady):
             self._settled.set()
         with self._lock:
             subscribers = list(self._subscribers)
-        for inbox in subscribers:
-            inbox.put(event)
+        if subscribers:
+            data = events.to_dict(event)
+            for inbox in subscribers:
+                inbox.put(data)
 
     def _in_loop(self, fn: Callable[[], _T]) -> _T | None:
         """Run ``fn`` on the supervisor's loop and return its result; None once the loop is gone."""
         supervisor = self._started()
         supervisor.opened.wait()
-        loop = supervisor._loop
+        loop = supervisor.loop
         if loop is None or self._outcome is not None:
             return None
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
 
         def call() -> None:
             try:
@@ -252,7 +263,7 @@ class Launcher:
                     return None
         return future.result()
 
-    def _final_snapshot(self) -> dict:
+    def _final_snapshot(self) -> dict[str, object]:
         self._settled.wait()
         if self._thread is not None:
             self._thread.join()
@@ -279,10 +290,10 @@ def in_python_spelling(cause: RootCause) -> RootCause:
     except Exception:  # noqa: BLE001 - no class, no translation: the CLI spelling still says it
         return cause
 
-    def respell(match: re.Match) -> str:
+    def respell(match: re.Match[str]) -> str:
         name = match["flag"].replace("-", "_")
         if name not in names:
-            return match[0]
+            return str(match[0])
         return f"{name}={match['value']}" if match["value"] is not None else name
 
     def text(value: str | None) -> str | None:
@@ -296,7 +307,7 @@ def in_python_spelling(cause: RootCause) -> RootCause:
     )
 
 
-def _snapshot(supervisor: Supervisor) -> dict:
+def _snapshot(supervisor: Supervisor) -> dict[str, object]:
     """The running supervisor's snapshot (called once it has opened, in its loop's thread)."""
     state = supervisor.state
     if state is None:
@@ -304,7 +315,7 @@ def _snapshot(supervisor: Supervisor) -> dict:
     return state.snapshot()
 
 
-def _snapshot_event(snapshot: dict) -> dict:
+def _snapshot_event(snapshot: dict[str, object]) -> dict[str, object]:
     return {"topic": "snapshot", "seq": snapshot.get("seq", 0), "snapshot": snapshot}
 
 

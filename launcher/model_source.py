@@ -53,7 +53,7 @@ def default_model_dir() -> Path:
 
 
 def resolve_model(
-    model_path: str | os.PathLike | None, served_model_name: str | None = None
+    model_path: str | os.PathLike[str] | None, served_model_name: str | None = None
 ) -> ModelSource:
     """Resolve ``--model-path`` (None = the embedded default) to a checked model directory."""
     if model_path is None or str(model_path) == "":
@@ -100,7 +100,7 @@ def pipeline_class_name(path: Path) -> str:
 
 
 def resolve_pipeline(
-    model_path: str | os.PathLike | None, served_model_name: str | None = None
+    model_path: str | os.PathLike[str] | None, served_model_name: str | None = None
 ) -> ModelSource:
     """Resolve ``--model-path`` to a checked diffusers pipeline directory, or raise
     ``ModelSourceError`` naming the fix (a missing path, a transformers model, a folder that is

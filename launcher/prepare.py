@@ -94,7 +94,8 @@ def prefer_cpu_over_base(runtime: str) -> None:
 
 def server_args_class() -> type[ServerArgs]:
     """The ``ServerArgs`` class as it is after hooks (a REPLACE hook may have swapped it)."""
-    return importlib.import_module("launcher.server_args").ServerArgs
+    cls: type[ServerArgs] = importlib.import_module("launcher.server_args").ServerArgs
+    return cls
 
 
 def check_args(args: ServerArgs) -> None:
@@ -216,7 +217,7 @@ def select_platform(runtime: str) -> Selection:
     ``Selection``."""
     module = importlib.import_module(runtime_spec(runtime).platform_module)
     try:
-        selection = module.current_selection()
+        selection: Selection = module.current_selection()
         module.current_platform.device_type  # noqa: B018 - constructs the selected class once
         return selection
     except Exception as exc:  # noqa: BLE001 - selection errors already name their fix

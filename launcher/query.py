@@ -21,9 +21,13 @@ class QueryError(RuntimeError):
 
 
 def query(
-    endpoint: str, request: dict, timeout: float = 5.0, zctx: zmq.Context | None = None
-) -> dict:
-    """Send one request to a launcher's query socket and return its (``ok``) reply."""
+    endpoint: str,
+    request: dict[str, object],
+    timeout: float = 5.0,
+    zctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+) -> dict[str, object]:
+    """Send one request to a launcher's query socket and return its (``ok``) reply, a JSON
+    object (``launcher.supervisor.ops`` describes the queries and their replies)."""
     zctx = zctx or zmq.Context.instance()
     sock = zctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
@@ -38,6 +42,8 @@ def query(
         reply = json.loads(sock.recv())
     finally:
         sock.close()
-    if not reply.get("ok"):
-        raise QueryError(f"the launcher refused the query: {reply.get('error')}")
-    return reply
+    if not isinstance(reply, dict) or not reply.get("ok"):
+        error = reply.get("error") if isinstance(reply, dict) else reply
+        raise QueryError(f"the launcher refused the query: {error}")
+    answer: dict[str, object] = reply
+    return answer

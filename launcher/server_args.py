@@ -217,7 +217,11 @@ class ServerArgs:
             kind, optional = _base_type(hints.get(f.name, str))
             default = _field_default(f)
             meta = f.metadata
-            kwargs: dict = {"dest": f.name, "default": default, "help": meta.get("help", "")}
+            kwargs: dict[str, Any] = {
+                "dest": f.name,
+                "default": default,
+                "help": meta.get("help", ""),
+            }
             if kind is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
             else:
@@ -382,7 +386,8 @@ def decode_server_args(data: bytes, cls: type[ServerArgs] | None = None) -> Serv
     """Rebuild the ServerArgs in ``data`` as ``cls`` (default: this module's ``ServerArgs``, looked
     up now, so a REPLACE hook applies). Raises ``PayloadError`` for a corrupt or mismatched
     payload, naming the cause."""
-    return decode_payload(data, cls if cls is not None else globals()["ServerArgs"])
+    target: type[ServerArgs] = cls if cls is not None else globals()["ServerArgs"]
+    return decode_payload(data, target)
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -400,7 +405,7 @@ def _index(obj: ServerArgs, name: str) -> int:
     return [f.name for f in dataclasses.fields(obj)].index(name)
 
 
-def _field_default(f: dataclasses.Field) -> Any:
+def _field_default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:

@@ -17,6 +17,21 @@ import shutil
 import sys
 from typing import TextIO
 
+from launcher.events import (
+    Event,
+    ReplicaReady,
+    ReplicaRestarting,
+    ServerFailed,
+    ServerReady,
+    ServerStarting,
+    ServerStopped,
+    ServerStopping,
+    WorkerEvent,
+    WorkerExited,
+    WorkerPhase,
+    WorkerReady,
+)
+
 PREFIX = "sglang-launch:"
 
 
@@ -28,72 +43,73 @@ class TerminalDisplay:
         self._drawn = 0  # lines of the live table currently on screen
         self._starting = True
 
-    def __call__(self, event: dict) -> None:
-        topic = event["topic"]
-        if topic == "server.starting":
-            self._starting_line(event)
-        elif topic.startswith("worker."):
-            self._worker(event)
-        elif topic == "server.ready":
-            self._end_table()
-            self._print(_ready_line(event))
-        elif topic == "server.failed":
-            self._end_table()
-            self._print(event["root_cause_text"])
-        elif topic == "server.stopping":
-            self._end_table()
-            self._print(f"{PREFIX} stopping ({event.get('reason', 'requested')})")
-        elif topic.startswith("replica.") and topic.endswith(".restarting"):
-            self._print(
-                f"{PREFIX} {event['replica']} restarts (attempt {event['attempt']} of "
-                f"{event['max_restarts']}, in {event['backoff_s']:.1f}s): {event['cause']}"
-            )
-        elif topic.startswith("replica.") and topic.endswith(".ready"):
-            self._print(
-                f"{PREFIX} {event['replica']} serves again ({event['down_s']:.1f}s after it failed)"
-            )
-        elif topic == "server.stopped":
-            self._print(
-                f"{PREFIX} stopped; every worker process is gone ({event.get('teardown_s', 0):.2f}s)"
-            )
+    def __call__(self, event: Event) -> None:
+        match event:
+            case ServerStarting():
+                self._starting_line(event)
+            case WorkerEvent():
+                self._worker(event)
+            case ServerReady():
+                self._end_table()
+                self._print(_ready_line(event))
+            case ServerFailed():
+                self._end_table()
+                self._print(event.root_cause_text)
+            case ServerStopping():
+                self._end_table()
+                self._print(f"{PREFIX} stopping ({event.reason})")
+            case ReplicaRestarting():
+                self._print(
+                    f"{PREFIX} {event.replica} restarts (attempt {event.attempt} of "
+                    f"{event.max_restarts}, in {event.backoff_s:.1f}s): {event.cause}"
+                )
+            case ReplicaReady():
+                self._print(
+                    f"{PREFIX} {event.replica} serves again ({event.down_s:.1f}s after it failed)"
+                )
+            case ServerStopped():
+                self._print(
+                    f"{PREFIX} stopped; every worker process is gone ({event.teardown_s:.2f}s)"
+                )
 
-    def _starting_line(self, event: dict) -> None:
-        if event.get("cpu_fallback"):
+    def _starting_line(self, event: ServerStarting) -> None:
+        if event.cpu_fallback:
             self._print(
                 f"{PREFIX} no accelerator and no platform plugin found: serving on the CPU platform "
                 "(set SGLANG_PLATFORM or SGLANG_USE_CPU_ENGINE=1 to choose explicitly)"
             )
-        elif event["platform"] == "builtin:base":
+        elif event.platform == "builtin:base":
             self._print(
-                f"{PREFIX} platform builtin:base, which cannot run models ({event['platform_reason']}); "
+                f"{PREFIX} platform builtin:base, which cannot run models ({event.platform_reason}); "
                 "set SGLANG_USE_CPU_ENGINE=1 to serve on the CPU, or install this hardware's platform plugin"
             )
         else:
-            self._print(f"{PREFIX} platform {event['platform']} ({event['platform_reason']})")
-        where = f"node {event['node_rank']} of {event['nnodes']}: " if event["nnodes"] > 1 else ""
+            self._print(f"{PREFIX} platform {event.platform} ({event.platform_reason})")
+        where = f"node {event.node_rank} of {event.nnodes}: " if event.nnodes > 1 else ""
         self._print(
-            f"{PREFIX} {where}starting {len(event['workers'])} workers: {', '.join(event['workers'])}"
+            f"{PREFIX} {where}starting {len(event.workers)} workers: {', '.join(event.workers)}"
         )
-        for name in event["workers"]:
+        for name in event.workers:
             self._rows[name] = _row(name, None, "spawning", None)
         self._redraw()
 
-    def _worker(self, event: dict) -> None:
-        name, phase = event["worker"], event["phase"]
+    def _worker(self, event: WorkerEvent) -> None:
+        name, phase = event.worker, event.phase
+        duration = event.duration if isinstance(event, (WorkerPhase, WorkerReady)) else None
         if self.live and self._starting:
-            self._rows[name] = _row(name, event.get("pid"), phase, event.get("duration"))
+            self._rows[name] = _row(name, event.pid, phase, duration)
             self._redraw()
             return
         parts = [f"{PREFIX} {name}"]
-        if event.get("pid"):
-            parts.append(f"(pid {event['pid']})")
+        if event.pid:
+            parts.append(f"(pid {event.pid})")
         parts.append(phase)
-        if event.get("duration") is not None:
-            parts.append(f"{event['duration']:.2f}s")
-        if phase == "exited":
-            parts.append(event.get("signal") or f"code {event.get('exitcode')}")
-        if "ready_count" in event and self._starting:
-            parts.append(f"[{event['ready_count']}/{event['worker_count']} ready]")
+        if duration is not None:
+            parts.append(f"{duration:.2f}s")
+        if isinstance(event, WorkerExited):
+            parts.append(event.signal or f"code {event.exitcode}")
+        if self._starting:
+            parts.append(f"[{event.ready_count}/{event.worker_count} ready]")
         self._print(" ".join(parts))
 
     def worker_output(self, line: str) -> None:
@@ -134,12 +150,11 @@ def _row(name: str, pid: int | None, phase: str, duration: float | None) -> str:
     return f"  {name:<14} {pid_text:<11} {phase:<22} {took}"
 
 
-def _ready_line(event: dict) -> str:
-    took = event.get("startup_s")
-    after = f" in {took:.1f}s" if took is not None else ""
-    if event.get("url"):
-        return f"{PREFIX} ready at {event['url']} ({event['worker_count']} workers{after})"
-    return f"{PREFIX} node {event['node_rank']} ready ({event['worker_count']} workers{after})"
+def _ready_line(event: ServerReady) -> str:
+    after = f" in {event.startup_s:.1f}s"
+    if event.url:
+        return f"{PREFIX} ready at {event.url} ({event.worker_count} workers{after})"
+    return f"{PREFIX} node {event.node_rank} ready ({event.worker_count} workers{after})"
 
 
 def _width(stream: TextIO) -> int:

@@ -2,9 +2,9 @@
 
 The first line is ``{"topic": "snapshot", "seq": N, "snapshot": {...}}``, the full current state,
 so a subscriber that joins late misses nothing; with ``--follow`` every later event follows, one
-JSON object per line, until ``server.stopped``. Events carry a sequence number: one that was
-published while the subscription was still being set up is fetched from the launcher's event
-history instead, so the stream has no gaps and no duplicates.
+JSON object per line (``launcher.events`` describes them), until ``server.stopped``. Events carry
+a sequence number: one that was published while the subscription was still being set up is
+fetched from the launcher's event history instead, so the stream has no gaps and no duplicates.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import zmq
+
+    from launcher.events import Event
+    from launcher.supervisor.rundir import LauncherRecord
 
 _POLL_MS = 500
 
@@ -35,8 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _emit(event: dict) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
+def _print(line: str) -> None:
+    sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
@@ -44,8 +47,10 @@ def main(argv: list[str]) -> int:
     ns = _parser().parse_args(argv)
     import zmq
 
+    from launcher.events import EventError
     from launcher.query import QueryError, find_launcher, query
     from launcher.supervisor.rundir import NoLauncherError, RuntimeDirError
+    from launcher.supervisor.state import LaunchState
 
     zctx = zmq.Context()
     sub = zctx.socket(zmq.SUB)
@@ -58,11 +63,12 @@ def main(argv: list[str]) -> int:
         snapshot = query(state["query_endpoint"], {"query": "snapshot"}, ns.timeout, zctx)[
             "snapshot"
         ]
-        _emit({"topic": "snapshot", "seq": snapshot["seq"], "snapshot": snapshot})
-        if not ns.follow or snapshot["phase"] == "stopped":
+        now = LaunchState.from_snapshot(snapshot)
+        _print(json.dumps({"topic": "snapshot", "seq": now.seq, "snapshot": snapshot}))
+        if not ns.follow or now.phase == "stopped":
             return 0
-        return _follow(sub, state, snapshot["seq"], ns.timeout, zctx)
-    except (NoLauncherError, QueryError, RuntimeDirError) as exc:
+        return _follow(sub, state, now.seq, ns.timeout, zctx)
+    except (NoLauncherError, QueryError, RuntimeDirError, EventError, ValueError) as exc:
         print(f"sglang-launch events: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -72,35 +78,43 @@ def main(argv: list[str]) -> int:
         zctx.term()
 
 
-def _follow(sub: zmq.Socket, state: dict, last: int, timeout: float, zctx: zmq.Context) -> int:
+def _follow(
+    sub: zmq.Socket[bytes],
+    state: LauncherRecord,
+    last: int,
+    timeout: float,
+    zctx: zmq.Context[zmq.Socket[bytes]],
+) -> int:
+    from launcher import events
     from launcher.query import QueryError, query
     from launcher.supervisor.rundir import launcher_alive
 
-    def emit_after(events: list[dict], before: int | None = None) -> bool:
+    def emit_after(new: list[Event], before: int | None = None) -> bool:
         """Print the events newer than ``last`` (and older than ``before``); True at the end."""
         nonlocal last
-        for event in events:
-            if event["seq"] > last and (before is None or event["seq"] < before):
-                _emit(event)
-                last = event["seq"]
-                if event["topic"] == "server.stopped":
+        for event in new:
+            if event.seq > last and (before is None or event.seq < before):
+                _print(json.dumps(events.to_dict(event)))
+                last = event.seq
+                if isinstance(event, events.ServerStopped):
                     return True
         return False
 
-    def history() -> list[dict]:
+    def history() -> list[Event]:
         reply = query(state["query_endpoint"], {"query": "events", "after": last}, timeout, zctx)
         if not reply["complete"]:
             print(
                 f"sglang-launch events: events after {last} were dropped from the history",
                 file=sys.stderr,
             )
-        return reply["events"]
+        entries = reply["events"]
+        return [events.from_dict(entry) for entry in entries] if isinstance(entries, list) else []
 
     while True:
         if sub.poll(_POLL_MS):
             _, data = sub.recv_multipart()
-            event = json.loads(data)
-            if event["seq"] > last + 1 and emit_after(history(), before=event["seq"]):
+            event = events.decode(data)
+            if event.seq > last + 1 and emit_after(history(), before=event.seq):
                 return 0
             if emit_after([event]):
                 return 0

@@ -26,6 +26,7 @@ import argparse
 import importlib
 import json
 import sys
+from typing import Any
 
 from launcher.runtimes import SERVING
 
@@ -72,7 +73,7 @@ def _table(rows: list[list[str]], header: list[str], indent: str = "    ") -> li
     return lines
 
 
-def _render(report: dict) -> list[str]:
+def _render(report: dict[str, Any]) -> list[str]:
     name = report["runtime"]
     sel = report["selection"]
     selector = report["selector"]

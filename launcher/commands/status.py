@@ -6,6 +6,10 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launcher.supervisor.state import LaunchState
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -25,39 +29,39 @@ def main(argv: list[str]) -> int:
     ns = _parser().parse_args(argv)
     from launcher.query import QueryError, find_launcher, query
     from launcher.supervisor.rundir import NoLauncherError, RuntimeDirError
+    from launcher.supervisor.state import LaunchState
 
     try:
-        state = find_launcher(ns.pid)
-        snapshot = query(state["query_endpoint"], {"query": "snapshot"}, ns.timeout)["snapshot"]
-    except (NoLauncherError, QueryError, RuntimeDirError) as exc:
+        found = find_launcher(ns.pid)
+        snapshot = query(found["query_endpoint"], {"query": "snapshot"}, ns.timeout)["snapshot"]
+        state = LaunchState.from_snapshot(snapshot)
+    except (NoLauncherError, QueryError, RuntimeDirError, ValueError) as exc:
         print(f"sglang-launch status: {exc}", file=sys.stderr)
         return 1
     if ns.json:
         print(json.dumps(snapshot, indent=2))
     else:
-        print(render(snapshot))
+        print(render(state))
     return 0
 
 
-def render(snapshot: dict) -> str:
-    """The snapshot as a short human-readable table."""
-    up = time.time() - snapshot["started_at"]
-    where = f"  node {snapshot['node_rank']}/{snapshot['nnodes']}" if snapshot["nnodes"] > 1 else ""
+def render(state: LaunchState) -> str:
+    """The launch's state as a short human-readable table."""
+    up = time.time() - state.started_at
+    where = f"  node {state.node_rank}/{state.nnodes}" if state.nnodes > 1 else ""
     lines = [
-        f"sglang-launch pid {snapshot['pid']}: {snapshot['phase']}"
-        f"{'  ' + snapshot['url'] if snapshot.get('url') else ''}{where}  up {up:.0f}s",
-        f"platform {snapshot['platform']} ({snapshot['platform_reason']})",
+        f"sglang-launch pid {state.pid}: {state.phase}"
+        f"{'  ' + state.url if state.url else ''}{where}  up {up:.0f}s",
+        f"platform {state.platform} ({state.platform_reason})",
         f"  {'WORKER':<14} {'PID':>7}  {'PHASE':<20} {'START-UP':>9}  EXIT",
     ]
-    for w in snapshot["workers"]:
-        took = f"{sum(w['phases'].values()):.2f}s" if w["phases"] else "-"
-        exit_text = w["signal"] or ("-" if w["exitcode"] is None else str(w["exitcode"]))
-        restarts = w.get("restarts") or 0
-        again = f"  (restarted {restarts}x)" if restarts else ""
+    for w in state.workers:
+        took = f"{sum(w.phases.values()):.2f}s" if w.phases else "-"
+        exit_text = w.signal or ("-" if w.exitcode is None else str(w.exitcode))
+        again = f"  (restarted {w.restarts}x)" if w.restarts else ""
         lines.append(
-            f"  {w['name']:<14} {w['pid'] or '-':>7}  {w['phase']:<20} {took:>9}  {exit_text}{again}"
+            f"  {w.name:<14} {w.pid or '-':>7}  {w.phase:<20} {took:>9}  {exit_text}{again}"
         )
-    cause = snapshot.get("root_cause")
-    if cause:
-        lines.append(f"root cause: {cause['summary']}")
+    if state.root_cause is not None:
+        lines.append(f"root cause: {state.root_cause.summary}")
     return "\n".join(lines)

@@ -69,12 +69,8 @@ class RootCause:
     traceback: str | None = None
     hint: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> RootCause:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     def how_it_ended(self) -> str:
         if self.signal:

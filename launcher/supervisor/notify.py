@@ -13,6 +13,16 @@ import logging
 import os
 import socket
 
+from launcher.events import (
+    Event,
+    ReplicaReady,
+    ReplicaRestarting,
+    ServerFailed,
+    ServerReady,
+    ServerStopping,
+    WorkerEvent,
+)
+
 log = logging.getLogger("launcher")
 
 
@@ -41,21 +51,21 @@ class SystemdNotifier:
                 self._warned = True
                 log.warning("sd_notify to %s failed: %s", os.environ.get("NOTIFY_SOCKET"), exc)
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: Event) -> None:
         """Ops listener: translate launch events into systemd notifications."""
-        topic = event["topic"]
-        if topic == "server.ready":
-            self.notify("READY=1", f"STATUS=ready at {event.get('url') or 'this node'}")
-        elif topic == "server.stopping":
-            self.notify("STOPPING=1", f"STATUS=stopping: {event.get('reason', '')}")
-        elif topic == "server.failed":
-            self.notify(f"STATUS=failed: {event.get('root_cause', {}).get('summary', '')}")
-        elif topic.startswith("replica.") and topic.endswith(".restarting"):
-            self.notify(f"STATUS=ready; {event.get('replica')} restarting: {event.get('cause')}")
-        elif topic.startswith("replica.") and topic.endswith(".ready"):
-            self.notify(f"STATUS=ready; {event.get('replica')} serves again")
-        elif topic.startswith("worker.") and "ready_count" in event:
-            self.notify(
-                f"STATUS=starting: {event['ready_count']}/{event['worker_count']} workers ready; "
-                f"{event['worker']} {event['phase']}"
-            )
+        match event:
+            case ServerReady():
+                self.notify("READY=1", f"STATUS=ready at {event.url or 'this node'}")
+            case ServerStopping():
+                self.notify("STOPPING=1", f"STATUS=stopping: {event.reason}")
+            case ServerFailed():
+                self.notify(f"STATUS=failed: {event.root_cause.summary}")
+            case ReplicaRestarting():
+                self.notify(f"STATUS=ready; {event.replica} restarting: {event.cause}")
+            case ReplicaReady():
+                self.notify(f"STATUS=ready; {event.replica} serves again")
+            case WorkerEvent():
+                self.notify(
+                    f"STATUS=starting: {event.ready_count}/{event.worker_count} workers ready; "
+                    f"{event.worker} {event.phase}"
+                )

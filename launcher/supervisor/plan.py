@@ -101,7 +101,7 @@ def plan_children(
             env=env,
             log_level=args.log_level,
             entry_points=entry_points,
-            heartbeat_interval=heartbeat_interval(float(getattr(args, "watchdog_timeout", 0) or 0)),
+            heartbeat_interval=heartbeat_interval(args.watchdog_timeout),
             stop_marker=os.path.join(endpoints.runtime_dir, f"stop.{role}.{rank}")
             if endpoints.runtime_dir
             else "",

@@ -7,11 +7,13 @@ that replica), or do not, and why. Under ``on-failure`` a replica may be restart
 ``max_restarts`` times over the launch's life; the n-th restart waits
 ``backoff * 2 ** (n - 1)`` seconds, at most ``BACKOFF_CAP``. Under ``never`` nothing restarts.
 
-``ReplicaRestart`` is the supervisor's record of one restart in progress: ``DOWN`` while the
-replica's surviving ranks are ended and the backoff runs, ``RESPAWNED`` once its ranks are spawned
-again, until all of them report ready.
+``ReplicaRestart`` is the record of one restart in progress: ``DOWN`` while the replica's
+surviving ranks are ended and the backoff runs, ``RESPAWNED`` once its ranks are spawned again,
+until all of them report ready.
 
-Standard library only.
+``launcher.supervisor.healing`` does the restarts with this bookkeeping.
+
+Standard library only (``ServerArgs`` imports the policy names).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class Restarts:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before restart number ``attempt`` (1-based) of a replica."""
-        return min(self.backoff * 2 ** max(attempt - 1, 0), BACKOFF_CAP)
+        return min(self.backoff * 2.0 ** max(attempt - 1, 0), BACKOFF_CAP)
 
     def would_restart(self, dp_rank: int) -> bool:
         """Whether a failure of replica ``dp_rank`` now would be restarted (nothing is counted)."""
@@ -102,7 +104,7 @@ class ReplicaRestart:
     because_of: str | None = None  # the worker whose failure started it
     died_at: float = field(default_factory=time.monotonic)
     stage: str = DOWN
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     timer: asyncio.TimerHandle | None = None
 
     @property

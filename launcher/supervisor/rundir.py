@@ -30,8 +30,27 @@ import stat
 import tempfile
 import threading
 from pathlib import Path
+from typing import NotRequired, TypedDict
+
+import msgspec
 
 log = logging.getLogger("launcher")
+
+
+class LauncherRecord(TypedDict):
+    """A running launcher's state file: its pid, URL, node, runtime directory, endpoints and
+    (redacted) command line; ``state_file`` is added by the readers of this module."""
+
+    pid: int
+    started_at: float
+    url: str | None
+    node_rank: int
+    runtime_dir: str
+    ops_endpoint: str
+    query_endpoint: str
+    argv: list[str]
+    state_file: NotRequired[str]
+
 
 # sockaddr_un holds 108 bytes; keep room for the longest endpoint name.
 _MAX_IPC_PATH = 100
@@ -130,7 +149,7 @@ def _lock_is_held(lock_path: Path) -> bool:
     return False
 
 
-def launcher_alive(state: dict) -> bool:
+def launcher_alive(state: LauncherRecord) -> bool:
     """Whether the launcher of a state (from ``running_launchers``) still runs: its lock is held."""
     return _lock_is_held(Path(state["state_file"]).with_suffix(".lock"))
 
@@ -179,7 +198,7 @@ class RuntimeDir:
     def endpoint(self, name: str) -> str:
         return f"ipc://{self.path / name}"
 
-    def write_state(self, state: dict) -> None:
+    def write_state(self, state: LauncherRecord) -> None:
         """Write the state file atomically (readers never see half of it)."""
         tmp = self.state_file.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -243,23 +262,23 @@ class NoLauncherError(RuntimeError):
     """No running launcher matches, or several do and the caller must choose."""
 
 
-def running_launchers() -> list[dict]:
+def running_launchers() -> list[LauncherRecord]:
     """The state of every running launcher of this user (stale entries are swept first)."""
     base = state_dir()
     sweep_stale(base)
-    found = []
+    found: list[LauncherRecord] = []
     for path in sorted(base.glob("*.json")):
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # being written or removed right now
-        if isinstance(data, dict) and _lock_is_held(path.with_suffix(".lock")):
+            data = msgspec.json.decode(path.read_bytes(), type=LauncherRecord)
+        except (OSError, msgspec.DecodeError):
+            continue  # being written or removed right now (or not a launcher's state file)
+        if _lock_is_held(path.with_suffix(".lock")):
             data["state_file"] = str(path)
             found.append(data)
     return found
 
 
-def find_launcher(pid: int | None = None) -> dict:
+def find_launcher(pid: int | None = None) -> LauncherRecord:
     """The state of the launcher with ``pid``, or of the only one running when ``pid`` is None."""
     found = running_launchers()
     if pid is not None:

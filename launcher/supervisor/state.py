@@ -1,27 +1,32 @@
 """The launch's state as ops tooling sees it: one record per worker plus the server's phase.
 
-The supervisor is the only writer (from its event loop); ``snapshot()`` returns plain JSON-able
-data, the same thing the status query socket answers, ``sglang-launch status`` prints and
-``Launcher.status()`` returns.
+The supervisor is the only writer (from its event loop). ``snapshot()`` returns it as plain
+JSON-able data: the snapshot stays a dict (what the status query socket answers,
+``sglang-launch status --json`` prints and ``Launcher.status()`` returns), each worker's record
+with its ``name`` added. ``LaunchState.from_snapshot`` reads such a dict back into the typed
+records (``sglang-launch status`` and ``events`` do, on the other side of the query socket).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+
+import msgspec
+
+from launcher.events import WorkerError, WorkerFields
+from launcher.supervisor.causes import RootCause
 
 # Server phases, in order of a normal life.
 STARTING, READY, FAILED, STOPPING, STOPPED = "starting", "ready", "failed", "stopping", "stopped"
 
 
-@dataclass
-class WorkerState:
+class WorkerState(msgspec.Struct):
     """One child process: who it is, where it is in start-up, how it ended.
 
     ``phase`` is the last phase the worker reported (``"starting"`` until it reports one; then
     the bootstrap's phases, the worker's own, ``"ready"``, and ``"stopped"`` once it wound down
-    on request); ``phases`` maps each reported phase to its duration in seconds. ``error`` holds
+    or was ended); ``phases`` maps each reported phase to its duration in seconds. ``error`` holds
     its ``failed`` report; ``exited``, ``exitcode`` and ``signal`` say whether and how the
     process ended. ``restarts`` counts how often it was started again with its replica
     (``--restart-policy on-failure``); each restart starts the record afresh but for that count.
@@ -33,15 +38,15 @@ class WorkerState:
     node_rank: int
     pid: int | None = None
     phase: str = "starting"
-    phases: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = msgspec.field(default_factory=dict)
     platform: str | None = None
     exited: bool = False
     exitcode: int | None = None
     signal: str | None = None
-    info: dict = field(default_factory=dict)
-    error: dict | None = None
+    info: dict[str, object] = msgspec.field(default_factory=dict)
+    error: WorkerError | None = None
     ready: bool = False
-    started_at: float = field(default_factory=time.time)
+    started_at: float = msgspec.field(default_factory=time.time)
     ready_at: float | None = None
     restarts: int = 0
 
@@ -53,16 +58,16 @@ class WorkerState:
         """The worker was started again as process ``pid``: a fresh record, one more restart."""
         fresh = WorkerState(self.role, self.rank, self.local_rank, self.node_rank, pid=pid)
         fresh.restarts = self.restarts + 1
-        self.__dict__.update(fresh.__dict__)
+        for name in self.__struct_fields__:
+            setattr(self, name, getattr(fresh, name))
 
-    def to_dict(self) -> dict:
-        data = asdict(self)
+    def to_dict(self) -> dict[str, object]:
+        data: dict[str, object] = msgspec.to_builtins(self)
         data["name"] = self.name
         return data
 
 
-@dataclass
-class LaunchState:
+class LaunchState(msgspec.Struct):
     """The whole launch: server phase, URL, platform, workers, and the root cause if it failed."""
 
     runtime: str
@@ -73,22 +78,36 @@ class LaunchState:
     nnodes: int
     workers: list[WorkerState]
     phase: str = STARTING
-    pid: int = field(default_factory=os.getpid)
-    started_at: float = field(default_factory=time.time)
+    pid: int = msgspec.field(default_factory=os.getpid)
+    started_at: float = msgspec.field(default_factory=time.time)
     ready_at: float | None = None
-    root_cause: dict | None = None
+    root_cause: RootCause | None = None
     seq: int = 0  # sequence number of the last event published
 
-    def worker(self, role: str, rank: int) -> WorkerState | None:
-        for w in self.workers:
-            if w.role == role and w.rank == rank:
-                return w
-        return None
+    @classmethod
+    def from_snapshot(cls, snapshot: object) -> LaunchState:
+        """The state a ``snapshot()`` (as JSON came back) describes; ``ValueError`` if it is not one."""
+        try:
+            state: LaunchState = msgspec.convert(snapshot, cls)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"not an sglang-launch status snapshot: {exc}") from None
+        return state
 
     def all_ready(self) -> bool:
         return all(w.ready for w in self.workers)
 
-    def snapshot(self) -> dict:
+    def worker_fields(self, worker: WorkerState) -> WorkerFields:
+        """What every event about ``worker`` says besides its phase."""
+        return {
+            "worker": worker.name,
+            "role": worker.role,
+            "rank": worker.rank,
+            "pid": worker.pid,
+            "ready_count": sum(w.ready for w in self.workers),
+            "worker_count": len(self.workers),
+        }
+
+    def snapshot(self) -> dict[str, object]:
         return {
             "pid": self.pid,
             "phase": self.phase,
@@ -100,7 +119,7 @@ class LaunchState:
             "nnodes": self.nnodes,
             "started_at": self.started_at,
             "ready_at": self.ready_at,
-            "root_cause": self.root_cause,
+            "root_cause": self.root_cause.to_dict() if self.root_cause is not None else None,
             "seq": self.seq,
             "workers": [w.to_dict() for w in self.workers],
         }

@@ -12,9 +12,9 @@ reply reaches its handler without an extra hop through the event loop).
 Liveness has two sources, and a replica is dead as soon as either reports it gone:
 - direct: a ZeroMQ socket monitor on each connection; a replica that was connected and
   disconnects has died (schedulers never close their socket while serving);
-- the supervisor: its ops PUB socket (``ctx.ops_endpoint``), topics ``worker.scheduler.<rank>.<phase>``
-  for a failed or exited scheduler, ``replica.<dp>.restarting`` and ``server.failed`` /
-  ``server.stopping``.
+- the supervisor: its ops events (``launcher.events``) on its PUB socket (``ctx.ops_endpoint``):
+  a scheduler rank's ``WORKER_GONE`` events (failed, stopped, exited), ``replica.<dp>.restarting``
+  and ``server.failed`` / ``server.stopping``.
 A dead replica gets no new requests. Requests in flight on it are sent once more to a live replica
 when nothing of their answer was delivered yet (every request but a stream that has produced
 output), else they fail with 503. ``healthy`` turns false as soon as a replica is dead, unless the
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from launcher import events as ops
 from serving import wire as messages
 
 if TYPE_CHECKING:
@@ -53,9 +54,7 @@ MakeRequest = Callable[[str], msgspec.Struct]
 
 log = logging.getLogger("sglang_launch.http")
 
-# Phases after which a worker is gone, as the supervisor's ops topics name them.
 OPS_TOPICS = ("worker.scheduler.", "server.", "replica.")  # the supervisor events the client uses
-_DEAD_PHASES = {"failed", "exited", "dead", "killed", "stopped", "crashed"}
 
 
 class _ReplicaGone:
@@ -322,20 +321,15 @@ class SchedulerClient:
         try:
             while True:
                 frames = await sub.recv_multipart()
-                topic = frames[0].decode("utf-8", "replace")
-                body = {}
-                if len(frames) > 1:
-                    try:
-                        body = json.loads(frames[1])
-                    except ValueError:
-                        body = {}
-                body = body if isinstance(body, dict) else {}
-                seq = body.get("seq")
-                if isinstance(seq, int):
-                    if seq <= self._ops_seq:
-                        continue  # applied already, by a catch-up
-                    self._ops_seq = seq
-                self._on_ops_event(topic, body)
+                try:
+                    event = ops.decode(frames[-1])
+                except ops.EventError as exc:
+                    log.warning("ignored a frame on the ops subscription: %s", exc)
+                    continue
+                if event.seq <= self._ops_seq:
+                    continue  # applied already, by a catch-up
+                self._ops_seq = event.seq
+                self._on_ops_event(event)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001
@@ -364,43 +358,39 @@ class SchedulerClient:
                 log.warning("the supervisor did not answer a query for missed events")
                 return
             reply = json.loads(await sock.recv())
-        except (zmq.ZMQError, ValueError) as exc:
+            missed = [ops.from_dict(entry) for entry in reply.get("events") or []]
+        except (zmq.ZMQError, ValueError, AttributeError) as exc:
             log.warning("could not ask the supervisor for missed events: %s", exc)
             return
         finally:
             sock.close(0)
-        for event in reply.get("events") or []:
-            seq = event.get("seq") if isinstance(event, dict) else None
-            topic = str(event.get("topic", "")) if isinstance(event, dict) else ""
-            if isinstance(seq, int) and seq > self._ops_seq:
-                self._ops_seq = seq
-                if topic.startswith(OPS_TOPICS):  # what the subscription would have delivered
-                    self._on_ops_event(topic, event)
+        for event in missed:
+            if event.seq > self._ops_seq:
+                self._ops_seq = event.seq
+                if event.topic.startswith(OPS_TOPICS):  # what the subscription would have delivered
+                    self._on_ops_event(event)
 
-    def _on_ops_event(self, topic: str, body: dict) -> None:
-        parts = topic.split(".")
-        if parts[0] == "server" and len(parts) > 1 and parts[1] in ("failed", "stopping"):
-            self.server_failure = f"the supervisor reported {topic}: {body.get('reason') or body.get('message') or ''}".rstrip(
-                ": "
+    def _on_ops_event(self, event: ops.Event) -> None:
+        if isinstance(event, ops.ServerFailed):
+            self.server_failure = (
+                f"the supervisor reported {event.topic}: {event.root_cause.summary}"
             )
-        elif parts[0] == "replica" and len(parts) == 3:
-            try:
-                rep = self.replicas[int(parts[1])]
-            except (ValueError, IndexError):
+        elif isinstance(event, ops.ServerStopping):
+            self.server_failure = f"the supervisor reported {event.topic}: {event.reason}"
+        elif isinstance(event, (ops.ReplicaRestarting, ops.ReplicaReady)):
+            if not 0 <= event.dp_rank < len(self.replicas):
                 return
-            if parts[2] == "restarting":
+            rep = self.replicas[event.dp_rank]
+            if isinstance(event, ops.ReplicaRestarting):
                 if self.metrics is not None:
                     self.metrics.count_restart(rep.dp_rank)
-                self._mark_dead(rep, f"restarting: {body.get('cause') or 'it failed'}")
-            elif parts[2] == "ready":
+                self._mark_dead(rep, f"restarting: {event.cause or 'it failed'}")
+            else:
                 self._revive(rep)
-        elif len(parts) >= 4 and parts[:2] == ["worker", "scheduler"] and parts[3] in _DEAD_PHASES:
-            try:
-                dp = int(parts[2]) // self.tp_size
-            except ValueError:
-                return
+        elif isinstance(event, ops.WORKER_GONE) and event.role == "scheduler":
+            dp = event.rank // self.tp_size
             if 0 <= dp < len(self.replicas):
-                self._mark_dead(self.replicas[dp], f"the supervisor reported {topic}")
+                self._mark_dead(self.replicas[dp], f"the supervisor reported {event.topic}")
 
     # ---- requests --------------------------------------------------------------------------
 

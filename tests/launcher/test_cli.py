@@ -87,42 +87,31 @@ def test_launcher_modules_import_nothing_heavy():
 
 
 def _render(live: bool) -> str:
+    from launcher import events
     from launcher.commands.display import TerminalDisplay
 
     out = io.StringIO()
     show = TerminalDisplay(out, live=live)
     show(
-        {
-            "topic": "server.starting",
-            "platform": "builtin:cpu",
-            "platform_reason": "SGLANG_USE_CPU_ENGINE=1",
-            "cpu_fallback": True,
-            "node_rank": 0,
-            "nnodes": 1,
-            "workers": ["http.0", "scheduler.0"],
-        }
+        events.ServerStarting(
+            platform="builtin:cpu",
+            platform_reason="SGLANG_USE_CPU_ENGINE=1",
+            cpu_fallback=True,
+            runtime="srt",
+            url="http://127.0.0.1:30000",
+            node_rank=0,
+            nnodes=1,
+            workers=["http.0", "scheduler.0"],
+        )
     )
-    for worker, pid in (("http.0", 11), ("scheduler.0", 12)):
-        for phase in ("spawned", "hooks_applied", "ready"):
-            show(
-                {
-                    "topic": f"worker.{worker}.{phase}",
-                    "worker": worker,
-                    "pid": pid,
-                    "phase": phase,
-                    "duration": 0.5,
-                    "ready_count": 0,
-                    "worker_count": 2,
-                }
-            )
+    for (role, rank), pid in ((("http", 0), 11), (("scheduler", 0), 12)):
+        who = {"worker": f"{role}.{rank}", "role": role, "rank": rank, "pid": pid}
+        counts = {"ready_count": 0, "worker_count": 2}
+        for phase in ("spawned", "hooks_applied"):
+            show(events.WorkerPhase(**who, **counts, phase=phase, duration=0.5))
+        show(events.WorkerReady(**who, **counts, duration=0.5))
     show(
-        {
-            "topic": "server.ready",
-            "url": "http://127.0.0.1:30000",
-            "node_rank": 0,
-            "worker_count": 2,
-            "startup_s": 1.5,
-        }
+        events.ServerReady(url="http://127.0.0.1:30000", node_rank=0, worker_count=2, startup_s=1.5)
     )
     return out.getvalue()
 

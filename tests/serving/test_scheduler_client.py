@@ -7,12 +7,39 @@ import json
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from launcher import events
+from launcher.supervisor.causes import RootCause
 from serving import wire as messages
 from serving.http.client import SchedulerClient, SchedulerError
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+# The supervisor's events, as it builds them.
+def _restarting(dp: int, cause: str = "killed") -> events.ReplicaRestarting:
+    return events.ReplicaRestarting(
+        replica=f"scheduler dp={dp}",
+        dp_rank=dp,
+        workers=[f"scheduler.{dp}"],
+        attempt=1,
+        max_restarts=3,
+        backoff_s=0.0,
+        cause=cause,
+        root_cause=RootCause(cause, worker=f"scheduler.{dp}"),
+    )
+
+
+def _ready_again(dp: int) -> events.ReplicaReady:
+    return events.ReplicaReady(
+        replica=f"scheduler dp={dp}", dp_rank=dp, attempt=1, down_s=0.1, pids=[None]
+    )
+
+
+def _server_ready() -> events.ServerReady:
+    return events.ServerReady(url=None, node_rank=0, worker_count=2, startup_s=0.1)
 
 
 def test_a_replica_that_stops_reading_gets_a_503_once_its_queue_is_full(tmp_path):
@@ -153,12 +180,12 @@ def test_in_flight_requests_on_a_dying_replica_are_answered_by_another_then_it_i
             assert len(other.received) == 3
             held.cancel()
 
-            client._on_ops_event("replica.0.restarting", {"cause": "killed"})  # the supervisor's
+            client._on_ops_event(_restarting(0, "killed"))  # the supervisor's
             assert (
                 'sglang_launch_replica_restarts_total{dp="0"} 1.0' in metrics.render()[0].decode()
             )
             reborn = FakeReplica(zctx, eps[0], 0)
-            client._on_ops_event("replica.0.ready", {})
+            client._on_ops_event(_ready_again(0))
             assert client.restarting == [] and client.healthy
             await _until(lambda: client.replicas[0].connected, "dp=0 connected again")
             pongs = await client.ping_all(timeout=5)
@@ -203,7 +230,7 @@ def test_a_stream_that_sent_output_fails_when_its_replica_dies_one_that_sent_non
             # Replica 1 dies before its stream produced anything: the stream moves to dp=0's
             # successor, and the client sees only that one's output.
             reborn = FakeReplica(zctx, eps[0], 0, hold=True)
-            client._on_ops_event("replica.0.ready", {})
+            client._on_ops_event(_ready_again(0))
             # Ties go to a connected replica: once dp=0's fresh connection is up it is the pick.
             await _until(lambda: client.replicas[0].connected, "dp=0 connected again")
             filler = asyncio.ensure_future(client.one(stream))  # keeps dp=0 the busier one
@@ -236,22 +263,22 @@ class FakeSupervisor:
         self.pub.bind(self.ops)
         self.rep = zctx.socket(zmq.REP)
         self.rep.bind(self.query)
-        self.history: list[dict] = []
+        self.history: list[events.Event] = []
         self.queries = 0
         self.task = asyncio.ensure_future(self._answer())
 
-    def emit(self, topic: str, publish: bool = True) -> None:
-        event = {"topic": topic, "seq": len(self.history) + 1}
+    def emit(self, event: events.Event, publish: bool = True) -> None:
+        event = msgspec.structs.replace(event, seq=len(self.history) + 1)
         self.history.append(event)
         if publish:
-            self.pub.send_multipart([topic.encode(), json.dumps(event).encode()])
+            self.pub.send_multipart([event.topic.encode(), events.encode(event)])
 
     async def _answer(self) -> None:
         while True:
             request = json.loads(await self.rep.recv())
             self.queries += 1
-            events = [e for e in self.history if e["seq"] > request["after"]]
-            await self.rep.send(json.dumps({"ok": True, "events": events}).encode())
+            missed = [e for e in self.history if e.seq > request["after"]]
+            await self.rep.send(msgspec.json.encode({"ok": True, "events": missed}))
 
     async def close(self) -> None:
         self.task.cancel()
@@ -280,13 +307,13 @@ def test_a_lost_ready_event_is_fetched_from_the_supervisor(tmp_path):
             deadline = asyncio.get_running_loop().time() + 10
             while client._ops_seq == 0:  # until the subscription delivers (a slow joiner)
                 assert asyncio.get_running_loop().time() < deadline, "no event ever arrived"
-                sup.emit("server.ready")
+                sup.emit(_server_ready())
                 await asyncio.sleep(0.05)
             await dying.die()
-            sup.emit("replica.0.restarting")
+            sup.emit(_restarting(0))
             await _until(lambda: client.restarting == [0], "dp=0 seen restarting")
             reborn = FakeReplica(zctx, eps[0], 0)
-            sup.emit("replica.0.ready", publish=False)  # lost on the way
+            sup.emit(_ready_again(0), publish=False)  # lost on the way
             await _until(lambda: client.restarting == [], "dp=0 back through a catch-up")
             await _until(lambda: client.replicas[0].connected, "dp=0 connected again")
             await client.one(lambda rid: messages.EmbedRequest(rid, ["x"]), None)

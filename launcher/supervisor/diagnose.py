@@ -1,0 +1,159 @@
+"""Root causes built from what the supervisor saw go wrong.
+
+Each function turns one kind of failure into the ``RootCause`` (``launcher.supervisor.causes``)
+an operator acts on: which worker, in which phase, how its process ended, the worker's own report
+when it sent one, and what to do. The supervisor decides which failure is the root cause (the
+first); these only say what it was. (The records live apart, in ``causes``, because the embedded
+``Launcher``'s lazy facade imports them and must not import ``bootstrap``.)
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import TYPE_CHECKING
+
+from bootstrap import phases
+from launcher.supervisor.causes import ExitCode, RootCause, signal_name
+from launcher.supervisor.children import describe_exit
+
+if TYPE_CHECKING:
+    from bootstrap.messages import Failed
+    from launcher.supervisor.state import WorkerState
+
+
+def exited(worker: WorkerState, code: int | None) -> RootCause:
+    """``worker``'s process ended with ``code`` and sent no failure report."""
+    after_ready = worker.ready
+    phase = phases.SERVING if after_ready else phase_in_progress(worker.phase)
+    how = describe_exit(code)
+    return RootCause(
+        summary=(
+            f"{worker.name} {how} after the server was ready"
+            if after_ready
+            else f"{worker.name} {how} while {phases.DOING.get(phase, phase)}"
+        ),
+        exit_code=ExitCode.WORKER_DIED if after_ready else ExitCode.WORKER_FAILED,
+        worker=worker.name,
+        pid=worker.pid,
+        node_rank=worker.node_rank,
+        phase=phase,
+        exitcode=code,
+        signal=signal_name(code),
+        message=(
+            f"the worker sent no error report (the last phase it reported: {worker.phase}); "
+            "its own output above may say more"
+        ),
+        hint=_exit_hint(code),
+    )
+
+
+def failed(worker: WorkerState, report: Failed, code: int | None) -> RootCause:
+    """``worker`` sent the failure ``report``; its process ended with ``code`` (None: not yet)."""
+    after_ready = report.phase in (phases.SERVING, phases.STOPPING)
+    return RootCause(
+        summary=f"{worker.name} failed while {phases.DOING.get(report.phase, report.phase)}",
+        exit_code=ExitCode.WORKER_DIED if after_ready else ExitCode.WORKER_FAILED,
+        worker=worker.name,
+        pid=worker.pid,
+        node_rank=worker.node_rank,
+        phase=report.phase,
+        exitcode=code if code is not None else report.exit_code,
+        signal=signal_name(code),
+        error_type=report.exc_type,
+        message=report.message,
+        traceback=report.traceback,
+    )
+
+
+def wrong_platform(worker: WorkerState, platform: str, selected: str) -> RootCause:
+    """``worker`` selected ``platform`` where the supervisor selected ``selected``."""
+    return RootCause(
+        summary=f"{worker.name} selected platform {platform!r}, the launcher selected {selected!r}",
+        worker=worker.name,
+        pid=worker.pid,
+        node_rank=worker.node_rank,
+        phase=phases.READY,
+        hint="the launcher and its workers must see the same installed plugins and SGLANG_* variables",
+    )
+
+
+def startup_timeout(waiting: list[WorkerState], total: int, timeout: float) -> RootCause:
+    """``waiting`` (of ``total`` workers) were not ready within ``timeout`` seconds."""
+    first = waiting[0]
+    phase = phase_in_progress(first.phase)
+    return RootCause(
+        summary=f"start-up did not finish within {timeout:g}s",
+        exit_code=ExitCode.STARTUP_TIMEOUT,
+        worker=first.name,
+        pid=first.pid,
+        node_rank=first.node_rank,
+        phase=phase,
+        error_type="StartupTimeout",
+        message=f"{len(waiting)} of {total} workers not ready: {_where(waiting)}",
+        hint=f"raise --startup-timeout if {phase} is just slow, or look at why {first.name} hangs there",
+    )
+
+
+def hung(worker: WorkerState, quiet: float, timeout: float) -> RootCause:
+    """``worker`` sent no heartbeat for ``quiet`` seconds (``--watchdog-timeout`` ``timeout``)."""
+    return RootCause(
+        summary=f"{worker.name} stopped answering: no heartbeat for {quiet:.1f}s after the server was ready",
+        exit_code=ExitCode.WORKER_DIED,
+        worker=worker.name,
+        pid=worker.pid,
+        node_rank=worker.node_rank,
+        phase=phases.SERVING,
+        error_type="WatchdogTimeout",
+        message=f"--watchdog-timeout is {timeout:g}s; the process is alive but silent",
+        hint="a stopped process (SIGSTOP, a debugger) or one hung holding the GIL; raise "
+        "--watchdog-timeout if a worker can legitimately stall longer",
+    )
+
+
+def restart_timeout(replica: str, waiting: list[WorkerState], timeout: float) -> RootCause:
+    """The restarted ``replica``'s ranks ``waiting`` were not ready within ``timeout`` seconds."""
+    first = waiting[0]
+    return RootCause(
+        summary=f"{replica} did not become ready again within {timeout:g}s of its restart",
+        exit_code=ExitCode.WORKER_DIED,
+        worker=first.name,
+        pid=first.pid,
+        node_rank=first.node_rank,
+        phase=phase_in_progress(first.phase),
+        error_type="StartupTimeout",
+        message=_where(waiting),
+        hint="raise --startup-timeout if a restart is just slow",
+    )
+
+
+def restart_impossible(replica: str, after: RootCause, error: BaseException) -> RootCause:
+    """Restarting ``replica`` after the failure ``after`` raised ``error``."""
+    return RootCause(
+        summary=f"{replica} could not be restarted after: {after.summary}",
+        exit_code=ExitCode.WORKER_DIED,
+        error_type=type(error).__name__,
+        message=str(error),
+    )
+
+
+def phase_in_progress(last: str) -> str:
+    """The bootstrap phase a worker was working towards, given the last one it reported."""
+    if last in phases.PHASES[:-1]:
+        return phases.PHASES[phases.PHASES.index(last) + 1]
+    if last == phases.READY:
+        return phases.SERVING
+    if last == "starting":
+        return phases.SPAWNED
+    return phases.READY  # a worker's own phase (e.g. model_loaded): still on its way to ready
+
+
+def _where(waiting: list[WorkerState]) -> str:
+    return ", ".join(f"{w.name} in {phase_in_progress(w.phase)}" for w in waiting)
+
+
+def _exit_hint(code: int | None) -> str | None:
+    if code == -signal.SIGKILL:
+        return "SIGKILL from outside is often the kernel's OOM killer: check `dmesg` and the memory in use"
+    if code == 0:
+        return "a worker target must keep running until ctx.stopping is set"
+    return None

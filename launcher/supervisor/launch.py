@@ -1,0 +1,377 @@
+"""One running launch: what the supervisor holds from open to close, and what happens to it.
+
+A ``Launch`` exists while one launch runs (``Supervisor.run`` makes it once the runtime directory
+and the plan exist). It holds the ``LaunchState`` ops tooling sees, one ``Worker`` per child, the
+``Children`` watcher and its status socket, the ``OpsChannel``, the workers' output pipes, the
+watchdog, the restarts in progress (``Healing``), and the inbox the supervisor waits on.
+
+It turns what happens into state, events and inbox items: a status message updates the worker's
+record and is published as an event; a failure, an exit, a silent worker or every worker ready
+becomes an ``Input`` in the inbox (``Failure``, ``Exit``, ``AllReady``; ``Stop`` comes from a stop
+request). The first failure names the worker that is to blame (``blamed``): what other workers
+report after it is a consequence, and they are recorded as stopped. What to do about an input
+(fail, heal, stop) is decided by the supervisor and by ``Healing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from bootstrap import messages, phases
+from launcher import events
+from launcher.supervisor import diagnose
+from launcher.supervisor import proctree as _proctree
+from launcher.supervisor.causes import RootCause, signal_name
+from launcher.supervisor.children import Child, Children
+from launcher.supervisor.healing import Healing
+from launcher.supervisor.restarts import DOWN, RESPAWNED, Restarts
+from launcher.supervisor.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    import multiprocessing.process
+
+    import zmq.asyncio
+
+    from bootstrap import ProcessSpec
+    from launcher.supervisor.ops import OpsChannel
+    from launcher.supervisor.output import WorkerOutput
+    from launcher.supervisor.state import LaunchState, WorkerState
+
+log = logging.getLogger("launcher")
+
+
+@dataclass(eq=False)
+class Worker:
+    """One child of this node: the spawned ``Child`` and its record in the ``LaunchState``."""
+
+    child: Child
+    state: WorkerState
+    stopped_at_once: bool = (
+        False  # killed with no grace period: it was starting when the launch failed
+    )
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    @property
+    def spec(self) -> ProcessSpec:
+        return self.child.spec
+
+    @property
+    def process(self) -> multiprocessing.process.BaseProcess | None:
+        return self.child.process
+
+    @property
+    def failure(self) -> messages.Failed | None:
+        return self.child.failure
+
+    @property
+    def dp_rank(self) -> int | None:
+        """The replica a scheduler rank belongs to; None for other roles."""
+        if self.spec.role != "scheduler":
+            return None
+        return self.spec.rank // max(self.spec.tp_size, 1)
+
+
+# -- what the supervisor waits for ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stop:
+    """A stop was requested (a signal, ``request_stop``)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Something failed; ``cause`` says what."""
+
+    cause: RootCause
+
+
+@dataclass(frozen=True)
+class Exit:
+    """``process``, ``worker``'s process when its sentinel fired, ended."""
+
+    worker: Worker
+    process: multiprocessing.process.BaseProcess | None
+
+
+@dataclass(frozen=True)
+class AllReady:
+    """Every worker of this node reported ready."""
+
+
+@dataclass(frozen=True)
+class Timeout:
+    """The deadline ``Launch.next`` was given passed first."""
+
+
+Input = Stop | Failure | Exit | AllReady | Timeout
+
+
+class Launch:
+    """The state of one running launch (see the module docstring). Made on the running loop."""
+
+    def __init__(
+        self,
+        zctx: zmq.asyncio.Context,
+        status_endpoint: str,
+        specs: list[ProcessSpec],
+        state: LaunchState,
+        ops: OpsChannel,
+        *,
+        platform: str,
+        restarts: Restarts,
+        startup_timeout: float,
+        watchdog_timeout: float,
+        output: WorkerOutput | None,
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.state = state
+        self.ops = ops
+        self.output = output
+        self.platform = platform  # the key of the platform the supervisor selected
+        self.inbox: asyncio.Queue[Input] = asyncio.Queue()
+        self.hurry = asyncio.Event()  # set: the grace period of a stop is over
+        self.stop_reason: str | None = None
+        self.stopping = False
+        # The worker whose failure or exit is the root cause, from the moment it is known: what
+        # other workers report after it is a consequence (they are reported as stopped).
+        self.blamed: str | None = None
+        self.subreaper = False  # adopts the orphans of workers that die (the CLI's process only)
+        self.children = Children(zctx, status_endpoint, self._on_message, self._on_exit)
+        self.workers = [
+            Worker(self.children.add(spec), ws)
+            for spec, ws in zip(specs, state.workers, strict=True)
+        ]
+        self.watchdog = Watchdog(watchdog_timeout, self._on_hung)
+        self._watching: asyncio.Task[None] | None = None
+        self.healing = Healing(self, restarts, startup_timeout)
+
+    # ------------------------------------------------------------------ the inbox
+    def post(self, item: Input) -> None:
+        if isinstance(item, Stop) and self.stop_reason is None:
+            self.stop_reason = item.reason
+            log.debug("stopping: %s", item.reason)
+        self.inbox.put_nowait(item)
+
+    def fail(self, cause: RootCause) -> None:
+        """Report a failure to the supervisor."""
+        self.post(Failure(cause))
+
+    async def next(self, deadline: float | None) -> Input:
+        """The next input; ``Timeout`` once ``deadline`` (``time.monotonic()``) passed."""
+        if deadline is None:
+            return await self.inbox.get()
+        try:
+            return await asyncio.wait_for(self.inbox.get(), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return Timeout()
+
+    # ------------------------------------------------------------------ the workers
+    def worker_named(self, name: str | None) -> Worker | None:
+        return next((w for w in self.workers if w.name == name), None)
+
+    def replica(self, dp_rank: int) -> list[Worker]:
+        """The scheduler ranks of replica ``dp_rank`` on this node."""
+        return [w for w in self.workers if w.dp_rank == dp_rank]
+
+    def spawn(self, worker: Worker) -> None:
+        """Start ``worker`` (at launch, or again when its replica restarts)."""
+        if self.output is None:
+            self.children.spawn(worker.child)
+        else:
+            self.output.spawn(self.children, worker.child)
+        worker.state.pid = worker.child.pid
+
+    async def reap(self, worker: Worker) -> int | None:
+        """The exit code of a worker whose process ended; its ``exited`` event the first time."""
+        if not worker.child.exit_seen:
+            await self.children.reap(worker.child)
+        self.record_exit(worker)
+        return worker.child.exitcode
+
+    def record_exit(self, worker: Worker) -> None:
+        """Record how a reaped worker's process ended and say so, once."""
+        ws = worker.state
+        if ws.exited:
+            return
+        code = worker.child.exitcode
+        ws.exited, ws.exitcode, ws.signal = True, code, signal_name(code)
+        self.publish(events.WorkerExited(**self._fields(worker), exitcode=code, signal=ws.signal))
+
+    async def stop(self, workers: list[Worker], grace: float) -> None:
+        """End ``workers`` (SIGTERM, ``grace`` s or until ``hurry``, SIGKILL; 0: SIGKILL at once)."""
+        await self.children.stop([w.child for w in workers], grace, hurry=self.hurry)
+
+    async def sweep_adopted(self) -> None:
+        """As a subreaper, end and reap what a dead worker left behind (re-parented to us)."""
+        if self.subreaper:
+            pids = {w.child.pid for w in self.workers if w.child.pid is not None}
+            swept = await _proctree.sweep_adopted(pids)
+            if swept:
+                log.debug(
+                    "ended %d process(es) left behind by exited workers: %s", len(swept), swept
+                )
+
+    async def exit_cause(self, worker: Worker) -> RootCause:
+        """``worker`` exited on its own: record how, wait for its report if it sent one, explain."""
+        code = await self.reap(worker)
+        await self.children.settle(worker.child)
+        await self.sweep_adopted()
+        if worker.failure is not None:
+            return diagnose.failed(worker.state, worker.failure, code)
+        return diagnose.exited(worker.state, code)
+
+    # ------------------------------------------------------------------ events
+    def publish(self, event: events.Event) -> None:
+        self.ops.publish(event)
+
+    def stopped(
+        self,
+        worker: Worker,
+        *,
+        because_of: str | None = None,
+        error: events.WorkerError | None = None,
+        restart: bool = False,
+        at_once: bool = False,
+    ) -> None:
+        """Record ``worker`` as stopped and say so (see ``events.WorkerStopped``)."""
+        worker.state.phase = phases.STOPPED
+        self.publish(
+            events.WorkerStopped(
+                **self._fields(worker),
+                because_of=because_of,
+                error=error,
+                restart=restart,
+                at_once=at_once,
+            )
+        )
+
+    def restarted(self, worker: Worker, attempt: int) -> None:
+        """``worker`` was spawned again for restart ``attempt`` of its replica."""
+        worker.state.restarted(worker.child.pid)
+        self.publish(events.WorkerRestarted(**self._fields(worker), restart=attempt))
+
+    def _fields(self, worker: Worker) -> events.WorkerFields:
+        return self.state.worker_fields(worker.state)
+
+    # ------------------------------------------------------------------ the watchdog
+    def start_watching(self) -> None:
+        """Start the watchdog over the workers that reported ready (the server is ready)."""
+        self._watching = asyncio.create_task(self.watchdog.run())
+
+    def stop_watching(self) -> None:
+        """From here a silent worker is no failure (the launch is stopping)."""
+        if self._watching is not None:
+            self._watching.cancel()
+
+    # ------------------------------------------------------------------ what happens
+    def _on_message(self, child: Child, message: messages.Message) -> None:
+        worker = self._worker_of(child)
+        ws = worker.state
+        self.watchdog.heard(ws.name)
+        if worker.stopped_at_once and isinstance(message, (messages.Phase, messages.Ready)):
+            return  # sent before it was killed, read after: old news about a stopped worker
+        if self.healing.stage(worker) == DOWN:
+            if isinstance(message, messages.Failed) and ws.phase != phases.STOPPED:
+                # Its replica is restarting because of a peer: a consequence, kept, not a cause.
+                ws.error = _error_of(message)
+                self.stopped(worker, error=ws.error, because_of=self.healing.because_of(worker))
+            return
+        if isinstance(message, messages.Phase):
+            ws.phase = message.phase
+            ws.phases[message.phase] = message.duration
+            self.publish(
+                events.WorkerPhase(
+                    **self._fields(worker),
+                    phase=message.phase,
+                    duration=message.duration,
+                    early_imports=message.early_imports,
+                )
+            )
+        elif isinstance(message, messages.Ready):
+            self._on_ready(worker, message)
+        elif isinstance(message, messages.Failed):
+            self._on_failed(worker, message)
+        elif isinstance(message, messages.Stopped):
+            self.stopped(worker)
+        # Heartbeats need no action: a stalled child is caught by the deadline or its sentinel.
+
+    def _on_ready(self, worker: Worker, message: messages.Ready) -> None:
+        ws = worker.state
+        ws.phase, ws.ready, ws.ready_at = phases.READY, True, message.time
+        ws.phases[phases.READY] = message.duration
+        ws.platform, ws.info = message.platform, dict(message.info)
+        if not self.stopping:
+            self.watchdog.watch(ws.name)
+        self.publish(
+            events.WorkerReady(**self._fields(worker), duration=message.duration, info=ws.info)
+        )
+        if message.platform != self.platform:
+            self.blamed = self.blamed or ws.name
+            self.fail(diagnose.wrong_platform(ws, message.platform, self.platform))
+        elif self.healing.stage(worker) == RESPAWNED:
+            self.healing.rank_ready(worker)
+        elif self.state.all_ready():
+            self.post(AllReady())
+
+    def _on_failed(self, worker: Worker, message: messages.Failed) -> None:
+        ws = worker.state
+        ws.error = _error_of(message)
+        if self.blamed is not None and self.blamed != ws.name:
+            # A consequence of the root cause (a peer gone, a stop on the way): its report is
+            # kept in the snapshot, and the worker counts as stopped, not failed.
+            if ws.phase != phases.STOPPED:
+                self.stopped(worker, error=ws.error, because_of=self.blamed)
+            return
+        if self.stop_reason is None and not self.stopping:
+            self.blamed = ws.name
+        self.publish(events.WorkerFailed(**self._fields(worker), error=ws.error))
+        self.fail(diagnose.failed(ws, message, message.exit_code))
+
+    def _on_exit(self, child: Child) -> None:
+        worker = self._worker_of(child)
+        self.watchdog.forget(worker.name)
+        if self.healing.stage(worker) == DOWN:
+            return  # its replica's restart ends and reaps it
+        if self.blamed is None and not self.stopping and self.stop_reason is None:
+            self.blamed = worker.name
+        self.post(Exit(worker, child.process))
+
+    def _on_hung(self, name: str, quiet: float) -> None:
+        """The watchdog found ``name`` silent: the launch fails with it as the root cause."""
+        worker = self.worker_named(name)
+        if worker is None or self.stopping or self.stop_reason is not None:
+            return
+        if self.healing.stage(worker) == DOWN:
+            return  # its replica is being restarted already
+        self.blamed = self.blamed or name
+        self.fail(diagnose.hung(worker.state, quiet, self.watchdog.timeout))
+
+    def _worker_of(self, child: Child) -> Worker:
+        return next(w for w in self.workers if w.child is child)
+
+    def close(self) -> None:
+        """Release what the launch holds (the supervisor stopped every worker before)."""
+        self.stop_watching()
+        self.healing.cancel()
+        self.children.close()  # kills leftovers only after an unexpected error
+        if self.output is not None:
+            self.output.drain()
+        self.ops.close()
+
+
+def _error_of(message: messages.Failed) -> events.WorkerError:
+    """A worker's ``failed`` report as its record's ``error``."""
+    return events.WorkerError(
+        phase=message.phase,
+        type=message.exc_type,
+        message=message.message,
+        traceback=message.traceback,
+    )
