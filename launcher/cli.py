@@ -23,6 +23,11 @@ COMMANDS = {
     ),
     "status": ("launcher.commands.status", "print a running launcher's status snapshot"),
     "events": ("launcher.commands.events", "print a running launcher's events as JSON lines"),
+    "reload": (
+        "launcher.commands.reload",
+        "replace a running launcher's replicas one at a time (new model, fresh plugins)",
+    ),
+    "scale": ("launcher.commands.scale", "add or remove a running launcher's replicas"),
     "check-platform": (
         "conformance.command",
         "run the platform contract on this machine's device",

@@ -45,6 +45,12 @@ class Launcher:
     - ``status()`` is the ops snapshot (what ``sglang-launch status --json`` prints);
       ``events()`` yields it first and then every event until the launch ends, each as the JSON
       object the ops socket publishes (``launcher.events.from_dict`` makes it its struct).
+    - ``reload(model_path=None, served_model_name=None)`` replaces the replicas one at a time
+      (fresh processes; another model when given) and ``scale(dp_size)`` adds or removes
+      replicas, both while the server serves; each returns the change's last event once it is
+      done, raises ``LaunchError`` with the root cause when it failed (a failed reload is rolled
+      back first) and ``ValueError`` (``launcher.supervisor.changes.ChangeRefused``) when it
+      cannot be made.
     - ``stop()`` stops gracefully (HTTP child first, then schedulers) and returns when every
       child process is gone. ``with Launcher(...) as launcher:`` starts, waits and stops.
     """
@@ -119,6 +125,55 @@ class Launcher:
                 f"the launch did not stop within {timeout}s; call stop() again to keep waiting"
             )
         _live.discard(self)
+
+    def reload(
+        self,
+        model_path: str | None = None,
+        served_model_name: str | None = None,
+        timeout: float | None = None,
+    ) -> dict[str, object]:
+        """Replace every replica, one at a time, with a fresh one serving ``model_path`` as
+        ``served_model_name`` (None keeps each; ``""`` goes back to the default); returns the
+        ``reload.finished`` event. A failure is rolled back, then raised as ``LaunchError``."""
+        import os
+
+        path = os.path.abspath(os.path.expanduser(model_path)) if model_path else model_path
+        return self._change(
+            lambda rollouts: rollouts.start_reload(path, served_model_name, "Launcher.reload()"),
+            timeout,
+        )
+
+    def scale(self, dp_size: int, timeout: float | None = None) -> dict[str, object]:
+        """Run ``dp_size`` replicas: new ones take requests once they answered one, removed ones
+        (the newest) finish what they hold first; returns the ``scale.finished`` event, raises
+        ``LaunchError`` when a new replica failed (those added before it stay)."""
+        return self._change(
+            lambda rollouts: rollouts.start_scale(dp_size, "Launcher.scale()"), timeout
+        )
+
+    def _change(self, start: Callable[[Any], Any], timeout: float | None) -> dict[str, object]:
+        import concurrent.futures
+
+        from launcher import events
+
+        if self._thread is None or self._outcome is not None:
+            raise RuntimeError("the launch is not running; start() it first")
+        supervisor = self._started()
+        supervisor.opened.wait()
+        done = supervisor.request_change(start)
+        try:
+            event = done.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(
+                f"the change did not end within {timeout}s; it goes on (status() shows it)"
+            ) from None
+        except concurrent.futures.CancelledError:
+            raise LaunchError(
+                RootCause(summary="the launch stopped during the change", exit_code=ExitCode.OK)
+            ) from None
+        if isinstance(event, (events.ReloadFailed, events.ScaleFailed)):
+            raise LaunchError(in_python_spelling(event.root_cause))
+        return events.to_dict(event)
 
     def __enter__(self) -> Launcher:
         return self.start()

@@ -21,9 +21,13 @@ Every event's JSON object has:
 
 Kinds: worker events (``WorkerPhase``, ``WorkerReady``, ``WorkerFailed``, ``WorkerStopped``,
 ``WorkerExited``, ``WorkerRestarted``), server events (``ServerStarting``, ``ServerReady``,
-``ServerFailed``, ``ServerStopping``, ``ServerStopped``) and the events of a scheduler replica
-that heals (``ReplicaRestarting``, ``ReplicaReady``). ``WORKER_GONE`` are the worker events after
-which the worker's process is gone (or going).
+``ServerFailed``, ``ServerStopping``, ``ServerStopped``), the events of a scheduler replica
+that heals (``ReplicaRestarting``, ``ReplicaReady``), those of a replica that a reload or a scale
+starts or retires (``ReplicaJoining``, ``ReplicaServing``, ``ReplicaDraining``, ``ReplicaReplaced``,
+``ReplicaRemoved``), and those of the change itself (``ReloadStarted``, ``ReloadFinished``,
+``ReloadFailed``, ``ScaleStarted``, ``ScaleFinished``, ``ScaleFailed``: topics ``reload.<kind>``
+and ``scale.<kind>``). ``WORKER_GONE`` are the worker events after which the worker's process is
+gone (or going).
 
 Import-light: msgspec and the standard library only (the serving runtime's HTTP child imports
 this module; ``launcher.supervisor.causes`` is standard library only).
@@ -38,13 +42,25 @@ import msgspec
 from launcher.supervisor.causes import RootCause
 
 __all__ = [
+    "CHANGE_ENDED",
     "WORKER_GONE",
     "Event",
     "EventError",
     "OpsEvent",
+    "ReloadFailed",
+    "ReloadFinished",
+    "ReloadStarted",
+    "ReplicaDraining",
     "ReplicaEvent",
+    "ReplicaJoining",
     "ReplicaReady",
+    "ReplicaRemoved",
+    "ReplicaReplaced",
     "ReplicaRestarting",
+    "ReplicaServing",
+    "ScaleFailed",
+    "ScaleFinished",
+    "ScaleStarted",
     "ServerFailed",
     "ServerReady",
     "ServerStarting",
@@ -261,6 +277,161 @@ class ReplicaReady(ReplicaEvent, frozen=True, kw_only=True, tag="replica.ready")
     pids: list[int | None]
 
 
+# -- a replica that a reload or a scale starts or retires: replica.<dp>.<kind> -----------------------
+class ReplicaJoining(ReplicaEvent, frozen=True, kw_only=True, tag="replica.joining"):
+    """Every rank of a replica that ``change`` (``"reload"``, ``"scale"``, ``"rollback"``) started
+    is ready (processes ``pids``, ``startup_s`` after they were spawned), serving ``model_path`` as
+    ``served_name``. It takes no requests yet: with ``probe``, the HTTP child connects, sends it one
+    request and reports the answer to the supervisor (``replica.probed`` on the query socket)."""
+
+    change: str
+    pids: list[int | None]
+    startup_s: float
+    model_path: str | None
+    served_name: str | None
+    probe: bool
+
+
+class ReplicaServing(ReplicaEvent, frozen=True, kw_only=True, tag="replica.serving"):
+    """The joining replica answered its probe (``probe_s`` seconds, None when there was none) and
+    takes requests from now on."""
+
+    change: str
+    probe_s: float | None
+
+
+class ReplicaDraining(ReplicaEvent, frozen=True, kw_only=True, tag="replica.draining"):
+    """The replica takes no new requests; the HTTP child lets those it holds finish (streams to
+    their end) and reports it drained (``replica.drained``), then the supervisor stops it.
+    ``in_place``: nothing serves beside it meanwhile (``--reload-surge 0``); requests wait for its
+    successor rather than fail."""
+
+    change: str
+    in_place: bool
+
+
+class ReplicaReplaced(ReplicaEvent, frozen=True, kw_only=True, tag="replica.replaced"):
+    """Replica ``dp_rank`` is gone and replica ``by`` (processes ``pids``) serves in its place,
+    ``model_path`` as ``served_name``; ``previous_pids`` were the old processes. ``seconds`` from
+    the start of the new replica to the old one's end: ``startup_s`` to ready, ``probe_s`` for the
+    probe, ``drain_s`` to drain and stop the old one."""
+
+    change: str
+    by: int
+    pids: list[int | None]
+    previous_pids: list[int | None]
+    model_path: str | None
+    served_name: str | None
+    seconds: float
+    startup_s: float
+    probe_s: float | None
+    drain_s: float
+
+
+class ReplicaRemoved(ReplicaEvent, frozen=True, kw_only=True, tag="replica.removed"):
+    """The replica is gone for good: drained and stopped by a scale down, or, with ``cause`` (the
+    failure's summary), a replica that failed before it served, ended at once."""
+
+    change: str
+    pids: list[int | None]
+    cause: str | None = None
+
+
+# -- the changes themselves: reload.<kind>, scale.<kind> ------------------------------------------
+class ReloadStarted(OpsEvent, frozen=True, kw_only=True, tag="reload.started"):
+    """Reload ``id`` replaces ``replicas`` one at a time (``surge`` 1: each new one beside the
+    old one; 0: in place), because of ``reason`` (``"reload command"``, ``"received SIGHUP"``,
+    ``"Launcher.reload()"``). From ``previous_model_path`` / ``previous_served_name`` to
+    ``model_path`` / ``served_name``; ``changes`` lists what else differs for the new replicas
+    (plugin distributions installed, removed or upgraded since the replicas now serving started)."""
+
+    id: int
+    reason: str
+    replicas: list[int]
+    surge: int
+    model_path: str | None
+    served_name: str | None
+    previous_model_path: str | None
+    previous_served_name: str | None
+    changes: list[str]
+
+
+class ReloadFinished(OpsEvent, frozen=True, kw_only=True, tag="reload.finished"):
+    """Every replica of reload ``id`` was replaced (``replicas``: the dp ranks now serving) in
+    ``seconds``; the server serves ``model_path`` as ``served_name``."""
+
+    id: int
+    replicas: list[int]
+    model_path: str | None
+    served_name: str | None
+    seconds: float
+
+
+class ReloadFailed(OpsEvent, frozen=True, kw_only=True, tag="reload.failed"):
+    """Reload ``id`` stopped at its ``root_cause`` (``root_cause_text`` as the operator reads it);
+    the replicas it had replaced went back (``rolled_back``: their dp ranks now), and
+    ``replicas`` serve ``model_path`` as ``served_name``, as before the reload.
+    ``rollback_failures`` names what could not be put back (empty when all was)."""
+
+    id: int
+    root_cause: RootCause
+    root_cause_text: str
+    rolled_back: list[int]
+    replicas: list[int]
+    model_path: str | None
+    served_name: str | None
+    rollback_failures: list[str] = []
+
+
+class ScaleStarted(OpsEvent, frozen=True, kw_only=True, tag="scale.started"):
+    """Scale ``id`` goes from ``previous_dp_size`` to ``dp_size`` replicas, because of
+    ``reason`` (``"scale command"``, ``"received SIGTTIN"``, ...); ``restart_policy`` is the
+    policy in effect while it runs."""
+
+    id: int
+    reason: str
+    dp_size: int
+    previous_dp_size: int
+    restart_policy: str
+
+
+class ScaleFinished(OpsEvent, frozen=True, kw_only=True, tag="scale.finished"):
+    """Scale ``id`` is done: ``replicas`` (their dp ranks) serve, ``added`` and ``removed`` by it,
+    in ``seconds``; ``restart_policy`` is the policy in effect now (the default follows the
+    number of replicas)."""
+
+    id: int
+    dp_size: int
+    replicas: list[int]
+    added: list[int]
+    removed: list[int]
+    restart_policy: str
+    seconds: float
+
+
+class ScaleFailed(OpsEvent, frozen=True, kw_only=True, tag="scale.failed"):
+    """Scale ``id`` stopped at its ``root_cause``; ``replicas`` serve (those it added before the
+    failure stay), ``restart_policy`` is the policy in effect."""
+
+    id: int
+    root_cause: RootCause
+    root_cause_text: str
+    dp_size: int
+    replicas: list[int]
+    added: list[int]
+    removed: list[int]
+    restart_policy: str
+
+
+# The events that end a reload or a scale.
+CHANGE_ENDED: tuple[type[OpsEvent], ...] = (
+    ReloadFinished,
+    ReloadFailed,
+    ScaleFinished,
+    ScaleFailed,
+)
+
+
 Event = (
     WorkerPhase
     | WorkerReady
@@ -275,6 +446,17 @@ Event = (
     | ServerStopped
     | ReplicaRestarting
     | ReplicaReady
+    | ReplicaJoining
+    | ReplicaServing
+    | ReplicaDraining
+    | ReplicaReplaced
+    | ReplicaRemoved
+    | ReloadStarted
+    | ReloadFinished
+    | ReloadFailed
+    | ScaleStarted
+    | ScaleFinished
+    | ScaleFailed
 )
 
 

@@ -1,6 +1,7 @@
-"""The ops client side: find a running launcher and ask it for its state or its events.
+"""The ops client side: find a running launcher and ask it for its state or its events, or to
+change (reload, scale).
 
-Used by ``sglang-launch status`` and ``sglang-launch events``. Every request has a deadline and
+Used by ``sglang-launch status``, ``events``, ``reload`` and ``scale``. Every request has a deadline and
 every socket is closed without lingering, so a launcher that vanished mid-question makes the
 command fail with a message, never hang.
 """
@@ -13,11 +14,16 @@ import zmq
 
 from launcher.supervisor.rundir import find_launcher
 
-__all__ = ["QueryError", "find_launcher", "query"]
+__all__ = ["QueryError", "QueryRefused", "find_launcher", "query"]
 
 
 class QueryError(RuntimeError):
     """The launcher did not answer, or answered with an error."""
+
+
+class QueryRefused(QueryError):
+    """The launcher understood the request and refused it (a reload or a scale it cannot make
+    now); the message is its reason."""
 
 
 def query(
@@ -44,6 +50,8 @@ def query(
         sock.close()
     if not isinstance(reply, dict) or not reply.get("ok"):
         error = reply.get("error") if isinstance(reply, dict) else reply
+        if isinstance(reply, dict) and reply.get("refused") is True:
+            raise QueryRefused(str(error))
         raise QueryError(f"the launcher refused the query: {error}")
     answer: dict[str, object] = reply
     return answer

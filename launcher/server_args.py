@@ -127,6 +127,14 @@ class ServerArgs:
         "seconds before a replica's first restart; each further restart of it waits twice as "
         "long, at most 30 s",
     )
+    reload_surge: int = _opt(
+        1,
+        "replicas started beside the old ones while `sglang-launch reload` (or SIGHUP) replaces "
+        "them one at a time: 1 starts each new replica next to the one it replaces, which "
+        "serves until the new one has answered a request; 0 stops each old replica first, for "
+        "machines without room for two copies of the model (with --dp-size 1 the server then "
+        "answers no request until the new replica is ready: they wait up to --request-timeout)",
+    )
     runtime: str = _opt(
         "srt", "which runtime's platforms and plugins the workers use", choices=RUNTIMES
     )
@@ -309,6 +317,11 @@ class ServerArgs:
             not (self.restart_policy == ON_FAILURE and self.nnodes > 1),
             f"--restart-policy on-failure restarts replicas on one node only, not with --nnodes "
             f"{self.nnodes}; use --restart-policy never and let the orchestrator restart the nodes",
+        )
+        need(
+            self.reload_surge in (0, 1),
+            f"--reload-surge {self.reload_surge} must be 1 (a new replica starts beside the old "
+            "one) or 0 (the old one stops first)",
         )
         need(self.max_restarts >= 0, f"--max-restarts {self.max_restarts} must be 0 or more")
         need(

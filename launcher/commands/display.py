@@ -19,8 +19,17 @@ from typing import TextIO
 
 from launcher.events import (
     Event,
+    ReloadFailed,
+    ReloadFinished,
+    ReloadStarted,
     ReplicaReady,
+    ReplicaRemoved,
+    ReplicaReplaced,
     ReplicaRestarting,
+    ReplicaServing,
+    ScaleFailed,
+    ScaleFinished,
+    ScaleStarted,
     ServerFailed,
     ServerReady,
     ServerStarting,
@@ -71,6 +80,18 @@ class TerminalDisplay:
                 self._print(
                     f"{PREFIX} stopped; every worker process is gone ({event.teardown_s:.2f}s)"
                 )
+            case (
+                ReloadStarted()
+                | ReloadFinished()
+                | ReloadFailed()
+                | ScaleStarted()
+                | ScaleFinished()
+                | ScaleFailed()
+                | ReplicaServing()
+                | ReplicaReplaced()
+                | ReplicaRemoved()
+            ):
+                self._print(f"{PREFIX} {_change_line(event)}")
 
     def _starting_line(self, event: ServerStarting) -> None:
         if event.cpu_fallback:
@@ -155,6 +176,43 @@ def _ready_line(event: ServerReady) -> str:
     if event.url:
         return f"{PREFIX} ready at {event.url} ({event.worker_count} workers{after})"
     return f"{PREFIX} node {event.node_rank} ready ({event.worker_count} workers{after})"
+
+
+def _change_line(event: Event) -> str:
+    """One line for an event of a reload or a scale."""
+    match event:
+        case ReloadStarted():
+            also = f"; also {', '.join(event.changes)}" if event.changes else ""
+            return (
+                f"reload {event.id} ({event.reason}): replacing {len(event.replicas)} replica(s) "
+                f"one at a time with {event.served_name} ({event.model_path}){also}"
+            )
+        case ReloadFinished():
+            return f"reload {event.id} done in {event.seconds:.1f}s: serving {event.served_name}"
+        case ReloadFailed():
+            return (
+                f"reload {event.id} failed and was rolled back (dp={event.rolled_back}): "
+                f"{event.root_cause.summary}; serving {event.served_name}"
+            )
+        case ScaleStarted():
+            return (
+                f"scale {event.id} ({event.reason}): {event.previous_dp_size} -> "
+                f"{event.dp_size} replica(s)"
+            )
+        case ScaleFinished():
+            return f"scale {event.id} done in {event.seconds:.1f}s: {event.dp_size} replica(s)"
+        case ScaleFailed():
+            return (
+                f"scale {event.id} failed: {event.root_cause.summary}; "
+                f"{event.dp_size} replica(s) serve"
+            )
+        case ReplicaServing():
+            return f"{event.replica} serves ({event.change})"
+        case ReplicaReplaced():
+            return f"{event.replica} replaced by scheduler dp={event.by} in {event.seconds:.1f}s"
+        case ReplicaRemoved():
+            return f"{event.replica} removed" + (f": {event.cause}" if event.cause else "")
+    return event.topic
 
 
 def _width(stream: TextIO) -> int:

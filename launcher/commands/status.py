@@ -53,8 +53,19 @@ def render(state: LaunchState) -> str:
         f"sglang-launch pid {state.pid}: {state.phase}"
         f"{'  ' + state.url if state.url else ''}{where}  up {up:.0f}s",
         f"platform {state.platform} ({state.platform_reason})",
-        f"  {'WORKER':<14} {'PID':>7}  {'PHASE':<20} {'START-UP':>9}  EXIT",
     ]
+    if state.model_path or state.served_model_name:
+        lines.append(
+            f"model {state.served_model_name} ({state.model_path}) on {len(state.replicas)} "
+            f"replica(s): dp={state.replicas}"
+        )
+    if state.change is not None:
+        change = state.change
+        lines.append(
+            f"{change.kind} {change.id} in progress ({change.reason}, "
+            f"{time.time() - change.started_at:.0f}s): {change.step or 'starting'}"
+        )
+    lines.append(f"  {'WORKER':<14} {'PID':>7}  {'PHASE':<20} {'START-UP':>9}  EXIT")
     for w in state.workers:
         took = f"{sum(w.phases.values()):.2f}s" if w.phases else "-"
         exit_text = w.signal or ("-" if w.exitcode is None else str(w.exitcode))

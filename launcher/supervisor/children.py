@@ -89,6 +89,7 @@ class Children:
         self._on_message = on_message
         self._on_exit = on_exit
         self.children: list[Child] = []
+        self._forgotten: set[int] = set()  # pids of children forgotten: late news is dropped
         self._arrived = asyncio.Event()
         self._pull = zctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
@@ -105,6 +106,20 @@ class Children:
         child = Child(spec)
         self.children.append(child)
         return child
+
+    def forget(self, child: Child) -> None:
+        """Stop watching ``child``, which ran and was reaped (a replica retired while the launch
+        goes on): its status messages are ignored from now on, and a later child may take its
+        name."""
+        if child.running:
+            raise RuntimeError(f"{child.name} is still running; stop it before forgetting it")
+        if child.process is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self._loop.remove_reader(child.process.sentinel)
+        if child.pid is not None:
+            self._forgotten.add(child.pid)
+        if child in self.children:
+            self.children.remove(child)
 
     def spawn(
         self, child: Child, output: int | None = None, streams: tuple[int, ...] = (1, 2)
@@ -158,6 +173,8 @@ class Children:
                 continue
             self._arrived.set()
             child = next((c for c in self.children if c.name == message.worker), None)
+            if message.pid in self._forgotten and (child is None or child.pid != message.pid):
+                continue  # sent by a retired child before it exited, read after
             if child is None:
                 log.warning("ignored a status message from unknown worker %r", message.worker)
                 continue

@@ -136,6 +136,46 @@ def restart_impossible(replica: str, after: RootCause, error: BaseException) -> 
     )
 
 
+def join_timeout(replica: str, waiting: list[WorkerState], timeout: float) -> RootCause:
+    """The ranks ``waiting`` of ``replica``, started by a reload or a scale, were not ready
+    within ``timeout`` seconds (or the replica did not answer its probe by then)."""
+    first = waiting[0] if waiting else None
+    return RootCause(
+        summary=f"{replica} was not serving within {timeout:g}s of its start"
+        + ("" if waiting else " (it did not answer its probe request)"),
+        exit_code=ExitCode.STARTUP_TIMEOUT,
+        worker=first.name if first else None,
+        pid=first.pid if first else None,
+        node_rank=first.node_rank if first else 0,
+        phase=phase_in_progress(first.phase) if first else phases.READY,
+        error_type="StartupTimeout",
+        message=_where(waiting) if waiting else None,
+        hint="raise --startup-timeout if loading the model is just slow",
+    )
+
+
+def probe_failed(replica: str, error: str) -> RootCause:
+    """``replica``, started by a reload or a scale, was ready but failed its probe request."""
+    return RootCause(
+        summary=f"{replica} failed its probe request: {error}",
+        exit_code=ExitCode.WORKER_FAILED,
+        phase=phases.READY,
+        error_type="ProbeFailed",
+        message=error,
+        hint="the model loaded but cannot answer a request; look at the replica's output above",
+    )
+
+
+def spawn_failed(replica: str, error: BaseException) -> RootCause:
+    """Starting a process of ``replica`` (for a reload or a scale) raised ``error``."""
+    return RootCause(
+        summary=f"{replica} could not be started",
+        exit_code=ExitCode.WORKER_FAILED,
+        error_type=type(error).__name__,
+        message=str(error),
+    )
+
+
 def phase_in_progress(last: str) -> str:
     """The bootstrap phase a worker was working towards, given the last one it reported."""
     if last in phases.PHASES[:-1]:

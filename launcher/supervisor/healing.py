@@ -43,6 +43,11 @@ class Healing:
         self._startup_timeout = startup_timeout
         self._in_progress: dict[int, ReplicaRestart] = {}  # dp rank -> its restart
 
+    @property
+    def in_progress(self) -> list[int]:
+        """The dp ranks of the replicas restarting now."""
+        return sorted(self._in_progress)
+
     def stage(self, worker: Worker) -> str | None:
         """``DOWN`` or ``RESPAWNED`` while ``worker``'s replica restarts, else None."""
         restart = self._restart_of(worker)

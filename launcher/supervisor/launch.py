@@ -3,14 +3,17 @@
 A ``Launch`` exists while one launch runs (``Supervisor.run`` makes it once the runtime directory
 and the plan exist). It holds the ``LaunchState`` ops tooling sees, one ``Worker`` per child, the
 ``Children`` watcher and its status socket, the ``OpsChannel``, the workers' output pipes, the
-watchdog, the restarts in progress (``Healing``), and the inbox the supervisor waits on.
+watchdog, the restarts in progress (``Healing``), the reloads and scales (``Rollouts``), and the
+inbox the supervisor waits on.
 
 It turns what happens into state, events and inbox items: a status message updates the worker's
 record and is published as an event; a failure, an exit, a silent worker or every worker ready
 becomes an ``Input`` in the inbox (``Failure``, ``Exit``, ``AllReady``; ``Stop`` comes from a stop
 request). The first failure names the worker that is to blame (``blamed``): what other workers
 report after it is a consequence, and they are recorded as stopped. What to do about an input
-(fail, heal, stop) is decided by the supervisor and by ``Healing``.
+(fail, heal, stop) is decided by the supervisor and by ``Healing``. A worker of a replica that a
+reload or a scale is starting or retiring is that change's (``Rollouts.stage``): its news goes to
+``Rollouts``, never to the inbox.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from launcher.supervisor import proctree as _proctree
 from launcher.supervisor.causes import RootCause, signal_name
 from launcher.supervisor.children import Child, Children
 from launcher.supervisor.healing import Healing
+from launcher.supervisor.replicas import RETIRING, STARTING, ReplicaSet
 from launcher.supervisor.restarts import DOWN, RESPAWNED, Restarts
+from launcher.supervisor.rollout import Rollouts
+from launcher.supervisor.state import WorkerState
 from launcher.supervisor.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -37,9 +43,12 @@ if TYPE_CHECKING:
     import zmq.asyncio
 
     from bootstrap import ProcessSpec
+    from launcher.server_args import ServerArgs
+    from launcher.supervisor.changes import Generation
     from launcher.supervisor.ops import OpsChannel
     from launcher.supervisor.output import WorkerOutput
-    from launcher.supervisor.state import LaunchState, WorkerState
+    from launcher.supervisor.state import LaunchState
+    from platforms import Selection
 
 log = logging.getLogger("launcher")
 
@@ -125,17 +134,17 @@ class Launch:
         state: LaunchState,
         ops: OpsChannel,
         *,
-        platform: str,
+        args: ServerArgs,
+        selection: Selection,
+        generation: Generation,
         restarts: Restarts,
-        startup_timeout: float,
-        watchdog_timeout: float,
         output: WorkerOutput | None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.state = state
         self.ops = ops
         self.output = output
-        self.platform = platform  # the key of the platform the supervisor selected
+        self.platform = selection.key  # the key of the platform the supervisor selected
         self.inbox: asyncio.Queue[Input] = asyncio.Queue()
         self.hurry = asyncio.Event()  # set: the grace period of a stop is over
         self.stop_reason: str | None = None
@@ -149,9 +158,11 @@ class Launch:
             Worker(self.children.add(spec), ws)
             for spec, ws in zip(specs, state.workers, strict=True)
         ]
-        self.watchdog = Watchdog(watchdog_timeout, self._on_hung)
+        self.watchdog = Watchdog(args.watchdog_timeout, self._on_hung)
         self._watching: asyncio.Task[None] | None = None
-        self.healing = Healing(self, restarts, startup_timeout)
+        self.healing = Healing(self, restarts, args.startup_timeout)
+        self.replicas = ReplicaSet(self, args, lambda: self.rollouts.show())
+        self.rollouts = Rollouts(self, self.replicas, generation, selection, args)
 
     # ------------------------------------------------------------------ the inbox
     def post(self, item: Input) -> None:
@@ -180,6 +191,25 @@ class Launch:
     def replica(self, dp_rank: int) -> list[Worker]:
         """The scheduler ranks of replica ``dp_rank`` on this node."""
         return [w for w in self.workers if w.dp_rank == dp_rank]
+
+    def add_worker(self, spec: ProcessSpec) -> Worker:
+        """A new worker of the running launch (a replica a reload or a scale starts), to spawn."""
+        worker = Worker(
+            self.children.add(spec),
+            WorkerState(spec.role, spec.rank, spec.local_rank, self.state.node_rank),
+        )
+        self.workers.append(worker)
+        self.workers.sort(key=_worker_order)
+        self.state.workers = [w.state for w in self.workers]
+        return worker
+
+    def remove_worker(self, worker: Worker) -> None:
+        """Forget ``worker``, whose process ended and was reaped (its replica was retired)."""
+        self.watchdog.forget(worker.name)
+        self.children.forget(worker.child)
+        if worker in self.workers:
+            self.workers.remove(worker)
+        self.state.workers = [w.state for w in self.workers]
 
     def spawn(self, worker: Worker) -> None:
         """Start ``worker`` (at launch, or again when its replica restarts)."""
@@ -278,11 +308,14 @@ class Launch:
         self.watchdog.heard(ws.name)
         if worker.stopped_at_once and isinstance(message, (messages.Phase, messages.Ready)):
             return  # sent before it was killed, read after: old news about a stopped worker
-        if self.healing.stage(worker) == DOWN:
+        if self.healing.stage(worker) == DOWN or self.replicas.stage(worker) == RETIRING:
             if isinstance(message, messages.Failed) and ws.phase != phases.STOPPED:
-                # Its replica is restarting because of a peer: a consequence, kept, not a cause.
+                # Its replica is restarting because of a peer, or being retired: a consequence,
+                # kept, not a cause.
                 ws.error = _error_of(message)
                 self.stopped(worker, error=ws.error, because_of=self.healing.because_of(worker))
+            elif isinstance(message, messages.Stopped) and self.healing.stage(worker) != DOWN:
+                self.stopped(worker)
             return
         if isinstance(message, messages.Phase):
             ws.phase = message.phase
@@ -313,9 +346,16 @@ class Launch:
         self.publish(
             events.WorkerReady(**self._fields(worker), duration=message.duration, info=ws.info)
         )
+        starting = self.replicas.stage(worker) == STARTING
         if message.platform != self.platform:
+            cause = diagnose.wrong_platform(ws, message.platform, self.platform)
+            if starting:
+                self.replicas.rank_failed(worker, cause)
+                return
             self.blamed = self.blamed or ws.name
-            self.fail(diagnose.wrong_platform(ws, message.platform, self.platform))
+            self.fail(cause)
+        elif starting:
+            self.replicas.rank_ready(worker)
         elif self.healing.stage(worker) == RESPAWNED:
             self.healing.rank_ready(worker)
         elif self.state.all_ready():
@@ -324,6 +364,10 @@ class Launch:
     def _on_failed(self, worker: Worker, message: messages.Failed) -> None:
         ws = worker.state
         ws.error = _error_of(message)
+        if self.replicas.stage(worker) == STARTING and not self.stopping:
+            self.publish(events.WorkerFailed(**self._fields(worker), error=ws.error))
+            self.replicas.rank_failed(worker, diagnose.failed(ws, message, message.exit_code))
+            return
         if self.blamed is not None and self.blamed != ws.name:
             # A consequence of the root cause (a peer gone, a stop on the way): its report is
             # kept in the snapshot, and the worker counts as stopped, not failed.
@@ -340,6 +384,9 @@ class Launch:
         self.watchdog.forget(worker.name)
         if self.healing.stage(worker) == DOWN:
             return  # its replica's restart ends and reaps it
+        if self.replicas.stage(worker) is not None and not self.stopping:
+            self.replicas.rank_exited(worker)  # the change that owns its replica decides
+            return
         if self.blamed is None and not self.stopping and self.stop_reason is None:
             self.blamed = worker.name
         self.post(Exit(worker, child.process))
@@ -351,6 +398,13 @@ class Launch:
             return
         if self.healing.stage(worker) == DOWN:
             return  # its replica is being restarted already
+        stage = self.replicas.stage(worker)
+        if stage is not None:
+            if stage == STARTING:
+                self.replicas.rank_failed(
+                    worker, diagnose.hung(worker.state, quiet, self.watchdog.timeout)
+                )
+            return
         self.blamed = self.blamed or name
         self.fail(diagnose.hung(worker.state, quiet, self.watchdog.timeout))
 
@@ -361,10 +415,16 @@ class Launch:
         """Release what the launch holds (the supervisor stopped every worker before)."""
         self.stop_watching()
         self.healing.cancel()
+        self.rollouts.cancel()
         self.children.close()  # kills leftovers only after an unexpected error
         if self.output is not None:
             self.output.drain()
         self.ops.close()
+
+
+def _worker_order(worker: Worker) -> tuple[bool, str, int]:
+    """The HTTP child first, then the other roles, each by rank (the order of the snapshot)."""
+    return (worker.spec.role != "http", worker.spec.role, worker.spec.rank)
 
 
 def _error_of(message: messages.Failed) -> events.WorkerError:

@@ -1,7 +1,9 @@
 """systemd readiness notification (``sd_notify``), spoken over the ``NOTIFY_SOCKET`` datagram socket.
 
 An ops listener: ``STATUS=`` lines while workers start, ``READY=1`` once every worker is ready,
-``STOPPING=1`` when the launcher begins to stop. Without ``NOTIFY_SOCKET`` it does nothing.
+``RELOADING=1`` (with ``MONOTONIC_USEC``) when a reload begins and ``READY=1`` again when it ends,
+as ``systemctl reload`` of a ``Type=notify`` unit expects, ``STOPPING=1`` when the launcher
+begins to stop. Without ``NOTIFY_SOCKET`` it does nothing.
 Sends never block the supervisor's event loop: a notification that cannot be delivered at once
 (no listener, or its queue is full) is dropped and logged once; systemd being slow or away must
 never stall or stop a launch.
@@ -12,9 +14,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 
 from launcher.events import (
     Event,
+    ReloadFailed,
+    ReloadFinished,
+    ReloadStarted,
     ReplicaReady,
     ReplicaRestarting,
     ServerFailed,
@@ -64,6 +70,20 @@ class SystemdNotifier:
                 self.notify(f"STATUS=ready; {event.replica} restarting: {event.cause}")
             case ReplicaReady():
                 self.notify(f"STATUS=ready; {event.replica} serves again")
+            case ReloadStarted():
+                usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+                self.notify(
+                    "RELOADING=1",
+                    f"MONOTONIC_USEC={usec}",
+                    f"STATUS=reloading: {event.served_name} ({event.reason})",
+                )
+            case ReloadFinished():
+                self.notify("READY=1", f"STATUS=ready; reloaded: {event.served_name}")
+            case ReloadFailed():
+                self.notify(
+                    "READY=1",
+                    f"STATUS=ready; reload failed and was rolled back: {event.root_cause.summary}",
+                )
             case WorkerEvent():
                 self.notify(
                     f"STATUS=starting: {event.ready_count}/{event.worker_count} workers ready; "

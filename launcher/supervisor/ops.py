@@ -16,6 +16,10 @@ requests) fills that in:
   older ones were already dropped), so a follower that sees a gap in the sequence can close it;
   each entry is an event's JSON object (``launcher.events.from_dict`` reads it).
 
+Commands the launch registers (``add_command``) answer too: ``reload`` and ``scale`` begin a
+change and answer at once (``launcher.supervisor.rollout``: the change's own events say how it
+ends), and the HTTP child reports ``replica.probed`` and ``replica.drained`` there.
+
 Anything else gets ``{"ok": false, "error": "..."}``; a bad request never disturbs the launch.
 """
 
@@ -27,6 +31,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import zmq
@@ -39,6 +44,7 @@ log = logging.getLogger("launcher")
 
 HISTORY = 10_000
 Listener = Callable[[Event], None]
+Command = Callable[[dict[str, Any]], dict[str, object]]
 
 
 class OpsChannel:
@@ -54,6 +60,7 @@ class OpsChannel:
         self.state = state
         self.history: collections.deque[Event] = collections.deque(maxlen=HISTORY)
         self._listeners: list[Listener] = []
+        self._commands: dict[str, Command] = {}
         self._pub = zctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 500)  # let server.stopped reach subscribers on close
         self._pub.bind(pub_endpoint)
@@ -67,6 +74,11 @@ class OpsChannel:
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
+
+    def add_command(self, name: str, command: Command) -> None:
+        """Answer ``{"query": name, ...}`` with ``command(request)`` (run on the loop; it must
+        not block: a command that takes long answers at once and reports through events)."""
+        self._commands[name] = command
 
     def publish(self, event: Event) -> Event:
         """Number, time-stamp and send ``event``; returns it as sent."""
@@ -103,7 +115,18 @@ class OpsChannel:
                 "complete": first <= after + 1,
                 "seq": self.state.seq,
             }
-        return {"ok": False, "error": f"unknown query {kind!r}; known queries: snapshot, events"}
+        command = self._commands.get(kind) if isinstance(kind, str) else None
+        if command is not None:
+            try:
+                return command(request)
+            except Exception as exc:  # noqa: BLE001 - a bad request never disturbs the launch
+                log.exception("the %r query failed", kind)
+                return {
+                    "ok": False,
+                    "error": f"the {kind} query failed: {type(exc).__name__}: {exc}",
+                }
+        known = ", ".join(["snapshot", "events", *self._commands])
+        return {"ok": False, "error": f"unknown query {kind!r}; known queries: {known}"}
 
     async def _answer_queries(self) -> None:
         while True:

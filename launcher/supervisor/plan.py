@@ -9,10 +9,16 @@ the torch.distributed environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``L
 process's environment leaves them unset; node 0 also runs one HTTP child, unless
 ``http_target`` is empty (an engine that serves no HTTP). The rendezvous address is
 ``--dist-init-addr`` or, on a single node, a free loopback port (``launcher.rendezvous``).
+
+A replica that a reload or a scale starts while the launch runs (one node only) is planned by
+``replica_specs`` from one of the launch's scheduler specs: replica ``dp`` has the ranks
+``dp * per_replica ..`` and takes a group of devices (``LOCAL_RANK``) of its own, the one of the
+replica it replaces.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -127,3 +133,53 @@ def plan_children(
         )
         children.append(spec("scheduler", args.scheduler_target, rank, local_rank, env))
     return children
+
+
+# A replica started while the launch runs carries this, so its tp group meets in a rendezvous
+# file of its own (a dp rank can be used again after its earlier replica was stopped); the
+# serving runtime reads the variable, and a replica restarted by healing sets it too.
+INCARNATION_ENV = "SGLANG_LAUNCH_RESTART"
+
+
+def replica_specs(
+    template: ProcessSpec,
+    dp_rank: int,
+    device_group: int,
+    *,
+    payload: bytes,
+    entry_points: tuple[tuple[str, str, str, str | None], ...] | None,
+    dp_size: int,
+    incarnation: str,
+) -> list[ProcessSpec]:
+    """The scheduler specs of replica ``dp_rank``, started while a one-node launch runs: the
+    ranks ``dp_rank * tp_size + t`` on the devices ``device_group * tp_size + t``, with
+    ``payload`` (the server arguments it serves), the ``entry_points`` its children adopt,
+    ``dp_size`` replicas in the launch once it serves, and ``incarnation`` (unique in the launch)
+    for a fresh tp rendezvous. Everything else is ``template``'s, a scheduler spec of the launch."""
+    per_replica = max(template.tp_size, 1)
+    marker_dir = os.path.dirname(template.stop_marker) if template.stop_marker else ""
+    specs = []
+    for tp_rank in range(per_replica):
+        rank = dp_rank * per_replica + tp_rank
+        local_rank = device_group * per_replica + tp_rank
+        env = {
+            **template.env,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            INCARNATION_ENV: incarnation,
+        }
+        specs.append(
+            dataclasses.replace(
+                template,
+                rank=rank,
+                local_rank=local_rank,
+                dp_size=dp_size,
+                payload=payload,
+                entry_points=entry_points,
+                env=env,
+                stop_marker=os.path.join(marker_dir, f"stop.scheduler.{rank}")
+                if marker_dir
+                else "",
+            )
+        )
+    return specs

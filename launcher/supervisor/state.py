@@ -67,8 +67,23 @@ class WorkerState(msgspec.Struct):
         return data
 
 
+class ChangeState(msgspec.Struct):
+    """A reload or a scale in progress: ``kind`` (``"reload"``, ``"scale"``), its ``id`` (the
+    ``id`` of its ``reload.*`` / ``scale.*`` events), why it runs, since when, and ``step``, what
+    it is doing now (``"replacing scheduler dp=1 (2 of 3)"``)."""
+
+    kind: str
+    id: int
+    reason: str
+    started_at: float = msgspec.field(default_factory=time.time)
+    step: str = ""
+
+
 class LaunchState(msgspec.Struct):
-    """The whole launch: server phase, URL, platform, workers, and the root cause if it failed."""
+    """The whole launch: server phase, URL, platform, workers, and the root cause if it failed;
+    the model its replicas serve (``model_path``, ``served_model_name``: None for the embedded
+    default or the directory's name), the dp ranks of the replicas that serve (``replicas``) and
+    the reload or scale in progress (``change``)."""
 
     runtime: str
     platform: str
@@ -83,6 +98,10 @@ class LaunchState(msgspec.Struct):
     ready_at: float | None = None
     root_cause: RootCause | None = None
     seq: int = 0  # sequence number of the last event published
+    model_path: str | None = None
+    served_model_name: str | None = None
+    replicas: list[int] = msgspec.field(default_factory=list)
+    change: ChangeState | None = None
 
     @classmethod
     def from_snapshot(cls, snapshot: object) -> LaunchState:
@@ -121,5 +140,9 @@ class LaunchState(msgspec.Struct):
             "ready_at": self.ready_at,
             "root_cause": self.root_cause.to_dict() if self.root_cause is not None else None,
             "seq": self.seq,
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "replicas": list(self.replicas),
+            "change": msgspec.to_builtins(self.change) if self.change is not None else None,
             "workers": [w.to_dict() for w in self.workers],
         }

@@ -14,8 +14,10 @@ Its life, top to bottom, as ``run`` reads:
 3. wait for start-up: status messages and every child's sentinel are watched at once, under one
    deadline (``startup_timeout``); the first failure is the root cause (``diagnose``);
 4. serve: until a stop request, a signal, or a child's exit or failure. A scheduler replica that
-   fails now heals when ``--restart-policy`` allows (``restarts.Healing``), while the other
-   replicas and the HTTP child keep serving; any other failure is the root cause;
+   fails now heals when ``--restart-policy`` allows (``healing.Healing``), while the other
+   replicas and the HTTP child keep serving; any other failure is the root cause. Reloads and
+   scales (``rollout.Rollouts``: the query socket's ``reload`` and ``scale``, SIGHUP, SIGTTIN,
+   SIGTTOU, ``request_change``) replace, add and remove replicas meanwhile;
 5. stop: HTTP child first, then the schedulers; SIGTERM, the grace period, then SIGKILL of every
    remaining process tree;
 6. close: the sockets, the runtime directory.
@@ -27,10 +29,12 @@ Every state change is an ops event (``launcher.events``); the terminal display, 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -47,6 +51,7 @@ from launcher.supervisor import diagnose
 from launcher.supervisor import secrets as _secrets
 from launcher.supervisor import signals as _signals
 from launcher.supervisor.causes import ExitCode, LaunchError, RootCause
+from launcher.supervisor.changes import ChangeRefused, first_generation
 from launcher.supervisor.launch import AllReady, Exit, Failure, Launch, Stop, Timeout, Worker
 from launcher.supervisor.notify import SystemdNotifier
 from launcher.supervisor.ops import Listener, OpsChannel
@@ -58,6 +63,7 @@ from launcher.supervisor.state import FAILED, READY, STOPPED, STOPPING, LaunchSt
 
 if TYPE_CHECKING:
     from launcher.server_args import ServerArgs
+    from launcher.supervisor.rollout import Change, Rollouts
     from platforms import Selection
 
 log = logging.getLogger("launcher")
@@ -133,16 +139,75 @@ class Supervisor:
         except RuntimeError:  # the loop closed in between: the launch is over
             pass
 
+    def request_change(
+        self, start: Callable[[Rollouts], Change]
+    ) -> concurrent.futures.Future[events.Event]:
+        """Begin a reload or a scale from another thread (``start`` calls ``Rollouts.start_reload``
+        or ``start_scale``); the future ends with the change's last event (``reload.finished``,
+        ``reload.failed``, ...) or ``ChangeRefused``. ``RuntimeError`` once the launch ended."""
+        result: concurrent.futures.Future[events.Event] = concurrent.futures.Future()
+        launch = self._launch
+        if launch is None:
+            raise RuntimeError("the launch is not running")
+
+        def begin() -> None:
+            try:
+                change = start(launch.rollouts)
+            except ChangeRefused as exc:
+                result.set_exception(exc)
+                return
+            change.done.add_done_callback(
+                lambda done: (
+                    result.cancel() if done.cancelled() else result.set_result(done.result())
+                )
+            )
+
+        try:
+            launch.loop.call_soon_threadsafe(begin)
+        except RuntimeError:  # the loop closed in between
+            raise RuntimeError("the launch is not running") from None
+        return result
+
     def install_signal_handlers(self) -> None:
-        """SIGINT, SIGTERM, SIGHUP and SIGQUIT stop gracefully, a second one ends the grace
-        period; other would-be-fatal signals are logged (see ``launcher.supervisor.signals``).
-        Call from ``run``'s thread, the main thread, once the launch is open."""
+        """SIGINT, SIGTERM and SIGQUIT stop gracefully, a second one ends the grace period;
+        SIGHUP reloads once the server is ready (it stops before, or when the terminal went
+        away), SIGTTIN and SIGTTOU add and remove a replica; other would-be-fatal signals are
+        logged (see ``launcher.supervisor.signals``). Call from ``run``'s thread, the main
+        thread, once the launch is open."""
         loop = self.loop
         if loop is None:
             raise RuntimeError("the supervisor is not running (run() installs its handlers)")
-        _signals.install_on_loop(loop, self._on_stop_signal)
+        _signals.install_on_loop(loop, self._on_stop_signal, on_change=self._on_change_signal)
         for signame in _signals.take_pending():
             self._on_stop_signal(signame)
+
+    def _on_change_signal(self, signame: str) -> None:
+        """SIGHUP, SIGTTIN or SIGTTOU (see ``install_signal_handlers``)."""
+        launch = self._launch
+        if launch is None:
+            return
+        if signame == "SIGHUP":
+            if _signals.terminal_hung_up():
+                _signals.silence_terminal()
+                log.warning("received SIGHUP: the terminal went away; stopping")
+                self._on_stop_signal(signame)
+            elif launch.state.phase != READY:
+                self._on_stop_signal(signame)  # nothing to reload yet (or stopping already)
+            else:
+                launch.rollouts.reload_on_signal(signame)
+            return
+        if launch.state.phase != READY:
+            log.warning("ignored %s: the server is %s, not ready", signame, launch.state.phase)
+            return
+        if signame == "SIGTTOU" and _signals.terminal_sends_sigttou():
+            signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            log.warning(
+                "ignored SIGTTOU, and ignoring it from now on: this launcher runs in the "
+                "background of a terminal with 'stty tostop', which sends SIGTTOU on every "
+                "write; use sglang-launch scale --dp-size N instead"
+            )
+            return
+        launch.rollouts.scale_by(1 if signame == "SIGTTIN" else -1, f"received {signame}")
 
     def _on_stop_signal(self, signame: str) -> None:
         launch = self._launch
@@ -228,6 +293,7 @@ class Supervisor:
         state = launch.state
         launch.stopping = True
         launch.healing.cancel()
+        launch.rollouts.cancel()
         launch.stop_watching()  # a worker slow to stop is not a new failure
         if cause is not None:
             launch.blamed = launch.blamed or cause.worker
@@ -342,19 +408,27 @@ class Supervisor:
         output = None
         if self._worker_output is not None:
             output = WorkerOutput(loop, self._worker_output, self._output_streams)
+        schedulers = [s for s in specs if s.role == "scheduler"]
         launch = Launch(
             zctx,
             endpoints.status,
             specs,
             state,
             ops,
-            platform=self.selection.key,
+            args=args,
+            selection=self.selection,
+            generation=first_generation(
+                args, self._payload, schedulers[0].entry_points if schedulers else None
+            ),
             restarts=self._restarts,
-            startup_timeout=args.startup_timeout,
-            watchdog_timeout=args.watchdog_timeout,
             output=output,
         )
         release.callback(launch.close)
+        rollouts = launch.rollouts
+        ops.add_command("reload", rollouts.reload_command)
+        ops.add_command("scale", rollouts.scale_command)
+        ops.add_command("replica.probed", rollouts.probed_command)
+        ops.add_command("replica.drained", rollouts.drained_command)
         ops.start()
         rundir.write_state(
             {

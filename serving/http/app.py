@@ -21,6 +21,7 @@ from ``Route.body``, answers from ``Route.response`` (the struct the handler sen
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hmac
@@ -126,7 +127,9 @@ class Route(Generic[B]):
 
 @dataclasses.dataclass
 class AppState:
-    """What the routes need: the scheduler client, the metrics and static facts of the launch."""
+    """What the routes need: the scheduler client, the metrics and the facts of the launch.
+    ``served_name``, ``model_path`` and the model fields of ``server_args`` are the one place
+    the routes read the served model from; ``serve_model`` changes them when a reload finished."""
 
     client: SchedulerClient
     metrics: Metrics
@@ -140,6 +143,15 @@ class AppState:
     # The runtime's own API routes (``platforms.runtimes`` ``api_routes``): called by
     # ``create_app`` with a ``RouteKit``, it returns the ``Route``s to add. None: none.
     api_routes: Callable[[RouteKit], list[Route[Any]]] | None = None
+
+    def serve_model(self, model_path: str | None, served_name: str | None) -> None:
+        """A reload finished: the replicas serve ``model_path`` as ``served_name`` from now on."""
+        args = copy.copy(self.server_args)
+        args.model_path = model_path
+        args.served_model_name = served_name
+        self.server_args = args
+        self.model_path = model_path or self.model_path
+        self.served_name = served_name or self.served_name
 
     def wrong_model(self, name: str | None) -> Response | None:
         """The 404 for a request's ``model`` that is not the served one; None when it is (or the
@@ -262,7 +274,9 @@ class App:
             response = await route.handler(body, receive)
         except SchedulerError as exc:
             param = route.params.get(exc.param, exc.param) if exc.param else None
-            response = error_response(exc.status, self.refusal_message(exc.message, param), param)
+            wait = {"retry-after": str(exc.retry_after)} if exc.retry_after else None
+            message = self.refusal_message(exc.message, param)
+            response = error_response(exc.status, message, param, headers=wait)
         except Exception as exc:  # noqa: BLE001 - a bug answers 500 in JSON, the server goes on
             log.exception("%s %s failed", scope["method"], path)
             response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")

@@ -1,4 +1,5 @@
-"""The HTTP child's side of the scheduler sockets: routing, results, and liveness.
+"""The HTTP child's side of the scheduler sockets: routing, results, liveness, and the replicas
+a reload or a scale adds and retires.
 
 One DEALER socket per data-parallel replica connects to the scheduler's ROUTER. On one node both
 sides compute the address from ``ctx.endpoint`` (no round trip); on several nodes a replica whose
@@ -12,27 +13,26 @@ reply reaches its handler without an extra hop through the event loop).
 Liveness has two sources, and a replica is dead as soon as either reports it gone:
 - direct: a ZeroMQ socket monitor on each connection; a replica that was connected and
   disconnects has died (schedulers never close their socket while serving);
-- the supervisor: its ops events (``launcher.events``) on its PUB socket (``ctx.ops_endpoint``):
-  a scheduler rank's ``WORKER_GONE`` events (failed, stopped, exited), ``replica.<dp>.restarting``
-  and ``server.failed`` / ``server.stopping``.
+- the supervisor: its ops events (``serving.http.follow.SupervisorLink`` follows them).
 A dead replica gets no new requests. Requests in flight on it are sent once more to a live replica
 when nothing of their answer was delivered yet (every request but a stream that has produced
-output), else they fail with 503. ``healthy`` turns false as soon as a replica is dead, unless the
-launch ``heals`` (``--restart-policy on-failure``): then it stays true while one replica lives, the
-dead ones are listed as ``restarting``, and ``replica.<dp>.ready`` from the supervisor (all its
-ranks are ready again) connects a fresh socket to the restarted replica and routes to it again.
+output), else they fail with 503. ``healthy`` turns false as soon as a serving replica is dead,
+unless the launch ``heals`` (``--restart-policy on-failure``): then it stays true while one
+replica lives, the dead ones are listed as ``restarting``, and ``replica.<dp>.ready`` from the
+supervisor (all its ranks are ready again) connects a fresh socket to the restarted replica and
+routes to it again.
 
-A lost event must not keep a restarted replica out of routing: while a replica restarts, every
-``CATCH_UP_S`` seconds the client asks the supervisor's query socket (``ctx.query_endpoint``) for
-the events numbered above the last one it applied, and applies them in order. (The numbers skip
-anyway between the topics it subscribes to, so a skip alone proves no loss.)
+Reloads and scales change the replicas while they serve: one that ``join``s gets no request
+until it answered its probe (``SupervisorLink``), then ``serve``s; one that ``drain``s gets no new
+request and is forgotten once those it holds have ended (streams included). A request finding no
+replica serving during a change waits up to ``wait_s``, then gets a 503 with ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
-import json
 import logging
 import os
 import threading
@@ -41,8 +41,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from launcher import events as ops
 from serving import wire as messages
+from serving.http.follow import SupervisorLink
+from serving.http.replica import Replica, ReplicaGone, SchedulerError, poll_addresses
+
+__all__ = ["MakeRequest", "Replica", "SchedulerClient", "SchedulerError"]
 
 if TYPE_CHECKING:
     import zmq.asyncio
@@ -54,43 +57,7 @@ MakeRequest = Callable[[str], msgspec.Struct]
 
 log = logging.getLogger("sglang_launch.http")
 
-OPS_TOPICS = ("worker.scheduler.", "server.", "replica.")  # the supervisor events the client uses
-
-
-class _ReplicaGone:
-    """Delivered to a request in flight on a replica that died: repeat it elsewhere, or fail."""
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-
-
-class SchedulerError(Exception):
-    """A request could not be answered: ``status``, ``message`` and ``param`` (the request field
-    to change, in the scheduler's terms: ``input``, ``input[i]``, ``max_new_tokens``, ``model``)
-    go to the client."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-
-class Replica:
-    def __init__(self, dp_rank: int, endpoint: str | None) -> None:
-        self.dp_rank = dp_rank
-        self.endpoint = endpoint
-        self.sock: Any = None  # the asyncio socket (its monitor is awaited)
-        self.io: Any = None  # a plain shadow of it: requests are sent and replies read through this
-        self.inflight: set[str] = set()
-        self.connected = False
-        self.watcher: asyncio.Task | None = None  # its socket monitor
-        self.dead_reason: str | None = None
-        self.unreachable: str | None = None  # why its address could not be learned
-
-    @property
-    def where(self) -> str:
-        return self.endpoint or "address not announced yet"
+RETRY_AFTER_S = 5  # what a 503 says when no replica serves while a change is under way
 
 
 class SchedulerClient:
@@ -99,12 +66,13 @@ class SchedulerClient:
     ``endpoints[i]`` is replica ``i``'s request address, or None when it is announced later:
     ``resolve(i)`` (blocking, run in a thread of its own) returns it once known, else None, and
     may raise when it can never be learned. ``ops_endpoint`` (optional) is the supervisor's PUB
-    socket and ``query_endpoint`` its query socket (missed events are fetched there); ``tp_size``
-    maps a scheduler rank in an ops topic to its replica. ``heals``: the supervisor restarts a
-    replica that dies (the launch goes on while one replica lives).
+    socket and ``query_endpoint`` its query socket (missed events are fetched there, reports go
+    there: ``link``); ``tp_size`` maps a scheduler rank in an ops topic to its replica.
+    ``heals``: the supervisor restarts a replica that dies (the launch goes on while one replica
+    lives). ``endpoint_of(dp)`` is the address of a replica a change adds (one node only);
+    ``probe_timeout_s`` bounds its probe; ``wait_s`` how long a request waits for a replica while
+    none serves during a change.
     """
-
-    CATCH_UP_S = 2.0  # while a replica restarts: how often to ask for events not seen
 
     def __init__(
         self,
@@ -115,18 +83,24 @@ class SchedulerClient:
         resolve: Callable[[int], str | None] | None = None,
         heals: bool = False,
         query_endpoint: str | None = None,
+        endpoint_of: Callable[[int], str] | None = None,
+        probe_timeout_s: float = 60.0,
+        wait_s: float = 60.0,
     ) -> None:
         self.replicas = [Replica(i, ep) for i, ep in enumerate(endpoints)]
-        self.query_endpoint = query_endpoint or None
-        self._ops_seq = 0  # the last supervisor event applied
+        self.on_drained: Callable[[int], None] | None = None  # a draining replica is empty
+        self.link = SupervisorLink(self, ops_endpoint, query_endpoint)
         self.heals = heals
         self.resolve = resolve
+        self.endpoint_of = endpoint_of
+        self.probe_timeout_s = probe_timeout_s
+        self.wait_s = wait_s
         self.loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
-        self.ops_endpoint = ops_endpoint or None
         self.tp_size = max(tp_size, 1)
         self.metrics = metrics
         self.server_failure: str | None = None
+        self._serving_changed = asyncio.Event()  # a replica began serving, or a change ended
         self._pending: dict[str, Callable[[object], None]] = {}  # rid -> deliver(reply)
         self._owner: dict[str, Replica] = {}
         self._ids = itertools.count()
@@ -153,17 +127,12 @@ class SchedulerClient:
                     f"no resolver was given"
                 )
             threading.Thread(
-                target=self._resolve_all, args=(pending,), name="resolve-schedulers", daemon=True
+                target=poll_addresses,
+                args=(self.loop, self.resolve, pending, self._connect, lambda: self._closing),
+                name="resolve-schedulers",
+                daemon=True,
             ).start()
-        if self.ops_endpoint:
-            sub = zctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.LINGER, 0)
-            for prefix in OPS_TOPICS:
-                sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
-            sub.connect(self.ops_endpoint)
-            self._tasks.append(asyncio.create_task(self._follow_ops(sub)))
-        if self.query_endpoint and self.heals:
-            self._tasks.append(asyncio.create_task(self._catch_up_while_restarting()))
+        self._tasks.extend(self.link.start(zctx))
 
     def _connect(self, rep: Replica, endpoint: str) -> None:
         import zmq
@@ -197,7 +166,11 @@ class SchedulerClient:
             rep.sock = None
         rep.connected = False
 
-    def _revive(self, rep: Replica) -> None:
+    def replica(self, dp_rank: int) -> Replica | None:
+        """Replica ``dp_rank``, when the client knows it."""
+        return next((r for r in self.replicas if r.dp_rank == dp_rank), None)
+
+    def revive(self, rep: Replica) -> None:
         """``rep`` was restarted and is ready: a fresh connection, and requests go to it again."""
         if not rep.dead_reason or self._closing or rep.endpoint is None:
             return
@@ -205,42 +178,6 @@ class SchedulerClient:
         rep.dead_reason = None
         self._connect(rep, rep.endpoint)
         log.warning("scheduler dp=%d is back: routing to it again", rep.dp_rank)
-
-    def _resolve_all(self, pending: list[Replica]) -> None:
-        """Poll ``resolve`` for each replica without an address until all are known (thread)."""
-        import time
-
-        loop, resolve = self.loop, self.resolve
-        if loop is None or resolve is None:  # start() sets both before this thread runs
-            return
-
-        def deliver(fn: Callable[..., object], *args: object) -> bool:
-            try:
-                loop.call_soon_threadsafe(fn, *args)
-                return True
-            except RuntimeError:  # the loop is closed: the server is gone
-                return False
-
-        while pending and not self._closing:
-            for rep in list(pending):
-                try:
-                    endpoint = resolve(rep.dp_rank)
-                except Exception as exc:  # noqa: BLE001 - reported through /ready and start-up
-                    reason = f"{type(exc).__name__}: {exc}"
-                    for r in pending:
-                        deliver(setattr, r, "unreachable", reason)
-                    log.error(
-                        "cannot learn the address of scheduler(s) dp=%s: %s",
-                        [r.dp_rank for r in pending],
-                        reason,
-                    )
-                    return
-                if endpoint:
-                    pending.remove(rep)
-                    if not deliver(self._connect, rep, endpoint):
-                        return
-            if pending:
-                time.sleep(0.2)
 
     async def close(self) -> None:
         self._closing = True
@@ -270,9 +207,11 @@ class SchedulerClient:
         if self.server_failure:
             return self.server_failure
         dead = [
-            f"scheduler dp={r.dp_rank}: {r.dead_reason}" for r in self.replicas if r.dead_reason
+            f"scheduler dp={r.dp_rank}: {r.dead_reason}"
+            for r in self.replicas
+            if r.dead_reason and r.serving
         ]
-        if self.heals and len(dead) < len(self.replicas):
+        if self.heals and len(dead) < len([r for r in self.replicas if r.serving]):
             return None
         return "; ".join(dead) or None
 
@@ -281,9 +220,9 @@ class SchedulerClient:
         """The dp ranks of dead replicas the supervisor restarts (empty unless ``heals``)."""
         if not self.heals or self.server_failure:
             return []
-        return [r.dp_rank for r in self.replicas if r.dead_reason]
+        return [r.dp_rank for r in self.replicas if r.dead_reason and r.serving]
 
-    def _mark_dead(self, rep: Replica, reason: str) -> None:
+    def mark_dead(self, rep: Replica, reason: str) -> None:
         if rep.dead_reason:
             return
         rep.dead_reason = reason
@@ -292,8 +231,8 @@ class SchedulerClient:
         for rid in list(rep.inflight):
             deliver = self._pending.get(rid)
             if deliver is not None:
-                deliver(_ReplicaGone(f"scheduler dp={rep.dp_rank} is gone ({reason}); {after}"))
-        if self.heals:
+                deliver(ReplicaGone(f"scheduler dp={rep.dp_rank} is gone ({reason}); {after}"))
+        if self.heals or not rep.serving:
             # Nothing more goes to the old process, and nothing queued reaches its successor.
             self._disconnect(rep)
 
@@ -307,7 +246,7 @@ class SchedulerClient:
                 if event["event"] == zmq.EVENT_CONNECTED:
                     rep.connected = True
                 elif event["event"] == zmq.EVENT_DISCONNECTED and rep.connected:
-                    self._mark_dead(rep, "its connection closed (the process exited)")
+                    self.mark_dead(rep, "its connection closed (the process exited)")
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - a monitor failure must not take the server down
@@ -317,80 +256,101 @@ class SchedulerClient:
         finally:
             monitor.close(0)
 
-    async def _follow_ops(self, sub: zmq.asyncio.Socket) -> None:
-        try:
-            while True:
-                frames = await sub.recv_multipart()
-                try:
-                    event = ops.decode(frames[-1])
-                except ops.EventError as exc:
-                    log.warning("ignored a frame on the ops subscription: %s", exc)
-                    continue
-                if event.seq <= self._ops_seq:
-                    continue  # applied already, by a catch-up
-                self._ops_seq = event.seq
-                self._on_ops_event(event)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # noqa: BLE001
-            log.exception("ops subscription stopped")
+    # ---- replicas a reload or a scale adds and retires ------------------------------------
 
-    async def _catch_up_while_restarting(self) -> None:
-        """While a replica restarts, ask every ``CATCH_UP_S`` for events not seen: a lost
-        ``replica.<dp>.ready`` would otherwise keep it out of routing for good."""
-        while True:
-            await asyncio.sleep(self.CATCH_UP_S)
-            if any(r.dead_reason for r in self.replicas):
-                await self._catch_up()
+    def join(self, dp_rank: int) -> Replica | None:
+        """Connect a replica a change started (ready, not yet serving: ``serve`` routes to it
+        once it answered its probe); None when the client has no address for it."""
+        self.forget(dp_rank)
+        endpoint = self.endpoint_of(dp_rank) if self.endpoint_of is not None else None
+        if endpoint is None or self._closing:
+            return None
+        rep = Replica(dp_rank, None, serving=False)
+        bisect.insort(self.replicas, rep, key=lambda r: r.dp_rank)
+        self._connect(rep, endpoint)
+        return rep
 
-    async def _catch_up(self) -> None:
-        """Apply, in order, the supervisor's events numbered above the last one applied."""
-        import zmq
+    def serve(self, dp_rank: int) -> None:
+        """Route to replica ``dp_rank`` (it passed its probe, or there was none)."""
+        rep = self.replica(dp_rank)
+        if rep is None and self.endpoint_of is not None and not self._closing:
+            rep = Replica(dp_rank, None)
+            bisect.insort(self.replicas, rep, key=lambda r: r.dp_rank)
+            self._connect(rep, self.endpoint_of(dp_rank))
+        if rep is not None and not rep.serving and not rep.draining and not rep.dead_reason:
+            rep.serving = True
+            log.info("scheduler dp=%d serves", dp_rank)
+        self.wake_waiters()
 
-        if not self.query_endpoint or self._zctx is None:
+    def drain(self, dp_rank: int, in_place: bool) -> None:
+        """Route nothing more to replica ``dp_rank``; once it holds no request it is forgotten
+        and ``on_drained(dp_rank)`` called. ``in_place``: its successor comes after it."""
+        rep = self.replica(dp_rank)
+        if rep is None:
+            if self.on_drained is not None:
+                self.on_drained(dp_rank)
             return
-        sock = self._zctx.socket(zmq.REQ)
-        sock.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.connect(self.query_endpoint)
-            await sock.send(json.dumps({"query": "events", "after": self._ops_seq}).encode())
-            if not await sock.poll(5000):
-                log.warning("the supervisor did not answer a query for missed events")
-                return
-            reply = json.loads(await sock.recv())
-            missed = [ops.from_dict(entry) for entry in reply.get("events") or []]
-        except (zmq.ZMQError, ValueError, AttributeError) as exc:
-            log.warning("could not ask the supervisor for missed events: %s", exc)
-            return
-        finally:
-            sock.close(0)
-        for event in missed:
-            if event.seq > self._ops_seq:
-                self._ops_seq = event.seq
-                if event.topic.startswith(OPS_TOPICS):  # what the subscription would have delivered
-                    self._on_ops_event(event)
+        rep.serving, rep.draining = False, True
+        log.info(
+            "scheduler dp=%d drains (%d request(s) in flight)%s",
+            dp_rank,
+            len(rep.inflight),
+            "; requests wait for its successor" if in_place and not self._live() else "",
+        )
+        self._if_drained(rep)
 
-    def _on_ops_event(self, event: ops.Event) -> None:
-        if isinstance(event, ops.ServerFailed):
-            self.server_failure = (
-                f"the supervisor reported {event.topic}: {event.root_cause.summary}"
-            )
-        elif isinstance(event, ops.ServerStopping):
-            self.server_failure = f"the supervisor reported {event.topic}: {event.reason}"
-        elif isinstance(event, (ops.ReplicaRestarting, ops.ReplicaReady)):
-            if not 0 <= event.dp_rank < len(self.replicas):
-                return
-            rep = self.replicas[event.dp_rank]
-            if isinstance(event, ops.ReplicaRestarting):
-                if self.metrics is not None:
-                    self.metrics.count_restart(rep.dp_rank)
-                self._mark_dead(rep, f"restarting: {event.cause or 'it failed'}")
-            else:
-                self._revive(rep)
-        elif isinstance(event, ops.WORKER_GONE) and event.role == "scheduler":
-            dp = event.rank // self.tp_size
-            if 0 <= dp < len(self.replicas):
-                self._mark_dead(self.replicas[dp], f"the supervisor reported {event.topic}")
+    def forget(self, dp_rank: int) -> None:
+        """Replica ``dp_rank`` is gone for good (retired, or failed before it served); a serving
+        one (a successor that took the same dp rank) stays."""
+        rep = self.replica(dp_rank)
+        if rep is None or (rep.serving and not rep.draining):
+            return
+        for rid in list(rep.inflight):
+            deliver = self._pending.get(rid)
+            if deliver is not None:
+                deliver(ReplicaGone(f"scheduler dp={dp_rank} is gone"))
+        self._remove(rep)
+
+    def wake_waiters(self) -> None:
+        """Requests waiting for a replica look again (one serves, or a change ended)."""
+        self._serving_changed.set()
+
+    def _if_drained(self, rep: Replica) -> None:
+        if rep.draining and not rep.inflight and rep in self.replicas:
+            self._remove(rep)
+            if self.on_drained is not None:
+                self.on_drained(rep.dp_rank)
+
+    def _remove(self, rep: Replica) -> None:
+        self._disconnect(rep)
+        self.replicas.remove(rep)
+        if self.metrics is not None:
+            self.metrics.set_queue_depth(rep.dp_rank, 0)
+
+    def _live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.serving and not r.dead_reason and r.io is not None]
+
+    async def _until_one_serves(self) -> None:
+        """While a change is under way and no replica serves, wait for one (``wait_s`` at
+        most, then a 503 with ``Retry-After``)."""
+        if self._live() or self.server_failure or not self.link.changing:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_s
+        while not self._live() and self.link.changing and not self.server_failure:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise SchedulerError(
+                    503,
+                    f"no scheduler replica serves while a reload replaces it (waited "
+                    f"{self.wait_s:g}s); retry shortly",
+                    retry_after=RETRY_AFTER_S,
+                )
+            self._serving_changed.clear()
+            try:
+                await asyncio.wait_for(self._serving_changed.wait(), remaining)
+            except TimeoutError:
+                pass
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -399,8 +359,15 @@ class SchedulerClient:
 
     def pick(self) -> Replica:
         """The live replica with the fewest unanswered requests (ties: lowest dp rank)."""
-        live = [r for r in self.replicas if not r.dead_reason and r.io is not None]
+        live = self._live()
         if not live or self.server_failure:
+            if self.link.changing and not self.server_failure:
+                raise SchedulerError(
+                    503,
+                    "no scheduler replica serves while a reload or a scale changes them; "
+                    "retry shortly",
+                    retry_after=RETRY_AFTER_S,
+                )
             raise SchedulerError(
                 503,
                 self.unhealthy_reason
@@ -420,12 +387,14 @@ class SchedulerClient:
         went away) sends ``Cancel``."""
         for attempt in range(1 if rep is not None else 2):
             queue: asyncio.Queue = asyncio.Queue()
+            if rep is None:
+                await self._until_one_serves()
             rid, used = self._open(make, rep, queue.put_nowait)
             finished = yielded = False
             try:
                 while True:
                     reply = await queue.get()
-                    if isinstance(reply, _ReplicaGone):
+                    if isinstance(reply, ReplicaGone):
                         finished = True
                         if yielded or attempt or rep is not None:
                             raise SchedulerError(503, reply.message)
@@ -454,12 +423,14 @@ class SchedulerClient:
                 if not answer.done():
                     answer.set_result(reply)
 
+            if rep is None:
+                await self._until_one_serves()
             rid, used = self._open(make, rep, deliver)
             try:
                 reply = await answer
             finally:  # a cancelled wait cancels ``answer`` too: only a result means it finished
                 self._close(rid, used, finished=answer.done() and not answer.cancelled())
-            if isinstance(reply, _ReplicaGone):
+            if isinstance(reply, ReplicaGone):
                 if attempt or rep is not None:
                     raise SchedulerError(503, reply.message)
                 log.warning("%s: sending request %s to another replica", reply.message, rid)
@@ -515,6 +486,8 @@ class SchedulerClient:
                 self._send(rep, messages.encode(messages.Cancel(rid)))
             except Exception:  # noqa: BLE001 - best effort: the scheduler drops answers nobody awaits
                 pass
+        if rep.draining:
+            self._if_drained(rep)
 
     def _send(self, rep: Replica, frame: bytes) -> None:
         import zmq
@@ -532,8 +505,20 @@ class SchedulerClient:
         if rep.io.getsockopt(zmq.EVENTS) & zmq.POLLIN and self.loop is not None:
             self.loop.call_soon(self._drain, rep)
 
+    async def ping_serving(
+        self, timeout: float = 1.0
+    ) -> list[tuple[Replica, messages.Pong | None]]:
+        """Each serving replica with its ``Pong`` (None: it did not answer within ``timeout``)."""
+        serving = [r for r in self.replicas if r.serving]
+        pongs = await self._ping(serving, timeout)
+        return list(zip(serving, pongs, strict=True))
+
     async def ping_all(self, timeout: float = 1.0) -> list[messages.Pong | None]:
-        """Each replica's ``Pong`` (None for one that did not answer within ``timeout``)."""
+        """Each replica's ``Pong`` (None for one that did not answer within ``timeout``), in the
+        order of ``replicas``."""
+        return await self._ping(list(self.replicas), timeout)
+
+    async def _ping(self, replicas: list[Replica], timeout: float) -> list[messages.Pong | None]:
 
         async def ping(rep: Replica) -> messages.Pong | None:
             if rep.dead_reason or rep.io is None:
@@ -545,14 +530,15 @@ class SchedulerClient:
             except (TimeoutError, SchedulerError):
                 return None
 
-        return list(await asyncio.gather(*(ping(r) for r in self.replicas)))
+        return list(await asyncio.gather(*(ping(r) for r in replicas)))
 
     def unanswered_reason(self, dp_ranks: list[int]) -> str:
         """Which replicas did not answer, and where they are (or why their address is unknown)."""
         parts = []
         for dp in dp_ranks:
-            rep = self.replicas[dp]
-            parts.append(f"dp={dp} ({rep.unreachable or rep.where})")
+            rep = self.replica(dp)
+            where = "gone" if rep is None else rep.unreachable or rep.where
+            parts.append(f"dp={dp} ({where})")
         return ", ".join(parts)
 
     def _drain(self, rep: Replica) -> None:

@@ -8,6 +8,10 @@ a ping through its socket and only then reports ready, so the launch never claim
 replica the HTTP child cannot reach; it then waits for ``ctx.stopping`` (SIGTERM), lets uvicorn
 finish the requests in flight and returns. On several nodes a replica whose rank 0 runs on another
 node is found through the launch's rendezvous store (``distributed.EndpointDirectory``).
+
+The child takes part in reloads and scales (its ready report says ``probes_replicas``): its
+client probes each replica they start before routing to it, drains each they retire, and the
+app's model (``AppState.serve_model``) follows a finished reload.
 """
 
 from __future__ import annotations
@@ -107,6 +111,9 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
         resolve=directory.lookup if directory else None,
         heals=_heals(server_args),
         query_endpoint=ctx.query_endpoint or None,
+        endpoint_of=(lambda dp: ctx.endpoint(scheduler_endpoint_name(dp))) if nnodes == 1 else None,
+        probe_timeout_s=server_args.startup_timeout,
+        wait_s=_wait_for_replica_s(server_args),
     )
     state = AppState(
         client=client,
@@ -119,7 +126,18 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
         max_request_bytes=server_args.max_request_bytes,
         api_routes=resolve(spec.api_routes) if spec.api_routes else None,
     )
+    client.link.on_model_change = state.serve_model
     return create_app(state)
+
+
+def _wait_for_replica_s(server_args: ServerArgs) -> float:
+    """How long a request waits for a replica while none serves during a reload: until just
+    before ``--request-timeout`` would answer 504, so that it gets the 503 with ``Retry-After``
+    (no limit: as long as a replica may take to start)."""
+    timeout = server_args.request_timeout
+    if timeout <= 0:
+        return server_args.startup_timeout
+    return max(timeout - min(0.5, timeout / 10), 0.0)
 
 
 def _heals(server_args: ServerArgs) -> bool:
@@ -178,7 +196,7 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
         thread.join(timeout=10)
         sock.close()
         return
-    ctx.ready(url=url, host=host, port=port)
+    ctx.ready(url=url, host=host, port=port, probes_replicas=True)
     while not ctx.stopping.is_set() and thread.is_alive():
         ctx.stopping.wait(timeout=0.2)
     server.should_exit = True
@@ -200,13 +218,13 @@ def wait_for_schedulers(
     while not ctx.stopping.is_set():
         if not thread.is_alive():
             raise RuntimeError("the HTTP server stopped while waiting for the schedulers")
-        missing = list(range(len(client.replicas)))
+        missing = [r.dp_rank for r in client.replicas]
         if client.loop is not None:
             try:
                 pongs = asyncio.run_coroutine_threadsafe(
-                    client.ping_all(timeout=1.0), client.loop
+                    client.ping_serving(timeout=1.0), client.loop
                 ).result(timeout=10)
-                missing = [i for i, p in enumerate(pongs) if p is None]
+                missing = [rep.dp_rank for rep, pong in pongs if pong is None]
             except Exception as exc:  # noqa: BLE001 - the loop is stopping; seen above next time
                 log.debug("ping of the schedulers failed: %s", exc)
         if not missing:

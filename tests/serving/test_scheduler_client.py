@@ -180,12 +180,12 @@ def test_in_flight_requests_on_a_dying_replica_are_answered_by_another_then_it_i
             assert len(other.received) == 3
             held.cancel()
 
-            client._on_ops_event(_restarting(0, "killed"))  # the supervisor's
+            client.link.apply(_restarting(0, "killed"))  # the supervisor's
             assert (
                 'sglang_launch_replica_restarts_total{dp="0"} 1.0' in metrics.render()[0].decode()
             )
             reborn = FakeReplica(zctx, eps[0], 0)
-            client._on_ops_event(_ready_again(0))
+            client.link.apply(_ready_again(0))
             assert client.restarting == [] and client.healthy
             await _until(lambda: client.replicas[0].connected, "dp=0 connected again")
             pongs = await client.ping_all(timeout=5)
@@ -230,7 +230,7 @@ def test_a_stream_that_sent_output_fails_when_its_replica_dies_one_that_sent_non
             # Replica 1 dies before its stream produced anything: the stream moves to dp=0's
             # successor, and the client sees only that one's output.
             reborn = FakeReplica(zctx, eps[0], 0, hold=True)
-            client._on_ops_event(_ready_again(0))
+            client.link.apply(_ready_again(0))
             # Ties go to a connected replica: once dp=0's fresh connection is up it is the pick.
             await _until(lambda: client.replicas[0].connected, "dp=0 connected again")
             filler = asyncio.ensure_future(client.one(stream))  # keeps dp=0 the busier one
@@ -300,12 +300,12 @@ def test_a_lost_ready_event_is_fetched_from_the_supervisor(tmp_path):
         sup = FakeSupervisor(zctx, tmp_path)
         dying, other = FakeReplica(zctx, eps[0], 0), FakeReplica(zctx, eps[1], 1)
         client = SchedulerClient(eps, ops_endpoint=sup.ops, query_endpoint=sup.query, heals=True)
-        client.CATCH_UP_S = 0.05
+        client.link.CATCH_UP_S = 0.05
         await client.start()
         try:
             await _until(lambda: all(r.connected for r in client.replicas), "both connections")
             deadline = asyncio.get_running_loop().time() + 10
-            while client._ops_seq == 0:  # until the subscription delivers (a slow joiner)
+            while client.link.seq == 0:  # until the subscription delivers (a slow joiner)
                 assert asyncio.get_running_loop().time() < deadline, "no event ever arrived"
                 sup.emit(_server_ready())
                 await asyncio.sleep(0.05)

@@ -33,6 +33,9 @@ Targets:
 - ``chatty_ready``: writes ``TESTWORKER_LINES`` numbered lines to stdout and stderr, then ready.
 - ``fail_on_last_rank``: the last scheduler rank raises once the others run; the others never
   get ready and ignore SIGTERM (``TESTWORKER_RANKS_DIR``: a folder for their marker files).
+- ``fail_when_model_says``: ``ready_then_wait``, unless its ``--model-path`` folder holds a file
+  ``fail`` with a number N: then the first N starts with that folder succeed and every later one
+  raises before ready (a reload to a model that cannot load, after N replicas of it started).
 """
 
 from __future__ import annotations
@@ -200,6 +203,19 @@ def fail_on_last_rank(server_args, ctx) -> None:
     open(os.path.join(folder, f"{ctx.role}.{ctx.rank}"), "w").close()
     while True:
         time.sleep(3600)
+
+
+def fail_when_model_says(server_args, ctx) -> None:
+    folder = server_args.model_path
+    marker = os.path.join(folder, "fail") if folder else ""
+    if marker and os.path.exists(marker):
+        with open(marker) as fh:
+            allowed = int(fh.read().strip() or 0)
+        started = len([n for n in os.listdir(folder) if n.startswith("started.")])
+        open(os.path.join(folder, f"started.{os.getpid()}"), "w").close()
+        if started >= allowed:
+            raise RuntimeError(f"worker failed on purpose: {folder} cannot be loaded")
+    ready_then_wait(server_args, ctx)
 
 
 _DETACH = """

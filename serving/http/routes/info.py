@@ -3,8 +3,10 @@
 document's routes take the ``App`` instead).
 
 ``/health`` answers from what the scheduler client knows (a dead replica, the supervisor's
-failure); ``/ready`` and ``/get_server_info`` ping every scheduler replica (``read_pong`` is the
-one reader of what a replica reports).
+failure); ``/ready`` and ``/get_server_info`` ping every scheduler replica that serves
+(``read_pong`` is the one reader of what a replica reports; replicas a reload or a scale is
+starting or retiring are left out). The served model (``/v1/models``, the model fields of
+``/get_server_info``'s arguments) is ``AppState``'s, which a finished reload updates.
 """
 
 from __future__ import annotations
@@ -44,12 +46,15 @@ async def ready(state: AppState, body: None, receive: Receive) -> Response:
     if reason:
         return json_response(Ready(ready=False, reason=reason), 503)
     restarting = client.restarting
-    pongs = await client.ping_all(timeout=1.0)
-    missing = [i for i, p in enumerate(pongs) if p is None and i not in restarting]
+    answers = await client.ping_serving(timeout=1.0)
+    if not answers and client.link.changing:
+        why = "no scheduler replica serves: a reload is replacing it"
+        return json_response(Ready(ready=False, reason=why), 503)
+    missing = [rep.dp_rank for rep, p in answers if p is None and rep.dp_rank not in restarting]
     if missing:
         why = f"scheduler(s) dp={missing} not answering yet: {client.unanswered_reason(missing)}"
         return json_response(Ready(ready=False, reason=why), 503)
-    loads = [read_pong(p)[0] for p in pongs if p]
+    loads = [read_pong(p)[0] for _, p in answers if p]
     return json_response(
         Ready(
             ready=True,
@@ -70,8 +75,8 @@ async def models(state: AppState, body: None, receive: Receive) -> Response:
 
 async def server_info(state: AppState, body: None, receive: Receive) -> Response:
     """``GET /get_server_info``: ``ServerInfo``."""
-    pongs = await state.client.ping_all(timeout=2.0)
-    read = [None if p is None else read_pong(p) for p in pongs]
+    answers = await state.client.ping_serving(timeout=2.0)
+    read = [None if p is None else read_pong(p) for _, p in answers]
     live = [r for r in read if r is not None]
     model = live[0][1] if live else None
     device = (model or {}).get("device")
