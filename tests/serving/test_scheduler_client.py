@@ -398,3 +398,170 @@ def test_closing_while_the_replicas_go_away_never_hangs(tmp_path):
         timeout=120,
     )
     assert done.returncode == 0 and "closed 200" in done.stdout, done.stderr
+
+
+# -- replicas a reload or a scale adds and retires --------------------------------------------
+class ReportingSupervisor:
+    """The supervisor's query socket on real ZeroMQ, keeping every report the client sends."""
+
+    def __init__(self, zctx, folder) -> None:
+        import zmq
+
+        self.query = f"ipc://{folder}/query-reports.sock"
+        self.rep = zctx.socket(zmq.REP)
+        self.rep.bind(self.query)
+        self.reports: list[dict] = []
+        self.task = asyncio.ensure_future(self._answer())
+
+    async def _answer(self) -> None:
+        while True:
+            request = json.loads(await self.rep.recv())
+            if request["query"] != "events":
+                self.reports.append(request)
+            await self.rep.send(msgspec.json.encode({"ok": True, "events": []}))
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        self.rep.close(0)
+
+
+def _joining(dp: int) -> events.ReplicaJoining:
+    return events.ReplicaJoining(
+        replica=f"scheduler dp={dp}",
+        dp_rank=dp,
+        change="reload",
+        pids=[None],
+        startup_s=0.1,
+        model_path="/m",
+        served_name="m",
+        probe=True,
+    )
+
+
+def _draining(dp: int, in_place: bool = False) -> events.ReplicaDraining:
+    return events.ReplicaDraining(
+        replica=f"scheduler dp={dp}", dp_rank=dp, change="reload", in_place=in_place
+    )
+
+
+def test_a_joining_replica_serves_once_probed_a_draining_one_once_empty_then_requests_wait(
+    tmp_path,
+):
+    """A reload's replica dp=1 is probed with one embedding before it gets a request; dp=0,
+    draining, finishes what it holds before it is reported drained; with no replica serving
+    during the reload a request waits, then gets a 503 with Retry-After (through the app)."""
+    import httpx
+    import zmq.asyncio
+
+    from launcher.server_args import ServerArgs
+    from serving.http.app import AppState, create_app
+    from serving.http.metrics import Metrics
+    from serving.http.responses import PlatformSummary
+
+    def endpoint(dp: int) -> str:
+        return f"ipc://{tmp_path}/j{dp}.sock"
+
+    async def scenario():
+        zctx = zmq.asyncio.Context()
+        sup = ReportingSupervisor(zctx, tmp_path)
+        old = FakeReplica(zctx, endpoint(0), 0, hold=True)
+        new = FakeReplica(zctx, endpoint(1), 1)
+        client = SchedulerClient(
+            [endpoint(0)], query_endpoint=sup.query, endpoint_of=endpoint, wait_s=0.3
+        )
+        await client.start()
+        try:
+            await _until(lambda: client.replicas[0].connected, "dp=0 connected")
+            held = asyncio.ensure_future(client.one(lambda rid: messages.EmbedRequest(rid, ["x"])))
+            await _until(lambda: len(old.received) == 1, "a request held by dp=0")
+            client.link.apply(
+                events.ReloadStarted(
+                    id=1,
+                    reason="test",
+                    replicas=[0],
+                    surge=1,
+                    model_path="/m",
+                    served_name="m",
+                    previous_model_path=None,
+                    previous_served_name=None,
+                    changes=[],
+                )
+            )
+            client.link.apply(_joining(1))
+            await _until(lambda: sup.reports, "the probe's report")
+            assert sup.reports[0] == {
+                "query": "replica.probed",
+                "dp_rank": 1,
+                "ok": True,
+                "error": None,
+            }
+            assert [type(m).__name__ for m in new.received] == ["EmbedRequest"]  # the probe
+            assert client.replica(1).serving
+
+            client.link.apply(_draining(0))
+            await client.one(lambda rid: messages.EmbedRequest(rid, ["y"]))
+            assert len(new.received) == 2 and len(old.received) == 1  # nothing new for dp=0
+            draining = client.replica(0)  # it still holds a request: not drained, not forgotten
+            assert draining is not None and draining.draining and len(sup.reports) == 1
+            held.cancel()
+            await _until(lambda: len(sup.reports) == 2, "the drained report")
+            assert sup.reports[1] == {"query": "replica.drained", "dp_rank": 0}
+            assert [r.dp_rank for r in client.replicas] == [1]
+
+            client.link.apply(_draining(1, in_place=True))
+            await _until(lambda: not client.replicas, "dp=1 drained")
+            state = AppState(
+                client=client,
+                metrics=Metrics(),
+                server_args=ServerArgs(),
+                served_name="m",
+                model_path="/m",
+                platform=PlatformSummary(key="builtin:cpu"),
+            )
+            transport = httpx.ASGITransport(app=create_app(state))
+            async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+                reply = await http.post("/v1/embeddings", json={"input": "z"})
+            assert reply.status_code == 503 and reply.headers["retry-after"] == "5", reply.text
+            assert "while a reload replaces it" in reply.json()["error"]["message"]
+
+            client.link.apply(
+                events.ReloadFinished(
+                    id=1, replicas=[2], model_path="/n", served_name="n", seconds=1.0
+                )
+            )
+            with pytest.raises(SchedulerError) as gone:  # no change under way: at once
+                await client.one(lambda rid: messages.EmbedRequest(rid, ["z"]))
+            assert gone.value.status == 503 and gone.value.retry_after is None
+            await old.die()
+            await new.die()
+        finally:
+            await client.close()
+            await sup.close()
+            zctx.destroy(0)
+
+    asyncio.run(scenario())
+
+
+def test_a_reload_that_finished_changes_the_model_the_app_reports(tmp_path):
+    from launcher.server_args import ServerArgs
+    from serving.http.app import AppState
+    from serving.http.metrics import Metrics
+    from serving.http.responses import PlatformSummary
+
+    client = SchedulerClient([])
+    state = AppState(
+        client=client,
+        metrics=Metrics(),
+        server_args=ServerArgs(model_path="/old"),
+        served_name="old",
+        model_path="/old",
+        platform=PlatformSummary(key="builtin:cpu"),
+    )
+    client.link.on_model_change = state.serve_model
+    client.link.apply(
+        events.ReloadFinished(id=1, replicas=[0], model_path="/new", served_name="new", seconds=1)
+    )
+    assert (state.served_name, state.model_path) == ("new", "/new")
+    assert state.server_args.model_path == "/new" and state.server_args.served_model_name == "new"
+    assert state.wrong_model("old") is not None and state.wrong_model("new") is None

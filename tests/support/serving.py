@@ -291,6 +291,68 @@ def run_load(
     }
 
 
+def run_stream_load(
+    url: str,
+    make_body,
+    *,
+    clients: int = 4,
+    seconds: float = 60.0,
+    path: str = "/generate",
+    stop_event=None,
+    pause: float = 0.0,
+) -> dict:
+    """``clients`` threads, each streaming ``make_body(i)`` from ``path`` to its end, one stream
+    after the other, for ``seconds`` or until ``stop_event`` is set. A stream counts as an
+    error unless it answers 200, carries no error event and ends with ``data: [DONE]``.
+    Returns the counts and the errors."""
+    import threading
+
+    import httpx
+
+    done: list[int] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+    stop = stop_event or threading.Event()
+
+    def client(k: int) -> None:
+        with httpx.Client(timeout=120, headers={"content-type": "application/json"}) as c:
+            i = 0
+            while time.monotonic() < deadline and not stop.is_set():
+                note = None
+                try:
+                    body = json.dumps(make_body(k * 100000 + i))
+                    with c.stream("POST", url + path, content=body) as r:
+                        text = "".join(r.iter_text())
+                    if r.status_code != 200:
+                        note = f"{r.status_code} {text[:200]}"
+                    elif '"error"' in text or not text.rstrip().endswith("data: [DONE]"):
+                        note = f"stream ended badly: {text[-300:]}"
+                except httpx.HTTPError as exc:
+                    note = f"{type(exc).__name__}: {exc}"
+                with lock:
+                    (errors.append(note) if note else done.append(1))
+                i += 1
+                if pause and stop.wait(pause):
+                    break
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=seconds + 180)
+    return {"requests": len(done), "errors": errors}
+
+
+def stream_body(i: int) -> dict:
+    """A streamed generation of a few tokens, a different prompt each time."""
+    return {
+        "text": f"{LOAD_TEXTS[i % len(LOAD_TEXTS)]} #{i}",
+        "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+        "stream": True,
+    }
+
+
 LOAD_TEXTS = [
     "a cat sits on the mat",
     "the weather is lovely today",
