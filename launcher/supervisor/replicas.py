@@ -109,10 +109,16 @@ class ReplicaSet:
             if worker.spec.rank % max(worker.spec.tp_size, 1) == 0:
                 self._devices[dp] = worker.spec.local_rank // max(worker.spec.tp_size, 1)
         self.in_service: list[int] = sorted(self._devices)
+        self._serving_since: dict[int, int] = {dp: 0 for dp in self.in_service}
+        self._joins = itertools.count(1)
 
     def devices(self, dp: int) -> int:
         """The device group of replica ``dp``."""
         return self._devices[dp]
+
+    def newest(self) -> int:
+        """The dp rank of the replica in service that began serving last (a scale removes it)."""
+        return max(self.in_service, key=lambda dp: (self._serving_since.get(dp, 0), dp))
 
     def pids(self, dp: int) -> list[int | None]:
         return [w.state.pid for w in self._launch.replica(dp)]
@@ -237,6 +243,7 @@ class ReplicaSet:
             raise
         self._joining.pop(dp, None)
         self.in_service = sorted({*self.in_service, dp})
+        self._serving_since[dp] = next(self._joins)
         self._changed()
         launch.publish(
             events.ReplicaServing(

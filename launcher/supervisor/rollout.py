@@ -402,7 +402,7 @@ class Rollouts:
                     ).dp_rank
                 )
             while len(self.replicas.in_service) > dp_size:
-                dp = self.replicas.in_service[-1]
+                dp = self.replicas.newest()
                 await self.replicas.until_healed(dp)
                 change.state.step = f"removing {replica_name(dp)}"
                 pids = self.replicas.pids(dp)

@@ -1,7 +1,8 @@
 """The shipped systemd unit and Kubernetes probes (examples/deploy) work as documented: the unit
 passes ``systemd-analyze verify`` and its ExecStart command line, run for real with a
-``NOTIFY_SOCKET``, says READY=1, answers the probes of the Kubernetes example, and stops on the
-unit's KillSignal with exit 0 within TimeoutStopSec."""
+``NOTIFY_SOCKET``, says READY=1, answers the probes of the Kubernetes example, reloads on its
+ExecReload's SIGHUP (RELOADING=1, then READY=1 with a new scheduler), and stops on the unit's
+KillSignal with exit 0 within TimeoutStopSec."""
 
 from __future__ import annotations
 
@@ -119,6 +120,14 @@ def test_the_units_command_line_notifies_answers_the_probes_and_stops_on_its_kil
             assert get["port"] == 30000
             r = httpx.get(f"http://127.0.0.1:{port}{get['path']}", timeout=30)
             assert r.status_code == 200, (probe, r.text)
+        assert entries["ExecReload"] == "/bin/kill -HUP $MAINPID"
+        before = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=30).json()["schedulers"]
+        messages.clear()
+        proc.send_signal(signal.SIGHUP)  # what ExecReload sends
+        wait_for(heard("RELOADING=1"), 60, "RELOADING=1 on NOTIFY_SOCKET")
+        wait_for(heard("READY=1"), float(entries["TimeoutStartSec"]), "READY=1 after the reload")
+        after = httpx.get(f"http://127.0.0.1:{port}/ready", timeout=30).json()["schedulers"]
+        assert [s["pid"] for s in after] != [s["pid"] for s in before]
         proc.send_signal(getattr(signal, entries["KillSignal"]))
         assert proc.wait(float(entries["TimeoutStopSec"])) == 0, (tmp_path / "log").read_text()
         wait_for(heard("STOPPING=1"), 10, "STOPPING=1 on NOTIFY_SOCKET")
