@@ -254,7 +254,9 @@ class _Inspector:
         self.aliases_active = aliases_active
         self.cache: dict[str | None, tuple[str | None, list[str], list[str]]] = {}
 
-    def inspect(self, ep: EntryPoint, all_eps: list[EntryPoint]) -> tuple[str | None, list, list]:
+    def inspect(
+        self, ep: EntryPoint, all_eps: list[EntryPoint]
+    ) -> tuple[str | None, list[str], list[str]]:
         if ep.distribution not in self.cache:
             dist = _distribution(ep.distribution)
             if dist is None:

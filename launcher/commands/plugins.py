@@ -153,7 +153,7 @@ def _render(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _render_check(report: dict, runtimes: tuple[str, ...]) -> list[str]:
+def _render_check(report: dict[str, Any], runtimes: tuple[str, ...]) -> list[str]:
     lines = []
     for block in report["runtimes"]:
         if block["runtime"] not in runtimes:

@@ -84,7 +84,7 @@ class Replica:
         self.io: Any = None  # a plain shadow of it: requests are sent and replies read through this
         self.inflight: set[str] = set()
         self.connected = False
-        self.watcher: asyncio.Task | None = None  # its socket monitor
+        self.watcher: asyncio.Task[None] | None = None  # its socket monitor
         self.dead_reason: str | None = None
         self.unreachable: str | None = None  # why its address could not be learned
 
@@ -131,7 +131,7 @@ class SchedulerClient:
         self._owner: dict[str, Replica] = {}
         self._ids = itertools.count()
         self._prefix = f"{os.getpid():x}-"
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._zctx: zmq.asyncio.Context | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -419,7 +419,7 @@ class SchedulerClient:
         was given); after that, its death is a 503. Leaving the iteration early (the client
         went away) sends ``Cancel``."""
         for attempt in range(1 if rep is not None else 2):
-            queue: asyncio.Queue = asyncio.Queue()
+            queue: asyncio.Queue[object] = asyncio.Queue()
             rid, used = self._open(make, rep, queue.put_nowait)
             finished = yielded = False
             try:
@@ -450,7 +450,7 @@ class SchedulerClient:
         for attempt in range(1 if rep is not None else 2):
             answer = asyncio.get_running_loop().create_future()
 
-            def deliver(reply: object, answer: asyncio.Future = answer) -> None:
+            def deliver(reply: object, answer: asyncio.Future[object] = answer) -> None:
                 if not answer.done():
                     answer.set_result(reply)
 
