@@ -15,7 +15,8 @@ Kinds:
   the child entered ``bootstrap.run``. The ``spawned`` phase carries ``early_imports``: runtime
   modules that were already imported when the child started (see the spec's warning).
 - ``ready``: the worker reported ready; ``platform`` is the key of the platform the child
-  selected (compare it with the supervisor's), ``info`` the worker's JSON-able details.
+  selected (compare it with the supervisor's), ``info`` the worker's JSON-able details,
+  ``manifest`` what the process really has of platform and plugins (``bootstrap.manifest``).
 - ``failed``: a step raised; ``phase`` is the phase being worked towards, ``exc_type`` the
   exception's qualified type name, ``message`` its text, ``traceback`` the full formatted
   traceback, ``exit_code`` the status the child is about to exit with.
@@ -32,6 +33,8 @@ import time
 from typing import Any
 
 import msgspec
+
+from bootstrap.manifest import Manifest
 
 
 class _Base(msgspec.Struct, tag_field="kind", kw_only=True, frozen=True):
@@ -52,6 +55,7 @@ class Ready(_Base, tag="ready", frozen=True):
     duration: float
     elapsed: float
     info: dict[str, object] = {}
+    manifest: Manifest | None = None
 
 
 class Failed(_Base, tag="failed", frozen=True):

@@ -45,6 +45,7 @@ from bootstrap.spec import ProcessSpec
 from bootstrap.targets import resolve
 
 if TYPE_CHECKING:
+    from bootstrap.manifest import Manifest
     from bootstrap.reporter import Heartbeat, Reporter
     from hooks import PluginRuntime
 
@@ -138,10 +139,28 @@ class _ChildState:
             return
         if kind == "ready":
             self.reporter.send(
-                "Ready", platform=self.platform_key, duration=duration, elapsed=elapsed, info=info
+                "Ready",
+                platform=self.platform_key,
+                duration=duration,
+                elapsed=elapsed,
+                info=info,
+                manifest=self.manifest(),
             )
         else:
             self.reporter.send("Phase", phase=name, duration=duration, elapsed=elapsed)
+
+    def manifest(self) -> Manifest | None:
+        """What this process has of platform and plugins (None, logged, if it cannot be read:
+        the report must still go out)."""
+        from bootstrap.manifest import collect
+
+        try:
+            return collect(self.spec.runtime)
+        except Exception:  # noqa: BLE001 - informative; readiness does not depend on it
+            log.warning(
+                "%s: could not collect its plugin manifest", self.spec.worker_id, exc_info=True
+            )
+            return None
 
     # -- steps ---------------------------------------------------------------------------------
     def arm(self) -> None:

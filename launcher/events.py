@@ -35,6 +35,7 @@ from typing import Literal, TypedDict
 
 import msgspec
 
+from bootstrap.manifest import Manifest
 from launcher.supervisor.causes import RootCause
 
 __all__ = [
@@ -137,11 +138,15 @@ class WorkerPhase(WorkerEvent, frozen=True, kw_only=True, tag="worker.phase"):
 
 
 class WorkerReady(WorkerEvent, frozen=True, kw_only=True, tag="worker.ready"):
-    """The worker reported ready; ``info`` is what it reported about itself."""
+    """The worker reported ready; ``info`` is what it reported about itself, ``manifest`` what it
+    has of platform and plugins, ``differs`` how that differs from a ready peer's of its role
+    (empty: the same, or no peer yet)."""
 
     phase: Literal["ready"] = "ready"
     duration: float
     info: dict[str, object] = {}
+    manifest: Manifest | None = None
+    differs: list[str] = []
 
 
 class WorkerFailed(WorkerEvent, frozen=True, kw_only=True, tag="worker.failed"):

@@ -52,6 +52,17 @@ def _parser() -> argparse.ArgumentParser:
         help="probe built-in platforms' hardware now when no plugin decides (imports torch)",
     )
     parser.add_argument(
+        "--running",
+        action="store_true",
+        help="what the workers of a running launcher really have: each worker's platform, "
+        "plugins and hooks as it reported them, side by side (with --pid when several run)",
+    )
+    parser.add_argument(
+        "--pid",
+        type=int,
+        help="the running launcher to ask (implies --running)",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="a dry run that imports no plugin code: from metadata and source alone, what each "
@@ -186,8 +197,85 @@ def _render_check(report: dict[str, Any], runtimes: tuple[str, ...]) -> list[str
     return lines
 
 
+def _side_by_side(manifests: list[dict[str, Any] | None]) -> list[list[str]]:
+    """Rows of ``[mark, what, value per worker]``: the platform, each plugin's status and each
+    hook's state; ``*`` marks a row whose values differ between the workers."""
+    rows: list[list[str]] = []
+
+    def add(label: str, values: list[str]) -> None:
+        rows.append(["*" if len(set(values)) > 1 else " ", label, *values])
+
+    def platform(m: dict[str, Any]) -> str:
+        return f"{m['platform']['key']} {m['platform']['version'] or ''}".strip()
+
+    add("platform", [platform(m) if m else "-" for m in manifests])
+    plugins = {(p["name"], p["distribution"]) for m in manifests if m for p in m["plugins"]}
+    for name, dist in sorted(plugins, key=str):
+        states = []
+        for m in manifests:
+            found = [
+                p["status"]
+                for p in (m or {}).get("plugins", ())
+                if (p["name"], p["distribution"]) == (name, dist)
+            ]
+            states.append(found[0] if found else ("absent" if m else "-"))
+        add(f"plugin {name} ({dist})", states)
+    keys = {(h["type"], h["target"], h["plugin"]) for m in manifests if m for h in m["hooks"]}
+    for kind, target, plugin in sorted(keys, key=str):
+        states = []
+        for m in manifests:
+            found = [
+                h["state"] + (f": {h['error']}" if h["error"] else "")
+                for h in (m or {}).get("hooks", ())
+                if (h["type"], h["target"], h["plugin"]) == (kind, target, plugin)
+            ]
+            states.append(found[0] if found else ("absent" if m else "-"))
+        add(f"{kind} {target} ({plugin or 'no plugin'})", states)
+    return rows
+
+
+def _render_running(workers: list[dict[str, Any]]) -> list[str]:
+    """Each worker's manifest side by side, by role (``*``: workers of that role differ)."""
+    lines: list[str] = []
+    for role in dict.fromkeys(w["role"] for w in workers):
+        group = [w for w in workers if w["role"] == role]
+        names = [w["name"] for w in group]
+        lines.append(f"{role} workers: {', '.join(names)}")
+        lines += _table(_side_by_side([w.get("manifest") for w in group]), ["", "WHAT", *names])
+        for w in group:
+            for difference in w.get("manifest_differs") or []:
+                lines.append(f"  {w['name']} differs: {difference}")
+        lines.append("")
+    return lines
+
+
+def _running(args: argparse.Namespace) -> int:
+    from launcher.query import QueryError, find_launcher, query
+    from launcher.supervisor.rundir import NoLauncherError, RuntimeDirError
+
+    try:
+        found = find_launcher(args.pid)
+        answer = query(found["query_endpoint"], {"query": "snapshot"}, 5.0)
+    except (NoLauncherError, QueryError, RuntimeDirError) as exc:
+        print(f"sglang-launch plugins: {exc}", file=sys.stderr)
+        return 1
+    snapshot = answer.get("snapshot")
+    if not isinstance(snapshot, dict):
+        print("sglang-launch plugins: the launcher sent no snapshot", file=sys.stderr)
+        return 1
+    workers = [w for w in snapshot["workers"] if w.get("manifest") is not None or w.get("ready")]
+    if args.json:
+        json.dump({"pid": snapshot["pid"], "workers": workers}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print("\n".join(_render_running(workers)).rstrip())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.running or args.pid is not None:
+        return _running(args)
     if args.check:
         from launcher.plugin_check import check
 

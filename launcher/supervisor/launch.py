@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bootstrap import messages, phases
+from bootstrap import manifest, messages, phases
 from launcher import events
 from launcher.supervisor import diagnose
 from launcher.supervisor import proctree as _proctree
@@ -308,10 +308,18 @@ class Launch:
         ws.phase, ws.ready, ws.ready_at = phases.READY, True, message.time
         ws.phases[phases.READY] = message.duration
         ws.platform, ws.info = message.platform, dict(message.info)
+        ws.manifest = message.manifest
+        ws.manifest_differs = self._manifest_differences(ws)
         if not self.stopping:
             self.watchdog.watch(ws.name)
         self.publish(
-            events.WorkerReady(**self._fields(worker), duration=message.duration, info=ws.info)
+            events.WorkerReady(
+                **self._fields(worker),
+                duration=message.duration,
+                info=ws.info,
+                manifest=ws.manifest,
+                differs=ws.manifest_differs,
+            )
         )
         if message.platform != self.platform:
             self.blamed = self.blamed or ws.name
@@ -320,6 +328,21 @@ class Launch:
             self.healing.rank_ready(worker)
         elif self.state.all_ready():
             self.post(AllReady())
+
+    def _manifest_differences(self, ws: WorkerState) -> list[str]:
+        """How ``ws``'s manifest differs from the first ready peer's of its role (logged once)."""
+        if ws.manifest is None:
+            return []
+        for peer in self.state.workers:
+            if peer is ws or peer.role != ws.role or not peer.ready or peer.manifest is None:
+                continue
+            found = manifest.differences(ws.manifest, peer.manifest, peer.name)
+            if found:
+                log.warning(
+                    "%s has other plugins than %s: %s", ws.name, peer.name, "; ".join(found)
+                )
+            return found
+        return []
 
     def _on_failed(self, worker: Worker, message: messages.Failed) -> None:
         ws = worker.state

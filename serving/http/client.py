@@ -343,27 +343,37 @@ class SchedulerClient:
             if any(r.dead_reason for r in self.replicas):
                 await self._catch_up()
 
-    async def _catch_up(self) -> None:
-        """Apply, in order, the supervisor's events numbered above the last one applied."""
+    async def query(self, request: dict[str, object], timeout: float = 5.0) -> dict[str, Any]:
+        """The supervisor's answer to ``request`` on its query socket (``{"query": "snapshot"}``,
+        ``{"query": "events", "after": N}``); ``LookupError`` when there is none in time."""
         import zmq
 
         if not self.query_endpoint or self._zctx is None:
-            return
+            raise LookupError("this HTTP child knows no supervisor query socket")
         sock = self._zctx.socket(zmq.REQ)
         sock.setsockopt(zmq.LINGER, 0)
         try:
             sock.connect(self.query_endpoint)
-            await sock.send(json.dumps({"query": "events", "after": self._ops_seq}).encode())
-            if not await sock.poll(5000):
-                log.warning("the supervisor did not answer a query for missed events")
-                return
+            await sock.send(json.dumps(request).encode())
+            if not await sock.poll(int(timeout * 1000)):
+                raise LookupError(f"the supervisor did not answer {request} within {timeout:g}s")
             reply = json.loads(await sock.recv())
-            missed = [ops.from_dict(entry) for entry in reply.get("events") or []]
-        except (zmq.ZMQError, ValueError, AttributeError) as exc:
-            log.warning("could not ask the supervisor for missed events: %s", exc)
-            return
+        except (zmq.ZMQError, ValueError) as exc:
+            raise LookupError(f"could not ask the supervisor {request}: {exc}") from exc
         finally:
             sock.close(0)
+        if not isinstance(reply, dict) or not reply.get("ok"):
+            raise LookupError(f"the supervisor refused {request}: {reply}")
+        return reply
+
+    async def _catch_up(self) -> None:
+        """Apply, in order, the supervisor's events numbered above the last one applied."""
+        try:
+            reply = await self.query({"query": "events", "after": self._ops_seq})
+            missed = [ops.from_dict(entry) for entry in reply.get("events") or []]
+        except (LookupError, ValueError, AttributeError) as exc:
+            log.warning("could not ask the supervisor for missed events: %s", exc)
+            return
         for event in missed:
             if event.seq > self._ops_seq:
                 self._ops_seq = event.seq

@@ -193,6 +193,8 @@ class Ready(msgspec.Struct, kw_only=True):
     reason: str | UnsetType = UNSET
     schedulers: list[SchedulerLoad] | UnsetType = UNSET
     restarting: list[str] | UnsetType = UNSET  # "scheduler dp=N"
+    # "<worker>: <how its plugins differ from a peer's>", when a worker's do (ready all the same)
+    plugins_differ: list[str] | UnsetType = UNSET
 
 
 class PlatformSummary(msgspec.Struct, kw_only=True):
@@ -217,6 +219,16 @@ class SchedulerState(msgspec.Struct, kw_only=True):
     memory: JsonObject | None
 
 
+class WorkerManifest(msgspec.Struct, kw_only=True):
+    """What one worker process reported having of platform and plugins (``bootstrap.manifest``),
+    and how that differs from a peer's of its role."""
+
+    name: str
+    pid: int | None
+    manifest: JsonObject | None
+    differs: list[str]
+
+
 class ServerInfo(msgspec.Struct, kw_only=True):
     """``GET /get_server_info``; ``schedulers`` holds null for a replica that did not answer."""
 
@@ -227,6 +239,7 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     schedulers: list[SchedulerState | None]
     server_args: JsonObject  # the api key masked
     healthy: bool
+    workers: list[WorkerManifest] | UnsetType = UNSET  # from the supervisor, when it answers
 
 
 # ---- images ----------------------------------------------------------------------------------

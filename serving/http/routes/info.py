@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import msgspec
+from msgspec import UNSET
 from starlette.responses import Response
 
 from launcher.server_args import ServerArgs
@@ -26,6 +27,7 @@ from serving.http.responses import (
     SchedulerLoad,
     SchedulerState,
     ServerInfo,
+    WorkerManifest,
 )
 
 
@@ -50,6 +52,11 @@ async def ready(state: AppState, body: None, receive: Receive) -> Response:
         why = f"scheduler(s) dp={missing} not answering yet: {client.unanswered_reason(missing)}"
         return json_response(Ready(ready=False, reason=why), 503)
     loads = [read_pong(p)[0] for p in pongs if p]
+    differ = [
+        f"{w.name}: {'; '.join(w.differs)}"
+        for w in await worker_manifests(state, timeout=0.5) or ()
+        if w.differs
+    ]
     return json_response(
         Ready(
             ready=True,
@@ -58,6 +65,7 @@ async def ready(state: AppState, body: None, receive: Receive) -> Response:
                 for s in loads
             ],
             restarting=[f"scheduler dp={dp}" for dp in restarting],
+            plugins_differ=differ or UNSET,
         )
     )
 
@@ -84,8 +92,27 @@ async def server_info(state: AppState, body: None, receive: Receive) -> Response
             schedulers=[None if r is None else r[0] for r in read],
             server_args=_args_dict(state.server_args),
             healthy=state.client.healthy,
+            workers=await worker_manifests(state, timeout=2.0) or UNSET,
         )
     )
+
+
+async def worker_manifests(state: AppState, timeout: float) -> list[WorkerManifest] | None:
+    """Every worker's manifest, from the supervisor's snapshot (None when it does not answer)."""
+    try:
+        reply = await state.client.query({"query": "snapshot"}, timeout=timeout)
+        workers = reply["snapshot"]["workers"]
+    except (LookupError, KeyError, TypeError):
+        return None
+    return [
+        WorkerManifest(
+            name=w.get("name", "?"),
+            pid=w.get("pid"),
+            manifest=w.get("manifest"),
+            differs=list(w.get("manifest_differs") or ()),
+        )
+        for w in workers
+    ]
 
 
 def read_pong(pong: messages.Pong) -> tuple[SchedulerState, dict[str, object] | None]:
