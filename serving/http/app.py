@@ -36,6 +36,7 @@ from starlette.responses import Response
 import launcher
 from launcher.server_args import ServerArgs
 from serving.http.asgi import Message, Receive, Scope, Send
+from serving.http.chat_template import ChatTemplate
 from serving.http.client import SchedulerClient, SchedulerError
 from serving.http.metrics import Metrics
 from serving.http.responses import ErrorBody, PlatformSummary, error_body
@@ -140,6 +141,14 @@ class AppState:
     # The runtime's own API routes (``platforms.runtimes`` ``api_routes``): called by
     # ``create_app`` with a ``RouteKit``, it returns the ``Route``s to add. None: none.
     api_routes: Callable[[RouteKit], list[Route[Any]]] | None = None
+    # What the model directory says it serves: "generation", "embedding" or "image" (None:
+    # it does not say), and, for a generation model, its chat template.
+    kind: str | None = None
+    chat: ChatTemplate | None = None
+    # The longest prompt plus completion the schedulers accept, once one has said (chat).
+    context_length: int | None = None
+    # Seconds /health_generate waits for its probe before it answers 503.
+    health_timeout: float = 20.0
 
     def wrong_model(self, name: str | None) -> Response | None:
         """The 404 for a request's ``model`` that is not the served one; None when it is (or the
@@ -260,6 +269,8 @@ class App:
                 return await _send_error(send, 400, exc.message, param=exc.param)
         try:
             response = await route.handler(body, receive)
+        except BodyError as exc:  # a handler's own check of the body (a chat template's)
+            response = error_response(400, exc.message, exc.param)
         except SchedulerError as exc:
             param = route.params.get(exc.param, exc.param) if exc.param else None
             response = error_response(exc.status, self.refusal_message(exc.message, param), param)

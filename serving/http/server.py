@@ -18,6 +18,7 @@ import logging
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bootstrap import resolve
@@ -86,7 +87,15 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
     spec = serving_spec(server_args.runtime)
     source = spec.model_check(server_args.model_path, server_args.served_model_name)
     dp_size, tp_size = ctx.dp_size, ctx.tp_size
-    metrics = metrics or Metrics()
+    metrics = metrics or Metrics(source.served_name)
+    kind = model_kind(source.path)
+    chat = None
+    if kind == "generation":
+        from serving.http.chat_template import ChatTemplate
+
+        chat = ChatTemplate.load(
+            str(source.path), server_args.chat_template, server_args.trust_remote_code
+        )
     nnodes = server_args.nnodes
     # A replica whose rank 0 runs on node 0 (this node) has its private ipc:// socket; one on
     # another node announces a TCP address in the launch's store.
@@ -118,8 +127,26 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
         api_key=server_args.api_key or None,
         max_request_bytes=server_args.max_request_bytes,
         api_routes=resolve(spec.api_routes) if spec.api_routes else None,
+        kind=kind,
+        chat=chat,
     )
     return create_app(state)
+
+
+def model_kind(path: Path) -> str | None:
+    """What the model directory at ``path`` serves, from its files: ``generation`` (a causal LM's
+    config.json), ``embedding`` (any other config.json), ``image`` (a diffusers pipeline's
+    model_index.json); None when it says neither."""
+    from launcher.model_config import is_causal_lm, read_model_facts
+
+    facts = read_model_facts(path)
+    if facts is not None:
+        return (
+            "generation" if facts.architecture and is_causal_lm(facts.architecture) else "embedding"
+        )
+    if (path / "model_index.json").is_file():
+        return "image"
+    return None
 
 
 def _heals(server_args: ServerArgs) -> bool:
