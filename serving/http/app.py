@@ -1,16 +1,18 @@
 """The ASGI layer of the HTTP child: the route table, dispatch, the API key, the body limit, errors
 and ``/openapi.json``.
 
-``create_app(state)`` serves the built-in routes (``serving.http.routes``: ``/health``, ``/ready``,
-``/v1/models``, ``/v1/embeddings``, ``/v1/completions``, ``/generate``, ``/get_server_info``,
-``/metrics``, ``/openapi.json``, ``/docs``) and the routes of the launch's runtime
+``create_app(state)`` serves the built-in routes (``serving.http.routes``: ``/health``, ``/ping``,
+``/health_generate``, ``/ready``, ``/v1/models``, ``/v1/embeddings``, ``/v1/completions``,
+``/v1/chat/completions``, ``/generate``, ``/get_model_info``, ``/get_server_info``, ``/metrics``,
+``/openapi.json``, ``/docs``) and the routes of the launch's runtime
 (``AppState.api_routes``: the diffusion runtime adds ``/v1/images/generations``), built from a
 ``RouteKit``; a plugin adds its own with ``app.add_route(Route(...))``. Every error is JSON in
 OpenAI's shape (``responses.ErrorBody``); input a client gets wrong is a 4xx whose ``param`` names
 the field and whose message says the fix; a scheduler's refusal of a request of the wrong kind
 (an embedding request to a generation model) also names the routes that serve the model's kind,
-from this table. With an API key, every route but ``/health`` and ``/ready`` needs
-``Authorization: Bearer <key>``. A client that disconnects cancels its request at the scheduler.
+from this table. With an API key, every route but the probes (``public`` routes: ``/health``,
+``/ping``, ``/health_generate``, ``/ready``) needs ``Authorization: Bearer <key>``. A client that
+disconnects cancels its request at the scheduler.
 
 A request is dispatched once, here: the route is looked up by path and method, a JSON body is
 decoded straight into the route's msgspec struct (``schemas.decode_body``), and the handler
