@@ -50,6 +50,10 @@ def _schema(description: str, **constraints: Any) -> msgspec.Meta:
 def _check_text(value: str, param: str) -> None:
     if not value:
         raise BodyError(f"{param} must not be empty; send some text", param)
+    _check_unicode(value, param)
+
+
+def _check_unicode(value: str, param: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -324,17 +328,20 @@ class ChatMessage(Body, kw_only=True):
             raise BodyError(
                 f"{prefix}content is required; send the message's text", prefix + "content"
             )
-        if isinstance(self.content, list):
-            for i, part in enumerate(self.content):
-                where = f"{prefix}content[{i}]"
-                if part.type != "text":
-                    raise BodyError(
-                        f"{where}.type {part.type!r} is not supported: this model reads text "
-                        f"only; send parts of type 'text'",
-                        where + ".type",
-                    )
-                if part.text is None:
-                    raise BodyError(f"{where}.text is required", where + ".text")
+        if isinstance(self.content, str):
+            _check_unicode(self.content, prefix + "content")
+            return
+        for i, part in enumerate(self.content):
+            where = f"{prefix}content[{i}]"
+            if part.type != "text":
+                raise BodyError(
+                    f"{where}.type {part.type!r} is not supported: this model reads text "
+                    f"only; send parts of type 'text'",
+                    where + ".type",
+                )
+            if part.text is None:
+                raise BodyError(f"{where}.text is required", where + ".text")
+            _check_unicode(part.text, where + ".text")
 
     @property
     def text(self) -> str:

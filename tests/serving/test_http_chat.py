@@ -255,6 +255,24 @@ def test_refusals_name_the_field(tmp_path, template, case):
     assert received == []  # refused before anything reached the scheduler
 
 
+def test_text_with_an_unpaired_surrogate_is_refused_naming_it(tmp_path, template):
+    bodies = {
+        "messages[0].content": b'{"messages": [{"role": "user", "content": "a\\ud800"}]}',
+        "messages[0].content[0].text": (
+            b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}'
+        ),
+    }
+
+    async def scenario():
+        async with serve_app(tmp_path, chat=template) as s:
+            return {p: await s.http.post(CHAT, content=b) for p, b in bodies.items()}
+
+    for param, r in asyncio.run(scenario()).items():
+        error = r.json()["error"]
+        assert (r.status_code, error["param"]) == (400, param), error
+        assert "unpaired surrogate" in error["message"]
+
+
 def test_a_model_without_a_template_is_a_400_naming_chat_template(tmp_path, tokenizer):
     reason = "it has no chat template (tokenizer_config.json or chat_template.jinja)"
     cases = [ChatTemplate(tokenizer, None, None, reason), None]  # no template; none loaded
