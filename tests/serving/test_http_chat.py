@@ -367,3 +367,42 @@ def test_a_chat_template_file_that_cannot_be_used_stops_the_start_with_the_reaso
     with pytest.raises(ServerArgsError) as info:
         ServerArgs(chat_template=str(tmp_path / "missing.jinja")).check_server_args()
     assert "--chat-template" in str(info.value) and "not a readable file" in str(info.value)
+
+
+# ---- several choices streamed as one -----------------------------------------------------------
+
+
+def test_merged_streams_yield_in_arrival_order_and_close_together():
+    from serving.http.streaming import merged
+
+    closed: list[str] = []
+
+    async def stream(name: str, count: int, fail: bool = False):
+        try:
+            for i in range(count):
+                await asyncio.sleep(0)
+                yield f"{name}{i}"
+            if fail:
+                raise ValueError(f"{name} failed")
+            await asyncio.Event().wait()  # never ends by itself: only closing ends it
+        finally:
+            closed.append(name)
+
+    async def scenario():
+        seen = []
+        together = merged([stream("a", 2), stream("b", 3)])
+        async for index, item in together:
+            seen.append((index, item))
+            if len(seen) == 5:
+                break
+        await together.aclose()
+        failing = merged([stream("c", 1, fail=True), stream("d", 5)])
+        with pytest.raises(ValueError, match="c failed"):
+            async for _ in failing:
+                pass
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert sorted(seen) == [(0, "a0"), (0, "a1"), (1, "b0"), (1, "b1"), (1, "b2")]
+    assert [item for index, item in seen if index == 1] == ["b0", "b1", "b2"]
+    assert sorted(closed) == ["a", "b", "c", "d"]
