@@ -8,6 +8,10 @@ a ping through its socket and only then reports ready, so the launch never claim
 replica the HTTP child cannot reach; it then waits for ``ctx.stopping`` (SIGTERM), lets uvicorn
 finish the requests in flight and returns. On several nodes a replica whose rank 0 runs on another
 node is found through the launch's rendezvous store (``distributed.EndpointDirectory``).
+
+For a generation model (``model_kind``) the app gets the model's chat template, loaded once here
+(``chat_template.ChatTemplate``; ``--chat-template FILE`` replaces it, and a file that is not a
+usable Jinja template fails the start naming it).
 """
 
 from __future__ import annotations
