@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -163,6 +164,12 @@ class ServerArgs:
         1024, "most concurrent HTTP connections and requests; one more gets 503"
     )
     trust_remote_code: bool = _opt(False, "allow model code shipped with the model directory")
+    chat_template: str | None = _opt(
+        None,
+        "a Jinja chat template file that /v1/chat/completions renders messages with, instead of "
+        "the model's own (tokenizer_config.json or chat_template.jinja)",
+        metavar="FILE",
+    )
     # Diffusion runtime
     enable_torch_compile: bool = _opt(
         False, "compile the denoiser with torch.compile (backend and options from the platform)"
@@ -316,6 +323,12 @@ class ServerArgs:
             f"--restart-backoff {self.restart_backoff} must be 0 or more seconds",
         )
         need(self.batch_wait_ms >= 0, f"--batch-wait-ms {self.batch_wait_ms} must be 0 or more")
+        if self.chat_template is not None:
+            need(
+                os.path.isfile(self.chat_template) and os.access(self.chat_template, os.R_OK),
+                f"--chat-template {self.chat_template!r} is not a readable file; pass the path "
+                f"of a Jinja chat template",
+            )
         need(
             self.max_total_tokens >= self.max_input_tokens,
             f"--max-total-tokens {self.max_total_tokens} is below --max-input-tokens "

@@ -25,7 +25,13 @@ def scheduler_endpoint_name(dp_rank: int) -> str:
 
 class SamplingParams(msgspec.Struct, frozen=True):
     """How to pick each new token. ``temperature == 0`` is greedy; ``seed=None`` means the
-    scheduler draws one (and reports it), so every rank of a replica samples identically."""
+    scheduler draws one (and reports it), so every rank of a replica samples identically.
+
+    ``presence_penalty`` and ``frequency_penalty`` have OpenAI's meaning (subtracted from the
+    logit of a token id once it was generated in this sequence, and times its count). With
+    ``logprobs`` each generated token's log-probability is reported, with ``top_logprobs`` (0 to
+    20) also the most likely tokens at that step: of the model's distribution after the penalties
+    and before temperature, top-k and top-p."""
 
     max_new_tokens: int = 16
     temperature: float = 1.0
@@ -34,6 +40,10 @@ class SamplingParams(msgspec.Struct, frozen=True):
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 # ---- HTTP child -> scheduler -------------------------------------------------------------------
@@ -52,6 +62,11 @@ class EmbedRequest(msgspec.Struct, tag="embed"):
 
 
 class GenerateRequest(msgspec.Struct, tag="generate"):
+    """``group``: the id of the HTTP request the sequence belongs to (one HTTP request with
+    several prompts or ``n`` choices sends one ``GenerateRequest`` each, with one ``group``);
+    the scheduler admits fairly across groups. ``raw``: tokenise ``text`` without adding the
+    tokenizer's special tokens (a chat prompt rendered by the model's template writes its own)."""
+
     kind: ClassVar[str] = "generation"
 
     rid: str
@@ -59,6 +74,8 @@ class GenerateRequest(msgspec.Struct, tag="generate"):
     params: SamplingParams
     stream: bool = False
     inflight: int = 1
+    group: str = ""
+    raw: bool = False
 
 
 class ImageRequest(msgspec.Struct, tag="image"):
@@ -130,11 +147,23 @@ def unpack_vectors(data: bytes, dim: int) -> list[list[float]]:
     return [flat[at : at + dim] for at in range(0, len(flat), dim)] if dim > 0 else []
 
 
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """One generated token: its id, its text decoded alone, its log-probability, and (with
+    ``top_logprobs``) the most likely tokens at its step as ``(text, logprob)``, most likely
+    first."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
 class Generated(msgspec.Struct, tag="generated"):
     """A finished generation (or, with ``finished=False``, one streamed increment of it).
 
     ``text`` is the increment when streaming and the whole completion otherwise;
-    ``finish_reason`` is ``"length"``, ``"stop"`` or ``"abort"``.
+    ``finish_reason`` is ``"length"``, ``"stop"`` or ``"abort"``. ``logprobs`` (only when the
+    request asked for them): the tokens of this message, the increment's when streaming.
     """
 
     rid: str
@@ -145,6 +174,7 @@ class Generated(msgspec.Struct, tag="generated"):
     finish_reason: str | None = None
     seed: int | None = None
     batch_size: int = 1
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Images(msgspec.Struct, tag="images"):
@@ -307,10 +337,17 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
 
 
 class TextStats(SchedulerStats, tag="text", kw_only=True):
-    """A text scheduler's counters, its model and its device's memory."""
+    """A text scheduler's counters, its model and its device's memory; ``running``: sequences
+    decoding now, ``queued``: waiting to be admitted, ``kv_tokens_used`` of ``kv_tokens_total``
+    (the KV-cache pool, in tokens), ``generation_tokens_per_s`` over the last few seconds."""
 
     model: TextModel
     memory: TextMemory
+    running: int = 0
+    queued: int = 0
+    kv_tokens_used: int = 0
+    kv_tokens_total: int = 0
+    generation_tokens_per_s: float = 0.0
 
 
 class ImageStats(SchedulerStats, tag="image", kw_only=True):

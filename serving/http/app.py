@@ -1,16 +1,18 @@
 """The ASGI layer of the HTTP child: the route table, dispatch, the API key, the body limit, errors
 and ``/openapi.json``.
 
-``create_app(state)`` serves the built-in routes (``serving.http.routes``: ``/health``, ``/ready``,
-``/v1/models``, ``/v1/embeddings``, ``/v1/completions``, ``/generate``, ``/get_server_info``,
-``/metrics``, ``/openapi.json``, ``/docs``) and the routes of the launch's runtime
+``create_app(state)`` serves the built-in routes (``serving.http.routes``: ``/health``, ``/ping``,
+``/health_generate``, ``/ready``, ``/v1/models``, ``/v1/embeddings``, ``/v1/completions``,
+``/v1/chat/completions``, ``/generate``, ``/get_model_info``, ``/get_server_info``, ``/metrics``,
+``/openapi.json``, ``/docs``) and the routes of the launch's runtime
 (``AppState.api_routes``: the diffusion runtime adds ``/v1/images/generations``), built from a
 ``RouteKit``; a plugin adds its own with ``app.add_route(Route(...))``. Every error is JSON in
 OpenAI's shape (``responses.ErrorBody``); input a client gets wrong is a 4xx whose ``param`` names
 the field and whose message says the fix; a scheduler's refusal of a request of the wrong kind
 (an embedding request to a generation model) also names the routes that serve the model's kind,
-from this table. With an API key, every route but ``/health`` and ``/ready`` needs
-``Authorization: Bearer <key>``. A client that disconnects cancels its request at the scheduler.
+from this table. With an API key, every route but the probes (``public`` routes: ``/health``,
+``/ping``, ``/health_generate``, ``/ready``) needs ``Authorization: Bearer <key>``. A client that
+disconnects cancels its request at the scheduler.
 
 A request is dispatched once, here: the route is looked up by path and method, a JSON body is
 decoded straight into the route's msgspec struct (``schemas.decode_body``), and the handler
@@ -36,6 +38,7 @@ from starlette.responses import Response
 import launcher
 from launcher.server_args import ServerArgs
 from serving.http.asgi import Message, Receive, Scope, Send
+from serving.http.chat_template import ChatTemplate
 from serving.http.client import SchedulerClient, SchedulerError
 from serving.http.metrics import Metrics
 from serving.http.responses import ErrorBody, PlatformSummary, error_body
@@ -140,6 +143,14 @@ class AppState:
     # The runtime's own API routes (``platforms.runtimes`` ``api_routes``): called by
     # ``create_app`` with a ``RouteKit``, it returns the ``Route``s to add. None: none.
     api_routes: Callable[[RouteKit], list[Route[Any]]] | None = None
+    # What the model directory says it serves: "generation", "embedding" or "image" (None:
+    # it does not say), and, for a generation model, its chat template.
+    kind: str | None = None
+    chat: ChatTemplate | None = None
+    # The longest prompt plus completion the schedulers accept, once one has said (chat).
+    context_length: int | None = None
+    # Seconds /health_generate waits for its probe before it answers 503.
+    health_timeout: float = 20.0
 
     def wrong_model(self, name: str | None) -> Response | None:
         """The 404 for a request's ``model`` that is not the served one; None when it is (or the
@@ -260,6 +271,8 @@ class App:
                 return await _send_error(send, 400, exc.message, param=exc.param)
         try:
             response = await route.handler(body, receive)
+        except BodyError as exc:  # a handler's own check of the body (a chat template's)
+            response = error_response(400, exc.message, exc.param)
         except SchedulerError as exc:
             param = route.params.get(exc.param, exc.param) if exc.param else None
             response = error_response(exc.status, self.refusal_message(exc.message, param), param)

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,7 @@ class Replica:
         self.watcher: asyncio.Task[None] | None = None  # its socket monitor
         self.dead_reason: str | None = None
         self.unreachable: str | None = None  # why its address could not be learned
+        self.last_reply = float("-inf")  # time.monotonic() of its last answer to anything
 
     @property
     def where(self) -> str:
@@ -208,8 +210,6 @@ class SchedulerClient:
 
     def _resolve_all(self, pending: list[Replica]) -> None:
         """Poll ``resolve`` for each replica without an address until all are known (thread)."""
-        import time
-
         loop, resolve = self.loop, self.resolve
         if loop is None or resolve is None:  # start() sets both before this thread runs
             return
@@ -585,6 +585,7 @@ class SchedulerClient:
             except msgspec.DecodeError as exc:
                 log.warning("dropped an undecodable reply from dp=%d: %s", rep.dp_rank, exc)
                 continue
+            rep.last_reply = time.monotonic()
             deliver = self._pending.get(reply.rid)
             if deliver is not None:
                 deliver(reply)

@@ -8,6 +8,10 @@ a ping through its socket and only then reports ready, so the launch never claim
 replica the HTTP child cannot reach; it then waits for ``ctx.stopping`` (SIGTERM), lets uvicorn
 finish the requests in flight and returns. On several nodes a replica whose rank 0 runs on another
 node is found through the launch's rendezvous store (``distributed.EndpointDirectory``).
+
+For a generation model (``model_kind``) the app gets the model's chat template, loaded once here
+(``chat_template.ChatTemplate``; ``--chat-template FILE`` replaces it, and a file that is not a
+usable Jinja template fails the start naming it).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bootstrap import resolve
@@ -86,7 +91,15 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
     spec = serving_spec(server_args.runtime)
     source = spec.model_check(server_args.model_path, server_args.served_model_name)
     dp_size, tp_size = ctx.dp_size, ctx.tp_size
-    metrics = metrics or Metrics()
+    metrics = metrics or Metrics(source.served_name)
+    kind = model_kind(source.path)
+    chat = None
+    if kind == "generation":
+        from serving.http.chat_template import ChatTemplate
+
+        chat = ChatTemplate.load(
+            str(source.path), server_args.chat_template, server_args.trust_remote_code
+        )
     nnodes = server_args.nnodes
     # A replica whose rank 0 runs on node 0 (this node) has its private ipc:// socket; one on
     # another node announces a TCP address in the launch's store.
@@ -118,8 +131,26 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
         api_key=server_args.api_key or None,
         max_request_bytes=server_args.max_request_bytes,
         api_routes=resolve(spec.api_routes) if spec.api_routes else None,
+        kind=kind,
+        chat=chat,
     )
     return create_app(state)
+
+
+def model_kind(path: Path) -> str | None:
+    """What the model directory at ``path`` serves, from its files: ``generation`` (a causal LM's
+    config.json), ``embedding`` (any other config.json), ``image`` (a diffusers pipeline's
+    model_index.json); None when it says neither."""
+    from launcher.model_config import is_causal_lm, read_model_facts
+
+    facts = read_model_facts(path)
+    if facts is not None:
+        return (
+            "generation" if facts.architecture and is_causal_lm(facts.architecture) else "embedding"
+        )
+    if (path / "model_index.json").is_file():
+        return "image"
+    return None
 
 
 def _heals(server_args: ServerArgs) -> bool:

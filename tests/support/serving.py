@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from support import REPO, clean_env, free_port, kill_tree, wait_for
 
 CLI = REPO / ".venv" / "bin" / "sglang-launch"
@@ -199,6 +201,37 @@ def build_tiny_llama(path: Path, tokenizer_dir: Path) -> Path:
     torch.manual_seed(1234)
     LlamaForCausalLM(cfg).save_pretrained(path)
     return path
+
+
+# A chat template that writes the BOS token itself, as most models' templates do: a prompt it
+# renders must reach the model with that token once (``GenerateRequest.raw``).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant> {% endif %}"
+)
+
+
+def give_chat_template(path: Path, template: str = CHAT_TEMPLATE) -> Path:
+    """The model directory at ``path`` with ``template`` as its tokenizer's chat template and
+    its BOS token (BERT's [CLS], the tiny Llama's bos_token_id) named, saved the way
+    transformers saves them (chat_template.jinja, tokenizer_config.json)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tok.chat_template = template
+    tok.bos_token = tok.cls_token
+    tok.save_pretrained(path)
+    return path
+
+
+# For a test that needs the engine half of issue 18 (a scheduler that fills Generated.logprobs
+# and tokenises a GenerateRequest.raw prompt without adding special tokens): it is expected to
+# fail until that lands, and fails when it passes, so the mark is removed at the merge.
+needs_engine = pytest.mark.xfail(
+    strict=True,
+    reason="needs the engine half of issue 18: Generated.logprobs filled, GenerateRequest.raw "
+    "honoured (remove this mark when it lands)",
+)
 
 
 def post(url: str, body, headers: dict | None = None, timeout: float = 60.0):
