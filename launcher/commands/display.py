@@ -53,8 +53,16 @@ class TerminalDisplay:
                 f"{PREFIX} {event['replica']} serves again ({event['down_s']:.1f}s after it failed)"
             )
         elif topic == "server.stopped":
+            cut = event.get("requests_cut") or 0
+            cut_text = (
+                f"{cut} request{'s' if cut != 1 else ''} still running when the grace period "
+                f"ran out {'were' if cut != 1 else 'was'} cut (each got a 503 or an error event); "
+                if cut
+                else ""
+            )
             self._print(
-                f"{PREFIX} stopped; every worker process is gone ({event.get('teardown_s', 0):.2f}s)"
+                f"{PREFIX} stopped; {cut_text}every worker process is gone "
+                f"({event.get('teardown_s', 0):.2f}s)"
             )
 
     def _starting_line(self, event: dict) -> None:

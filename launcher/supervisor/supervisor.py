@@ -135,6 +135,7 @@ class Supervisor:
         # other workers report after it is a consequence (they are reported as stopped).
         self._blamed: str | None = None
         self._stopping = False
+        self._requests_cut: int | None = None  # the HTTP child's count, from its stopped report
         self._early_stop: str | None = None  # a stop requested before the loop ran
         self._lock = threading.Lock()
         self._children: list[_Worker] = []
@@ -327,7 +328,11 @@ class Supervisor:
         exit_code = int(cause.exit_code) if cause is not None else int(ExitCode.OK)
         self._drain_pipes()
         self._channel.emit(
-            "server.stopped", exit_code=exit_code, teardown_s=teardown, phase=state.phase
+            "server.stopped",
+            exit_code=exit_code,
+            teardown_s=teardown,
+            phase=state.phase,
+            requests_cut=self._requests_cut,
         )
         return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 
@@ -551,7 +556,11 @@ class Supervisor:
             self._post("failed", self._failure_cause(child, message.exit_code))
         elif isinstance(message, messages.Stopped):
             ws.phase = "stopped"
-            self._emit_worker(child, "stopped")
+            cut = message.info.get("requests_cut")
+            if isinstance(cut, int):  # requests still running when the grace period ran out
+                self._requests_cut = (self._requests_cut or 0) + cut
+            extra = {"info": dict(message.info)} if message.info else {}
+            self._emit_worker(child, "stopped", **extra)
         # Heartbeats need no action: a stalled child is caught by the deadline or its sentinel.
 
     def _worker_of(self, child: Child) -> _Worker:
