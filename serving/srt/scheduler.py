@@ -188,7 +188,7 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
         """Up to ``max_batch_size`` requests, oldest first, at least one; for embeddings that
         many texts, shared between the queued requests (``take_texts``)."""
         if isinstance(self.queue[0], EmbedItem):
-            return list(take_texts(cast("deque[EmbedItem]", self.queue), self.max_batch_size))
+            return [*take_texts(cast("deque[EmbedItem]", self.queue), self.max_batch_size)]
         batch = [self.queue.popleft()]
         load = batch[0].load
         while self.queue:
