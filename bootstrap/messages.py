@@ -21,7 +21,8 @@ Kinds:
   exception's qualified type name, ``message`` its text, ``traceback`` the full formatted
   traceback, ``exit_code`` the status the child is about to exit with.
 - ``heartbeat``: sent every ``ProcessSpec.heartbeat_interval`` seconds when that is set.
-- ``stopped``: the worker returned after a stop request; the child exits 0 next.
+- ``stopped``: the worker returned after a stop request; the child exits 0 next. ``info`` is
+  what the worker said of its stop (``ctx.stopped(**info)``; the HTTP child: ``requests_cut``).
 
 ``encode(message) -> bytes`` and ``decode(data) -> Message`` are the only (de)serializers;
 ``to_dict(message)`` gives the JSON-able form for ops events.
@@ -74,6 +75,7 @@ class Heartbeat(_Base, tag="heartbeat", frozen=True):
 
 class Stopped(_Base, tag="stopped", frozen=True):
     elapsed: float
+    info: dict[str, object] = {}
 
 
 Message = Phase | Ready | Failed | Heartbeat | Stopped

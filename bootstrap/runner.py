@@ -323,7 +323,8 @@ class _ChildState:
         self.exiting = True
         if self.reporter is not None:
             try:
-                self.reporter.send("Stopped", elapsed=time.monotonic() - self.started)
+                info = self.ctx.stop_info if self.ctx is not None else {}
+                self.reporter.send("Stopped", elapsed=time.monotonic() - self.started, info=info)
             except Exception:  # noqa: BLE001
                 traceback.print_exc()
         self.exit(0)

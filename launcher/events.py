@@ -166,6 +166,7 @@ class WorkerStopped(WorkerEvent, frozen=True, kw_only=True, tag="worker.stopped"
     error: WorkerError | None = None
     restart: bool = False
     at_once: bool = False
+    info: dict[str, object] = {}  # what it said as it stopped (the HTTP child: requests_cut)
 
 
 class WorkerExited(WorkerEvent, frozen=True, kw_only=True, tag="worker.exited"):
@@ -226,11 +227,14 @@ class ServerStopping(OpsEvent, frozen=True, kw_only=True, tag="server.stopping")
 
 class ServerStopped(OpsEvent, frozen=True, kw_only=True, tag="server.stopped"):
     """Every worker is gone after ``teardown_s`` seconds; the launch exits ``exit_code`` in
-    ``phase`` (``"stopped"`` or ``"failed"``)."""
+    ``phase`` (``"stopped"`` or ``"failed"``). ``requests_cut``: requests the HTTP child was still
+    answering when the grace period ran out (each got a 503 or an error event; None: no HTTP
+    child reported)."""
 
     exit_code: int
     teardown_s: float
     phase: str
+    requests_cut: int | None = None
 
 
 # -- events of a replica that heals: replica.<dp>.<kind> --------------------------------------------

@@ -179,6 +179,11 @@ class ServerArgs:
         "keep the denoiser's weights on the host and move one block at a time to the device "
         "(default: the diffusion platform's enable_dit_layerwise_offload_by_default())",
     )
+    max_pixel_steps: int = _opt(
+        1 << 30,
+        "diffusion: the most width x height x n x num_inference_steps one image request may ask "
+        "for (more is a 400 naming this limit); bounds what one request costs its replica",
+    )
     enable_cfg_parallel: bool = _opt(
         False,
         "diffusion: run each replica on two ranks that split classifier-free guidance (rank 0 "
@@ -268,6 +273,7 @@ class ServerArgs:
             "max_batch_size",
             "max_input_tokens",
             "max_request_bytes",
+            "max_pixel_steps",
         ):
             value = getattr(self, name)
             need(value >= 1, f"{_flag(name)} {value} must be at least 1")

@@ -421,14 +421,23 @@ class ImageWork(msgspec.Struct):
 
 
 class ImageBatch(msgspec.Struct, tag="image_batch"):
-    """Denoise these requests as one pipeline call of this shape; with ``--enable-cfg-parallel``
-    rank 1 runs the same call and computes the unconditional half of each step."""
+    """Start denoising these requests as pipeline call ``call`` of this shape, and run it to its
+    first step; with ``--enable-cfg-parallel`` rank 1 runs the same call and computes the
+    unconditional half of each step. Rank 1 takes every further step when ``ImageTurn`` says."""
 
+    call: int
     width: int
     height: int
     steps: int
     guidance_scale: float
     jobs: list[ImageWork]
+
+
+class ImageTurn(msgspec.Struct, tag="image_turn"):
+    """Run pipeline call ``call`` to its next step (or its end): rank 0 takes the same step.
+    Calls under way take turns this way, in the order rank 0 chooses."""
+
+    call: int
 
 
 class Tick(msgspec.Struct, tag="tick"):
@@ -439,7 +448,7 @@ class Stop(msgspec.Struct, tag="stop"):
     """Rank 0 is stopping: leave the loop and the group."""
 
 
-FollowerWork = Batch | ImageBatch
+FollowerWork = Batch | ImageBatch | ImageTurn
 ToFollower = FollowerWork | Tick | Stop
 
 Request = EmbedRequest | GenerateRequest | ImageRequest

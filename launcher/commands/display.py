@@ -68,8 +68,17 @@ class TerminalDisplay:
                     f"{PREFIX} {event.replica} serves again ({event.down_s:.1f}s after it failed)"
                 )
             case ServerStopped():
+                cut = event.requests_cut or 0
+                cut_text = (
+                    f"{cut} request{'s' if cut != 1 else ''} still running when the grace "
+                    f"period ran out {'were' if cut != 1 else 'was'} cut (each got a 503 or an "
+                    "error event); "
+                    if cut
+                    else ""
+                )
                 self._print(
-                    f"{PREFIX} stopped; every worker process is gone ({event.teardown_s:.2f}s)"
+                    f"{PREFIX} stopped; {cut_text}every worker process is gone "
+                    f"({event.teardown_s:.2f}s)"
                 )
 
     def _starting_line(self, event: ServerStarting) -> None:

@@ -143,6 +143,7 @@ class Launch:
         # The worker whose failure or exit is the root cause, from the moment it is known: what
         # other workers report after it is a consequence (they are reported as stopped).
         self.blamed: str | None = None
+        self.requests_cut: int | None = None  # the HTTP child's count, from its stopped report
         self.subreaper = False  # adopts the orphans of workers that die (the CLI's process only)
         self.children = Children(zctx, status_endpoint, self._on_message, self._on_exit)
         self.workers = [
@@ -240,6 +241,7 @@ class Launch:
         error: events.WorkerError | None = None,
         restart: bool = False,
         at_once: bool = False,
+        info: dict[str, object] | None = None,
     ) -> None:
         """Record ``worker`` as stopped and say so (see ``events.WorkerStopped``)."""
         worker.state.phase = phases.STOPPED
@@ -250,6 +252,7 @@ class Launch:
                 error=error,
                 restart=restart,
                 at_once=at_once,
+                info=dict(info or {}),
             )
         )
 
@@ -300,7 +303,10 @@ class Launch:
         elif isinstance(message, messages.Failed):
             self._on_failed(worker, message)
         elif isinstance(message, messages.Stopped):
-            self.stopped(worker)
+            cut = message.info.get("requests_cut")
+            if isinstance(cut, int):  # requests still running when the grace period ran out
+                self.requests_cut = (self.requests_cut or 0) + cut
+            self.stopped(worker, info=message.info)
         # Heartbeats need no action: a stalled child is caught by the deadline or its sentinel.
 
     def _on_ready(self, worker: Worker, message: messages.Ready) -> None:

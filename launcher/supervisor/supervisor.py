@@ -251,7 +251,12 @@ class Supervisor:
         if launch.output is not None:
             launch.output.drain()
         launch.publish(
-            events.ServerStopped(exit_code=exit_code, teardown_s=teardown, phase=state.phase)
+            events.ServerStopped(
+                exit_code=exit_code,
+                teardown_s=teardown,
+                phase=state.phase,
+                requests_cut=launch.requests_cut,
+            )
         )
         return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 

@@ -44,6 +44,7 @@ import msgspec
 
 from launcher import events as ops
 from serving import wire as messages
+from serving.http.replica import Replica
 
 if TYPE_CHECKING:
     import zmq.asyncio
@@ -75,24 +76,6 @@ class SchedulerError(Exception):
         self.status = status
         self.message = message
         self.param = param
-
-
-class Replica:
-    def __init__(self, dp_rank: int, endpoint: str | None) -> None:
-        self.dp_rank = dp_rank
-        self.endpoint = endpoint
-        self.sock: Any = None  # the asyncio socket (its monitor is awaited)
-        self.io: Any = None  # a plain shadow of it: requests are sent and replies read through this
-        self.inflight: set[str] = set()
-        self.connected = False
-        self.watcher: asyncio.Task[None] | None = None  # its socket monitor
-        self.dead_reason: str | None = None
-        self.unreachable: str | None = None  # why its address could not be learned
-        self.last_reply = float("-inf")  # time.monotonic() of its last answer to anything
-
-    @property
-    def where(self) -> str:
-        return self.endpoint or "address not announced yet"
 
 
 class SchedulerClient:
@@ -130,6 +113,7 @@ class SchedulerClient:
         self.metrics = metrics
         self.server_failure: str | None = None
         self._pending: dict[str, Callable[[object], None]] = {}  # rid -> deliver(reply)
+        self._ended: str | None = None  # why no more requests are taken (end_all)
         self._owner: dict[str, Replica] = {}
         self._ids = itertools.count()
         self._prefix = f"{os.getpid():x}-"
@@ -407,13 +391,24 @@ class SchedulerClient:
     def new_rid(self) -> str:
         return f"{self._prefix}{next(self._ids)}"
 
+    def end_all(self, message: str) -> int:
+        """Answer every request in flight with a 503 ``message`` (a stream: its error event),
+        cancel each at its scheduler, and refuse new ones with it; how many there were."""
+        self._ended = message
+        pending = list(self._pending.items())
+        for rid, deliver in pending:
+            self._cancel(self._owner[rid], rid)
+            deliver(messages.RequestFailed(rid, 503, message))
+        return len(pending)
+
     def pick(self) -> Replica:
         """The live replica with the fewest unanswered requests (ties: lowest dp rank)."""
         live = [r for r in self.replicas if not r.dead_reason and r.io is not None]
-        if not live or self.server_failure:
+        if not live or self.server_failure or self._ended:
             raise SchedulerError(
                 503,
-                self.unhealthy_reason
+                self._ended
+                or self.unhealthy_reason
                 or "no scheduler is reachable yet: "
                 + self.unanswered_reason([r.dp_rank for r in self.replicas]),
             )
@@ -520,7 +515,11 @@ class SchedulerClient:
         self._owner.pop(rid, None)
         rep.inflight.discard(rid)
         self._depth(rep)
-        if not finished and rep.io is not None and not rep.dead_reason:
+        if not finished:
+            self._cancel(rep, rid)
+
+    def _cancel(self, rep: Replica, rid: str) -> None:
+        if rep.io is not None and not rep.dead_reason:
             try:
                 self._send(rep, messages.encode(messages.Cancel(rid)))
             except Exception:  # noqa: BLE001 - best effort: the scheduler drops answers nobody awaits

@@ -5,13 +5,20 @@ The listening socket is bound here first (``ServerArgs.host``, loopback by defau
 thread. uvicorn runs in a thread of its own and leaves signal handling to the bootstrap. Once uvicorn has
 started, the main thread waits (at most ``startup_timeout``) until every scheduler replica answers
 a ping through its socket and only then reports ready, so the launch never claims ready with a
-replica the HTTP child cannot reach; it then waits for ``ctx.stopping`` (SIGTERM), lets uvicorn
-finish the requests in flight and returns. On several nodes a replica whose rank 0 runs on another
-node is found through the launch's rendezvous store (``distributed.EndpointDirectory``).
+replica the HTTP child cannot reach; it then waits for ``ctx.stopping`` (SIGTERM) and drains.
+On several nodes a replica whose rank 0 runs on another node is found through the launch's
+rendezvous store (``distributed.EndpointDirectory``).
 
 For a generation model (``model_kind``) the app gets the model's chat template, loaded once here
 (``chat_template.ChatTemplate``; ``--chat-template FILE`` replaces it, and a file that is not a
 usable Jinja template fails the start naming it).
+
+The drain: on SIGTERM uvicorn stops accepting connections and the requests in flight have the
+whole ``--stop-grace-period`` but the last ``drain_margin`` of it (the supervisor kills the
+process at its end) to finish. Those still running then are ended (``SchedulerClient.end_all``):
+each gets a 503, a stream its error event and ``[DONE]``, and each is cancelled at its scheduler;
+how many is the ``requests_cut`` of this worker's ``stopped`` report, which the launcher's last
+line and its ``server.stopped`` event repeat.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import resource
 import socket
 import threading
 import time
@@ -31,6 +39,8 @@ from serving.distributed import EndpointDirectory, replica_node
 from serving.wire import scheduler_endpoint_name
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from bootstrap import WorkerContext
     from launcher.server_args import ServerArgs
     from serving.http.app import App
@@ -39,6 +49,36 @@ if TYPE_CHECKING:
     from serving.http.responses import PlatformSummary
 
 log = logging.getLogger("sglang_launch.http")
+
+# The files the HTTP child keeps open besides its connections (sockets to the schedulers and the
+# supervisor, the model's files, libraries), when it raises its file limit for --max-connections.
+_OTHER_FILES = 256
+
+
+def drain_margin(grace: float) -> float:
+    """The end of the grace period kept for ending the requests still running and exiting: a
+    second, or a quarter of a shorter grace period."""
+    return min(1.0, grace / 4)
+
+
+def make_room_for_connections(max_connections: int) -> None:
+    """Raise this process's soft limit of open files (up to its hard limit) so that
+    ``max_connections`` connections and the probes above them can all be accepted."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_connections + _OTHER_FILES
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    room = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if room > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (room, hard))
+    if room < need:
+        log.warning(
+            "this process may open %d files, fewer than --max-connections %d needs (%d); "
+            "raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower --max-connections",
+            room,
+            max_connections,
+            need,
+        )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -164,19 +204,25 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
 
     host, port = server_args.host, server_args.port
     started = time.monotonic()
+    make_room_for_connections(server_args.max_connections)
     sock = bind_socket(host, port)
     app = build_app(server_args, ctx)
     from serving.http.limits import RequestTimeout, guarded_protocol
 
+    grace = server_args.stop_grace_period
     config = uvicorn.Config(
         RequestTimeout(app, server_args.request_timeout),
-        http=guarded_protocol(server_args.http_header_timeout, server_args.http_body_timeout),
-        limit_concurrency=server_args.max_connections or None,
+        http=guarded_protocol(
+            server_args.http_header_timeout,
+            server_args.http_body_timeout,
+            server_args.max_connections,
+        ),
         loop="uvloop",
         lifespan="on",
         log_level=server_args.log_level.lower(),
         access_log=False,
-        timeout_graceful_shutdown=max(1, int(server_args.stop_grace_period / 2)),
+        # uvicorn cancels what still runs then; the drain has ended it before (see drain()).
+        timeout_graceful_shutdown=grace - drain_margin(grace) / 2,  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
     failure: list[BaseException] = []
@@ -212,14 +258,49 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
     ctx.ready(url=url, host=host, port=port)
     while not ctx.stopping.is_set() and thread.is_alive():
         ctx.stopping.wait(timeout=0.2)
-    server.should_exit = True
-    thread.join(timeout=server_args.stop_grace_period)
+    if ctx.stopping.is_set():
+        ctx.stopped(requests_cut=drain(server, thread, app.state.client, grace))
+    else:
+        server.should_exit = True
+        thread.join(timeout=grace)
     sock.close()
     if not ctx.stopping.is_set():
         raise RuntimeError(
             f"the HTTP server on {url} stopped unexpectedly: "
             f"{failure[0] if failure else 'uvicorn exited'}"
         )
+
+
+def drain(
+    server: uvicorn.Server, thread: threading.Thread, client: SchedulerClient, grace: float
+) -> int:
+    """Stop uvicorn and give the requests in flight the grace period but its ``drain_margin``;
+    end the ones still running then (a 503, a stream's error event), and return how many."""
+    began = time.monotonic()
+    margin = drain_margin(grace)
+    server.should_exit = True  # no new connections; idle ones close
+    thread.join(timeout=max(0.0, grace - margin))
+    if not thread.is_alive() or client.loop is None:
+        return 0
+    message = (
+        f"the server stopped before this request was answered: the --stop-grace-period of "
+        f"{grace:g}s ran out; send it again"
+    )
+    try:
+        cut = asyncio.run_coroutine_threadsafe(_end_all(client, message), client.loop).result(
+            timeout=margin / 2
+        )
+    except Exception as exc:  # noqa: BLE001 - the loop is gone or stuck: uvicorn cancels the rest
+        log.warning("could not end the requests still running: %s", exc)
+        cut = 0
+    if cut:
+        log.warning("%d request(s) were still running when the grace period ran out: ended", cut)
+    thread.join(timeout=max(0.0, began + grace - time.monotonic()))
+    return cut
+
+
+async def _end_all(client: SchedulerClient, message: str) -> int:
+    return client.end_all(message)
 
 
 def wait_for_schedulers(

@@ -10,21 +10,25 @@ one warm-up batch, then serve: rank 0 runs ``Scheduler`` (the shared ``BatchingS
 What is the text runtime's own: a request is tokenised on arrival (an embedding request counts
 its texts, a generation request draws its seed unless it gave one; input over the limits is a
 400 at once), a batch holds up to ``--max-batch-size`` requests and, for embeddings, that many
-texts, oldest first; a generation batch is broadcast to the tensor-parallel ranks and decoded
-together, streaming increments, and a cancelled sequence stops at the next decode step.
+texts, shared between the queued requests (``serving.srt.embedding``: a request of many texts
+runs over several batches, interleaved with the others); a generation batch is broadcast to the
+tensor-parallel ranks and decoded together, streaming increments, and a cancelled sequence stops
+at the next decode step.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from launcher.model_source import resolve_model
 from serving import wire
 from serving.errors import InputError
 from serving.scheduler import BatchingScheduler, Queued, follow
+from serving.srt.embedding import EmbedItem, take_texts
 from serving.srt.model_runner import ModelRunner
 from serving.srt.sampling import Sequence
 from serving.threads import share_cpu_threads
@@ -109,23 +113,6 @@ def load_runner(
 
 
 @dataclass(kw_only=True)
-class EmbedItem(Queued):
-    """A queued embedding request: one token list per text."""
-
-    request: wire.EmbedRequest
-    input_ids: list[list[int]]
-
-    @property
-    def load(self) -> int:
-        """The batch room it takes: its texts."""
-        return max(len(self.input_ids), 1)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(map(len, self.input_ids))
-
-
-@dataclass(kw_only=True)
 class GenerateItem(Queued):
     """A queued generation request: its prompt's tokens and the seed it samples with."""
 
@@ -198,7 +185,10 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
         return input_ids
 
     def take_batch(self) -> list[TextItem]:
-        """Up to ``max_batch_size`` requests (for embeddings: texts), oldest first, at least one."""
+        """Up to ``max_batch_size`` requests, oldest first, at least one; for embeddings that
+        many texts, shared between the queued requests (``take_texts``)."""
+        if isinstance(self.queue[0], EmbedItem):
+            return [*take_texts(cast("deque[EmbedItem]", self.queue), self.max_batch_size)]
         batch = [self.queue.popleft()]
         load = batch[0].load
         while self.queue:
@@ -218,25 +208,18 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
             self.run_generation(generations)
 
     def run_embeddings(self, batch: list[EmbedItem]) -> None:
-        inputs = [ids for item in batch for ids in item.input_ids]
+        """Embed each request's ``part``; answer the requests whose last texts these were."""
+        inputs = [ids for item in batch for ids in item.input_ids[item.part.start : item.part.stop]]
         matrix = self.runner.embed_matrix(inputs)
         dim = int(matrix.shape[1])
         packed, row = wire.pack_vectors(matrix), dim * 4
         at = 0
         for item in batch:
-            n = len(item.input_ids)
-            if item.rid not in self.cancelled:
-                self.send(
-                    item.identity,
-                    wire.Embeddings(
-                        item.rid,
-                        packed[at * row : (at + n) * row],
-                        dim,
-                        item.prompt_tokens,
-                        batch_size=len(inputs),
-                    ),
-                )
+            n = len(item.part)
+            item.add_rows(packed[at * row : (at + n) * row], len(inputs))
             at += n
+            if item.complete and item.rid not in self.cancelled:
+                self.send(item.identity, item.answer(dim))
 
     def run_generation(self, batch: list[GenerateItem]) -> None:
         work = [
