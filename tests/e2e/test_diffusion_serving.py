@@ -199,9 +199,9 @@ def batches(server) -> int:
 
 def sent_to_the_worker(server) -> int:
     """The requests the HTTP child has sent the worker and not had answered yet (its
-    ``sglang_queue_depth``): it keeps counting while the worker is paused."""
+    ``sglang_launch_queue_depth``): it keeps counting while the worker is paused."""
     page = httpx.get(server.url + "/metrics", headers=AUTH, timeout=30).text
-    found = re.search(r'^sglang_queue_depth\{dp_rank="0"\} ([0-9.]+)$', page, re.M)
+    found = re.search(r'^sglang_launch_queue_depth\{dp_rank="0"\} ([0-9.]+)$', page, re.M)
     return int(float(found.group(1))) if found else 0
 
 

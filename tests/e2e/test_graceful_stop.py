@@ -39,7 +39,7 @@ def long_body(side: int, stream: bool) -> dict:
 
 def sent_to_the_worker(url: str) -> int:
     page = httpx.get(url + "/metrics", timeout=30).text
-    found = re.search(r'^sglang_queue_depth\{dp_rank="0"\} ([0-9.]+)$', page, re.M)
+    found = re.search(r'^sglang_launch_queue_depth\{dp_rank="0"\} ([0-9.]+)$', page, re.M)
     return int(float(found.group(1))) if found else 0
 
 
