@@ -243,7 +243,13 @@ class Supervisor:
             reason = launch.stop_reason or "stop requested"
         state.phase = STOPPING
         launch.publish(events.ServerStopping(reason=reason))
-        teardown = await self._stop_workers(launch, fail_fast=cause is not None)
+        teardown = await self._stop_workers(
+            launch,
+            fail_fast=cause is not None,
+            spare=None
+            if cause is None or cause.exit_code == ExitCode.STARTUP_TIMEOUT
+            else launch.blamed,
+        )
         if cause is None:
             _warn_of_failures_while_winding_down(launch.workers)
             state.phase = STOPPED
@@ -255,23 +261,26 @@ class Supervisor:
         )
         return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 
-    async def _stop_workers(self, launch: Launch, fail_fast: bool) -> float:
+    async def _stop_workers(self, launch: Launch, fail_fast: bool, spare: str | None) -> float:
         """HTTP first, then schedulers: SIGTERM, grace period, SIGKILL of what remains of each tree.
 
         Each group is gone (and reaped, its ``exited`` events out) before the next is signalled.
-        With ``fail_fast`` (the launch failed), every worker still starting other than the root
-        cause's is first killed at once, with no grace period: it holds nothing to drain.
+        With ``fail_fast`` (the launch failed), every worker still starting is first killed at
+        once, with no grace period: it holds nothing to drain. ``spare`` (the worker whose own
+        failure is the root cause, on its way out by itself) is left to the ordered stop; a
+        start-up timeout spares none, since the worker it names is only the first still starting.
         """
         started = time.monotonic()
         if fail_fast:
             starting = [
                 w
                 for w in launch.workers
-                if w.child.running and not w.state.ready and w.name != launch.blamed
+                if w.child.running and not w.state.ready and w.name != spare
             ]
             for worker in starting:
                 worker.stopped_at_once = True
-                launch.stopped(worker, because_of=launch.blamed, at_once=True)
+                blamed = launch.blamed if launch.blamed != worker.name else None
+                launch.stopped(worker, because_of=blamed, at_once=True)
             await launch.stop(starting, 0)
             for worker in starting:
                 launch.record_exit(worker)
