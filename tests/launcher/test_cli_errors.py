@@ -62,6 +62,15 @@ def test_a_model_path_that_is_not_a_model_is_a_usage_error_before_any_worker_sta
 
 
 @pytest.mark.e2e
+def test_an_infinite_grace_period_is_a_usage_error_before_any_worker_starts():
+    run = _run(["--stop-grace-period", "inf", "--port", str(free_port())])
+    assert run.returncode == 2, run.stderr
+    assert "invalid server arguments" in run.stderr, run.stderr
+    assert "--stop-grace-period inf is not a finite number" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and "starting" not in run.stderr
+
+
+@pytest.mark.e2e
 def test_output_cut_short_by_the_reader_is_not_an_error():
     """``sglang-launch --help | head -1``: the reader is gone before the output is written."""
     import os
