@@ -80,7 +80,7 @@ class TerminalDisplay:
         if event.cpu_fallback:
             self._print(
                 f"{PREFIX} no accelerator and no platform plugin found: serving on the CPU platform "
-                "(set SGLANG_PLATFORM or SGLANG_USE_CPU_ENGINE=1 to choose explicitly)"
+                f"(set {_choosers(event.runtime)} to choose explicitly)"
             )
         elif event.platform == "builtin:base":
             self._print(
@@ -143,6 +143,19 @@ class TerminalDisplay:
 
     def _print(self, text: str) -> None:
         streams.write(self.stream, text + "\n")
+
+
+def _choosers(runtime: str) -> str:
+    """The variables that choose ``runtime``'s platform: ``"SGLANG_PLATFORM or
+    SGLANG_USE_CPU_ENGINE=1"`` for SRT."""
+    from platforms.runtimes import RUNTIMES
+
+    spec = RUNTIMES.get(runtime)
+    if spec is None:
+        return "the platform selector"
+    cpu = spec.builtin("cpu")
+    flag = f" or {cpu.env_flag}=1" if cpu is not None and cpu.env_flag else ""
+    return spec.selector_env + flag
 
 
 def _row(name: str, pid: int | None, phase: str, duration: float | None) -> str:
