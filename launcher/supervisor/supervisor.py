@@ -344,39 +344,55 @@ class Supervisor:
         )
         zctx = zmq.asyncio.Context()
         release.callback(zctx.destroy, linger=500)
-        ops = OpsChannel(zctx, state, endpoints.ops, endpoints.query)
+        try:
+            ops = OpsChannel(zctx, state, endpoints.ops, endpoints.query)
+        except zmq.ZMQError as exc:
+            raise _ipc_error(rundir, exc) from exc
         for listener in self._listeners:
             ops.add_listener(listener)
         loop = asyncio.get_running_loop()
         output = None
         if self._worker_output is not None:
             output = WorkerOutput(loop, self._worker_output, self._output_streams)
-        launch = Launch(
-            zctx,
-            endpoints.status,
-            specs,
-            state,
-            ops,
-            platform=self.selection.key,
-            restarts=self._restarts,
-            startup_timeout=args.startup_timeout,
-            watchdog_timeout=args.watchdog_timeout,
-            output=output,
-        )
+        try:
+            launch = Launch(
+                zctx,
+                endpoints.status,
+                specs,
+                state,
+                ops,
+                platform=self.selection.key,
+                restarts=self._restarts,
+                startup_timeout=args.startup_timeout,
+                watchdog_timeout=args.watchdog_timeout,
+                output=output,
+            )
+        except zmq.ZMQError as exc:
+            ops.close()
+            raise _ipc_error(rundir, exc) from exc
         release.callback(launch.close)
         ops.start()
-        rundir.write_state(
-            {
-                "pid": os.getpid(),
-                "started_at": state.started_at,
-                "url": url,
-                "node_rank": args.node_rank,
-                "runtime_dir": endpoints.runtime_dir,
-                "ops_endpoint": endpoints.ops,
-                "query_endpoint": endpoints.query,
-                "argv": _secrets.redact_argv(sys.argv),
-            }
-        )
+        try:
+            rundir.write_state(
+                {
+                    "pid": os.getpid(),
+                    "started_at": state.started_at,
+                    "url": url,
+                    "node_rank": args.node_rank,
+                    "runtime_dir": endpoints.runtime_dir,
+                    "ops_endpoint": endpoints.ops,
+                    "query_endpoint": endpoints.query,
+                    "argv": _secrets.redact_argv(sys.argv),
+                }
+            )
+        except RuntimeDirError as exc:
+            raise LaunchError(
+                RootCause(
+                    "cannot write the launcher's state file",
+                    ExitCode.SETUP_FAILED,
+                    message=str(exc),
+                )
+            ) from exc
         with self._lock:
             self._launch = launch
             if self._early_stop:
@@ -417,6 +433,21 @@ class Supervisor:
                 startup_s=startup_s,
             )
         )
+
+
+def _ipc_error(rundir: RuntimeDir, exc: zmq.ZMQError) -> LaunchError:
+    """The launcher's own sockets cannot be bound in ``rundir`` (a full or read-only state
+    directory, say): a set-up failure that names the directory and the fix."""
+    base = rundir.path.parent
+    return LaunchError(
+        RootCause(
+            "cannot set up the launcher's IPC sockets",
+            ExitCode.SETUP_FAILED,
+            message=f"binding a socket in {rundir.path} failed: {exc.strerror or exc}",
+            hint=f"make {base} writable and free some space there, or set XDG_RUNTIME_DIR to "
+            "another private directory of yours (mkdir -m 700 DIR)",
+        )
+    )
 
 
 def _warn_of_failures_while_winding_down(workers: list[Worker]) -> None:
