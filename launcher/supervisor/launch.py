@@ -219,14 +219,16 @@ class Launch:
                     "ended %d process(es) left behind by exited workers: %s", len(swept), swept
                 )
 
-    async def exit_cause(self, worker: Worker) -> RootCause:
-        """``worker`` exited on its own: record how, wait for its report if it sent one, explain."""
+    async def exit_cause(self, worker: Worker, server_ready: bool = True) -> RootCause:
+        """``worker`` exited on its own: record how, wait for its report if it sent one, explain.
+        ``server_ready`` False: the launch is still starting, so the server counts as ready only
+        when every worker's ready report (a late one included) is in."""
         code = await self.reap(worker)
         await self.children.settle(worker.child)
         await self.sweep_adopted()
         if worker.failure is not None:
             return diagnose.failed(worker.state, worker.failure, code)
-        return diagnose.exited(worker.state, code)
+        return diagnose.exited(worker.state, code, server_ready or self.state.all_ready())
 
     # ------------------------------------------------------------------ events
     def publish(self, event: events.Event) -> None:

@@ -194,7 +194,7 @@ class Supervisor:
                 case Failure(cause):
                     return cause
                 case Exit(worker):
-                    return await launch.exit_cause(worker)
+                    return await launch.exit_cause(worker, server_ready=False)
                 case Timeout():
                     waiting = [w.state for w in launch.workers if not w.state.ready]
                     return diagnose.startup_timeout(
