@@ -219,9 +219,10 @@ def select_platform(runtime: str) -> Selection:
     names no device or cannot be built fails here, before any worker starts), and return its
     ``Selection``."""
     module = importlib.import_module(runtime_spec(runtime).platform_module)
+    plugins = hooks.runtime(runtime)  # the one path, shared with ``sglang-launch plugins``
     try:
-        selection: Selection = module.current_selection()
-        module.current_platform.device_type  # noqa: B018 - constructs the selected class once
+        selection: Selection = plugins.selection()
+        plugins.construct_platform()
         return selection
     except Exception as exc:  # noqa: BLE001 - selection errors already name their fix
         plain = isinstance(exc, module.PlatformSelectionError) and exc.__cause__ is None
