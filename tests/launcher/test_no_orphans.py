@@ -117,3 +117,51 @@ def test_what_a_sigkilled_worker_leaves_behind_is_ended_by_the_launcher():
         assert run.wait(60) == 4, run
         assert "scheduler.1 was killed by SIGKILL" in run.stderr
         _assert_gone_within(run, pids, 60)
+
+
+NONSTOP = [
+    *FAST,
+    "--tp-size",
+    "2",
+    "--scheduler-target",
+    "support.workers.start_children_nonstop",
+    "--http-target",
+    READY_WAIT,
+]
+RUNS = 4
+
+
+def _schedulers_starting_children(run: Run) -> list[int]:
+    """The scheduler pids, once each has started children of its own (the launch still starting)."""
+
+    def busy() -> list[int] | None:
+        assert run.proc.poll() is None, run
+        snap = run.snapshot()
+        pids = [w["pid"] for w in (snap or {}).get("workers", []) if w["role"] == "scheduler"]
+        if len(pids) != 2 or not all(pids):
+            return None
+        try:
+            counts = [len(psutil.Process(pid).children()) for pid in pids]
+        except psutil.NoSuchProcess:
+            return None
+        return pids if min(counts) >= 10 else None
+
+    return wait_for(busy, 120, f"both schedulers to start children\n{run}", interval=0.05)
+
+
+@pytest.mark.parametrize("moment", ["serving", "starting"])
+def test_nothing_outlives_a_sigkilled_launcher_whose_workers_start_processes_nonstop(moment):
+    """Each scheduler starts a process every few milliseconds, before and after it is ready; the
+    launcher is SIGKILLed in the middle of it, several times over. Every process of the launch,
+    those started while their worker was being ended included, must be gone."""
+    env = {"TESTWORKER_NEVER_READY": "1"} if moment == "starting" else {}
+    for _ in range(RUNS):
+        with Run([*NONSTOP, "--port", str(free_port())], env=env) as run:
+            if moment == "serving":
+                snap = run.wait_ready()
+                pids = [w["pid"] for w in snap["workers"] if w["role"] == "scheduler"]
+            else:
+                pids = _schedulers_starting_children(run)
+            os.kill(run.pid, signal.SIGKILL)
+            run.wait(10)
+            _assert_gone_within(run, pids, 60)
