@@ -28,7 +28,9 @@ Without a guard (no ``fork``, or the fork failed) the worker falls back to
 ``end_descendants(grace)`` is the last step of a worker that exits on its own or on request:
 whatever is still running under it gets SIGTERM, then SIGKILL after ``grace`` seconds, and is
 reaped. ``become_subreaper()`` and ``adopted_children()`` let a supervisor take care of what a
-worker that died abruptly leaves behind.
+worker that died abruptly leaves behind; ``strays()`` finds it wherever it went, for a
+supervisor that is no subreaper (one embedded in an application), by a variable of the
+environment every process of the launch starts with.
 
 Standard library only; the process tree is read from ``/proc``.
 """
@@ -242,6 +244,45 @@ def end_descendants(grace: float) -> None:
             break
         reap(zombies)
         time.sleep(0.002)
+
+
+def strays(root: int, variable: str, value: str) -> list[int]:
+    """The processes whose environment, as they started, holds ``variable=value`` and that are
+    neither ``root`` nor under it (Linux; [] elsewhere): what a launch's dead worker left behind
+    wherever it was re-parented, when every process of the launch carries that variable. Only
+    processes this one may read are found."""
+    needle = f"{variable}={value}".encode()
+    carrying = []
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return []  # a /proc of another PID namespace: its pids are not ours to act on
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit() or int(name) == root:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    carrying.append(int(name))
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+    # Read after the scan: a process started since is no candidate, and one started between the
+    # scan and this read is placed in the tree as it is now.
+    table = _process_table()
+    return [pid for pid in carrying if pid in table and not _under(pid, root, table)]
+
+
+def _under(pid: int, root: int, table: dict[int, tuple[int, str]]) -> bool:
+    """Whether ``root`` is an ancestor of ``pid`` in ``table``."""
+    seen: set[int] = set()
+    while pid in table and pid not in seen:
+        seen.add(pid)
+        pid = table[pid][0]
+        if pid == root:
+            return True
+    return False
 
 
 def adopted_children(known: Iterable[int]) -> list[int]:

@@ -17,7 +17,9 @@ both callers need once a child is gone or must go:
 
 A child's stdout and stderr are this process's, unless ``spawn(..., output=fd, streams=...)``
 points them (both by default) at ``fd`` (check-platform keeps its stdout for the report; the live terminal display reads worker
-lines from a pipe).
+lines from a pipe). A child's environment is this process's, changed by ``environment`` (a value
+is set, None removes the variable) in the environment it starts with: this process's own is
+changed for the moment each child is started, under a lock, and restored.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import zmq
@@ -84,8 +86,10 @@ class Children:
         status_endpoint: str,
         on_message: Callable[[Child, messages.Message], None],
         on_exit: Callable[[Child], None],
+        environment: Mapping[str, str | None] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self._environment = dict(environment or {})
         self._on_message = on_message
         self._on_exit = on_exit
         self.children: list[Child] = []
@@ -140,7 +144,7 @@ class Children:
                 name=f"sglang-{spec.role}-{spec.rank}",
                 daemon=False,
             )
-            with _output_to(output, streams):
+            with _output_to(output, streams), _environment(self._environment):
                 child.process.start()
         finally:
             if global_method is None:
@@ -252,7 +256,7 @@ class Children:
         if roots:
             tree = _proctree.Tree(roots)
             try:
-                tree.signal(tree.alive(), signal.SIGKILL)
+                tree.kill()
             finally:
                 tree.close()
             for child in self.children:
@@ -286,6 +290,33 @@ def _output_to(fd: int | None, streams: tuple[int, ...]) -> Iterator[None]:
         for number, copy in saved.items():
             os.dup2(copy, number)
             os.close(copy)
+
+
+_environ_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _environment(changes: Mapping[str, str | None]) -> Iterator[None]:
+    """While a child is started, this process's environment has ``changes`` (a value is set,
+    None removes the variable), so the child starts with them; restored right after."""
+    if not changes:
+        yield
+        return
+    with _environ_lock:
+        saved = {name: os.environ.get(name) for name in changes}
+        try:
+            for name, value in changes.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def _unfix_global_start_method() -> None:

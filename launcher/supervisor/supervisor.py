@@ -366,6 +366,7 @@ class Supervisor:
                 startup_timeout=args.startup_timeout,
                 watchdog_timeout=args.watchdog_timeout,
                 output=output,
+                tree_tag=endpoints.runtime_dir,
             )
         except zmq.ZMQError as exc:
             ops.close()
