@@ -13,7 +13,8 @@ both callers need once a child is gone or must go:
   apart from its exit), including the ``failed`` report its exit code announces;
 - ``stop(children, grace)``: SIGTERM each child's process tree, SIGKILL what is left after
   ``grace`` (0: SIGKILL at once), reap them;
-- ``close()``: SIGKILL whatever is still running and release the socket.
+- ``close()``: SIGKILL whatever is still running, release the socket and every ended child's
+  pipes.
 
 A child's stdout and stderr are this process's, unless ``spawn(..., output=fd, streams=...)``
 points them (both by default) at ``fd`` (check-platform keeps its stdout for the report; the live terminal display reads worker
@@ -126,6 +127,7 @@ class Children:
                 )
             with contextlib.suppress(ValueError, OSError):
                 self._loop.remove_reader(child.process.sentinel)
+            _release(child.process)
             child.exit_seen, child.exitcode, child.failure = False, None, None
             child.reported_failure = asyncio.Event()
         if child.spec.stop_marker:
@@ -242,7 +244,8 @@ class Children:
 
     def close(self) -> None:
         """SIGKILL every child still running (only after an unexpected error: normally all are
-        gone by now) and release the status socket."""
+        gone by now), release the status socket and the pipes each child's process object
+        holds."""
         self._reader.cancel()
         for child in self.children:
             if child.process is not None and child.process.sentinel is not None:
@@ -262,7 +265,18 @@ class Children:
             for child in self.children:
                 if child.process is not None:
                     child.process.join(timeout=5)
+        for child in self.children:
+            if child.process is not None:
+                _release(child.process)
         self._pull.close()
+
+
+def _release(process: multiprocessing.process.BaseProcess) -> None:
+    """Close the pipes ``multiprocessing`` keeps for an ended ``process`` (its sentinel among
+    them) now, not whenever the garbage collector gets to the objects that refer to it."""
+    with contextlib.suppress(ValueError):  # still running (close() refuses), or closed already
+        if process.exitcode is not None:
+            process.close()
 
 
 def describe_exit(code: int | None) -> str:
