@@ -20,7 +20,8 @@ A child's stdout and stderr are this process's, unless ``spawn(..., output=fd, s
 points them (both by default) at ``fd`` (check-platform keeps its stdout for the report; the live terminal display reads worker
 lines from a pipe). A child's environment is this process's, changed by ``environment`` (a value
 is set, None removes the variable) in the environment it starts with: this process's own is
-changed for the moment each child is started, under a lock, and restored.
+changed for the moment each child is started, under a lock, and restored (a process another
+thread starts in that moment gets the changes too).
 """
 
 from __future__ import annotations
