@@ -95,7 +95,10 @@ class WorkerContext:
             self._report("phase", name, duration, None)
 
     def ready(self, **info: object) -> None:
-        """Report that this worker is ready; ``info`` (JSON-able) goes into the status snapshot."""
+        """Report that this worker is ready; ``info`` (JSON-able) goes into the status snapshot.
+
+        Returns once the report has left this process, so a worker that dies right after it is
+        still known to have been ready."""
         try:
             json.dumps(info)
         except (TypeError, ValueError) as exc:

@@ -137,8 +137,8 @@ class _ChildState:
         elapsed = time.monotonic() - self.started
         if self.reporter is None:  # arm() connects it before any worker code runs
             return
-        if kind == "ready":
-            self.reporter.send(
+        if kind == "ready":  # delivered before ctx.ready() returns: the worker may die next
+            self.reporter.deliver(
                 "Ready",
                 platform=self.platform_key,
                 duration=duration,

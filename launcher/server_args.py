@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import math
 import os
 import re
 import typing
@@ -451,6 +452,12 @@ def _type_problems(args: ServerArgs) -> list[str]:
             continue
         if kind is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if ok and not math.isfinite(value):
+                problems.append(
+                    f"{_flag(f.name)} {value} is not a finite number; give a plain number "
+                    "(inf and nan are not accepted)"
+                )
+                continue
         elif kind is int:
             ok = isinstance(value, int) and not isinstance(value, bool)
         elif kind in (str, bool):

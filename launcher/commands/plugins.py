@@ -8,10 +8,13 @@ happened when it was loaded, and which targets its hooks patch with which types;
 plugin (registered while something else, such as a platform entry point, imported the module),
 with where they come from, since they are applied too; REPLACE conflicts; the platform that would be selected and why, or the error selection would raise.
 
-Producing the report calls platform activation callbacks and plugin callbacks, as start-up
-would, but applies no hook, so nothing of the serving runtime is imported; built-in platforms'
-hardware probes (which import torch) run only with ``--probe``, otherwise the report lists the
-built-ins start-up would probe, in order.
+Producing the report calls platform activation callbacks, constructs the selected platform's class
+and calls plugin callbacks, as start-up would (the same calls: a class a launch refuses, one that is
+not importable, not its runtime's platform or misnamed, is the report's selection error), but
+applies no hook, so nothing of the serving runtime is imported; built-in platforms' hardware probes
+(which import torch) run only with ``--probe``, otherwise the report lists the built-ins start-up
+would probe, in order. Plugin code that does not return within ``--timeout`` seconds (30) is
+reported as stuck, naming it, and the report goes on without it.
 Exit status: 0, or 1 when start-up would stop (a selection error, or a failing plugin of the
 selected platform's distribution); 2 for a usage error.
 
@@ -31,6 +34,20 @@ from typing import Any
 from launcher.runtimes import SERVING
 
 RUNTIMES = tuple(SERVING)
+DEFAULT_TIMEOUT = 30.0
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (``--timeout``)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds above 0")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,6 +78,15 @@ def _parser() -> argparse.ArgumentParser:
         "--pid",
         type=int,
         help="the running launcher to ask (implies --running)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="how long each piece of plugin code the report runs (a platform's activate(), its "
+        "class's construction, a plugin's registration callback) may take before it is reported "
+        f"as stuck (default: {DEFAULT_TIMEOUT:g})",
     )
     parser.add_argument(
         "--check",
@@ -296,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     install_aliases()  # plugins written for SGLang import its names, as in a launch
     for spec in SERVING.values():  # report what a launch would select
         importlib.import_module(spec.platform.platform_module).use_serving_fallback()
-    reports = [hooks.describe(name, probe=args.probe) for name in names]
+    reports = [hooks.describe(name, probe=args.probe, timeout=args.timeout) for name in names]
     if args.json:
         json.dump({"runtimes": reports}, sys.stdout, indent=2)
         sys.stdout.write("\n")

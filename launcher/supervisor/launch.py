@@ -29,6 +29,7 @@ from launcher.supervisor.causes import RootCause, signal_name
 from launcher.supervisor.children import Child, Children
 from launcher.supervisor.healing import Healing
 from launcher.supervisor.restarts import DOWN, RESPAWNED, Restarts
+from launcher.supervisor.secrets import API_KEY_ENV
 from launcher.supervisor.watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ class Launch:
         startup_timeout: float,
         watchdog_timeout: float,
         output: WorkerOutput | None,
+        tree_tag: str,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.state = state
@@ -145,7 +147,12 @@ class Launch:
         self.blamed: str | None = None
         self.requests_cut: int | None = None  # the HTTP child's count, from its stopped report
         self.subreaper = False  # adopts the orphans of workers that die (the CLI's process only)
-        self.children = Children(zctx, status_endpoint, self._on_message, self._on_exit)
+        # Every worker, and all it starts, carries the launch's tag; no worker inherits the key.
+        self.tree_tag = tree_tag
+        environment = {_proctree.TREE_VARIABLE: tree_tag, API_KEY_ENV: None}
+        self.children = Children(
+            zctx, status_endpoint, self._on_message, self._on_exit, environment=environment
+        )
         self.workers = [
             Worker(self.children.add(spec), ws)
             for spec, ws in zip(specs, state.workers, strict=True)
@@ -211,23 +218,27 @@ class Launch:
         await self.children.stop([w.child for w in workers], grace, hurry=self.hurry)
 
     async def sweep_adopted(self) -> None:
-        """As a subreaper, end and reap what a dead worker left behind (re-parented to us)."""
+        """End what a dead worker left behind: as a subreaper, what was re-parented to us (and
+        reap it); in any case, what carries the launch's tag outside our tree (a supervisor that
+        is no subreaper sees a dead worker's children re-parented away from it)."""
+        swept = []
         if self.subreaper:
             pids = {w.child.pid for w in self.workers if w.child.pid is not None}
             swept = await _proctree.sweep_adopted(pids)
-            if swept:
-                log.debug(
-                    "ended %d process(es) left behind by exited workers: %s", len(swept), swept
-                )
+        swept += _proctree.sweep_strays(self.tree_tag)
+        if swept:
+            log.debug("ended %d process(es) left behind by exited workers: %s", len(swept), swept)
 
-    async def exit_cause(self, worker: Worker) -> RootCause:
-        """``worker`` exited on its own: record how, wait for its report if it sent one, explain."""
+    async def exit_cause(self, worker: Worker, server_ready: bool = True) -> RootCause:
+        """``worker`` exited on its own: record how, wait for its report if it sent one, explain.
+        ``server_ready`` False: the launch is still starting, so the server counts as ready only
+        when every worker's ready report (a late one included) is in."""
         code = await self.reap(worker)
         await self.children.settle(worker.child)
         await self.sweep_adopted()
         if worker.failure is not None:
             return diagnose.failed(worker.state, worker.failure, code)
-        return diagnose.exited(worker.state, code)
+        return diagnose.exited(worker.state, code, server_ready or self.state.all_ready())
 
     # ------------------------------------------------------------------ events
     def publish(self, event: events.Event) -> None:
