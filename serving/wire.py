@@ -25,7 +25,13 @@ def scheduler_endpoint_name(dp_rank: int) -> str:
 
 class SamplingParams(msgspec.Struct, frozen=True):
     """How to pick each new token. ``temperature == 0`` is greedy; ``seed=None`` means the
-    scheduler draws one (and reports it), so every rank of a replica samples identically."""
+    scheduler draws one (and reports it), so every rank of a replica samples identically.
+
+    ``presence_penalty`` and ``frequency_penalty`` (OpenAI's meaning) are subtracted from the
+    logits of every token id this sequence already generated, once and once per occurrence,
+    before temperature. ``logprobs``: report the chosen token's log-probability at each step;
+    ``top_logprobs`` (0..20): also that many most likely tokens. Log-probabilities are of the
+    model's distribution after the penalties and before temperature, top-k and top-p."""
 
     max_new_tokens: int = 16
     temperature: float = 1.0
@@ -34,6 +40,10 @@ class SamplingParams(msgspec.Struct, frozen=True):
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 # ---- HTTP child -> scheduler -------------------------------------------------------------------
@@ -52,6 +62,10 @@ class EmbedRequest(msgspec.Struct, tag="embed"):
 
 
 class GenerateRequest(msgspec.Struct, tag="generate"):
+    """One sequence to generate. ``group``: the id of the HTTP request it belongs to (one
+    sequence per prompt and per choice); when more sequences wait than fit, the group with the
+    fewest running sequences is admitted first."""
+
     kind: ClassVar[str] = "generation"
 
     rid: str
@@ -59,6 +73,7 @@ class GenerateRequest(msgspec.Struct, tag="generate"):
     params: SamplingParams
     stream: bool = False
     inflight: int = 1
+    group: str = ""
 
 
 class ImageRequest(msgspec.Struct, tag="image"):
@@ -130,11 +145,25 @@ def unpack_vectors(data: bytes, dim: int) -> list[list[float]]:
     return [flat[at : at + dim] for at in range(0, len(flat), dim)] if dim > 0 else []
 
 
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """One generated token: its id, its text decoded alone, its log-probability, and (with
+    ``top_logprobs``) the most likely tokens of that step as ``(text, logprob)``, most likely
+    first (empty otherwise)."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
 class Generated(msgspec.Struct, tag="generated"):
     """A finished generation (or, with ``finished=False``, one streamed increment of it).
 
     ``text`` is the increment when streaming and the whole completion otherwise;
-    ``finish_reason`` is ``"length"``, ``"stop"`` or ``"abort"``.
+    ``finish_reason`` is ``"length"``, ``"stop"`` or ``"abort"``. ``logprobs`` (only when the
+    request asked for them): one entry per token of this message, the tokens generated since
+    the previous message when streaming, all of them otherwise. ``batch_size``: the sequences
+    that ran in the step that finished (or advanced) this one.
     """
 
     rid: str
@@ -145,6 +174,7 @@ class Generated(msgspec.Struct, tag="generated"):
     finish_reason: str | None = None
     seed: int | None = None
     batch_size: int = 1
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Images(msgspec.Struct, tag="images"):
@@ -202,7 +232,10 @@ class Pooling(msgspec.Struct):
 
 
 class TextModel(msgspec.Struct):
-    """A text model as served: embeddings (``pooling`` set) or generation (``kind``)."""
+    """A text model as served: embeddings (``pooling`` set) or generation (``kind``).
+    ``max_input_tokens``: the longest prompt (or embedding input); ``context_length``: the
+    longest prompt + completion of one request; ``max_total_tokens``: the KV pool of all running
+    sequences together (generation; for embeddings the same as ``context_length``)."""
 
     model_path: str
     served_model_name: str
@@ -307,10 +340,19 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
 
 
 class TextStats(SchedulerStats, tag="text", kw_only=True):
-    """A text scheduler's counters, its model and its device's memory."""
+    """A text scheduler's counters, its model and its device's memory. Generation: ``running``
+    sequences decoding (or prefilling) now, ``queued`` waiting to be admitted, the KV pool's
+    tokens (``kv_tokens_total``, ``--max-total-tokens``) and those reserved by the running
+    sequences (``kv_tokens_used``), and the tokens generated per second over the last few
+    seconds."""
 
     model: TextModel
     memory: TextMemory
+    running: int = 0
+    queued: int = 0
+    kv_tokens_used: int = 0
+    kv_tokens_total: int = 0
+    generation_tokens_per_s: float = 0.0
 
 
 class ImageStats(SchedulerStats, tag="image", kw_only=True):
