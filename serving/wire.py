@@ -248,6 +248,7 @@ class TextModel(msgspec.Struct):
     tp_size: int
     max_input_tokens: int
     max_total_tokens: int
+    context_length: int
     pooling: Pooling | None
     load_seconds: float
     cpu_threads: CpuThreads
@@ -409,8 +410,17 @@ class SeqWork(msgspec.Struct):
     stream: bool = False
 
 
+class GenerationStep(msgspec.Struct, tag="generation_step"):
+    """One step of the running generation batch: these sequences join it (rank 0 admitted
+    them), these rids leave it cancelled; every rank then runs the same step."""
+
+    join: list[SeqWork]
+    cancel: list[str]
+
+
 class Batch(msgspec.Struct, tag="batch"):
-    """Generate these sequences together; every rank runs the same decode loop."""
+    """Generate these sequences together to the end of the longest (static batching, kept for
+    the benchmark's comparison only); every rank runs the same decode loop."""
 
     seqs: list[SeqWork]
 
@@ -444,7 +454,7 @@ class Stop(msgspec.Struct, tag="stop"):
     """Rank 0 is stopping: leave the loop and the group."""
 
 
-FollowerWork = Batch | ImageBatch
+FollowerWork = GenerationStep | Batch | ImageBatch
 ToFollower = FollowerWork | Tick | Stop
 
 Request = EmbedRequest | GenerateRequest | ImageRequest
