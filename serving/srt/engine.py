@@ -59,8 +59,8 @@ class GenerationBatch:
     ``forward(input_ids, attention_mask, position_ids, cache, last_only)`` runs the model and
     returns its logits; ``new_cache()`` makes an empty cache for it; ``decode`` turns token ids
     into text, ``token_text`` one token id into its text alone; ``chunk_tokens`` bounds one
-    prefill forward (``None``: no bound); ``answers`` (rank 0) computes what only answers need
-    (logprobs)."""
+    prefill forward (``None``: no bound); ``inference_mode`` is the platform's no-grad context
+    each step runs in; ``answers`` (rank 0) computes what only answers need (logprobs)."""
 
     def __init__(
         self,
@@ -73,6 +73,7 @@ class GenerationBatch:
         decode: Callable[[list[int]], str],
         token_text: Callable[[int], str],
         chunk_tokens: int | None,
+        inference_mode: Callable[[], Any],
         answers: bool = True,
     ) -> None:
         self.forward = forward
@@ -83,6 +84,7 @@ class GenerationBatch:
         self.decode = decode
         self.token_text = token_text
         self.chunk_tokens = chunk_tokens
+        self.inference_mode = inference_mode
         self.answers = answers
         self.waiting: deque[Sequence] = deque()  # joined, prefill not started
         self.partial: _Prefill | None = None
@@ -138,10 +140,8 @@ class GenerationBatch:
     def step(self) -> list[Sequence]:
         """One unit of work (the module docstring). Returns the sequences that got a token or
         finished in it, each once, in batch order."""
-        import torch
-
         touched: dict[str, Sequence] = {}
-        with torch.inference_mode():
+        with self.inference_mode():
             for seq in self._prefill():
                 touched[seq.rid] = seq
             if self.rows:

@@ -120,8 +120,8 @@ class ModelRunner:
     """One loaded model on one rank. ``kind`` is ``"embedding"`` or ``"generation"``.
 
     With ``tp_size > 1`` the process must already be in its replica's ``torch.distributed``
-    group; every rank then calls ``generate`` with the same sequences (rank 0 broadcasts them),
-    and rank 0 alone passes ``cancelled``.
+    group; every rank then runs the same ``generate`` steps on the same batch (rank 0
+    broadcasts what joins and leaves it).
     """
 
     def __init__(
@@ -468,20 +468,25 @@ class ModelRunner:
             decode=self._decode,
             token_text=self.token_text,
             chunk_tokens=self.chunk_tokens,
+            inference_mode=self.platform.inference_mode,
             answers=answers,
         )
 
-    def generate(self, seqs: list[Sequence]) -> list[Sequence]:
-        """Run ``seqs`` together to their ends (all ranks of a tensor-parallel replica call it
-        with the same sequences)."""
+    def generate(self, batch: GenerationBatch) -> list[Sequence]:
+        """One step of the running ``batch`` (``GenerationBatch.step``: at most one prefill
+        chunk, then one decode of every row); the sequences that got a token or finished in it.
+        Every rank of a tensor-parallel replica calls it with the same batch."""
+        return batch.step()
+
+    def run_to_end(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Run ``seqs`` together to their ends, one ``generate`` step after another (all ranks of
+        a tensor-parallel replica call it with the same sequences)."""
         if not self.continuous:
             return generate_static(self, seqs)
         batch = self.new_batch()
         batch.join(seqs)
-        with self.platform.inference_mode():
-            while len(batch):
-                batch.step()
-        self.platform.synchronize()
+        while len(batch):
+            self.generate(batch)
         return seqs
 
     def token_text(self, token_id: int) -> str:
@@ -503,7 +508,7 @@ class ModelRunner:
             prompt = self.encode_prompt("warm-up", 2)
             params = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
             try:
-                self.generate([Sequence("warm-up", prompt, params, seed=0)])
+                self.run_to_end([Sequence("warm-up", prompt, params, seed=0)])
             except UnsupportedCache as exc:
                 log.warning(
                     "%s; this model's generation is batched statically (a batch runs until its "
@@ -511,7 +516,7 @@ class ModelRunner:
                     exc,
                 )
                 self.continuous = False
-                self.generate([Sequence("warm-up", prompt, params, seed=0)])
+                self.run_to_end([Sequence("warm-up", prompt, params, seed=0)])
         self.platform.synchronize()
         self.platform.empty_cache()
 

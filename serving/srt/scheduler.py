@@ -268,12 +268,15 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
         batch.join(sequences([q.work() for q in joining]))
         stopped = batch.cancel(cancel)
         before = sum(len(seq.output_ids) for seq in batch.sequences())
-        produced = batch.step()
+        produced = self.runner.generate(batch)
         after = sum(len(seq.output_ids) for seq in batch.sequences())
         tokens = after - before + sum(len(seq.output_ids) for seq in produced if seq.finished)
         self.batches += 1
         self.generated_tokens += tokens
-        self.recent.append((time.monotonic(), tokens))
+        now = time.monotonic()
+        self.recent.append((now, tokens))
+        while self.recent[0][0] < now - _RATE_WINDOW_S:
+            self.recent.popleft()
         for seq in [*stopped, *produced]:
             self.answer(seq, batch.last_step_size)
 
@@ -419,6 +422,6 @@ def follow_text_step(runner: ModelRunner, batch: GenerationBatch, work: wire.Fol
     if isinstance(work, wire.GenerationStep):
         batch.join(sequences(work.join))
         batch.cancel(work.cancel)
-        batch.step()
+        runner.generate(batch)
     elif isinstance(work, wire.Batch):
         generate_static(runner, sequences(work.seqs))

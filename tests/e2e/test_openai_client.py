@@ -143,7 +143,9 @@ def test_generation_errors_are_the_clients_exception_classes(generator):
     name = client.models.list().data[0].id
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=name, prompt="x", max_tokens=5000)
-    assert info.value.param == "max_tokens" and "max_position_embeddings" in info.value.body["message"]
+    assert (
+        info.value.param == "max_tokens" and "max_position_embeddings" in info.value.body["message"]
+    )
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=name, prompt="x", logprobs=2)
     assert info.value.param == "logprobs"

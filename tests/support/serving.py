@@ -175,9 +175,9 @@ def stop_all(servers: list[Server]) -> None:
         srv.stop()
 
 
-def build_tiny_llama(path: Path, tokenizer_dir: Path) -> Path:
-    """A tiny Llama with random weights and a real tokenizer (BERT's, from ``tokenizer_dir``),
-    saved as a Hugging Face model directory."""
+def build_tiny_llama(path: Path, tokenizer_dir: Path, layers: int = 2) -> Path:
+    """A tiny Llama of ``layers`` layers with random weights and a real tokenizer (BERT's, from
+    ``tokenizer_dir``), saved as a Hugging Face model directory."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -188,7 +188,7 @@ def build_tiny_llama(path: Path, tokenizer_dir: Path) -> Path:
         vocab_size=len(tok),
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,
