@@ -8,7 +8,8 @@ scheduler has them), on the same model, greedy, and reports:
   that request), and the process's resident memory after it;
 - per token: a 300-token request alone, its wall time over 300;
 - a 2-token request sent 0.3 s after a 300-token one: when each returned, counted from when it
-  was sent (the lead's first try of transformers 5.24's manager reported 12.5 s and 14.6 s).
+  was sent (the lead's first try of transformers 5.24's manager reported 12.5 s and 14.6 s);
+- throughput: 16 requests of 128 tokens sent at once, output tokens per second.
 
 The transformers side runs twice: with its default ``ContinuousBatchingConfig`` and with a
 small one (``max_batch_tokens=256``, ``num_blocks=64``), which shows where its setup time goes.
@@ -37,6 +38,7 @@ from support.serving import server_env  # noqa: E402
 
 PROMPT = "once upon a time"
 LONG, SHORT, DELAY = 300, 2, 0.3
+TOGETHER, EACH = 16, 128
 SIDES = ("engine", "transformers", "transformers (small cache)")
 
 
@@ -83,14 +85,21 @@ def run_engine(model_path: str) -> dict:
                 if s.finished:
                     done[s.rid] = time.perf_counter() - sent[s.rid]
     out["short_s"], out["long_s"] = done["short"], done["long"]
+    started = time.perf_counter()
+    runner.run_to_end([seq(f"many-{i}", EACH) for i in range(TOGETHER)])
+    out["tokens_per_s"] = TOGETHER * EACH / (time.perf_counter() - started)
     return out
 
 
 def run_transformers(model_path: str, small: bool) -> dict:
     """transformers' ``ContinuousBatchingManager`` on the same model (the attention the
     manager picks for it), default or small ``ContinuousBatchingConfig``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-    from transformers.generation.continuous_batching import ContinuousBatchingConfig
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        ContinuousBatchingConfig,
+        GenerationConfig,
+    )
 
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, attn_implementation="sdpa").eval()
@@ -130,6 +139,13 @@ def run_transformers(model_path: str, small: bool) -> dict:
             if result is not None and result.is_finished():
                 done[result.request_id] = time.perf_counter() - sent[result.request_id]
         out["short_s"], out["long_s"] = done["short"], done["long"]
+        started = time.perf_counter()
+        rids = [f"many-{i}" for i in range(TOGETHER)]
+        for rid in rids:
+            manager.add_request(ids, request_id=rid, max_new_tokens=EACH)
+        for rid in rids:
+            manager.get_result(rid, timeout=600)
+        out["tokens_per_s"] = TOGETHER * EACH / (time.perf_counter() - started)
     finally:
         manager.stop(block=True)
     return out
@@ -190,7 +206,8 @@ def main() -> int:
         print(
             f"  {side:<27} setup {med('setup_s'):7.2f} s  RSS {med('rss_mib'):7.0f} MiB  "
             f"{med('per_token_ms'):6.2f} ms/token alone   {SHORT} tokens sent {DELAY} s after "
-            f"{LONG}: {med('short_s'):6.2f} s, the {LONG}: {med('long_s'):6.2f} s{attention}"
+            f"{LONG}: {med('short_s'):6.2f} s, the {LONG}: {med('long_s'):6.2f} s   "
+            f"{TOGETHER} x {EACH} tokens at once: {med('tokens_per_s'):7.1f} tokens/s{attention}"
         )
     return 0
 

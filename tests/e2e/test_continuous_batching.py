@@ -4,7 +4,8 @@ first; a request that does not fit the KV pool (--max-total-tokens) waits and th
 that could never fit is a 400 naming the option; admission is fair across HTTP requests (the
 scheduler's own socket, the ``group`` of each sequence); a tp=2 replica, whose ranks step the
 batch together, gives tp=1's greedy and seeded tokens for requests that joined each other's
-batches. Ordering only: no test here asserts a speed."""
+batches; a step that fails (a real plugin makes it) answers its requests with a 500 and the
+replica serves on. Ordering only: no test here asserts a speed."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import threading
 import httpx
 import msgspec
 import pytest
-from support import wait_for
+from support import make_dist, wait_for
 from support.serving import build_tiny_llama, post, server_env, start_server
 from support.supervisor import Run
 
@@ -243,3 +244,46 @@ def test_tp2_steps_the_batch_like_tp1_for_requests_that_join_each_other(
     finally:
         tp2.stop()
     assert got == want and all(want)
+
+
+FAILING = """
+def register():
+    from hooks import HookType, plugin_hook
+
+    def fail_marked(original_fn, runner, batch, *args, **kwargs):
+        texts = [runner.tokenizer.decode(s.prompt_ids) for s in batch.sequences()]
+        if any("fail this step" in text for text in texts):
+            raise RuntimeError("the step broke on purpose")
+        return original_fn(runner, batch, *args, **kwargs)
+
+    plugin_hook("serving.srt.model_runner.ModelRunner.generate", type=HookType.AROUND)(
+        fail_marked
+    )
+"""
+
+
+def test_a_failed_step_answers_its_requests_with_a_500_and_the_replica_serves_on(
+    tiny_path, tmp_path
+):
+    site = tmp_path / "site"
+    make_dist(
+        site,
+        "failing-steps",
+        {"sglang.srt.plugins": {"failing": "failing_steps:register"}},
+        {"failing_steps.py": FAILING},
+    )
+    env = server_env()
+    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
+    srv = start_server(["--model-path", str(tiny_path)], tmp_path, "failing", env=env)
+    try:
+        pid = httpx.get(srv.url + "/get_server_info", timeout=30).json()["schedulers"][0]["pid"]
+        body = {"sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+        failed = post(srv.url + "/generate", {"text": "please fail this step", **body})
+        assert failed.status_code == 500, failed.text
+        assert "RuntimeError: the step broke on purpose" in failed.json()["error"]["message"]
+        ok = post(srv.url + "/generate", {"text": "hello", **body})
+        assert ok.status_code == 200, ok.text
+        again = httpx.get(srv.url + "/get_server_info", timeout=30).json()["schedulers"][0]["pid"]
+        assert again == pid  # the same process served on
+    finally:
+        srv.stop()
