@@ -3,7 +3,8 @@ BERT's real tokenizer), on the real CPU platform class: sequences that join a ru
 share it get the tokens they get alone (greedy and seeded sampling), a short sequence that joins
 a long one finishes first, a cancelled sequence leaves at once and the others go on, a prompt
 longer than a prefill chunk is prefilled over several steps while running sequences keep
-decoding, and penalties and logprobs follow OpenAI's meaning."""
+decoding, penalties and logprobs follow OpenAI's meaning, and a model with a sliding attention
+window batches the same way."""
 
 from __future__ import annotations
 
@@ -197,3 +198,52 @@ def test_penalties_discourage_tokens_already_generated(runner):
     assert len(set(free)) < len(set(presence))
     assert len(set(presence)) == len(presence)  # a large presence penalty: no token twice
     assert len(set(free)) < len(set(frequency))
+
+
+def test_a_sliding_window_model_batches_continuously_with_transformers_tokens(tmp_path):
+    """A tiny Mistral whose attention window (8) is shorter than its sequences: joins at other
+    lengths and a chunked prefill give what transformers' own ``generate`` gives alone."""
+    import torch
+    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
+
+    path = tmp_path / "tiny-mistral"
+    tok = AutoTokenizer.from_pretrained(default_model_dir())
+    tok.save_pretrained(path)
+    config = MistralConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        sliding_window=8,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    MistralForCausalLM(config).save_pretrained(path)
+    runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform())
+    runner.warm_up()
+    assert runner.continuous
+
+    def reference(text: str, n: int) -> list[int]:
+        ids = torch.tensor([runner.encode_prompt(text, n)])
+        with torch.inference_mode():
+            out = runner.model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        return out[0, ids.shape[1] :].tolist()
+
+    asked = [("hello world", 20), ("the quick brown fox jumps over the lazy dog", 15)]
+    asked.append((" ".join(["word"] * 30), 10))  # longer than a chunk of 4
+    batch = runner.new_batch()
+    batch.chunk_tokens = 4
+    seqs = [
+        seq(runner, f"s{i}", text, max_new_tokens=n, **GREEDY) for i, (text, n) in enumerate(asked)
+    ]
+    batch.join(seqs[:1])
+    for _ in range(3):
+        runner.generate(batch)
+    batch.join(seqs[1:])
+    run_to_end(batch)
+    assert [s.output_ids for s in seqs] == [reference(text, n) for text, n in asked]
