@@ -145,10 +145,38 @@ class ServerArgs:
         metavar="MODULE.FUNC",
     )
     # Serving runtime
-    max_batch_size: int = _opt(32, "most requests batched into one forward pass")
+    max_batch_size: int = _opt(
+        32,
+        "most requests batched into one forward pass of embeddings or images; generation "
+        "batches continuously up to --max-running-requests sequences, which defaults to this",
+    )
     batch_wait_ms: float = _opt(2.0, "milliseconds a batch waits to fill up")
     max_input_tokens: int = _opt(512, "longest prompt accepted, in tokens")
-    max_total_tokens: int = _opt(2048, "longest prompt plus completion, in tokens")
+    context_length: int | None = _opt(
+        None,
+        "longest prompt plus completion of one generation request, in tokens (SGLang's "
+        "meaning; default and upper bound: the model's max_position_embeddings)",
+    )
+    max_total_tokens: int | None = _opt(
+        None,
+        "tokens of KV cache that all running generation sequences hold together, the pool "
+        "(SGLang's meaning): a sequence is admitted when the running ones and it fit, each "
+        "counted at the largest prompt + max_new_tokens among them (they share one padded "
+        "cache), else it waits in the queue (default: from the device memory the "
+        "platform reports available after loading: 80%% on an accelerator, 25%% on the CPU "
+        "shared by its ranks and at most 65536, divided by the model's KV bytes per token)",
+    )
+    chunked_prefill_size: int | None = _opt(
+        None,
+        "most prompt tokens one prefill step computes: a longer prompt is prefilled over "
+        "several steps while the running sequences keep decoding (SGLang's meaning; default: "
+        "2048 on an accelerator, 256 on the CPU; -1: no chunking)",
+    )
+    max_running_requests: int | None = _opt(
+        None,
+        "most generation sequences running (decoding or prefilling) at once (SGLang's "
+        "meaning; default: --max-batch-size)",
+    )
     max_request_bytes: int = _opt(1048576, "largest HTTP request body accepted, in bytes")
     request_timeout: float = _opt(
         600.0,
@@ -336,11 +364,31 @@ class ServerArgs:
                 f"--chat-template {self.chat_template!r} is not a readable file; pass the path "
                 f"of a Jinja chat template",
             )
-        need(
-            self.max_total_tokens >= self.max_input_tokens,
-            f"--max-total-tokens {self.max_total_tokens} is below --max-input-tokens "
-            f"{self.max_input_tokens}; raise it or lower --max-input-tokens",
-        )
+        if self.max_total_tokens is not None:
+            need(
+                self.max_total_tokens >= self.max_input_tokens,
+                f"--max-total-tokens {self.max_total_tokens} is below --max-input-tokens "
+                f"{self.max_input_tokens}; raise it or lower --max-input-tokens (it is the KV "
+                f"pool of all running sequences, SGLang's meaning; --context-length bounds one "
+                f"request)",
+            )
+        if self.context_length is not None:
+            need(
+                self.context_length >= 2,
+                f"--context-length {self.context_length} must be at least 2 (a prompt token "
+                f"and a completion token)",
+            )
+        if self.chunked_prefill_size is not None:
+            need(
+                self.chunked_prefill_size >= 1 or self.chunked_prefill_size == -1,
+                f"--chunked-prefill-size {self.chunked_prefill_size} must be at least 1, or -1 "
+                f"for no chunking",
+            )
+        if self.max_running_requests is not None:
+            need(
+                self.max_running_requests >= 1,
+                f"--max-running-requests {self.max_running_requests} must be at least 1",
+            )
         for name in ("dtype", "log_level", "runtime"):
             choices = dataclasses.fields(self)[_index(self, name)].metadata.get("choices", ())
             value = getattr(self, name)

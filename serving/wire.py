@@ -27,11 +27,11 @@ class SamplingParams(msgspec.Struct, frozen=True):
     """How to pick each new token. ``temperature == 0`` is greedy; ``seed=None`` means the
     scheduler draws one (and reports it), so every rank of a replica samples identically.
 
-    ``presence_penalty`` and ``frequency_penalty`` have OpenAI's meaning (subtracted from the
-    logit of a token id once it was generated in this sequence, and times its count). With
-    ``logprobs`` each generated token's log-probability is reported, with ``top_logprobs`` (0 to
-    20) also the most likely tokens at that step: of the model's distribution after the penalties
-    and before temperature, top-k and top-p."""
+    ``presence_penalty`` and ``frequency_penalty`` (OpenAI's meaning) are subtracted from the
+    logits of every token id this sequence already generated, once and once per occurrence,
+    before temperature. ``logprobs``: report the chosen token's log-probability at each step;
+    ``top_logprobs`` (0..20): also that many most likely tokens. Log-probabilities are of the
+    model's distribution after the penalties and before temperature, top-k and top-p."""
 
     max_new_tokens: int = 16
     temperature: float = 1.0
@@ -62,10 +62,10 @@ class EmbedRequest(msgspec.Struct, tag="embed"):
 
 
 class GenerateRequest(msgspec.Struct, tag="generate"):
-    """``group``: the id of the HTTP request the sequence belongs to (one HTTP request with
-    several prompts or ``n`` choices sends one ``GenerateRequest`` each, with one ``group``);
-    the scheduler admits fairly across groups. ``raw``: tokenise ``text`` without adding the
-    tokenizer's special tokens (a chat prompt rendered by the model's template writes its own)."""
+    """One sequence to generate. ``group``: the id of the HTTP request it belongs to (one
+    sequence per prompt and per choice); when more sequences wait than fit, the group with the
+    fewest running sequences is admitted first. ``raw``: tokenise ``text`` without adding the tokenizer's
+    special tokens (a chat prompt rendered by the model's template writes its own)."""
 
     kind: ClassVar[str] = "generation"
 
@@ -149,8 +149,8 @@ def unpack_vectors(data: bytes, dim: int) -> list[list[float]]:
 
 class TokenLogprob(msgspec.Struct, array_like=True):
     """One generated token: its id, its text decoded alone, its log-probability, and (with
-    ``top_logprobs``) the most likely tokens at its step as ``(text, logprob)``, most likely
-    first."""
+    ``top_logprobs``) the most likely tokens of that step as ``(text, logprob)``, most likely
+    first (empty otherwise)."""
 
     token_id: int
     token: str
@@ -163,7 +163,9 @@ class Generated(msgspec.Struct, tag="generated"):
 
     ``text`` is the increment when streaming and the whole completion otherwise;
     ``finish_reason`` is ``"length"``, ``"stop"`` or ``"abort"``. ``logprobs`` (only when the
-    request asked for them): the tokens of this message, the increment's when streaming.
+    request asked for them): one entry per token of this message, the tokens generated since
+    the previous message when streaming, all of them otherwise. ``batch_size``: the sequences
+    that ran in the step that finished (or advanced) this one.
     """
 
     rid: str
@@ -232,7 +234,10 @@ class Pooling(msgspec.Struct):
 
 
 class TextModel(msgspec.Struct):
-    """A text model as served: embeddings (``pooling`` set) or generation (``kind``)."""
+    """A text model as served: embeddings (``pooling`` set) or generation (``kind``).
+    ``max_input_tokens``: the longest prompt (or embedding input); ``context_length``: the
+    longest prompt + completion of one request; ``max_total_tokens``: the KV pool of all running
+    sequences together (generation; for embeddings the same as ``context_length``)."""
 
     model_path: str
     served_model_name: str
@@ -245,6 +250,7 @@ class TextModel(msgspec.Struct):
     tp_size: int
     max_input_tokens: int
     max_total_tokens: int
+    context_length: int
     pooling: Pooling | None
     load_seconds: float
     cpu_threads: CpuThreads
@@ -337,9 +343,11 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
 
 
 class TextStats(SchedulerStats, tag="text", kw_only=True):
-    """A text scheduler's counters, its model and its device's memory; ``running``: sequences
-    decoding now, ``queued``: waiting to be admitted, ``kv_tokens_used`` of ``kv_tokens_total``
-    (the KV-cache pool, in tokens), ``generation_tokens_per_s`` over the last few seconds."""
+    """A text scheduler's counters, its model and its device's memory. Generation: ``running``
+    sequences decoding (or prefilling) now, ``queued`` waiting to be admitted, the KV pool's
+    tokens (``kv_tokens_total``, ``--max-total-tokens``) and those reserved by the running
+    sequences (``kv_tokens_used``), and the tokens generated per second over the last few
+    seconds."""
 
     model: TextModel
     memory: TextMemory
@@ -404,8 +412,17 @@ class SeqWork(msgspec.Struct):
     stream: bool = False
 
 
+class GenerationStep(msgspec.Struct, tag="generation_step"):
+    """One step of the running generation batch: these sequences join it (rank 0 admitted
+    them), these rids leave it cancelled; every rank then runs the same step."""
+
+    join: list[SeqWork]
+    cancel: list[str]
+
+
 class Batch(msgspec.Struct, tag="batch"):
-    """Generate these sequences together; every rank runs the same decode loop."""
+    """Generate these sequences together to the end of the longest (static batching, kept for
+    the benchmark's comparison only); every rank runs the same decode loop."""
 
     seqs: list[SeqWork]
 
@@ -448,7 +465,7 @@ class Stop(msgspec.Struct, tag="stop"):
     """Rank 0 is stopping: leave the loop and the group."""
 
 
-FollowerWork = Batch | ImageBatch | ImageTurn
+FollowerWork = GenerationStep | Batch | ImageBatch | ImageTurn
 ToFollower = FollowerWork | Tick | Stop
 
 Request = EmbedRequest | GenerateRequest | ImageRequest

@@ -1,10 +1,7 @@
 """Chat, logprobs and SGLang's operational routes end to end: servers started through the real
 CLI on a tiny Llama built at test time (random weights, BERT's tokenizer) whose tokenizer gets a
 chat template here, driven with the official ``openai`` client and plain HTTP. One model without
-a template: chat is a 400 naming ``--chat-template``, and with ``--chat-template FILE`` it chats.
-
-The tests marked ``needs_engine`` need the engine half of issue 18 (logprobs computed, a raw
-prompt tokenised without added special tokens); they are expected to fail until it lands."""
+a template: chat is a 400 naming ``--chat-template``, and with ``--chat-template FILE`` it chats."""
 
 from __future__ import annotations
 
@@ -18,7 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.serving import (
     build_tiny_llama,
     give_chat_template,
-    needs_engine,
     post,
     start_server,
 )
@@ -88,7 +84,6 @@ def test_chat_completions_plain_and_streamed_give_the_same_text(server):
     assert several.usage.completion_tokens == 24
 
 
-@needs_engine
 def test_usage_counts_the_templated_prompt_with_its_bos_once(server, chat_model):
     from transformers import AutoTokenizer
 
@@ -103,7 +98,6 @@ def test_usage_counts_the_templated_prompt_with_its_bos_once(server, chat_model)
     assert answer.usage.prompt_tokens == len(ids)
 
 
-@needs_engine
 def test_chat_logprobs_with_the_openai_client(server):
     answer = client_for(server).chat.completions.create(
         model="tiny-chat",
@@ -121,7 +115,6 @@ def test_chat_logprobs_with_the_openai_client(server):
     assert all(t.top_logprobs[0].logprob == pytest.approx(t.logprob) for t in content)
 
 
-@needs_engine
 def test_generate_returns_output_token_logprobs(server):
     r = post(
         server.url + "/generate",

@@ -47,6 +47,7 @@ MODEL = wire.TextModel(
     tp_size=1,
     max_input_tokens=100,
     max_total_tokens=120,
+    context_length=120,
     pooling=None,
     load_seconds=0.0,
     cpu_threads=wire.CpuThreads(intra_op=1, omp_wait_policy=None),

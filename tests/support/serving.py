@@ -16,8 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from support import REPO, clean_env, free_port, kill_tree, wait_for
 
 CLI = REPO / ".venv" / "bin" / "sglang-launch"
@@ -177,9 +175,9 @@ def stop_all(servers: list[Server]) -> None:
         srv.stop()
 
 
-def build_tiny_llama(path: Path, tokenizer_dir: Path) -> Path:
-    """A tiny Llama with random weights and a real tokenizer (BERT's, from ``tokenizer_dir``),
-    saved as a Hugging Face model directory."""
+def build_tiny_llama(path: Path, tokenizer_dir: Path, layers: int = 2) -> Path:
+    """A tiny Llama of ``layers`` layers with random weights and a real tokenizer (BERT's, from
+    ``tokenizer_dir``), saved as a Hugging Face model directory."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -190,7 +188,7 @@ def build_tiny_llama(path: Path, tokenizer_dir: Path) -> Path:
         vocab_size=len(tok),
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,
@@ -227,13 +225,6 @@ def give_chat_template(path: Path, template: str = CHAT_TEMPLATE) -> Path:
 # For a test that needs the engine half of issue 18 (a scheduler that fills Generated.logprobs
 # and tokenises a GenerateRequest.raw prompt without adding special tokens): it is expected to
 # fail until that lands, and fails when it passes, so the mark is removed at the merge.
-needs_engine = pytest.mark.xfail(
-    strict=True,
-    reason="needs the engine half of issue 18: Generated.logprobs filled, GenerateRequest.raw "
-    "honoured (remove this mark when it lands)",
-)
-
-
 def post(url: str, body, headers: dict | None = None, timeout: float = 60.0):
     import httpx
 

@@ -109,12 +109,13 @@ async def chat_completions(
 
 
 async def _room(state: AppState, template: ChatTemplate, prompt: str) -> int:
-    """Tokens a choice may generate when the request sets no limit: what the model's context
-    (``TextModel.max_total_tokens``, as the schedulers report it) leaves after the prompt."""
+    """Tokens a choice may generate when the request sets no limit: what one request's room
+    (the smaller of ``TextModel.context_length`` and the KV pool ``max_total_tokens``, as the
+    schedulers report them) leaves after the prompt."""
     if state.context_length is None:
         pongs = await state.client.ping_all(timeout=5.0)
         limits = [
-            p.info.model.max_total_tokens
+            min(p.info.model.context_length, p.info.model.max_total_tokens)
             for p in pongs
             if p is not None and isinstance(p.info, messages.TextStats)
         ]
