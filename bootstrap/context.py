@@ -27,7 +27,8 @@ class WorkerContext:
     ``endpoint(name)`` is ``"ipc://<runtime_dir>/<name>"``. ``phase(name)`` reports a custom
     phase with the time since the previous one; ``ready(**info)`` reports ready (once; ``info``
     must be JSON-able and lands in the supervisor's status snapshot). ``stopping`` is set when the
-    supervisor asks the process to stop (SIGTERM).
+    supervisor asks the process to stop (SIGTERM); ``stopped(**info)`` says what the worker wants
+    its ``stopped`` report to carry (JSON-able; the last call before it returns wins).
     """
 
     role: str
@@ -45,6 +46,7 @@ class WorkerContext:
     _ready: threading.Event = field(default_factory=threading.Event, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _mark: float = field(default_factory=time.monotonic, repr=False)
+    stop_info: dict[str, object] = field(default_factory=dict, repr=False)
 
     @property
     def worker_id(self) -> str:
@@ -93,7 +95,10 @@ class WorkerContext:
             self._report("phase", name, duration, None)
 
     def ready(self, **info: object) -> None:
-        """Report that this worker is ready; ``info`` (JSON-able) goes into the status snapshot."""
+        """Report that this worker is ready; ``info`` (JSON-able) goes into the status snapshot.
+
+        Returns once the report has left this process, so a worker that dies right after it is
+        still known to have been ready."""
         try:
             json.dumps(info)
         except (TypeError, ValueError) as exc:
@@ -108,3 +113,12 @@ class WorkerContext:
             duration, self._mark = now - self._mark, now
         if self._report is not None:
             self._report("ready", "ready", duration, info)
+
+    def stopped(self, **info: object) -> None:
+        """What the ``stopped`` report of this worker carries once it returns after a stop
+        request (``info`` must be JSON-able)."""
+        try:
+            json.dumps(info)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"ctx.stopped() info must be JSON-able: {exc}") from None
+        self.stop_info = dict(info)

@@ -15,12 +15,14 @@ Kinds:
   the child entered ``bootstrap.run``. The ``spawned`` phase carries ``early_imports``: runtime
   modules that were already imported when the child started (see the spec's warning).
 - ``ready``: the worker reported ready; ``platform`` is the key of the platform the child
-  selected (compare it with the supervisor's), ``info`` the worker's JSON-able details.
+  selected (compare it with the supervisor's), ``info`` the worker's JSON-able details,
+  ``manifest`` what the process really has of platform and plugins (``bootstrap.manifest``).
 - ``failed``: a step raised; ``phase`` is the phase being worked towards, ``exc_type`` the
   exception's qualified type name, ``message`` its text, ``traceback`` the full formatted
   traceback, ``exit_code`` the status the child is about to exit with.
 - ``heartbeat``: sent every ``ProcessSpec.heartbeat_interval`` seconds when that is set.
-- ``stopped``: the worker returned after a stop request; the child exits 0 next.
+- ``stopped``: the worker returned after a stop request; the child exits 0 next. ``info`` is
+  what the worker said of its stop (``ctx.stopped(**info)``; the HTTP child: ``requests_cut``).
 
 ``encode(message) -> bytes`` and ``decode(data) -> Message`` are the only (de)serializers;
 ``to_dict(message)`` gives the JSON-able form for ops events.
@@ -32,6 +34,8 @@ import time
 from typing import Any
 
 import msgspec
+
+from bootstrap.manifest import Manifest
 
 
 class _Base(msgspec.Struct, tag_field="kind", kw_only=True, frozen=True):
@@ -52,6 +56,7 @@ class Ready(_Base, tag="ready", frozen=True):
     duration: float
     elapsed: float
     info: dict[str, object] = {}
+    manifest: Manifest | None = None
 
 
 class Failed(_Base, tag="failed", frozen=True):
@@ -70,6 +75,7 @@ class Heartbeat(_Base, tag="heartbeat", frozen=True):
 
 class Stopped(_Base, tag="stopped", frozen=True):
     elapsed: float
+    info: dict[str, object] = {}
 
 
 Message = Phase | Ready | Failed | Heartbeat | Stopped

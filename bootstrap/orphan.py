@@ -10,12 +10,15 @@ the worker answer for all of them:
 2. Linux: a *guard* process is forked from the worker before it starts any thread (so before any
    runtime code runs). The guard ignores every catchable signal, dies with the worker
    (``PR_SET_PDEATHSIG``), and waits on a pidfd of the supervisor. When the supervisor exits, the
-   guard SIGKILLs the worker's whole tree, descendants first (they stay under the worker while
-   it lives), then the worker. It needs nothing from the worker's interpreter, so a worker whose
-   main thread is stuck holding the GIL, or one stopped with SIGSTOP, is ended all the same.
+   guard freezes the worker's whole tree (SIGSTOP of the worker, then of its descendants, round
+   after round until no new process turns up: a stopped process cannot fork), then SIGKILLs all
+   of it. It needs nothing from the worker's interpreter, so a worker whose main thread is stuck
+   holding the GIL, or one stopped with SIGSTOP, is ended all the same, and a worker that starts
+   processes as fast as it can leaves none behind.
 3. Everywhere: a daemon thread in the worker watches the supervisor (pidfd on Linux, a kqueue
-   process-exit event on macOS and BSD, ``os.getppid()`` polling elsewhere) and does the same
-   from inside: SIGKILL of the worker's descendants, then of the worker.
+   process-exit event on macOS and BSD, ``os.getppid()`` polling elsewhere) and, where no guard
+   is alive to do it, does the same from inside: SIGKILL of the worker's descendants (frozen
+   first), then of the worker.
 
 The worker itself gets no ``PR_SET_PDEATHSIG`` while a guard is armed: the kernel would kill it
 the instant the supervisor dies and hand its children to pid 1 before anyone could end them.
@@ -25,7 +28,9 @@ Without a guard (no ``fork``, or the fork failed) the worker falls back to
 ``end_descendants(grace)`` is the last step of a worker that exits on its own or on request:
 whatever is still running under it gets SIGTERM, then SIGKILL after ``grace`` seconds, and is
 reaped. ``become_subreaper()`` and ``adopted_children()`` let a supervisor take care of what a
-worker that died abruptly leaves behind.
+worker that died abruptly leaves behind; ``strays()`` finds it wherever it went, for a
+supervisor that is no subreaper (one embedded in an application), by a variable of the
+environment every process of the launch starts with.
 
 Standard library only; the process tree is read from ``/proc``.
 """
@@ -47,7 +52,10 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
 _PR_SET_CHILD_SUBREAPER = 36
 _POLL_SECONDS = 0.5
-_KILL_ROUNDS = 200  # a tree that keeps forking faster than it is killed is cut off here
+_KILL_ROUNDS = 200  # a tree that keeps forking faster than it is frozen is cut off here
+_STOP_WAIT = 0.2  # seconds a process that was sent SIGSTOP gets to stop
+_HALTED = ("T", "t", "Z", "X")  # /proc states of a process that runs no more code
+_GUARD_WAIT = 10.0  # seconds the watch thread leaves a live guard to end the tree
 _GUARD_NAME = b"sglang-guard"
 
 _guard_pid: int | None = None  # the guard forked by arm() in this process, if any
@@ -138,20 +146,60 @@ def _signal_all(pids: Iterable[int], sig: int) -> None:
             pass
 
 
+def _settled(pids: Iterable[int], timeout: float = _STOP_WAIT) -> None:
+    """Wait until every one of ``pids`` is stopped, a zombie or gone (``timeout`` s at most: a
+    process in uninterruptible sleep, such as a ``vfork`` parent whose child is stopped before
+    its ``exec``, stops only later, and cannot fork meanwhile)."""
+    waiting = set(pids)
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        table = _process_table()
+        waiting = {pid for pid in waiting if pid in table and table[pid][1] not in _HALTED}
+        if waiting:
+            time.sleep(0.001)
+
+
+def freeze_tree(root: int, *, include_root: bool, spare: tuple[int, ...] = ()) -> set[int]:
+    """SIGSTOP ``root`` (if asked) and every descendant of it, round after round, until a round
+    finds no process it has not stopped; return the pids stopped.
+
+    A stopped process cannot fork: once it has stopped, a fork it was making has either
+    finished (the child is found by the next round) or is abandoned, so a tree frozen this way
+    has nothing left that could start a process between the last look and a SIGKILL. ``spare``
+    pids are left running (the caller itself)."""
+    stopped: set[int] = set()
+    if include_root:
+        _signal_all([root], signal.SIGSTOP)
+        stopped.add(root)
+        _settled([root])
+    for _ in range(_KILL_ROUNDS):
+        new = [pid for pid in descendants(root) if pid not in stopped and pid not in spare]
+        if not new:
+            break
+        _signal_all(new, signal.SIGSTOP)
+        stopped.update(new)
+        _settled(new)
+    return stopped
+
+
 def kill_tree(root: int, *, include_root: bool, spare: tuple[int, ...] = ()) -> None:
-    """SIGKILL every descendant of ``root`` until none is left, then ``root`` if asked.
+    """SIGKILL every descendant of ``root``, then ``root`` if asked: the tree is frozen first
+    (``freeze_tree``), so no process it starts meanwhile escapes.
 
     Meant for a ``root`` that is a subreaper: what a killed process leaves behind is re-parented
     to ``root`` and found by the next round. ``spare`` pids are left alone (the caller itself).
+    A ``root`` that is the caller cannot be frozen; its own other threads are the caller's care.
     """
+    frozen = freeze_tree(root, include_root=include_root, spare=spare)
+    _signal_all([pid for pid in frozen if pid != root], signal.SIGKILL)
+    if include_root:
+        _signal_all([root], signal.SIGKILL)
     for _ in range(_KILL_ROUNDS):
         left = [pid for pid in descendants(root) if pid not in spare]
         if not left:
             break
         _signal_all(left, signal.SIGKILL)
         time.sleep(0.001)
-    if include_root:
-        _signal_all([root], signal.SIGKILL)
 
 
 def reap(pids: Iterable[int] | None = None) -> None:
@@ -196,6 +244,45 @@ def end_descendants(grace: float) -> None:
             break
         reap(zombies)
         time.sleep(0.002)
+
+
+def strays(root: int, variable: str, value: str) -> list[int]:
+    """The processes whose environment, as they started, holds ``variable=value`` and that are
+    neither ``root`` nor under it (Linux; [] elsewhere): what a launch's dead worker left behind
+    wherever it was re-parented, when every process of the launch carries that variable. Only
+    processes this one may read are found."""
+    needle = f"{variable}={value}".encode()
+    carrying = []
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return []  # a /proc of another PID namespace: its pids are not ours to act on
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit() or int(name) == root:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    carrying.append(int(name))
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+    # Read after the scan: a process started since is no candidate, and one started between the
+    # scan and this read is placed in the tree as it is now.
+    table = _process_table()
+    return [pid for pid in carrying if pid in table and not _under(pid, root, table)]
+
+
+def _under(pid: int, root: int, table: dict[int, tuple[int, str]]) -> bool:
+    """Whether ``root`` is an ancestor of ``pid`` in ``table``."""
+    seen: set[int] = set()
+    while pid in table and pid not in seen:
+        seen.add(pid)
+        pid = table[pid][0]
+        if pid == root:
+            return True
+    return False
 
 
 def adopted_children(known: Iterable[int]) -> list[int]:
@@ -264,9 +351,21 @@ def _wait_for_exit(parent_pid: int, still_parent: Callable[[], bool]) -> None:
 
 def _watch(parent_pid: int, subreaper: bool) -> None:
     _wait_for_exit(parent_pid, lambda: os.getppid() == parent_pid)
+    # A live guard ends this process and its tree from outside, frozen first. Doing it from in
+    # here as well could end this process before the guard froze what it started, and the guard
+    # with it: this line acts only when the guard does not.
+    deadline = time.monotonic() + _GUARD_WAIT
+    while _guard_pid is not None and _running(_guard_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
     if subreaper:
-        kill_tree(os.getpid(), include_root=False)
+        kill_tree(os.getpid(), include_root=False, spare=(_guard_pid,) if _guard_pid else ())
     _die()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is no zombie (Linux; False elsewhere)."""
+    entry = _process_table().get(pid)
+    return entry is not None and entry[1] not in ("Z", "X")
 
 
 def watch_parent(parent_pid: int, *, subreaper: bool = False) -> threading.Thread:

@@ -31,6 +31,8 @@ class Reporter:
         self._context = zmq.Context(1)
         self._socket = self._context.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.LINGER, self._linger_ms)
+        # deliver() sends zero-copy however small, so its tracker is done when libzmq let go.
+        self._socket.copy_threshold = 0
         self._socket.connect(endpoint)
         self._closed = False
 
@@ -41,6 +43,24 @@ class Reporter:
         with self._lock:
             if not self._closed:
                 self._socket.send(data, copy=True)
+
+    def deliver(self, kind: str, timeout: float = 5.0, **fields: object) -> None:
+        """``send``, and return only once ZeroMQ is done with the message, which it then has
+        written out to the supervisor's socket (``timeout`` seconds at most): a process that
+        dies the next instant does not take the message with it."""
+        import zmq
+
+        message = getattr(self._messages, kind)(worker=self.worker, pid=self.pid, **fields)
+        data = self._messages.encode(message)
+        with self._lock:
+            if self._closed:
+                return
+            tracker = self._socket.send(data, copy=False, track=True)
+        if tracker is not None:
+            try:
+                tracker.wait(timeout)
+            except zmq.NotDone:
+                pass  # the supervisor is not reading: nothing to wait for
 
     def close(self) -> None:
         """Flush what is queued (up to the linger time) and release the socket."""

@@ -45,6 +45,7 @@ from bootstrap.spec import ProcessSpec
 from bootstrap.targets import resolve
 
 if TYPE_CHECKING:
+    from bootstrap.manifest import Manifest
     from bootstrap.reporter import Heartbeat, Reporter
     from hooks import PluginRuntime
 
@@ -136,12 +137,30 @@ class _ChildState:
         elapsed = time.monotonic() - self.started
         if self.reporter is None:  # arm() connects it before any worker code runs
             return
-        if kind == "ready":
-            self.reporter.send(
-                "Ready", platform=self.platform_key, duration=duration, elapsed=elapsed, info=info
+        if kind == "ready":  # delivered before ctx.ready() returns: the worker may die next
+            self.reporter.deliver(
+                "Ready",
+                platform=self.platform_key,
+                duration=duration,
+                elapsed=elapsed,
+                info=info,
+                manifest=self.manifest(),
             )
         else:
             self.reporter.send("Phase", phase=name, duration=duration, elapsed=elapsed)
+
+    def manifest(self) -> Manifest | None:
+        """What this process has of platform and plugins (None, logged, if it cannot be read:
+        the report must still go out)."""
+        from bootstrap.manifest import collect
+
+        try:
+            return collect(self.spec.runtime)
+        except Exception:  # noqa: BLE001 - informative; readiness does not depend on it
+            log.warning(
+                "%s: could not collect its plugin manifest", self.spec.worker_id, exc_info=True
+            )
+            return None
 
     # -- steps ---------------------------------------------------------------------------------
     def arm(self) -> None:
@@ -304,7 +323,8 @@ class _ChildState:
         self.exiting = True
         if self.reporter is not None:
             try:
-                self.reporter.send("Stopped", elapsed=time.monotonic() - self.started)
+                info = self.ctx.stop_info if self.ctx is not None else {}
+                self.reporter.send("Stopped", elapsed=time.monotonic() - self.started, info=info)
             except Exception:  # noqa: BLE001
                 traceback.print_exc()
         self.exit(0)

@@ -68,7 +68,7 @@ class ProcessSpec:
     entry_points: tuple[tuple[str, str, str, str | None], ...] | None = None
     serving_fallback: bool = False
     stop_marker: str = ""
-    aliases: dict = field(default_factory=dict)
+    aliases: dict[str, object] = field(default_factory=dict)
 
     @property
     def worker_id(self) -> str:

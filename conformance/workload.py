@@ -60,6 +60,7 @@ def build_tiny_encoder(folder: str) -> str:
     import torch
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()  # no shard-writing bar in the report
     os.makedirs(folder, exist_ok=True)
     vocab = os.path.join(folder, "vocab.txt")
     with open(vocab, "w", encoding="utf-8") as f:

@@ -91,14 +91,18 @@ def manifest(runtime: str = "srt") -> dict:
     return runtime_of(runtime).manifest()
 
 
-def describe(runtime: str = "srt", probe: bool = False) -> dict:
+def describe(runtime: str = "srt", probe: bool = False, timeout: float | None = None) -> dict:
     """A JSON-able report of ``runtime``'s ("srt" or "diffusion") platforms and plugins: every
     installed entry point with its distribution, whether ``SGLANG_PLUGINS`` allows it (for SRT
     platforms: admits it to automatic selection, None while ``SGLANG_PLATFORM`` selects), whether it
     is skipped as part of an unselected platform, the platform selection (or its error), and each
     loaded plugin's hooks with conflicts. Runs the registration phase (callbacks, no targets).
     Without ``probe`` no built-in hardware probe runs (they import torch): when selection would
-    reach them, the report lists them in probing order instead of naming one."""
+    reach them, the report lists them in probing order instead of naming one. The selected
+    platform's class is constructed as a launch constructs it, so a class a launch refuses is the
+    report's selection error. ``timeout``: plugin code (an ``activate()``, a platform constructor,
+    a registration callback) that does not return within that many seconds is reported as stuck,
+    naming it (None: no limit)."""
     from ._report import describe as _describe
 
-    return _describe(runtime_of(runtime), probe=probe)
+    return _describe(runtime_of(runtime), probe=probe, timeout=timeout)

@@ -226,6 +226,14 @@ class PluginRuntime:
         hardware probe could decide)."""
         return importlib.import_module(self.selection_module).current_selection(probe)
 
+    def construct_platform(self) -> None:
+        """Construct the selected platform through ``current_platform``, as every launch does
+        before a worker starts, so that a class that cannot be this runtime's platform (not
+        importable, not a subclass of the base, a bad ``_enum`` or device name, a constructor
+        that raises) raises its ``PlatformSelectionError`` here. Resolves the selection first,
+        probing where it must."""
+        importlib.import_module(self.selection_module).current_platform.device_type  # noqa: B018
+
     def selected_distribution(self) -> str | None:
         """The distribution that ships the selected platform (None for a built-in)."""
         if self._assumed_selection is not None:

@@ -1,9 +1,11 @@
 """``describe(runtime)``: what is installed for one runtime and what would happen at start-up.
 
 The report is plain JSON-able data for ``sglang-launch plugins``. Producing it selects the
-runtime's platform as start-up would (activation callbacks run) and runs the plugin registration
-phase (plugin callbacks run; no hook target is resolved, so nothing of the serving runtime is
-imported). Built-in platforms are found by probing hardware, which imports torch; unless asked to
+runtime's platform and constructs its class as start-up would, through the same call
+(``PluginRuntime.construct_platform``: activation callbacks run, and a class a launch refuses is
+reported as that error), and runs the plugin registration phase (plugin callbacks run; no hook
+target is resolved, so nothing of the serving runtime is imported). Each of those may be bounded
+by a timeout: plugin code that does not return in time is reported as stuck, naming the plugin. Built-in platforms are found by probing hardware, which imports torch; unless asked to
 ``probe``, the report stops where probing would start and says which built-ins would be probed,
 in order. Errors are reported, never raised.
 """
@@ -12,9 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._core import _defined_in
+from ._core import PluginSource, _defined_in
 from ._loader import PluginRuntime, _norm
 
 if TYPE_CHECKING:
@@ -25,44 +31,120 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _selection(
-    runtime: PluginRuntime, probe: bool
-) -> tuple[dict[str, Any], Selection | None, bool]:
-    """The report's ``selection`` entry and the ``Selection`` (None where there is none: a
-    selection error, or a built-in only a hardware probe could pick), plus whether the selected
-    platform's distribution is known without probing (False after an error)."""
+@dataclass
+class _Resolved:
+    """What the report learnt of the platform a launch would select.
+
+    ``entry`` is the report's ``selection``; ``selected`` the selection, when it was made and its
+    class constructed (None after an error, or where only a hardware probe could decide);
+    ``distribution`` the selected platform's distribution as known without probing, in a 1-tuple
+    (``(None,)`` for a built-in), None when unknown; ``stuck`` says which plugin code did not
+    return within the report's timeout (the report then runs no more plugin code of this runtime).
+    """
+
+    entry: dict[str, Any]
+    selected: Selection | None = None
+    distribution: tuple[str | None] | None = None
+    stuck: str | None = None
+
+
+def _resolve(runtime: PluginRuntime, probe: bool, timeout: float | None) -> _Resolved:
+    """Select the platform and construct its class exactly as a launch does (through
+    ``current_platform``), so a class a launch would refuse is reported as the error it is."""
     from platforms import ProbeRequired
 
     try:
-        sel = runtime.selection(probe=probe)
+        sel = _bounded(lambda: runtime.selection(probe=probe), timeout)
     except ProbeRequired as need:
         probed = list(need.builtins)
         if need.serving_fallback:  # what a launch does at the chain's end
             probed[-1] = f"{need.serving_fallback} (a server's stand-in for {probed[-1]})"
-        return (
-            {
-                "key": None,
-                "qualname": None,
-                "distribution": None,
-                "probed": probed,
-                "reason": f"{need.reason}; start-up probes the built-ins in this order and takes the first "
-                f"available: {', '.join(probed)} (probing imports torch: pass --probe to run it now)",
-            },
-            None,
-            True,
-        )
+        entry = {
+            "key": None,
+            "qualname": None,
+            "distribution": None,
+            "probed": probed,
+            "reason": f"{need.reason}; start-up probes the built-ins in this order and takes the first "
+            f"available: {', '.join(probed)} (probing imports torch: pass --probe to run it now)",
+        }
+        return _Resolved(entry, distribution=(None,))
+    except _Stuck as stuck:
+        return _Resolved({"error": stuck.text}, stuck=stuck.text)
     except Exception as exc:  # noqa: BLE001 - reported, not raised
-        return {"error": _error_text(exc)}, None, False
-    return (
-        {
-            "key": sel.key,
-            "qualname": sel.qualname,
-            "distribution": sel.distribution,
-            "reason": sel.reason,
-        },
-        sel,
-        True,
-    )
+        return _Resolved({"error": _error_text(exc)})
+    try:
+        _bounded(runtime.construct_platform, timeout)
+    except _Stuck as stuck:
+        return _Resolved({"error": stuck.text}, stuck=stuck.text)
+    except Exception as exc:  # noqa: BLE001 - a launch stops here (exit 5): so does the report
+        return _Resolved({"error": _error_text(exc)}, distribution=(sel.distribution,))
+    entry = {
+        "key": sel.key,
+        "qualname": sel.qualname,
+        "distribution": sel.distribution,
+        "reason": sel.reason,
+    }
+    return _Resolved(entry, sel, (sel.distribution,))
+
+
+class _Stuck(Exception):
+    """Plugin code the report ran did not return in time; ``text`` says which and for how long."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+_T = TypeVar("_T")
+
+
+def _bounded(fn: Callable[[], _T], timeout: float | None) -> _T:
+    """``fn()``, or ``_Stuck`` when it does not return within ``timeout`` seconds (None: no
+    bound). It runs in a daemon thread, which is left behind when stuck: plugin code cannot be
+    interrupted, and the report does not wait for it."""
+    if timeout is None:
+        return fn()
+    done: list[_T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="sglang-plugins-report", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        what = _running_plugin_code(thread) or "plugin code"
+        raise _Stuck(
+            f"{what} did not return within {timeout:g}s (the report's limit: sglang-launch plugins "
+            "--timeout SECONDS); a launch would wait for it as long"
+        )
+    if failed:
+        raise failed[0]
+    return done[0]
+
+
+def _running_plugin_code(thread: threading.Thread) -> str | None:
+    """Which plugin callback ``thread`` is in, read from its innermost frames: a platform's
+    ``activate()``, a platform class's construction, or a general plugin's callback."""
+    from platforms import Selection
+    from platforms.entrypoints import EntryPoint
+
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        name, local = frame.f_code.co_name, frame.f_locals
+        ep, selection, source = local.get("ep"), local.get("selection"), local.get("source")
+        if name == "_call_activate" and isinstance(ep, EntryPoint):
+            return f"activate() of platform plugin {ep.describe()}"
+        if name == "instantiate" and isinstance(selection, Selection):
+            return f"constructing platform class {selection.qualname}"
+        if name in ("_register", "_load") and isinstance(source, PluginSource):
+            return f"plugin {source.name!r} ({source.distribution})"
+        frame = frame.f_back
+    return None
 
 
 def _platform_filter(runtime: PluginRuntime) -> dict | None:
@@ -101,34 +183,42 @@ def group_is_platform(group: str) -> bool:
     return group.endswith(".platforms")
 
 
-def describe(runtime: PluginRuntime, probe: bool = False) -> dict:
-    """The report on ``runtime`` (see the module docstring); ``probe`` allows hardware probes."""
-    selection, sel, known = _selection(runtime, probe)
+def describe(runtime: PluginRuntime, probe: bool = False, timeout: float | None = None) -> dict:
+    """The report on ``runtime`` (see the module docstring); ``probe`` allows hardware probes;
+    ``timeout`` bounds each piece of plugin code the report runs (activation, the platform class's
+    construction, plugin registration): one that does not return in time is reported as stuck."""
+    resolved = _resolve(runtime, probe, timeout)
+    selection, sel = resolved.entry, resolved.selected
     allowed = runtime.allowlist()
     # Without probing, the selection found above stands for the process's own (a preview is not
     # remembered, and resolving again could probe).
     assumed = (
-        runtime.assume_selected_distribution(sel.distribution if sel else None)
-        if known and not probe
+        runtime.assume_selected_distribution(resolved.distribution[0])
+        if resolved.distribution is not None and not probe
         else contextlib.nullcontext()
     )
-    with assumed:
-        try:
-            excluded = runtime.excluded_distributions()
-            exclusion_error = None
-        except Exception as exc:  # noqa: BLE001
-            excluded, exclusion_error = set(), _error_text(exc)
-        try:
-            runtime.register_plugins()
-            registration_error = None
-        except Exception as exc:  # noqa: BLE001
-            registration_error = _error_text(exc)
+    excluded: set[str | None] = set()
+    exclusion_error = registration_error = None
+    if resolved.stuck:  # what is stuck may hold the selection: run nothing more of this runtime
+        registration_error = "not run: the platform selection did not finish"
+    else:
+        with assumed:
+            try:
+                excluded = runtime.excluded_distributions()
+            except Exception as exc:  # noqa: BLE001
+                exclusion_error = _error_text(exc)
+            try:
+                _bounded(runtime.register_plugins, timeout)
+            except _Stuck as stuck:
+                registration_error = stuck.text
+            except Exception as exc:  # noqa: BLE001
+                registration_error = _error_text(exc)
 
     from platforms import entrypoints
 
     platform_filter = _platform_filter(runtime)
     auto_allowed = entrypoints.allowlist(platform_filter["variable"]) if platform_filter else None
-    selected_ep = getattr(sel, "entry_point", None)
+    selected_ep = sel.entry_point if sel is not None else None
     platforms = [
         {
             "name": ep.name,

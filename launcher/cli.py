@@ -75,8 +75,10 @@ def _main(argv: list[str] | None) -> int:
             return int(module.main(rest) or 0)
         except _signals.StopRequested as stop:
             _signals.defer()  # a second signal now must not raise again
-            print(
-                f"sglang-launch: stopped before start-up (received {stop.signame})", file=sys.stderr
+            from launcher.commands import streams
+
+            streams.write(
+                sys.stderr, f"sglang-launch: stopped before start-up (received {stop.signame})\n"
             )
             return 0
     module = importlib.import_module(COMMANDS[name][0])

@@ -39,6 +39,7 @@ from typing import Literal, TypedDict
 
 import msgspec
 
+from bootstrap.manifest import Manifest
 from launcher.supervisor.causes import RootCause
 
 __all__ = [
@@ -153,11 +154,15 @@ class WorkerPhase(WorkerEvent, frozen=True, kw_only=True, tag="worker.phase"):
 
 
 class WorkerReady(WorkerEvent, frozen=True, kw_only=True, tag="worker.ready"):
-    """The worker reported ready; ``info`` is what it reported about itself."""
+    """The worker reported ready; ``info`` is what it reported about itself, ``manifest`` what it
+    has of platform and plugins, ``differs`` how that differs from a ready peer's of its role
+    (empty: the same, or no peer yet)."""
 
     phase: Literal["ready"] = "ready"
     duration: float
     info: dict[str, object] = {}
+    manifest: Manifest | None = None
+    differs: list[str] = []
 
 
 class WorkerFailed(WorkerEvent, frozen=True, kw_only=True, tag="worker.failed"):
@@ -177,6 +182,7 @@ class WorkerStopped(WorkerEvent, frozen=True, kw_only=True, tag="worker.stopped"
     error: WorkerError | None = None
     restart: bool = False
     at_once: bool = False
+    info: dict[str, object] = {}  # what it said as it stopped (the HTTP child: requests_cut)
 
 
 class WorkerExited(WorkerEvent, frozen=True, kw_only=True, tag="worker.exited"):
@@ -237,11 +243,14 @@ class ServerStopping(OpsEvent, frozen=True, kw_only=True, tag="server.stopping")
 
 class ServerStopped(OpsEvent, frozen=True, kw_only=True, tag="server.stopped"):
     """Every worker is gone after ``teardown_s`` seconds; the launch exits ``exit_code`` in
-    ``phase`` (``"stopped"`` or ``"failed"``)."""
+    ``phase`` (``"stopped"`` or ``"failed"``). ``requests_cut``: requests the HTTP child was still
+    answering when the grace period ran out (each got a 503 or an error event; None: no HTTP
+    child reported)."""
 
     exit_code: int
     teardown_s: float
     phase: str
+    requests_cut: int | None = None
 
 
 # -- events of a replica that heals: replica.<dp>.<kind> --------------------------------------------

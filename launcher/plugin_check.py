@@ -250,11 +250,37 @@ def _pth_findings(dist: metadata.Distribution) -> tuple[list[str], list[str]]:
 class _Inspector:
     """Per-distribution findings, each distribution read once."""
 
+    def finding(
+        self,
+        runtime: str,
+        kind: str,
+        ep: EntryPoint,
+        verdict: str,
+        why: str,
+        all_eps: list[EntryPoint],
+    ) -> Finding:
+        """The ``Finding`` of ``ep`` with ``verdict`` and what its distribution brings along."""
+        version, problems, notes = self.inspect(ep, all_eps)
+        return Finding(
+            runtime,
+            kind,
+            ep.name,
+            ep.value,
+            ep.distribution,
+            version,
+            verdict,
+            why,
+            list(problems),
+            list(notes),
+        )
+
     def __init__(self, aliases_active: bool) -> None:
         self.aliases_active = aliases_active
         self.cache: dict[str | None, tuple[str | None, list[str], list[str]]] = {}
 
-    def inspect(self, ep: EntryPoint, all_eps: list[EntryPoint]) -> tuple[str | None, list, list]:
+    def inspect(
+        self, ep: EntryPoint, all_eps: list[EntryPoint]
+    ) -> tuple[str | None, list[str], list[str]]:
         if ep.distribution not in self.cache:
             dist = _distribution(ep.distribution)
             if dist is None:
@@ -393,21 +419,7 @@ def check(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         selected = {_norm(d) for d in selected_dists}
         platform_dists = {_norm(ep.distribution) for ep, _, _ in verdicts if ep.distribution}
         for ep, verdict, why in verdicts:
-            version, problems, notes = inspector.inspect(ep, all_eps)
-            findings.append(
-                Finding(
-                    spec.name,
-                    "platform",
-                    ep.name,
-                    ep.value,
-                    ep.distribution,
-                    version,
-                    verdict,
-                    why,
-                    list(problems),
-                    list(notes),
-                )
-            )
+            findings.append(inspector.finding(spec.name, "platform", ep, verdict, why, all_eps))
         plugin_eps = sorted(
             entrypoints.entry_points(spec.plugin_group),
             key=lambda e: (e.name, e.distribution or ""),
@@ -415,21 +427,7 @@ def check(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         names = [ep.name for ep in plugin_eps]
         for ep in plugin_eps:
             verdict, why = _plugin_verdict(spec, ep, environ, platform_dists, selected, names)
-            version, problems, notes = inspector.inspect(ep, all_eps)
-            findings.append(
-                Finding(
-                    spec.name,
-                    "plugin",
-                    ep.name,
-                    ep.value,
-                    ep.distribution,
-                    version,
-                    verdict,
-                    why,
-                    list(problems),
-                    list(notes),
-                )
-            )
+            findings.append(inspector.finding(spec.name, "plugin", ep, verdict, why, all_eps))
         blocking = [
             f
             for f in findings

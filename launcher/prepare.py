@@ -10,6 +10,7 @@ what to change, with the CLI exit code it maps to.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,8 @@ from platforms.runtimes import RUNTIMES, runtime_spec
 if TYPE_CHECKING:
     from launcher.server_args import ServerArgs
     from platforms import Selection
+
+_TRUE = ("1", "true", "yes", "on")  # how platforms reads a boolean variable as set
 
 
 def peek_runtime(argv: list[str]) -> str:
@@ -216,9 +219,10 @@ def select_platform(runtime: str) -> Selection:
     names no device or cannot be built fails here, before any worker starts), and return its
     ``Selection``."""
     module = importlib.import_module(runtime_spec(runtime).platform_module)
+    plugins = hooks.runtime(runtime)  # the one path, shared with ``sglang-launch plugins``
     try:
-        selection: Selection = module.current_selection()
-        module.current_platform.device_type  # noqa: B018 - constructs the selected class once
+        selection: Selection = plugins.selection()
+        plugins.construct_platform()
         return selection
     except Exception as exc:  # noqa: BLE001 - selection errors already name their fix
         plain = isinstance(exc, module.PlatformSelectionError) and exc.__cause__ is None
@@ -226,12 +230,17 @@ def select_platform(runtime: str) -> Selection:
 
 
 def is_cpu_fallback(selection: Selection) -> bool:
-    """True when no plugin was selected and detection fell back to the CPU platform."""
-    return (
+    """True when no plugin was selected and detection fell back to the CPU platform, which
+    nothing asked for (SRT's ``SGLANG_USE_CPU_ENGINE=1`` chooses the CPU: no fallback then)."""
+    if not (
         selection.entry_point is None
         and selection.key == "builtin:cpu"
         and selection.reason.startswith("fallback")
-    )
+    ):
+        return False
+    cpu = runtime_spec(selection.runtime).builtin(selection.name)
+    flag = cpu.env_flag if cpu is not None else None
+    return not (flag and os.environ.get(flag, "").strip().lower() in _TRUE)
 
 
 def _setup_error(summary: str, exc: BaseException, plain: bool = False) -> LaunchError:

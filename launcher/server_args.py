@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -151,10 +153,38 @@ class ServerArgs:
         metavar="MODULE.FUNC",
     )
     # Serving runtime
-    max_batch_size: int = _opt(32, "most requests batched into one forward pass")
+    max_batch_size: int = _opt(
+        32,
+        "most requests batched into one forward pass of embeddings or images; generation "
+        "batches continuously up to --max-running-requests sequences, which defaults to this",
+    )
     batch_wait_ms: float = _opt(2.0, "milliseconds a batch waits to fill up")
     max_input_tokens: int = _opt(512, "longest prompt accepted, in tokens")
-    max_total_tokens: int = _opt(2048, "longest prompt plus completion, in tokens")
+    context_length: int | None = _opt(
+        None,
+        "longest prompt plus completion of one generation request, in tokens (SGLang's "
+        "meaning; default and upper bound: the model's max_position_embeddings)",
+    )
+    max_total_tokens: int | None = _opt(
+        None,
+        "tokens of KV cache that all running generation sequences hold together, the pool "
+        "(SGLang's meaning): a sequence is admitted when the running ones and it fit, each "
+        "counted at the largest prompt + max_new_tokens among them (they share one padded "
+        "cache), else it waits in the queue (default: from the device memory the "
+        "platform reports available after loading: 80%% on an accelerator, 25%% on the CPU "
+        "shared by its ranks and at most 65536, divided by the model's KV bytes per token)",
+    )
+    chunked_prefill_size: int | None = _opt(
+        None,
+        "most prompt tokens one prefill step computes: a longer prompt is prefilled over "
+        "several steps while the running sequences keep decoding (SGLang's meaning; default: "
+        "2048 on an accelerator, 256 on the CPU; -1: no chunking)",
+    )
+    max_running_requests: int | None = _opt(
+        None,
+        "most generation sequences running (decoding or prefilling) at once (SGLang's "
+        "meaning; default: --max-batch-size)",
+    )
     max_request_bytes: int = _opt(1048576, "largest HTTP request body accepted, in bytes")
     request_timeout: float = _opt(
         600.0,
@@ -171,6 +201,12 @@ class ServerArgs:
         1024, "most concurrent HTTP connections and requests; one more gets 503"
     )
     trust_remote_code: bool = _opt(False, "allow model code shipped with the model directory")
+    chat_template: str | None = _opt(
+        None,
+        "a Jinja chat template file that /v1/chat/completions renders messages with, instead of "
+        "the model's own (tokenizer_config.json or chat_template.jinja)",
+        metavar="FILE",
+    )
     # Diffusion runtime
     enable_torch_compile: bool = _opt(
         False, "compile the denoiser with torch.compile (backend and options from the platform)"
@@ -179,6 +215,11 @@ class ServerArgs:
         None,
         "keep the denoiser's weights on the host and move one block at a time to the device "
         "(default: the diffusion platform's enable_dit_layerwise_offload_by_default())",
+    )
+    max_pixel_steps: int = _opt(
+        1 << 30,
+        "diffusion: the most width x height x n x num_inference_steps one image request may ask "
+        "for (more is a 400 naming this limit); bounds what one request costs its replica",
     )
     enable_cfg_parallel: bool = _opt(
         False,
@@ -269,6 +310,7 @@ class ServerArgs:
             "max_batch_size",
             "max_input_tokens",
             "max_request_bytes",
+            "max_pixel_steps",
         ):
             value = getattr(self, name)
             need(value >= 1, f"{_flag(name)} {value} must be at least 1")
@@ -329,11 +371,37 @@ class ServerArgs:
             f"--restart-backoff {self.restart_backoff} must be 0 or more seconds",
         )
         need(self.batch_wait_ms >= 0, f"--batch-wait-ms {self.batch_wait_ms} must be 0 or more")
-        need(
-            self.max_total_tokens >= self.max_input_tokens,
-            f"--max-total-tokens {self.max_total_tokens} is below --max-input-tokens "
-            f"{self.max_input_tokens}; raise it or lower --max-input-tokens",
-        )
+        if self.chat_template is not None:
+            need(
+                os.path.isfile(self.chat_template) and os.access(self.chat_template, os.R_OK),
+                f"--chat-template {self.chat_template!r} is not a readable file; pass the path "
+                f"of a Jinja chat template",
+            )
+        if self.max_total_tokens is not None:
+            need(
+                self.max_total_tokens >= self.max_input_tokens,
+                f"--max-total-tokens {self.max_total_tokens} is below --max-input-tokens "
+                f"{self.max_input_tokens}; raise it or lower --max-input-tokens (it is the KV "
+                f"pool of all running sequences, SGLang's meaning; --context-length bounds one "
+                f"request)",
+            )
+        if self.context_length is not None:
+            need(
+                self.context_length >= 2,
+                f"--context-length {self.context_length} must be at least 2 (a prompt token "
+                f"and a completion token)",
+            )
+        if self.chunked_prefill_size is not None:
+            need(
+                self.chunked_prefill_size >= 1 or self.chunked_prefill_size == -1,
+                f"--chunked-prefill-size {self.chunked_prefill_size} must be at least 1, or -1 "
+                f"for no chunking",
+            )
+        if self.max_running_requests is not None:
+            need(
+                self.max_running_requests >= 1,
+                f"--max-running-requests {self.max_running_requests} must be at least 1",
+            )
         for name in ("dtype", "log_level", "runtime"):
             choices = dataclasses.fields(self)[_index(self, name)].metadata.get("choices", ())
             value = getattr(self, name)
@@ -445,6 +513,12 @@ def _type_problems(args: ServerArgs) -> list[str]:
             continue
         if kind is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if ok and not math.isfinite(value):
+                problems.append(
+                    f"{_flag(f.name)} {value} is not a finite number; give a plain number "
+                    "(inf and nan are not accepted)"
+                )
+                continue
         elif kind is int:
             ok = isinstance(value, int) and not isinstance(value, bool)
         elif kind in (str, bool):

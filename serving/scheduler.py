@@ -11,23 +11,31 @@ with a 400 naming both kinds, ``param="model"``, and any other request is checke
 the runtime's ``admit``, an ``InputError`` answered with a 400 at once), then runs one unit of
 work, ``step()``, when one is due.
 
-Batch timing: a batch is due when the queue holds ``--max-batch-size`` requests, when it holds
-every request the HTTP child has outstanding here (``inflight``: nothing more is on the way, so a
-lone request never waits), or when the oldest has waited ``--batch-wait-ms``.
+Batch timing: a batch is due when the queue holds ``--max-batch-size`` requests, when it and the
+running requests are every request the HTTP child has outstanding here (``inflight``: nothing
+more is on the way, so a lone request never waits), or when the oldest has waited
+``--batch-wait-ms``.
+
+Fairness: a step is a bounded slice of work, and the requests under way share the steps, so a big
+request delays a small one by a slice of its own work, not all of it. How a runtime slices is its
+own (the text runtime's embeddings: at most ``--max-batch-size`` texts a step, taken from every
+queued request in turn; images: one denoising step of one pipeline call, the calls under way
+taking turns). A request cancelled (its client left, or its 504 fired) stops at its next step.
 
 Failure policy, the same for both runtimes: when a step raises in a replica of several ranks
 (tensor- or CFG-parallel), the process ends (the ranks are out of step after it; the supervisor
 restarts or reports the replica, and the HTTP child repeats elsewhere what is safe to repeat);
-in a replica of one rank every request of the failed step gets a 500 ``RequestFailed``, the
-platform's cache is emptied, and the scheduler goes on.
+in a replica of one rank every request of the failed step (``in_step``) gets a 500
+``RequestFailed``, the platform's cache is emptied, and the scheduler goes on.
 
 A runtime subclasses ``BatchingScheduler`` and says only what differs: ``admit`` (check one
-request and make its queue entry), ``take_batch`` (which queued requests form the next batch),
-``execute`` (run a batch and answer its requests) and ``stats``. Today a unit of work is a whole
-batch (``step`` runs ``run_batch``); a runtime that works in smaller units overrides ``step``,
-keeps the requests it works on in ``running`` (``begin``/``finish``), and the loop takes in
-requests and cancellations between its steps. Work that runs long inside one step calls
-``poll()`` between its own iterations for the same.
+request and make its queue entry), ``take_batch`` (which queued requests, or parts of them, form
+the next batch; a request of which only a part was taken stays queued), ``execute`` (run a batch
+and answer its requests) and ``stats``. By default a step is a batch (``step`` runs
+``run_batch``); a runtime that works in other units overrides ``step``, keeps the requests it
+works on in ``running`` (``begin``/``finish``) and says which of them a step works on
+(``in_step``), and the loop takes in requests and cancellations between its steps. Work that
+runs long inside one step calls ``poll()`` between its own iterations for the same.
 
 ``follow(ctx, run)`` is a rank > 0 of a replica: it reports ready and runs each piece of work
 rank 0 broadcasts until rank 0 says stop.
@@ -78,6 +86,12 @@ class Queued:
     @property
     def rid(self) -> str:
         return self.request.rid
+
+    @property
+    def started(self) -> bool:
+        """Whether part of its work has run while it is still queued (a request that runs in
+        several batches): cancelling it then counts as an abort."""
+        return False
 
 
 R = TypeVar("R", bound=wire.Request)
@@ -243,7 +257,7 @@ class BatchingScheduler(ABC, Generic[R, Q]):
         ``batch_wait_ms``."""
         return (
             len(self.queue) >= self.max_batch_size
-            or len(self.queue) >= self.queue[-1].request.inflight
+            or len(self.queue) + len(self.running) >= self.queue[-1].request.inflight
             or time.monotonic() >= self.queue[0].arrived + self.batch_wait
         )
 
@@ -258,8 +272,9 @@ class BatchingScheduler(ABC, Generic[R, Q]):
                 # The failure (often a peer rank gone, seen as a broken collective) leaves the
                 # ranks out of step: the process ends, and the supervisor restarts the replica.
                 raise
-            log.exception("a step of %d request(s) failed", len(self.running))
-            for item in self.running.values():
+            failed = list(self.in_step())
+            log.exception("a step of %d request(s) failed", len(failed))
+            for item in failed:
                 self.send(
                     item.identity,
                     wire.RequestFailed(
@@ -268,13 +283,19 @@ class BatchingScheduler(ABC, Generic[R, Q]):
                         f"the model failed on this batch: {type(exc).__name__}: {exc}",
                     ),
                 )
-            self.running.clear()
-            self.cancelled.clear()
+            self.finish(failed)
+            gone = {item.rid for item in failed}
+            self.queue = deque(q for q in self.queue if q.rid not in gone)  # no later part runs
             self.platform.empty_cache()
 
     def step(self) -> None:
-        """One unit of work: today the next whole batch."""
+        """One unit of work: by default the next batch."""
         self.run_batch()
+
+    def in_step(self) -> Iterable[Q]:
+        """The requests the step under way works on (a failure answers them): by default every
+        running request."""
+        return self.running.values()
 
     def run_batch(self) -> None:
         """Take the next batch and run it to the end."""
@@ -331,9 +352,11 @@ class BatchingScheduler(ABC, Generic[R, Q]):
 
     def cancel(self, rid: str) -> None:
         """Drop ``rid`` from the queue, or note it cancelled when it is running."""
-        before = len(self.queue)
-        self.queue = deque(q for q in self.queue if q.rid != rid)
-        if len(self.queue) == before and rid in self.running:
+        dropped = [q for q in self.queue if q.rid == rid]
+        if dropped:
+            self.queue = deque(q for q in self.queue if q.rid != rid)
+            self.aborted += sum(1 for q in dropped if q.started)
+        elif rid in self.running:
             self.cancelled.add(rid)
 
     def take_in(self, identity: bytes, request: wire.Request) -> None:

@@ -25,7 +25,13 @@ def scheduler_endpoint_name(dp_rank: int) -> str:
 
 class SamplingParams(msgspec.Struct, frozen=True):
     """How to pick each new token. ``temperature == 0`` is greedy; ``seed=None`` means the
-    scheduler draws one (and reports it), so every rank of a replica samples identically."""
+    scheduler draws one (and reports it), so every rank of a replica samples identically.
+
+    ``presence_penalty`` and ``frequency_penalty`` (OpenAI's meaning) are subtracted from the
+    logits of every token id this sequence already generated, once and once per occurrence,
+    before temperature. ``logprobs``: report the chosen token's log-probability at each step;
+    ``top_logprobs`` (0..20): also that many most likely tokens. Log-probabilities are of the
+    model's distribution after the penalties and before temperature, top-k and top-p."""
 
     max_new_tokens: int = 16
     temperature: float = 1.0
@@ -34,6 +40,10 @@ class SamplingParams(msgspec.Struct, frozen=True):
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 # ---- HTTP child -> scheduler -------------------------------------------------------------------
@@ -52,6 +62,11 @@ class EmbedRequest(msgspec.Struct, tag="embed"):
 
 
 class GenerateRequest(msgspec.Struct, tag="generate"):
+    """One sequence to generate. ``group``: the id of the HTTP request it belongs to (one
+    sequence per prompt and per choice); when more sequences wait than fit, the group with the
+    fewest running sequences is admitted first. ``raw``: tokenise ``text`` without adding the tokenizer's
+    special tokens (a chat prompt rendered by the model's template writes its own)."""
+
     kind: ClassVar[str] = "generation"
 
     rid: str
@@ -59,6 +74,8 @@ class GenerateRequest(msgspec.Struct, tag="generate"):
     params: SamplingParams
     stream: bool = False
     inflight: int = 1
+    group: str = ""
+    raw: bool = False
 
 
 class ImageRequest(msgspec.Struct, tag="image"):
@@ -130,11 +147,25 @@ def unpack_vectors(data: bytes, dim: int) -> list[list[float]]:
     return [flat[at : at + dim] for at in range(0, len(flat), dim)] if dim > 0 else []
 
 
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """One generated token: its id, its text decoded alone, its log-probability, and (with
+    ``top_logprobs``) the most likely tokens of that step as ``(text, logprob)``, most likely
+    first (empty otherwise)."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
 class Generated(msgspec.Struct, tag="generated"):
     """A finished generation (or, with ``finished=False``, one streamed increment of it).
 
     ``text`` is the increment when streaming and the whole completion otherwise;
-    ``finish_reason`` is ``"length"``, ``"stop"`` or ``"abort"``.
+    ``finish_reason`` is ``"length"``, ``"stop"`` or ``"abort"``. ``logprobs`` (only when the
+    request asked for them): one entry per token of this message, the tokens generated since
+    the previous message when streaming, all of them otherwise. ``batch_size``: the sequences
+    that ran in the step that finished (or advanced) this one.
     """
 
     rid: str
@@ -145,6 +176,7 @@ class Generated(msgspec.Struct, tag="generated"):
     finish_reason: str | None = None
     seed: int | None = None
     batch_size: int = 1
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Images(msgspec.Struct, tag="images"):
@@ -202,7 +234,10 @@ class Pooling(msgspec.Struct):
 
 
 class TextModel(msgspec.Struct):
-    """A text model as served: embeddings (``pooling`` set) or generation (``kind``)."""
+    """A text model as served: embeddings (``pooling`` set) or generation (``kind``).
+    ``max_input_tokens``: the longest prompt (or embedding input); ``context_length``: the
+    longest prompt + completion of one request; ``max_total_tokens``: the KV pool of all running
+    sequences together (generation; for embeddings the same as ``context_length``)."""
 
     model_path: str
     served_model_name: str
@@ -215,6 +250,7 @@ class TextModel(msgspec.Struct):
     tp_size: int
     max_input_tokens: int
     max_total_tokens: int
+    context_length: int
     pooling: Pooling | None
     load_seconds: float
     cpu_threads: CpuThreads
@@ -307,10 +343,19 @@ class SchedulerStats(msgspec.Struct, kw_only=True):
 
 
 class TextStats(SchedulerStats, tag="text", kw_only=True):
-    """A text scheduler's counters, its model and its device's memory."""
+    """A text scheduler's counters, its model and its device's memory. Generation: ``running``
+    sequences decoding (or prefilling) now, ``queued`` waiting to be admitted, the KV pool's
+    tokens (``kv_tokens_total``, ``--max-total-tokens``) and those reserved by the running
+    sequences (``kv_tokens_used``), and the tokens generated per second over the last few
+    seconds."""
 
     model: TextModel
     memory: TextMemory
+    running: int = 0
+    queued: int = 0
+    kv_tokens_used: int = 0
+    kv_tokens_total: int = 0
+    generation_tokens_per_s: float = 0.0
 
 
 class ImageStats(SchedulerStats, tag="image", kw_only=True):
@@ -367,8 +412,17 @@ class SeqWork(msgspec.Struct):
     stream: bool = False
 
 
+class GenerationStep(msgspec.Struct, tag="generation_step"):
+    """One step of the running generation batch: these sequences join it (rank 0 admitted
+    them), these rids leave it cancelled; every rank then runs the same step."""
+
+    join: list[SeqWork]
+    cancel: list[str]
+
+
 class Batch(msgspec.Struct, tag="batch"):
-    """Generate these sequences together; every rank runs the same decode loop."""
+    """Generate these sequences together to the end of the longest (static batching, kept for
+    the benchmark's comparison only); every rank runs the same decode loop."""
 
     seqs: list[SeqWork]
 
@@ -384,14 +438,23 @@ class ImageWork(msgspec.Struct):
 
 
 class ImageBatch(msgspec.Struct, tag="image_batch"):
-    """Denoise these requests as one pipeline call of this shape; with ``--enable-cfg-parallel``
-    rank 1 runs the same call and computes the unconditional half of each step."""
+    """Start denoising these requests as pipeline call ``call`` of this shape, and run it to its
+    first step; with ``--enable-cfg-parallel`` rank 1 runs the same call and computes the
+    unconditional half of each step. Rank 1 takes every further step when ``ImageTurn`` says."""
 
+    call: int
     width: int
     height: int
     steps: int
     guidance_scale: float
     jobs: list[ImageWork]
+
+
+class ImageTurn(msgspec.Struct, tag="image_turn"):
+    """Run pipeline call ``call`` to its next step (or its end): rank 0 takes the same step.
+    Calls under way take turns this way, in the order rank 0 chooses."""
+
+    call: int
 
 
 class Tick(msgspec.Struct, tag="tick"):
@@ -402,7 +465,7 @@ class Stop(msgspec.Struct, tag="stop"):
     """Rank 0 is stopping: leave the loop and the group."""
 
 
-FollowerWork = Batch | ImageBatch
+FollowerWork = GenerationStep | Batch | ImageBatch | ImageTurn
 ToFollower = FollowerWork | Tick | Stop
 
 Request = EmbedRequest | GenerateRequest | ImageRequest

@@ -8,6 +8,9 @@ While the live table is on screen, nothing else may write to the terminal, or th
 would overwrite it: the workers' own output reaches the terminal through ``worker_output(line)``
 (the supervisor reads it from a pipe per worker), which erases the table, prints the line where
 the table was and draws the table again below it.
+
+Every write goes through ``launcher.commands.streams``: a stream whose reader went away is
+pointed at ``/dev/null``, never a failure of the launch.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import shutil
 import sys
 from typing import TextIO
 
+from launcher.commands import streams
 from launcher.events import (
     Event,
     ReloadFailed,
@@ -77,8 +81,17 @@ class TerminalDisplay:
                     f"{PREFIX} {event.replica} serves again ({event.down_s:.1f}s after it failed)"
                 )
             case ServerStopped():
+                cut = event.requests_cut or 0
+                cut_text = (
+                    f"{cut} request{'s' if cut != 1 else ''} still running when the grace "
+                    f"period ran out {'were' if cut != 1 else 'was'} cut (each got a 503 or an "
+                    "error event); "
+                    if cut
+                    else ""
+                )
                 self._print(
-                    f"{PREFIX} stopped; every worker process is gone ({event.teardown_s:.2f}s)"
+                    f"{PREFIX} stopped; {cut_text}every worker process is gone "
+                    f"({event.teardown_s:.2f}s)"
                 )
             case (
                 ReloadStarted()
@@ -97,7 +110,7 @@ class TerminalDisplay:
         if event.cpu_fallback:
             self._print(
                 f"{PREFIX} no accelerator and no platform plugin found: serving on the CPU platform "
-                "(set SGLANG_PLATFORM or SGLANG_USE_CPU_ENGINE=1 to choose explicitly)"
+                f"(set {_choosers(event.runtime)} to choose explicitly)"
             )
         elif event.platform == "builtin:base":
             self._print(
@@ -139,16 +152,14 @@ class TerminalDisplay:
             self._print(line)
             return
         # Back to the table's first line, erase from there down, the line, the table again.
-        self.stream.write(f"\x1b[{self._drawn}F\x1b[J" + line + "\n" + self._table())
-        self.stream.flush()
+        streams.write(self.stream, f"\x1b[{self._drawn}F\x1b[J" + line + "\n" + self._table())
 
     def _redraw(self) -> None:
         if not self.live or not self._starting:
             return
         # Back to the start of the table's first line, if it is on screen.
         back = f"\x1b[{self._drawn}F" if self._drawn else ""
-        self.stream.write(back + self._table())
-        self.stream.flush()
+        streams.write(self.stream, back + self._table())
 
     def _table(self) -> str:
         """The table's rows, each cleared first and cut to the terminal's width (a wrapped row
@@ -161,8 +172,20 @@ class TerminalDisplay:
         self._starting = False
 
     def _print(self, text: str) -> None:
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        streams.write(self.stream, text + "\n")
+
+
+def _choosers(runtime: str) -> str:
+    """The variables that choose ``runtime``'s platform: ``"SGLANG_PLATFORM or
+    SGLANG_USE_CPU_ENGINE=1"`` for SRT."""
+    from platforms.runtimes import RUNTIMES
+
+    spec = RUNTIMES.get(runtime)
+    if spec is None:
+        return "the platform selector"
+    cpu = spec.builtin("cpu")
+    flag = f" or {cpu.env_flag}=1" if cpu is not None and cpu.env_flag else ""
+    return spec.selector_env + flag
 
 
 def _row(name: str, pid: int | None, phase: str, duration: float | None) -> str:

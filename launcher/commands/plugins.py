@@ -8,10 +8,13 @@ happened when it was loaded, and which targets its hooks patch with which types;
 plugin (registered while something else, such as a platform entry point, imported the module),
 with where they come from, since they are applied too; REPLACE conflicts; the platform that would be selected and why, or the error selection would raise.
 
-Producing the report calls platform activation callbacks and plugin callbacks, as start-up
-would, but applies no hook, so nothing of the serving runtime is imported; built-in platforms'
-hardware probes (which import torch) run only with ``--probe``, otherwise the report lists the
-built-ins start-up would probe, in order.
+Producing the report calls platform activation callbacks, constructs the selected platform's class
+and calls plugin callbacks, as start-up would (the same calls: a class a launch refuses, one that is
+not importable, not its runtime's platform or misnamed, is the report's selection error), but
+applies no hook, so nothing of the serving runtime is imported; built-in platforms' hardware probes
+(which import torch) run only with ``--probe``, otherwise the report lists the built-ins start-up
+would probe, in order. Plugin code that does not return within ``--timeout`` seconds (30) is
+reported as stuck, naming it, and the report goes on without it.
 Exit status: 0, or 1 when start-up would stop (a selection error, or a failing plugin of the
 selected platform's distribution); 2 for a usage error.
 
@@ -31,6 +34,20 @@ from typing import Any
 from launcher.runtimes import SERVING
 
 RUNTIMES = tuple(SERVING)
+DEFAULT_TIMEOUT = 30.0
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (``--timeout``)."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds above 0")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,6 +67,26 @@ def _parser() -> argparse.ArgumentParser:
         "--probe",
         action="store_true",
         help="probe built-in platforms' hardware now when no plugin decides (imports torch)",
+    )
+    parser.add_argument(
+        "--running",
+        action="store_true",
+        help="what the workers of a running launcher really have: each worker's platform, "
+        "plugins and hooks as it reported them, side by side (with --pid when several run)",
+    )
+    parser.add_argument(
+        "--pid",
+        type=int,
+        help="the running launcher to ask (implies --running)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="how long each piece of plugin code the report runs (a platform's activate(), its "
+        "class's construction, a plugin's registration callback) may take before it is reported "
+        f"as stuck (default: {DEFAULT_TIMEOUT:g})",
     )
     parser.add_argument(
         "--check",
@@ -153,7 +190,7 @@ def _render(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _render_check(report: dict, runtimes: tuple[str, ...]) -> list[str]:
+def _render_check(report: dict[str, Any], runtimes: tuple[str, ...]) -> list[str]:
     lines = []
     for block in report["runtimes"]:
         if block["runtime"] not in runtimes:
@@ -186,8 +223,85 @@ def _render_check(report: dict, runtimes: tuple[str, ...]) -> list[str]:
     return lines
 
 
+def _side_by_side(manifests: list[dict[str, Any] | None]) -> list[list[str]]:
+    """Rows of ``[mark, what, value per worker]``: the platform, each plugin's status and each
+    hook's state; ``*`` marks a row whose values differ between the workers."""
+    rows: list[list[str]] = []
+
+    def add(label: str, values: list[str]) -> None:
+        rows.append(["*" if len(set(values)) > 1 else " ", label, *values])
+
+    def platform(m: dict[str, Any]) -> str:
+        return f"{m['platform']['key']} {m['platform']['version'] or ''}".strip()
+
+    add("platform", [platform(m) if m else "-" for m in manifests])
+    plugins = {(p["name"], p["distribution"]) for m in manifests if m for p in m["plugins"]}
+    for name, dist in sorted(plugins, key=str):
+        states = []
+        for m in manifests:
+            found = [
+                p["status"]
+                for p in (m or {}).get("plugins", ())
+                if (p["name"], p["distribution"]) == (name, dist)
+            ]
+            states.append(found[0] if found else ("absent" if m else "-"))
+        add(f"plugin {name} ({dist})", states)
+    keys = {(h["type"], h["target"], h["plugin"]) for m in manifests if m for h in m["hooks"]}
+    for kind, target, plugin in sorted(keys, key=str):
+        states = []
+        for m in manifests:
+            found = [
+                h["state"] + (f": {h['error']}" if h["error"] else "")
+                for h in (m or {}).get("hooks", ())
+                if (h["type"], h["target"], h["plugin"]) == (kind, target, plugin)
+            ]
+            states.append(found[0] if found else ("absent" if m else "-"))
+        add(f"{kind} {target} ({plugin or 'no plugin'})", states)
+    return rows
+
+
+def _render_running(workers: list[dict[str, Any]]) -> list[str]:
+    """Each worker's manifest side by side, by role (``*``: workers of that role differ)."""
+    lines: list[str] = []
+    for role in dict.fromkeys(w["role"] for w in workers):
+        group = [w for w in workers if w["role"] == role]
+        names = [w["name"] for w in group]
+        lines.append(f"{role} workers: {', '.join(names)}")
+        lines += _table(_side_by_side([w.get("manifest") for w in group]), ["", "WHAT", *names])
+        for w in group:
+            for difference in w.get("manifest_differs") or []:
+                lines.append(f"  {w['name']} differs: {difference}")
+        lines.append("")
+    return lines
+
+
+def _running(args: argparse.Namespace) -> int:
+    from launcher.query import QueryError, find_launcher, query
+    from launcher.supervisor.rundir import NoLauncherError, RuntimeDirError
+
+    try:
+        found = find_launcher(args.pid)
+        answer = query(found["query_endpoint"], {"query": "snapshot"}, 5.0)
+    except (NoLauncherError, QueryError, RuntimeDirError) as exc:
+        print(f"sglang-launch plugins: {exc}", file=sys.stderr)
+        return 1
+    snapshot = answer.get("snapshot")
+    if not isinstance(snapshot, dict):
+        print("sglang-launch plugins: the launcher sent no snapshot", file=sys.stderr)
+        return 1
+    workers = [w for w in snapshot["workers"] if w.get("manifest") is not None or w.get("ready")]
+    if args.json:
+        json.dump({"pid": snapshot["pid"], "workers": workers}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print("\n".join(_render_running(workers)).rstrip())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.running or args.pid is not None:
+        return _running(args)
     if args.check:
         from launcher.plugin_check import check
 
@@ -208,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     install_aliases()  # plugins written for SGLang import its names, as in a launch
     for spec in SERVING.values():  # report what a launch would select
         importlib.import_module(spec.platform.platform_module).use_serving_fallback()
-    reports = [hooks.describe(name, probe=args.probe) for name in names]
+    reports = [hooks.describe(name, probe=args.probe, timeout=args.timeout) for name in names]
     if args.json:
         json.dump({"runtimes": reports}, sys.stdout, indent=2)
         sys.stdout.write("\n")

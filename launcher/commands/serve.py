@@ -14,6 +14,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
+from launcher.commands import streams
 from launcher.supervisor.causes import EXIT_CODES_HELP, LaunchError
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def main(argv: list[str]) -> int:
         args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns))
         selection, payload = _prepare.finish(args)
     except LaunchError as exc:
-        print(exc.root_cause.format(), file=sys.stderr)
+        streams.write(sys.stderr, exc.root_cause.format() + "\n")
         return exc.exit_code
 
     from launcher.commands.display import TerminalDisplay
@@ -84,19 +85,21 @@ def main(argv: list[str]) -> int:
     try:
         outcome = run_supervisor(supervisor, handle_signals=True)
     except LaunchError as exc:  # set-up failed before any worker was started
-        print(exc.root_cause.format(), file=sys.stderr)
+        streams.write(sys.stderr, exc.root_cause.format() + "\n")
         return exc.exit_code
     return outcome.exit_code
 
 
 def _configure_logging(level: str) -> None:
+    """Log records to stderr, quietly dropped once stderr's reader is gone (``streams``)."""
     root = logging.getLogger()
     if not root.handlers:
-        logging.basicConfig(
-            level=getattr(logging, str(level).upper(), logging.INFO),
-            format="sglang-launch: %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
+        handler = streams.QuietStreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter("sglang-launch: %(levelname)s %(name)s: %(message)s")
         )
+        root.addHandler(handler)
+        root.setLevel(getattr(logging, str(level).upper(), logging.INFO))
 
 
 def _isatty(stream: object) -> bool:

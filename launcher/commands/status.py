@@ -73,6 +73,9 @@ def render(state: LaunchState) -> str:
         lines.append(
             f"  {w.name:<14} {w.pid or '-':>7}  {w.phase:<20} {took:>9}  {exit_text}{again}"
         )
+    for w in state.workers:
+        for difference in w.manifest_differs:
+            lines.append(f"  {w.name} differs: {difference}")
     if state.root_cause is not None:
         lines.append(f"root cause: {state.root_cause.summary}")
     return "\n".join(lines)

@@ -13,11 +13,15 @@ both callers need once a child is gone or must go:
   apart from its exit), including the ``failed`` report its exit code announces;
 - ``stop(children, grace)``: SIGTERM each child's process tree, SIGKILL what is left after
   ``grace`` (0: SIGKILL at once), reap them;
-- ``close()``: SIGKILL whatever is still running and release the socket.
+- ``close()``: SIGKILL whatever is still running, release the socket and every ended child's
+  pipes.
 
 A child's stdout and stderr are this process's, unless ``spawn(..., output=fd, streams=...)``
 points them (both by default) at ``fd`` (check-platform keeps its stdout for the report; the live terminal display reads worker
-lines from a pipe).
+lines from a pipe). A child's environment is this process's, changed by ``environment`` (a value
+is set, None removes the variable) in the environment it starts with: this process's own is
+changed for the moment each child is started, under a lock, and restored (a process another
+thread starts in that moment gets the changes too).
 """
 
 from __future__ import annotations
@@ -27,10 +31,10 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import zmq
@@ -84,8 +88,10 @@ class Children:
         status_endpoint: str,
         on_message: Callable[[Child, messages.Message], None],
         on_exit: Callable[[Child], None],
+        environment: Mapping[str, str | None] | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
+        self._environment = dict(environment or {})
         self._on_message = on_message
         self._on_exit = on_exit
         self.children: list[Child] = []
@@ -137,6 +143,7 @@ class Children:
                 )
             with contextlib.suppress(ValueError, OSError):
                 self._loop.remove_reader(child.process.sentinel)
+            _release(child.process)
             child.exit_seen, child.exitcode, child.failure = False, None, None
             child.reported_failure = asyncio.Event()
         if child.spec.stop_marker:
@@ -155,7 +162,7 @@ class Children:
                 name=f"sglang-{spec.role}-{spec.rank}",
                 daemon=False,
             )
-            with _output_to(output, streams):
+            with _output_to(output, streams), _environment(self._environment):
                 child.process.start()
         finally:
             if global_method is None:
@@ -255,7 +262,8 @@ class Children:
 
     def close(self) -> None:
         """SIGKILL every child still running (only after an unexpected error: normally all are
-        gone by now) and release the status socket."""
+        gone by now), release the status socket and the pipes each child's process object
+        holds."""
         self._reader.cancel()
         for child in self.children:
             if child.process is not None and child.process.sentinel is not None:
@@ -269,13 +277,24 @@ class Children:
         if roots:
             tree = _proctree.Tree(roots)
             try:
-                tree.signal(tree.alive(), signal.SIGKILL)
+                tree.kill()
             finally:
                 tree.close()
             for child in self.children:
                 if child.process is not None:
                     child.process.join(timeout=5)
+        for child in self.children:
+            if child.process is not None:
+                _release(child.process)
         self._pull.close()
+
+
+def _release(process: multiprocessing.process.BaseProcess) -> None:
+    """Close the pipes ``multiprocessing`` keeps for an ended ``process`` (its sentinel among
+    them) now, not whenever the garbage collector gets to the objects that refer to it."""
+    with contextlib.suppress(ValueError):  # still running (close() refuses), or closed already
+        if process.exitcode is not None:
+            process.close()
 
 
 def describe_exit(code: int | None) -> str:
@@ -303,6 +322,33 @@ def _output_to(fd: int | None, streams: tuple[int, ...]) -> Iterator[None]:
         for number, copy in saved.items():
             os.dup2(copy, number)
             os.close(copy)
+
+
+_environ_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _environment(changes: Mapping[str, str | None]) -> Iterator[None]:
+    """While a child is started, this process's environment has ``changes`` (a value is set,
+    None removes the variable), so the child starts with them; restored right after."""
+    if not changes:
+        yield
+        return
+    with _environ_lock:
+        saved = {name: os.environ.get(name) for name in changes}
+        try:
+            for name, value in changes.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def _unfix_global_start_method() -> None:

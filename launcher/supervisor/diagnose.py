@@ -21,17 +21,21 @@ if TYPE_CHECKING:
     from launcher.supervisor.state import WorkerState
 
 
-def exited(worker: WorkerState, code: int | None) -> RootCause:
-    """``worker``'s process ended with ``code`` and sent no failure report."""
+def exited(worker: WorkerState, code: int | None, server_ready: bool = True) -> RootCause:
+    """``worker``'s process ended with ``code`` and sent no failure report; ``server_ready``:
+    every worker had reported ready by then (a worker that reported ready and died while others
+    were still starting is said to have done so)."""
     after_ready = worker.ready
     phase = phases.SERVING if after_ready else phase_in_progress(worker.phase)
     how = describe_exit(code)
+    if after_ready and not server_ready:
+        summary = f"{worker.name} {how} after it reported ready, while other workers were starting"
+    elif after_ready:
+        summary = f"{worker.name} {how} after the server was ready"
+    else:
+        summary = f"{worker.name} {how} while {phases.DOING.get(phase, phase)}"
     return RootCause(
-        summary=(
-            f"{worker.name} {how} after the server was ready"
-            if after_ready
-            else f"{worker.name} {how} while {phases.DOING.get(phase, phase)}"
-        ),
+        summary=summary,
         exit_code=ExitCode.WORKER_DIED if after_ready else ExitCode.WORKER_FAILED,
         worker=worker.name,
         pid=worker.pid,

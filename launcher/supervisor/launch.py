@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bootstrap import messages, phases
+from bootstrap import manifest, messages, phases
 from launcher import events
 from launcher.supervisor import diagnose
 from launcher.supervisor import proctree as _proctree
@@ -34,6 +34,7 @@ from launcher.supervisor.healing import Healing
 from launcher.supervisor.replicas import RETIRING, STARTING, ReplicaSet
 from launcher.supervisor.restarts import DOWN, RESPAWNED, Restarts
 from launcher.supervisor.rollout import Rollouts
+from launcher.supervisor.secrets import API_KEY_ENV
 from launcher.supervisor.state import WorkerState
 from launcher.supervisor.watchdog import Watchdog
 
@@ -139,6 +140,7 @@ class Launch:
         generation: Generation,
         restarts: Restarts,
         output: WorkerOutput | None,
+        tree_tag: str,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.state = state
@@ -152,8 +154,14 @@ class Launch:
         # The worker whose failure or exit is the root cause, from the moment it is known: what
         # other workers report after it is a consequence (they are reported as stopped).
         self.blamed: str | None = None
+        self.requests_cut: int | None = None  # the HTTP child's count, from its stopped report
         self.subreaper = False  # adopts the orphans of workers that die (the CLI's process only)
-        self.children = Children(zctx, status_endpoint, self._on_message, self._on_exit)
+        # Every worker, and all it starts, carries the launch's tag; no worker inherits the key.
+        self.tree_tag = tree_tag
+        environment = {_proctree.TREE_VARIABLE: tree_tag, API_KEY_ENV: None}
+        self.children = Children(
+            zctx, status_endpoint, self._on_message, self._on_exit, environment=environment
+        )
         self.workers = [
             Worker(self.children.add(spec), ws)
             for spec, ws in zip(specs, state.workers, strict=True)
@@ -240,23 +248,27 @@ class Launch:
         await self.children.stop([w.child for w in workers], grace, hurry=self.hurry)
 
     async def sweep_adopted(self) -> None:
-        """As a subreaper, end and reap what a dead worker left behind (re-parented to us)."""
+        """End what a dead worker left behind: as a subreaper, what was re-parented to us (and
+        reap it); in any case, what carries the launch's tag outside our tree (a supervisor that
+        is no subreaper sees a dead worker's children re-parented away from it)."""
+        swept = []
         if self.subreaper:
             pids = {w.child.pid for w in self.workers if w.child.pid is not None}
             swept = await _proctree.sweep_adopted(pids)
-            if swept:
-                log.debug(
-                    "ended %d process(es) left behind by exited workers: %s", len(swept), swept
-                )
+        swept += _proctree.sweep_strays(self.tree_tag)
+        if swept:
+            log.debug("ended %d process(es) left behind by exited workers: %s", len(swept), swept)
 
-    async def exit_cause(self, worker: Worker) -> RootCause:
-        """``worker`` exited on its own: record how, wait for its report if it sent one, explain."""
+    async def exit_cause(self, worker: Worker, server_ready: bool = True) -> RootCause:
+        """``worker`` exited on its own: record how, wait for its report if it sent one, explain.
+        ``server_ready`` False: the launch is still starting, so the server counts as ready only
+        when every worker's ready report (a late one included) is in."""
         code = await self.reap(worker)
         await self.children.settle(worker.child)
         await self.sweep_adopted()
         if worker.failure is not None:
             return diagnose.failed(worker.state, worker.failure, code)
-        return diagnose.exited(worker.state, code)
+        return diagnose.exited(worker.state, code, server_ready or self.state.all_ready())
 
     # ------------------------------------------------------------------ events
     def publish(self, event: events.Event) -> None:
@@ -270,6 +282,7 @@ class Launch:
         error: events.WorkerError | None = None,
         restart: bool = False,
         at_once: bool = False,
+        info: dict[str, object] | None = None,
     ) -> None:
         """Record ``worker`` as stopped and say so (see ``events.WorkerStopped``)."""
         worker.state.phase = phases.STOPPED
@@ -280,6 +293,7 @@ class Launch:
                 error=error,
                 restart=restart,
                 at_once=at_once,
+                info=dict(info or {}),
             )
         )
 
@@ -333,7 +347,10 @@ class Launch:
         elif isinstance(message, messages.Failed):
             self._on_failed(worker, message)
         elif isinstance(message, messages.Stopped):
-            self.stopped(worker)
+            cut = message.info.get("requests_cut")
+            if isinstance(cut, int):  # requests still running when the grace period ran out
+                self.requests_cut = (self.requests_cut or 0) + cut
+            self.stopped(worker, info=message.info)
         # Heartbeats need no action: a stalled child is caught by the deadline or its sentinel.
 
     def _on_ready(self, worker: Worker, message: messages.Ready) -> None:
@@ -341,10 +358,18 @@ class Launch:
         ws.phase, ws.ready, ws.ready_at = phases.READY, True, message.time
         ws.phases[phases.READY] = message.duration
         ws.platform, ws.info = message.platform, dict(message.info)
+        ws.manifest = message.manifest
+        ws.manifest_differs = self._manifest_differences(ws)
         if not self.stopping:
             self.watchdog.watch(ws.name)
         self.publish(
-            events.WorkerReady(**self._fields(worker), duration=message.duration, info=ws.info)
+            events.WorkerReady(
+                **self._fields(worker),
+                duration=message.duration,
+                info=ws.info,
+                manifest=ws.manifest,
+                differs=ws.manifest_differs,
+            )
         )
         starting = self.replicas.stage(worker) == STARTING
         if message.platform != self.platform:
@@ -360,6 +385,21 @@ class Launch:
             self.healing.rank_ready(worker)
         elif self.state.all_ready():
             self.post(AllReady())
+
+    def _manifest_differences(self, ws: WorkerState) -> list[str]:
+        """How ``ws``'s manifest differs from the first ready peer's of its role (logged once)."""
+        if ws.manifest is None:
+            return []
+        for peer in self.state.workers:
+            if peer is ws or peer.role != ws.role or not peer.ready or peer.manifest is None:
+                continue
+            found = manifest.differences(ws.manifest, peer.manifest, peer.name)
+            if found:
+                log.warning(
+                    "%s has other plugins than %s: %s", ws.name, peer.name, "; ".join(found)
+                )
+            return found
+        return []
 
     def _on_failed(self, worker: Worker, message: messages.Failed) -> None:
         ws = worker.state

@@ -5,7 +5,9 @@ processes); once the worker is dead they are re-parented and nobody would find t
 tree is collected with psutil *before* anything is signalled, and each member is watched through
 a pidfd (Linux; the wait wakes the moment a process exits, with no polling and no risk of a
 recycled pid) or, elsewhere, by polling psutil. Only pids collected from the given roots are ever
-signalled, never a process group, and never this process or one of its ancestors.
+signalled, never a process group, and never this process or one of its ancestors. Before the
+SIGKILL a tree is frozen (SIGSTOP, round after round until no new descendant turns up), so a
+worker that starts processes nonstop leaves none behind.
 """
 
 from __future__ import annotations
@@ -14,10 +16,23 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Iterable
 
 import psutil
 
+# Set in every worker's starting environment to its launch's runtime directory, so every
+# process of the launch carries it (``sweep_strays``).
+TREE_VARIABLE = "SGLANG_LAUNCH_TREE"
+
 _POLL = 0.005  # seconds between checks where pidfds are not available
+_FREEZE_ROUNDS = 200  # a tree that keeps forking faster than it is frozen is cut off here
+_STOP_WAIT = 0.2  # seconds a process that was sent SIGSTOP gets to stop
+_HALTED = (
+    psutil.STATUS_STOPPED,
+    psutil.STATUS_TRACING_STOP,
+    psutil.STATUS_ZOMBIE,
+    psutil.STATUS_DEAD,
+)
 
 
 class Tree:
@@ -58,6 +73,26 @@ class Tree:
 
     def alive(self) -> list[int]:
         return [pid for pid, (proc, fd) in self.members.items() if _running(proc, fd)]
+
+    def freeze(self) -> None:
+        """SIGSTOP every live member, take in their descendants, and again, until a round finds
+        no new process: a stopped process cannot fork, so a frozen tree has nothing left that
+        could start a process between the last look and the SIGKILL that follows."""
+        stopped: set[int] = set()
+        for _ in range(_FREEZE_ROUNDS):
+            new = [pid for pid in self.alive() if pid not in stopped]
+            if not new:
+                return
+            self.signal(new, signal.SIGSTOP)
+            stopped.update(new)
+            _settle(self.members[pid][0] for pid in new)
+            for pid in new:
+                self.add_descendants(pid)
+
+    def kill(self) -> None:
+        """SIGKILL the whole tree, frozen first (see ``freeze``)."""
+        self.freeze()
+        self.signal(self.alive(), signal.SIGKILL)
 
     def signal(self, pids: list[int], sig: int) -> None:
         for pid in pids:
@@ -114,6 +149,24 @@ class Tree:
         self.members.clear()
 
 
+def _settle(procs: Iterable[psutil.Process], timeout: float = _STOP_WAIT) -> None:
+    """Wait until each of ``procs`` is stopped or gone (``timeout`` s at most: a process in
+    uninterruptible sleep stops later, and cannot fork meanwhile)."""
+    waiting = list(procs)
+    deadline = time.monotonic() + timeout
+    while waiting and time.monotonic() < deadline:
+        still = []
+        for proc in waiting:
+            try:
+                if proc.status() not in _HALTED:
+                    still.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        waiting = still
+        if waiting:
+            time.sleep(0.001)
+
+
 def _running(proc: psutil.Process, fd: int | None) -> bool:
     if fd is not None:
         import select
@@ -151,10 +204,7 @@ async def stop_trees(
         tree.signal([pid for pid in tree.roots if pid in tree.members], signal.SIGTERM)
         left = await _wait_unless_hurried(tree, grace, hurry)
         if left:
-            for pid in list(left):
-                tree.add_descendants(pid)
-            left = tree.alive()
-            tree.signal(left, signal.SIGKILL)
+            tree.kill()
             await tree.wait(kill_wait)
     finally:
         tree.close()
@@ -168,7 +218,7 @@ async def kill_trees(roots: list[int], kill_wait: float = 5.0) -> float:
     started = time.monotonic()
     tree = Tree(roots)
     try:
-        tree.signal(tree.alive(), signal.SIGKILL)
+        tree.kill()
         await tree.wait(kill_wait)
     finally:
         tree.close()
@@ -234,3 +284,18 @@ async def sweep_adopted(workers: set[int], timeout: float = 2.0) -> list[int]:
         if orphan.adopted_children(spare):
             await asyncio.sleep(_POLL)
     return swept
+
+
+def sweep_strays(tag: str) -> list[int]:
+    """End what dead workers left outside this process's tree: every process that started with
+    ``TREE_VARIABLE=tag`` in its environment (the launch's workers and everything they start
+    inherit it) and is neither this process nor under it, frozen and SIGKILLed with whatever it
+    started. A supervisor that is no subreaper (the embedded ``Launcher``) finds a SIGKILLed
+    worker's children and ``setsid`` grandchildren this way, wherever they were re-parented.
+    Returns the pids that were swept."""
+    from bootstrap import orphan
+
+    found = orphan.strays(os.getpid(), TREE_VARIABLE, tag)
+    for pid in found:
+        orphan.kill_tree(pid, include_root=True)
+    return found

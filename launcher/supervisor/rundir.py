@@ -62,7 +62,13 @@ _claim_lock = threading.Lock()
 
 
 class RuntimeDirError(RuntimeError):
-    """The state directory is unusable (not ours, not private, path too long)."""
+    """The state directory is unusable (not ours, not private, read-only, full, path too long)."""
+
+
+_FIX_UNWRITABLE = (
+    "make {base} writable and free some space there, or set XDG_RUNTIME_DIR to another private "
+    "directory of yours (mkdir -m 700 DIR)"
+)
 
 
 def _private_dir(base: Path) -> str | None:
@@ -85,7 +91,10 @@ def _private_dir(base: Path) -> str | None:
     if info.st_uid != os.getuid():
         return f"it belongs to another user (uid {info.st_uid})"
     if info.st_mode & 0o077:
-        os.chmod(base, 0o700)
+        try:
+            os.chmod(base, 0o700)
+        except OSError as exc:
+            return f"it is open to others (mode {info.st_mode & 0o777:o}) and cannot be made private ({exc.strerror or exc})"
     return None
 
 
@@ -160,6 +169,22 @@ class RuntimeDir:
     def __init__(self) -> None:
         base = state_dir()
         sweep_stale(base)
+        try:
+            self._claim(base)
+        except OSError as exc:
+            raise RuntimeDirError(
+                f"cannot create a runtime directory in the launcher state directory {base}: "
+                f"{exc.strerror or exc}; {_FIX_UNWRITABLE.format(base=base)}"
+            ) from exc
+        if len(str(self.path / _LONGEST_ENDPOINT)) > _MAX_IPC_PATH:
+            self.remove()
+            raise RuntimeDirError(
+                f"the runtime directory {self.path} is too long for a unix socket path; "
+                "set XDG_RUNTIME_DIR to a shorter directory"
+            )
+
+    def _claim(self, base: Path) -> None:
+        """Create and lock a fresh lock file, then the runtime directory it stands for."""
         pid = os.getpid()
         with _claim_lock:
             while True:
@@ -180,7 +205,12 @@ class RuntimeDir:
                     os.close(fd)
                     continue
                 path = base / name
-                path.mkdir(mode=0o700)
+                try:
+                    path.mkdir(mode=0o700)
+                except OSError:
+                    _unlink(lock_path)
+                    os.close(fd)
+                    raise
                 _claimed.add(name)
                 break
         self._lock_fd: int | None = fd
@@ -188,31 +218,31 @@ class RuntimeDir:
         self.path = path
         self.state_file = base / f"{name}.json"
         self.lock_file = lock_path
-        if len(str(path / _LONGEST_ENDPOINT)) > _MAX_IPC_PATH:
-            self.remove()
-            raise RuntimeDirError(
-                f"the runtime directory {path} is too long for a unix socket path; "
-                "set XDG_RUNTIME_DIR to a shorter directory"
-            )
 
     def endpoint(self, name: str) -> str:
         return f"ipc://{self.path / name}"
 
     def write_state(self, state: LauncherRecord) -> None:
-        """Write the state file atomically (readers never see half of it)."""
+        """Write the state file atomically (readers never see half of it); ``RuntimeDirError``
+        when the state directory takes no file (read-only, full)."""
         tmp = self.state_file.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(state, f, indent=1)
-        os.replace(tmp, self.state_file)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(state, f, indent=1)
+            os.replace(tmp, self.state_file)
+        except OSError as exc:
+            _unlink(tmp)
+            base = self.state_file.parent
+            raise RuntimeDirError(
+                f"cannot write the state file {self.state_file}: {exc.strerror or exc}; "
+                f"{_FIX_UNWRITABLE.format(base=base)}"
+            ) from exc
 
     def remove(self) -> None:
         """Delete the directory and the state file, then release and delete the lock."""
         _remove(self.path, self.state_file)
-        try:
-            self.lock_file.unlink()
-        except FileNotFoundError:
-            pass
+        _unlink(self.lock_file)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -220,12 +250,17 @@ class RuntimeDir:
             _claimed.discard(self.name)
 
 
+def _unlink(path: Path) -> None:
+    """Remove ``path`` if it is there and can be removed (a read-only directory keeps it)."""
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
 def _remove(path: Path, state_file: Path) -> None:
     for leftover in (state_file, state_file.with_suffix(".tmp")):
-        try:
-            leftover.unlink()
-        except FileNotFoundError:
-            pass
+        _unlink(leftover)
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -253,7 +288,7 @@ def sweep_stale(base: Path) -> None:
             continue  # held: its launcher runs
         try:
             _remove(base / name, base / f"{name}.json")
-            lock_path.unlink(missing_ok=True)
+            _unlink(lock_path)
         finally:
             os.close(fd)
 

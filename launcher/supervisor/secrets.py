@@ -4,8 +4,9 @@ Three sources, the first two recommended: ``--api-key-file PATH`` (the first lin
 surrounding whitespace stripped), the ``SGLANG_API_KEY`` environment variable, and ``--api-key KEY``
 on the command line, which every local user can read in the process list
 (``/proc/<pid>/cmdline``) and which therefore draws a warning. The resolved key travels to the
-workers inside the spawn payload (a pipe), never in a file or a command line; the state file's
-argv, events and status output show it as ``***``.
+workers inside the spawn payload (a pipe), never in a file, a command line or their environment
+(no worker inherits ``SGLANG_API_KEY``); the state file's argv, events and status output show it
+as ``***``.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import time
 
 import msgspec
 
+from bootstrap.manifest import Manifest
 from launcher.events import WorkerError, WorkerFields
 from launcher.supervisor.causes import RootCause
 
@@ -30,6 +31,8 @@ class WorkerState(msgspec.Struct):
     its ``failed`` report; ``exited``, ``exitcode`` and ``signal`` say whether and how the
     process ended. ``restarts`` counts how often it was started again with its replica
     (``--restart-policy on-failure``); each restart starts the record afresh but for that count.
+    ``manifest`` is what the process reported having of platform and plugins with its readiness,
+    ``manifest_differs`` how that differs from a ready peer's of the same role.
     """
 
     role: str
@@ -49,6 +52,8 @@ class WorkerState(msgspec.Struct):
     started_at: float = msgspec.field(default_factory=time.time)
     ready_at: float | None = None
     restarts: int = 0
+    manifest: Manifest | None = None
+    manifest_differs: list[str] = msgspec.field(default_factory=list)
 
     @property
     def name(self) -> str:

@@ -259,7 +259,7 @@ class Supervisor:
                 case Failure(cause):
                     return cause
                 case Exit(worker):
-                    return await launch.exit_cause(worker)
+                    return await launch.exit_cause(worker, server_ready=False)
                 case Timeout():
                     waiting = [w.state for w in launch.workers if not w.state.ready]
                     return diagnose.startup_timeout(
@@ -309,7 +309,13 @@ class Supervisor:
             reason = launch.stop_reason or "stop requested"
         state.phase = STOPPING
         launch.publish(events.ServerStopping(reason=reason))
-        teardown = await self._stop_workers(launch, fail_fast=cause is not None)
+        teardown = await self._stop_workers(
+            launch,
+            fail_fast=cause is not None,
+            spare=None
+            if cause is None or cause.exit_code == ExitCode.STARTUP_TIMEOUT
+            else launch.blamed,
+        )
         if cause is None:
             _warn_of_failures_while_winding_down(launch.workers)
             state.phase = STOPPED
@@ -317,27 +323,35 @@ class Supervisor:
         if launch.output is not None:
             launch.output.drain()
         launch.publish(
-            events.ServerStopped(exit_code=exit_code, teardown_s=teardown, phase=state.phase)
+            events.ServerStopped(
+                exit_code=exit_code,
+                teardown_s=teardown,
+                phase=state.phase,
+                requests_cut=launch.requests_cut,
+            )
         )
         return LaunchOutcome(exit_code, cause, state.snapshot(), was_ready)
 
-    async def _stop_workers(self, launch: Launch, fail_fast: bool) -> float:
+    async def _stop_workers(self, launch: Launch, fail_fast: bool, spare: str | None) -> float:
         """HTTP first, then schedulers: SIGTERM, grace period, SIGKILL of what remains of each tree.
 
         Each group is gone (and reaped, its ``exited`` events out) before the next is signalled.
-        With ``fail_fast`` (the launch failed), every worker still starting other than the root
-        cause's is first killed at once, with no grace period: it holds nothing to drain.
+        With ``fail_fast`` (the launch failed), every worker still starting is first killed at
+        once, with no grace period: it holds nothing to drain. ``spare`` (the worker whose own
+        failure is the root cause, on its way out by itself) is left to the ordered stop; a
+        start-up timeout spares none, since the worker it names is only the first still starting.
         """
         started = time.monotonic()
         if fail_fast:
             starting = [
                 w
                 for w in launch.workers
-                if w.child.running and not w.state.ready and w.name != launch.blamed
+                if w.child.running and not w.state.ready and w.name != spare
             ]
             for worker in starting:
                 worker.stopped_at_once = True
-                launch.stopped(worker, because_of=launch.blamed, at_once=True)
+                blamed = launch.blamed if launch.blamed != worker.name else None
+                launch.stopped(worker, because_of=blamed, at_once=True)
             await launch.stop(starting, 0)
             for worker in starting:
                 launch.record_exit(worker)
@@ -401,7 +415,10 @@ class Supervisor:
         )
         zctx = zmq.asyncio.Context()
         release.callback(zctx.destroy, linger=500)
-        ops = OpsChannel(zctx, state, endpoints.ops, endpoints.query)
+        try:
+            ops = OpsChannel(zctx, state, endpoints.ops, endpoints.query)
+        except zmq.ZMQError as exc:
+            raise _ipc_error(rundir, exc) from exc
         for listener in self._listeners:
             ops.add_listener(listener)
         loop = asyncio.get_running_loop()
@@ -409,20 +426,25 @@ class Supervisor:
         if self._worker_output is not None:
             output = WorkerOutput(loop, self._worker_output, self._output_streams)
         schedulers = [s for s in specs if s.role == "scheduler"]
-        launch = Launch(
-            zctx,
-            endpoints.status,
-            specs,
-            state,
-            ops,
-            args=args,
-            selection=self.selection,
-            generation=first_generation(
-                args, self._payload, schedulers[0].entry_points if schedulers else None
-            ),
-            restarts=self._restarts,
-            output=output,
-        )
+        try:
+            launch = Launch(
+                zctx,
+                endpoints.status,
+                specs,
+                state,
+                ops,
+                args=args,
+                selection=self.selection,
+                generation=first_generation(
+                    args, self._payload, schedulers[0].entry_points if schedulers else None
+                ),
+                restarts=self._restarts,
+                output=output,
+                tree_tag=endpoints.runtime_dir,
+            )
+        except zmq.ZMQError as exc:
+            ops.close()
+            raise _ipc_error(rundir, exc) from exc
         release.callback(launch.close)
         rollouts = launch.rollouts
         ops.add_command("reload", rollouts.reload_command)
@@ -430,18 +452,27 @@ class Supervisor:
         ops.add_command("replica.probed", rollouts.probed_command)
         ops.add_command("replica.drained", rollouts.drained_command)
         ops.start()
-        rundir.write_state(
-            {
-                "pid": os.getpid(),
-                "started_at": state.started_at,
-                "url": url,
-                "node_rank": args.node_rank,
-                "runtime_dir": endpoints.runtime_dir,
-                "ops_endpoint": endpoints.ops,
-                "query_endpoint": endpoints.query,
-                "argv": _secrets.redact_argv(sys.argv),
-            }
-        )
+        try:
+            rundir.write_state(
+                {
+                    "pid": os.getpid(),
+                    "started_at": state.started_at,
+                    "url": url,
+                    "node_rank": args.node_rank,
+                    "runtime_dir": endpoints.runtime_dir,
+                    "ops_endpoint": endpoints.ops,
+                    "query_endpoint": endpoints.query,
+                    "argv": _secrets.redact_argv(sys.argv),
+                }
+            )
+        except RuntimeDirError as exc:
+            raise LaunchError(
+                RootCause(
+                    "cannot write the launcher's state file",
+                    ExitCode.SETUP_FAILED,
+                    message=str(exc),
+                )
+            ) from exc
         with self._lock:
             self._launch = launch
             if self._early_stop:
@@ -482,6 +513,21 @@ class Supervisor:
                 startup_s=startup_s,
             )
         )
+
+
+def _ipc_error(rundir: RuntimeDir, exc: zmq.ZMQError) -> LaunchError:
+    """The launcher's own sockets cannot be bound in ``rundir`` (a full or read-only state
+    directory, say): a set-up failure that names the directory and the fix."""
+    base = rundir.path.parent
+    return LaunchError(
+        RootCause(
+            "cannot set up the launcher's IPC sockets",
+            ExitCode.SETUP_FAILED,
+            message=f"binding a socket in {rundir.path} failed: {exc.strerror or exc}",
+            hint=f"make {base} writable and free some space there, or set XDG_RUNTIME_DIR to "
+            "another private directory of yours (mkdir -m 700 DIR)",
+        )
+    )
 
 
 def _warn_of_failures_while_winding_down(workers: list[Worker]) -> None:

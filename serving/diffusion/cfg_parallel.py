@@ -5,11 +5,14 @@ Rank 0 computes the conditional half of the denoiser's batch, rank 1 the uncondi
 both get the whole noise prediction back (an all-gather on the replica's group), so both step
 identically. ``GuidanceSplit`` does it with a forward pre-hook (keep this rank's half of every
 batched input) and a forward hook (gather the halves) on the denoiser, active only inside
-``splitting(images)``; ``uses_guidance`` tells whether a pipeline has a guidance half to split.
+``splitting(images)`` in the thread that entered it (calls under way in other threads, taking
+turns with it, are not split unless they split themselves); ``uses_guidance`` tells whether a
+pipeline has a guidance half to split.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -42,8 +45,14 @@ class GuidanceSplit:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.images: int | None = None  # images of the running split call, else None
+        self._calls = threading.local()  # per thread: the images of its split call, if any
         self.steps = 0  # denoiser calls computed half here, half on the other rank
+
+    @property
+    def images(self) -> int | None:
+        """The images of the split call running in this thread, else None."""
+        images: int | None = getattr(self._calls, "images", None)
+        return images
 
     def install(self, denoiser: torch.nn.Module) -> None:
         """Hook the split into ``denoiser`` (it acts only inside ``splitting``)."""
@@ -53,11 +62,11 @@ class GuidanceSplit:
     @contextmanager
     def splitting(self, images: int | None) -> Iterator[None]:
         """Split the denoiser's calls of a pipeline call of ``images`` images (None: do not)."""
-        self.images = images
+        self._calls.images = images
         try:
             yield
         finally:
-            self.images = None
+            self._calls.images = None
 
     def own_half(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]

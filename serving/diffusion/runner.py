@@ -23,6 +23,7 @@ request's values (a 400 for its client). A CFG-parallel replica's split of each 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
 import math
@@ -38,6 +39,7 @@ import msgspec
 from bootstrap import TargetError, resolve
 from launcher.model_source import DIFFUSION_EXTRA, pipeline_class_name, resolve_pipeline
 from serving.diffusion.cfg_parallel import GuidanceSplit, uses_guidance
+from serving.diffusion.stepping import DenoiseStopped, StepCallback
 from serving.errors import InputError, ModelLoadError
 from serving.threads import cpu_threads
 from serving.wire import (
@@ -62,11 +64,6 @@ OUTPUT_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
 MAX_SIDE = 4096
 _GIB = float(1 << 30)
 _DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
-
-
-# Called after each denoising step as ``(done, total)``: the steps finished so far (1 after the
-# first) and the steps of this pipeline call; returning True stops the loop.
-StepCallback = Callable[[int, int], bool]
 
 
 @dataclass
@@ -139,6 +136,7 @@ class DiffusionWorker:
         self.compiled: TorchCompile | None = None
         self.pipeline_class = pipeline_class_name(self.source.path)
         self.load_seconds = 0.0
+        self.platform_device: Any = None  # what get_device() gave for this rank
 
     # ---- set-up ---------------------------------------------------------------------------
 
@@ -146,7 +144,7 @@ class DiffusionWorker:
         """Bind this rank's device and load the pipeline onto it (a hook target for rank-aware
         set-up, the counterpart of the spec's ``GPUWorker.init_device_and_model()``)."""
         platform = self.platform
-        device = platform.get_device(self.local_rank)
+        device = self.platform_device = platform.get_device(self.local_rank)
         platform.set_device(device)
         self.device = platform.get_local_torch_device()
         if self.server_args.device:
@@ -393,7 +391,7 @@ class DiffusionWorker:
     ) -> list[list[bytes]]:
         """Run ``jobs`` as one pipeline batch of ``shape``; each job's images, encoded (a hook
         target). ``step_callback(done, total)`` runs after each denoising step; returning True
-        stops."""
+        ends the call there with ``DenoiseStopped``."""
         images = self.denoise(shape, jobs, step_callback)
         out, at = [], 0
         for job in jobs:
@@ -404,7 +402,11 @@ class DiffusionWorker:
     def denoise(
         self, shape: Shape, jobs: list[ImageJob], step_callback: StepCallback | None = None
     ) -> list[Image]:
-        """The pipeline call for ``jobs``: PIL images, ``sum(job.n)`` of them, in job order."""
+        """The pipeline call for ``jobs``: PIL images, ``sum(job.n)`` of them, in job order.
+        Several calls may be under way at once, taking turns between their steps
+        (``serving.diffusion.stepping``): each runs on a ``call_pipeline()`` of its own. A
+        ``step_callback`` that returns True ends the call with ``DenoiseStopped`` (on both ranks
+        of a CFG-parallel replica, at the same step)."""
         import torch
 
         prompts, negatives, generators = [], [], []
@@ -413,7 +415,7 @@ class DiffusionWorker:
                 prompts.append(job.prompt)
                 negatives.append(job.negative_prompt or "")
                 generators.append(torch.Generator("cpu").manual_seed(job.seed + i))
-        pipe = self.pipeline
+        pipe = self.call_pipeline()
         kwargs: dict[str, Callable[..., dict[str, Any]]] = {}
         split = self.splits(shape)
         if step_callback is not None or split:
@@ -430,7 +432,7 @@ class DiffusionWorker:
 
                     stop = broadcast_flags([stop])[0]
                 if stop:
-                    pipeline._interrupt = True
+                    raise DenoiseStopped(f"stopped after step {step + 1} of {total}")
                 return tensors
 
             kwargs["callback_on_step_end"] = on_step_end
@@ -454,6 +456,20 @@ class DiffusionWorker:
                 **kwargs,
             )
         return list(result.images)
+
+    def bind_thread(self) -> None:
+        """Make this rank's device the current one of the calling thread (a pipeline call runs in
+        a thread of its own, and a current device is per thread)."""
+        if self.platform_device is not None:
+            self.platform.set_device(self.platform_device)
+
+    def call_pipeline(self) -> Any:
+        """The pipeline for one call: the loaded components, shared, with a copy of its
+        scheduler of its own (a diffusers scheduler keeps the state of the call it steps, and
+        the pipeline the call's settings)."""
+        pipe = copy.copy(self.pipeline)
+        pipe.__dict__["scheduler"] = copy.deepcopy(self.pipeline.scheduler)
+        return pipe
 
     # ---- reporting ------------------------------------------------------------------------
 

@@ -6,18 +6,26 @@ pipeline through ``DiffusionWorker`` (every decision a call of
 ``platforms.diffusion.current_platform``), then serves the HTTP child with ``ImageScheduler``,
 the shared ``BatchingScheduler`` of ``serving.scheduler`` (socket, queue, batch timing, failure
 policy). What is the image runtime's own: requests are checked on arrival (a bad one gets a 400
-naming the field and the limit at once), and those of the same size, step count and guidance
-scale that wait together run as one pipeline batch of at most ``--max-batch-size`` images. A
-streamed request (``stream``) hears of each denoising step of its batch (``ImageProgress``)
-before its images. A cancelled request is dropped from the queue, or, when every request of the
-running batch is cancelled, the denoising loop stops at the next step.
+naming the field and the limit at once, one that asks for more than ``--max-pixel-steps``
+included), and those of the same size, step count and guidance scale that wait together run as
+one pipeline batch of at most ``--max-batch-size`` images.
+
+Pipeline calls take turns a denoising step at a time (``serving.diffusion.stepping``): up to
+``MAX_CALLS`` calls are under way at once, and the next step goes to the call that has had the
+least work so far (pixels times images of each step it ran; a call that starts is counted level
+with the least served one). So a small request runs its steps between a big one's steps and waits
+at most one of them at a time. A streamed request (``stream``) hears of each denoising step of
+its batch (``ImageProgress``) before its images. A cancelled request is dropped from the queue,
+or, when every request of a call under way is cancelled, the call ends at its next step and
+frees the worker.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from serving import wire
@@ -28,6 +36,7 @@ from serving.diffusion.runner import (
     ReplicaGroup,
     Shape,
 )
+from serving.diffusion.stepping import DenoiseStopped, StepCallback, SteppedCall
 from serving.errors import InputError
 from serving.scheduler import BatchingScheduler, Queued, follow
 from serving.threads import share_cpu_threads
@@ -37,6 +46,9 @@ if TYPE_CHECKING:
     from launcher.server_args import ServerArgs
 
 log = logging.getLogger("sglang_launch.diffusion")
+
+# The most pipeline calls under way at once, taking turns; more requests wait in the queue.
+MAX_CALLS = 8
 
 
 def run_diffusion_worker(server_args: ServerArgs, ctx: WorkerContext) -> None:
@@ -63,20 +75,39 @@ def run_diffusion_worker(server_args: ServerArgs, ctx: WorkerContext) -> None:
         if group is None or group.rank == 0:
             ImageScheduler(worker, server_args, ctx).serve()
         else:
-            follow(ctx, lambda work: follow_image_batch(worker, work))
+            follow(ctx, ImageFollower(worker))
     finally:
         if group is not None:
             close_tp_group()
 
 
-def follow_image_batch(worker: DiffusionWorker, work: wire.FollowerWork) -> None:
-    """Rank 1 of a CFG-parallel replica: denoise rank 0's batch alongside it (no decoding, no
-    answer)."""
-    if not isinstance(work, wire.ImageBatch):
-        return
-    shape = Shape(work.width, work.height, work.steps, work.guidance_scale)
-    jobs = [ImageJob(j.rid, j.prompt, j.n, j.negative_prompt, j.seed, "png") for j in work.jobs]
-    worker.denoise(shape, jobs)
+class ImageFollower:
+    """Rank 1 of a CFG-parallel replica: denoise rank 0's pipeline calls alongside it, step for
+    step in the order rank 0 runs them (no decoding, no answer)."""
+
+    def __init__(self, worker: DiffusionWorker) -> None:
+        self.worker = worker
+        self.calls: dict[int, SteppedCall[object]] = {}
+
+    def __call__(self, work: wire.FollowerWork) -> None:
+        if isinstance(work, wire.ImageBatch):
+            shape = Shape(work.width, work.height, work.steps, work.guidance_scale)
+            jobs = [
+                ImageJob(j.rid, j.prompt, j.n, j.negative_prompt, j.seed, "png") for j in work.jobs
+            ]
+
+            def run(step: StepCallback) -> object:
+                self.worker.bind_thread()
+                return self.worker.denoise(shape, jobs, step)
+
+            self.calls[work.call] = SteppedCall(run, f"image-call-{work.call}")
+        elif not isinstance(work, wire.ImageTurn):
+            return
+        call = self.calls[work.call]
+        if call.advance():
+            del self.calls[work.call]
+            if call.error is not None and not isinstance(call.error, DenoiseStopped):
+                raise call.error
 
 
 @dataclass(kw_only=True)
@@ -88,8 +119,31 @@ class ImageItem(Queued):
     seed: int
 
 
+@dataclass
+class PipelineCall:
+    """A pipeline batch under way: its number, requests, shape and jobs, whether it runs on both
+    ranks (``split``), the call itself, and the work it has had (``served``, pixel-steps)."""
+
+    number: int
+    items: list[ImageItem]
+    shape: Shape
+    jobs: list[ImageJob]
+    split: bool
+    call: SteppedCall[list[list[bytes]]]
+    served: float = 0.0
+    images: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.images = sum(job.n for job in self.jobs)
+
+    @property
+    def step_cost(self) -> int:
+        """The work of one of its steps: its pixels times its images."""
+        return self.shape.width * self.shape.height * self.images
+
+
 class ImageScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
-    """Rank 0 of an image replica: pipeline batches on a ``DiffusionWorker``."""
+    """Rank 0 of an image replica: pipeline batches on a ``DiffusionWorker``, taking turns."""
 
     def __init__(
         self, worker: DiffusionWorker, server_args: ServerArgs, ctx: WorkerContext
@@ -105,12 +159,25 @@ class ImageScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
         )
         self.worker = worker
         self.images_made = 0
+        self.max_pixel_steps = server_args.max_pixel_steps
+        self.calls: list[PipelineCall] = []
+        self.current: PipelineCall | None = None  # the call taking a step
+        self.numbers = itertools.count()
 
     def admit(self, identity: bytes, request: wire.ImageRequest) -> ImageItem:
         self.check(request)
         shape = self.worker.shape_of(
             request.width, request.height, request.steps, request.guidance_scale
         )
+        cost = shape.width * shape.height * request.n * shape.steps
+        if cost > self.max_pixel_steps:
+            raise InputError(
+                f"this request asks for {shape.width}x{shape.height} pixels x {request.n} "
+                f"image(s) x {shape.steps} steps = {cost:,} pixel-steps, more than this server's "
+                f"limit of {self.max_pixel_steps:,} (--max-pixel-steps); ask for fewer steps, "
+                f"fewer images or a smaller size",
+                "num_inference_steps",
+            )
         seed = request.seed if request.seed is not None else random.getrandbits(31)
         return ImageItem(identity=identity, request=request, shape=shape, seed=seed)
 
@@ -145,7 +212,35 @@ class ImageScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
         self.queue.extendleft(reversed(rest))
         return batch
 
+    # ---- steps -------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Start a pipeline call of the queue's next batch when one is due and there is room,
+        end the calls whose every request is cancelled, then run one step of the call under way
+        that has had the least work."""
+        self.current = None
+        if self.queue and self.batch_due() and len(self.calls) < MAX_CALLS:
+            batch = self.take_batch()
+            self.batches += 1
+            self.begin(batch)
+            self.start(batch)
+        for call in [c for c in self.calls if all(q.rid in self.cancelled for q in c.items)]:
+            self.advance(call, stop=True)
+        if self.calls:
+            self.advance(min(self.calls, key=lambda c: c.served))
+
+    def in_step(self) -> list[ImageItem]:
+        return self.current.items if self.current is not None else []
+
     def execute(self, batch: list[ImageItem]) -> None:
+        """Run ``batch`` (begun) to its end as one pipeline call; the calls under way wait."""
+        self.start(batch)
+        call = self.calls[-1]
+        while call in self.calls:
+            self.advance(call)
+
+    def start(self, batch: list[ImageItem]) -> None:
+        """``batch`` becomes a pipeline call under way (it takes its first step in its turn)."""
         shape = batch[0].shape
         jobs = [
             ImageJob(
@@ -158,24 +253,60 @@ class ImageScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
             )
             for q in batch
         ]
-        split = self.worker.splits(shape)
-        streamed = [q for q in batch if q.request.stream]
-        rids = {q.rid for q in batch}
+        number = next(self.numbers)
 
-        def every_step(done: int, total: int) -> bool:
-            cancelled = self.poll()
-            if not split:
-                self.tick_followers()  # rank 1 is idle through this batch
-            for q in streamed:  # each streamed request of the batch hears of every step
-                if q.rid not in cancelled:
-                    self.send(q.identity, wire.ImageProgress(q.rid, done, total))
-            return rids <= cancelled
+        def run(step: StepCallback) -> list[list[bytes]]:
+            self.worker.bind_thread()
+            return self.worker.generate(shape, jobs, step)
 
-        if split:
-            self.broadcast(cfg_batch(shape, jobs))  # rank 1 computes the other CFG half
-        encoded = self.worker.generate(shape, jobs, every_step)
-        images = sum(j.n for j in jobs)
-        for item, job, blobs in zip(batch, jobs, encoded, strict=True):
+        call = PipelineCall(
+            number,
+            batch,
+            shape,
+            jobs,
+            self.worker.splits(shape),
+            SteppedCall(run, f"image-call-{number}"),
+            served=min((c.served for c in self.calls), default=0.0),
+        )
+        self.calls.append(call)
+
+    def advance(self, call: PipelineCall, stop: bool = False) -> None:
+        """Run ``call`` to its next step (``stop``: end it there), then tell its streamed
+        requests of the step, or answer its requests when it has ended. A call that raised
+        leaves with its exception (the failure policy answers its requests)."""
+        self.current = call
+        if call.split and (call.call.started or not stop):
+            # rank 1 takes the same step of the same call
+            self.broadcast(
+                wire.ImageTurn(call.number)
+                if call.call.started
+                else cfg_batch(call.number, call.shape, call.jobs)
+            )
+        elif not call.split:
+            self.tick_followers()  # rank 1 is idle through this call
+        ended = call.call.advance(stop)
+        if not ended:
+            call.served += call.step_cost
+            for q in call.items:
+                if q.request.stream and q.rid not in self.cancelled:
+                    self.send(
+                        q.identity, wire.ImageProgress(q.rid, call.call.done, call.call.total)
+                    )
+            return
+        self.calls.remove(call)
+        error = call.call.error
+        if isinstance(error, DenoiseStopped):
+            self.aborted += len(call.items)
+        elif error is not None:
+            raise error
+        else:
+            self.answer(call)
+        self.finish(call.items)
+        self.current = None
+
+    def answer(self, call: PipelineCall) -> None:
+        encoded = call.call.result or []
+        for item, job, blobs in zip(call.items, call.jobs, encoded, strict=True):
             if job.rid in self.cancelled:
                 self.aborted += 1
                 continue
@@ -185,10 +316,10 @@ class ImageScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
                     job.rid,
                     blobs,
                     job.seed,
-                    shape.width,
-                    shape.height,
-                    shape.steps,
-                    batch_size=images,
+                    call.shape.width,
+                    call.shape.height,
+                    call.shape.steps,
+                    batch_size=call.images,
                 ),
             )
             self.images_made += job.n
@@ -200,9 +331,11 @@ class ImageScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
         return self.counted(stats)
 
 
-def cfg_batch(shape: Shape, jobs: list[ImageJob]) -> wire.ImageBatch:
-    """What rank 1 of a CFG-parallel replica needs to run ``jobs`` alongside rank 0."""
+def cfg_batch(number: int, shape: Shape, jobs: list[ImageJob]) -> wire.ImageBatch:
+    """What rank 1 of a CFG-parallel replica needs to run pipeline call ``number`` of ``jobs``
+    alongside rank 0."""
     return wire.ImageBatch(
+        number,
         shape.width,
         shape.height,
         shape.steps,

@@ -1,16 +1,18 @@
 """The ASGI layer of the HTTP child: the route table, dispatch, the API key, the body limit, errors
 and ``/openapi.json``.
 
-``create_app(state)`` serves the built-in routes (``serving.http.routes``: ``/health``, ``/ready``,
-``/v1/models``, ``/v1/embeddings``, ``/v1/completions``, ``/generate``, ``/get_server_info``,
-``/metrics``, ``/openapi.json``, ``/docs``) and the routes of the launch's runtime
+``create_app(state)`` serves the built-in routes (``serving.http.routes``: ``/health``, ``/ping``,
+``/health_generate``, ``/ready``, ``/v1/models``, ``/v1/embeddings``, ``/v1/completions``,
+``/v1/chat/completions``, ``/generate``, ``/get_model_info``, ``/get_server_info``, ``/metrics``,
+``/openapi.json``, ``/docs``) and the routes of the launch's runtime
 (``AppState.api_routes``: the diffusion runtime adds ``/v1/images/generations``), built from a
 ``RouteKit``; a plugin adds its own with ``app.add_route(Route(...))``. Every error is JSON in
 OpenAI's shape (``responses.ErrorBody``); input a client gets wrong is a 4xx whose ``param`` names
 the field and whose message says the fix; a scheduler's refusal of a request of the wrong kind
 (an embedding request to a generation model) also names the routes that serve the model's kind,
-from this table. With an API key, every route but ``/health`` and ``/ready`` needs
-``Authorization: Bearer <key>``. A client that disconnects cancels its request at the scheduler.
+from this table. With an API key, every route but the probes (``public`` routes: ``/health``,
+``/ping``, ``/health_generate``, ``/ready``) needs ``Authorization: Bearer <key>``. A client that
+disconnects cancels its request at the scheduler.
 
 A request is dispatched once, here: the route is looked up by path and method, a JSON body is
 decoded straight into the route's msgspec struct (``schemas.decode_body``), and the handler
@@ -37,6 +39,7 @@ from starlette.responses import Response
 import launcher
 from launcher.server_args import ServerArgs
 from serving.http.asgi import Message, Receive, Scope, Send
+from serving.http.chat_template import ChatTemplate
 from serving.http.client import SchedulerClient, SchedulerError
 from serving.http.metrics import Metrics
 from serving.http.responses import ErrorBody, PlatformSummary, error_body
@@ -143,15 +146,28 @@ class AppState:
     # The runtime's own API routes (``platforms.runtimes`` ``api_routes``): called by
     # ``create_app`` with a ``RouteKit``, it returns the ``Route``s to add. None: none.
     api_routes: Callable[[RouteKit], list[Route[Any]]] | None = None
+    # What the model directory says it serves: "generation", "embedding" or "image" (None:
+    # it does not say), and, for a generation model, its chat template.
+    kind: str | None = None
+    chat: ChatTemplate | None = None
+    # The longest prompt plus completion the schedulers accept, once one has said (chat).
+    context_length: int | None = None
+    # Seconds /health_generate waits for its probe before it answers 503.
+    health_timeout: float = 20.0
 
-    def serve_model(self, model_path: str | None, served_name: str | None) -> None:
-        """A reload finished: the replicas serve ``model_path`` as ``served_name`` from now on."""
+    def serve_model(
+        self, model_path: str, served_name: str, *, kind: str | None, chat: ChatTemplate | None
+    ) -> None:
+        """A reload finished: the replicas serve the model at ``model_path`` as ``served_name``
+        from now on (of ``kind``, with ``chat`` as its template); the context length is asked
+        again."""
         args = copy.copy(self.server_args)
         args.model_path = model_path
         args.served_model_name = served_name
         self.server_args = args
-        self.model_path = model_path or self.model_path
-        self.served_name = served_name or self.served_name
+        self.model_path, self.served_name = model_path, served_name
+        self.kind, self.chat = kind, chat
+        self.context_length = None
 
     def wrong_model(self, name: str | None) -> Response | None:
         """The 404 for a request's ``model`` that is not the served one; None when it is (or the
@@ -272,6 +288,8 @@ class App:
                 return await _send_error(send, 400, exc.message, param=exc.param)
         try:
             response = await route.handler(body, receive)
+        except BodyError as exc:  # a handler's own check of the body (a chat template's)
+            response = error_response(400, exc.message, exc.param)
         except SchedulerError as exc:
             param = route.params.get(exc.param, exc.param) if exc.param else None
             wait = {"retry-after": str(exc.retry_after)} if exc.retry_after else None

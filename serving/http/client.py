@@ -36,6 +36,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -102,10 +103,11 @@ class SchedulerClient:
         self.server_failure: str | None = None
         self._serving_changed = asyncio.Event()  # a replica began serving, or a change ended
         self._pending: dict[str, Callable[[object], None]] = {}  # rid -> deliver(reply)
+        self._ended: str | None = None  # why no more requests are taken (end_all)
         self._owner: dict[str, Replica] = {}
         self._ids = itertools.count()
         self._prefix = f"{os.getpid():x}-"
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._zctx: zmq.asyncio.Context | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -357,9 +359,26 @@ class SchedulerClient:
     def new_rid(self) -> str:
         return f"{self._prefix}{next(self._ids)}"
 
+    def end_all(self, message: str) -> int:
+        """Answer every request in flight with a 503 ``message`` (a stream: its error event),
+        cancel each at its scheduler, and refuse new ones with it; how many there were."""
+        self._ended = message
+        pending = list(self._pending.items())
+        for rid, deliver in pending:
+            self._cancel(self._owner[rid], rid)
+            deliver(messages.RequestFailed(rid, 503, message))
+        return len(pending)
+
+    async def query(self, request: dict[str, object], timeout: float = 5.0) -> dict[str, Any]:
+        """The supervisor's answer to ``request`` on its query socket (``{"query": "snapshot"}``,
+        ``{"query": "events", "after": N}``); ``LookupError`` when there is none in time."""
+        return await self.link.query(request, timeout)
+
     def pick(self) -> Replica:
         """The live replica with the fewest unanswered requests (ties: lowest dp rank)."""
         live = self._live()
+        if self._ended:
+            raise SchedulerError(503, self._ended)
         if not live or self.server_failure:
             if self.link.changing and not self.server_failure:
                 raise SchedulerError(
@@ -386,7 +405,7 @@ class SchedulerClient:
         was given); after that, its death is a 503. Leaving the iteration early (the client
         went away) sends ``Cancel``."""
         for attempt in range(1 if rep is not None else 2):
-            queue: asyncio.Queue = asyncio.Queue()
+            queue: asyncio.Queue[object] = asyncio.Queue()
             if rep is None:
                 await self._until_one_serves()
             rid, used = self._open(make, rep, queue.put_nowait)
@@ -419,7 +438,7 @@ class SchedulerClient:
         for attempt in range(1 if rep is not None else 2):
             answer = asyncio.get_running_loop().create_future()
 
-            def deliver(reply: object, answer: asyncio.Future = answer) -> None:
+            def deliver(reply: object, answer: asyncio.Future[object] = answer) -> None:
                 if not answer.done():
                     answer.set_result(reply)
 
@@ -481,13 +500,17 @@ class SchedulerClient:
         self._owner.pop(rid, None)
         rep.inflight.discard(rid)
         self._depth(rep)
-        if not finished and rep.io is not None and not rep.dead_reason:
+        if not finished:
+            self._cancel(rep, rid)
+        if rep.draining:
+            self._if_drained(rep)
+
+    def _cancel(self, rep: Replica, rid: str) -> None:
+        if rep.io is not None and not rep.dead_reason:
             try:
                 self._send(rep, messages.encode(messages.Cancel(rid)))
             except Exception:  # noqa: BLE001 - best effort: the scheduler drops answers nobody awaits
                 pass
-        if rep.draining:
-            self._if_drained(rep)
 
     def _send(self, rep: Replica, frame: bytes) -> None:
         import zmq
@@ -561,6 +584,7 @@ class SchedulerClient:
             except msgspec.DecodeError as exc:
                 log.warning("dropped an undecodable reply from dp=%d: %s", rep.dp_rank, exc)
                 continue
+            rep.last_reply = time.monotonic()
             deliver = self._pending.get(reply.rid)
             if deliver is not None:
                 deliver(reply)

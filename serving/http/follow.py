@@ -28,7 +28,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launcher import events as ops
 from serving import wire as messages
@@ -43,6 +43,7 @@ log = logging.getLogger("sglang_launch.http")
 # The supervisor events the client uses.
 OPS_TOPICS = ("worker.scheduler.", "server.", "replica.", "reload.", "scale.")
 PROBE_TEXT = "reload probe"
+PROBED_KINDS = ("embedding", "generation", "image")  # the kinds that have a probe request
 
 
 class SupervisorLink:
@@ -143,27 +144,36 @@ class SupervisorLink:
         reply = await self._ask(request)
         return bool(reply and reply.get("ok"))
 
-    async def _ask(self, request: dict[str, object]) -> dict[str, object] | None:
-        """One request to the query socket; its reply, or None (logged) when there was none."""
+    async def query(self, request: dict[str, object], timeout: float = 5.0) -> dict[str, Any]:
+        """The supervisor's answer to ``request`` on its query socket; ``LookupError`` when it
+        did not answer within ``timeout``, could not be asked or refused."""
         import zmq
 
         if not self.query_endpoint or self._zctx is None:
-            return None
+            raise LookupError("this HTTP child knows no supervisor query socket")
         sock = self._zctx.socket(zmq.REQ)
         sock.setsockopt(zmq.LINGER, 0)
         try:
             sock.connect(self.query_endpoint)
             await sock.send(json.dumps(request).encode())
-            if not await sock.poll(5000):
-                log.warning("the supervisor did not answer %s", request.get("query"))
-                return None
+            if not await sock.poll(int(timeout * 1000)):
+                raise LookupError(f"the supervisor did not answer {request} within {timeout:g}s")
             reply = json.loads(await sock.recv())
         except (zmq.ZMQError, ValueError) as exc:
-            log.warning("could not ask the supervisor (%s): %s", request.get("query"), exc)
-            return None
+            raise LookupError(f"could not ask the supervisor {request}: {exc}") from exc
         finally:
             sock.close(0)
-        return reply if isinstance(reply, dict) else None
+        if not isinstance(reply, dict) or not reply.get("ok"):
+            raise LookupError(f"the supervisor refused {request}: {reply}")
+        return reply
+
+    async def _ask(self, request: dict[str, object]) -> dict[str, Any] | None:
+        """``query(request)``, or None (logged) when there was no answer."""
+        try:
+            return await self.query(request)
+        except LookupError as exc:
+            log.warning("%s", exc)
+            return None
 
     # ---- what each event means -------------------------------------------------------------
 
@@ -235,8 +245,8 @@ class SupervisorLink:
         try:
             if rep is not None:
                 pong = await asyncio.wait_for(client.one(messages.Ping, rep), timeout)
-                make = probe_request(pong.kind)
-                if make is not None:
+                if pong.kind in PROBED_KINDS:
+                    make = probe_request(pong.kind)
                     error = probe_problem(await asyncio.wait_for(client.one(make, rep), timeout))
         except SchedulerError as exc:
             error = exc.message
@@ -256,17 +266,18 @@ class SupervisorLink:
         self._start(self.report({"query": "replica.drained", "dp_rank": dp_rank}))
 
 
-def probe_request(kind: str) -> MakeRequest | None:
-    """The smallest request of a model of ``kind``: one vector, one token, one step; None for a
-    kind the HTTP child has no request of (the ``Pong`` was the probe)."""
+def probe_request(kind: str | None, purpose: str = PROBE_TEXT) -> MakeRequest:
+    """The smallest request of a model of ``kind``: one vector, one greedy token, one denoising
+    step; a ping for a kind the HTTP child has no request of. ``purpose`` is its text (and its
+    fairness group), so that a scheduler's log tells a probe from a user's request."""
     if kind == "embedding":
-        return lambda rid: messages.EmbedRequest(rid, [PROBE_TEXT])
+        return lambda rid: messages.EmbedRequest(rid, [purpose])
     if kind == "generation":
-        params = messages.SamplingParams(max_new_tokens=1, temperature=0.0)
-        return lambda rid: messages.GenerateRequest(rid, PROBE_TEXT, params)
+        params = messages.SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
+        return lambda rid: messages.GenerateRequest(rid, purpose, params, group=purpose)
     if kind == "image":
-        return lambda rid: messages.ImageRequest(rid, PROBE_TEXT, steps=1)
-    return None
+        return lambda rid: messages.ImageRequest(rid, purpose, steps=1)
+    return messages.Ping
 
 
 def probe_problem(reply: object) -> str | None:

@@ -59,11 +59,23 @@ MAX_SIDE = 4096
 MAX_GUIDANCE = 100.0
 MAX_SEED = (1 << 63) - 1 - MAX_IMAGES
 OUTPUT_FORMATS = ("png", "jpeg", "webp")
-_SIZE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+_SIZE = re.compile(r"^\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*$", re.ASCII)  # ASCII digits only
 
 
 def _doc(description: str, **constraints: Any) -> msgspec.Meta:
     return msgspec.Meta(description=description, extra_json_schema=constraints or None)
+
+
+def _text(value: str | None, param: str) -> None:
+    """``value`` must be text the workers can carry: no unpaired surrogate."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BodyError(
+            f"{param} must be valid Unicode text (it holds an unpaired surrogate)", param
+        ) from None
 
 
 def _bound(value: float, param: str, low: float, high: float) -> None:
@@ -104,6 +116,8 @@ class ImageGenerationRequest(Body, kw_only=True):
     user: Annotated[str | None, _doc("accepted and ignored")] = None
 
     def check(self, prefix: str = "") -> None:
+        _text(self.prompt, "prompt")
+        _text(self.negative_prompt, "negative_prompt")
         if not self.prompt.strip():
             raise BodyError("prompt must not be empty; send the text to draw", "prompt")
         if self.response_format != "b64_json":

@@ -1,24 +1,31 @@
 """Limits that keep slow or stuck clients from piling up in the HTTP child.
 
-- ``guarded_protocol(header_timeout, body_timeout)``: uvicorn's httptools protocol with two
-  deadlines per request: its headers must arrive within ``header_timeout`` seconds of the
-  connection (or of the request's first byte on a kept-alive connection), and its body within
-  ``body_timeout`` seconds of the headers. A request that misses one gets ``408 Request Timeout``
-  and the connection is closed. (uvicorn itself only times out idle kept-alive connections.)
+- ``guarded_protocol(header_timeout, body_timeout, max_connections)``: uvicorn's httptools
+  protocol with two deadlines per request: its headers must arrive within ``header_timeout``
+  seconds of the connection (or of the request's first byte on a kept-alive connection), and its
+  body within ``body_timeout`` seconds of the headers. A request that misses one gets
+  ``408 Request Timeout`` and the connection is closed. (uvicorn itself only times out idle
+  kept-alive connections.) It also applies the connection cap: while ``max_connections``
+  connections are open (or as many requests run), a request gets a JSON ``503`` with
+  ``Retry-After`` and its connection is closed, except the probes (``PROBES``: ``/health``, ``/ping``, ``/health_generate`` and
+  ``/ready``), which are answered whatever the count, so a flood of connections cannot fail a
+  liveness probe.
 - ``RequestTimeout``: an ASGI wrapper answering ``504`` with a JSON error when the app has not
   answered a request within ``seconds``; the app's task is cancelled, which cancels the request at
   its scheduler. A streamed response that has started is ended where it is.
-
-The number of concurrent connections is capped by uvicorn's ``limit_concurrency`` (a request over
-the cap gets 503), configured in ``http_server``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sized
 
 from serving.http.asgi import ASGIApp, Message, Receive, Scope, Send
 from serving.http.responses import error_body
+
+# Answered above the connection cap too.
+PROBES = frozenset({"/health", "/ready", "/ping", "/health_generate"})
+RETRY_AFTER_S = 1  # what a request refused at the cap is told to wait
 
 _408 = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -26,12 +33,18 @@ _408 = (
 )
 
 
-def guarded_protocol(header_timeout: float, body_timeout: float) -> type:
-    """A uvicorn ``http`` protocol class enforcing the two deadlines (0 turns one off)."""
+def guarded_protocol(header_timeout: float, body_timeout: float, max_connections: int = 0) -> type:
+    """A uvicorn ``http`` protocol class enforcing the two deadlines (0 turns one off) and the
+    connection cap (0: none; give uvicorn no ``limit_concurrency`` of its own)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _guard: asyncio.TimerHandle | None = None
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            if max_connections > 0:
+                self.app = capped(self.app, max_connections, self.connections, self.tasks)
 
         def _arm(self, seconds: float) -> None:
             self._disarm()
@@ -77,6 +90,41 @@ def guarded_protocol(header_timeout: float, body_timeout: float) -> type:
             super().connection_lost(exc)
 
     return GuardedHttpToolsProtocol
+
+
+def capped(app: ASGIApp, cap: int, connections: Sized, requests: Sized) -> ASGIApp:
+    """``app`` behind the connection cap: with ``cap`` ``connections`` open, or more than
+    ``cap`` ``requests`` running (this one included), a request for a route other than the
+    ``PROBES`` gets a JSON 503 with ``Retry-After`` and ``connection: close``."""
+
+    async def gate(scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and (len(connections) >= cap or len(requests) > cap)
+            and scope["path"] not in PROBES
+        ):
+            body = error_body(
+                503,
+                f"the server is at its limit of {cap} connections (--max-connections); retry "
+                f"in {RETRY_AFTER_S}s",
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"retry-after", str(RETRY_AFTER_S).encode()),
+                        (b"connection", b"close"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+    return gate
 
 
 class RequestTimeout:

@@ -48,9 +48,10 @@ class Replica:
         self.io: Any = None  # a plain shadow of it: requests are sent and replies read through this
         self.inflight: set[str] = set()
         self.connected = False
-        self.watcher: asyncio.Task | None = None  # its socket monitor
+        self.watcher: asyncio.Task[None] | None = None  # its socket monitor
         self.dead_reason: str | None = None
         self.unreachable: str | None = None  # why its address could not be learned
+        self.last_reply = float("-inf")  # time.monotonic() of its last answer to anything
 
     @property
     def where(self) -> str:

@@ -6,9 +6,11 @@ struct (``msgspec.json.decode(data, type=..., strict=True)``). Field order is th
 wire. A field typed ``... | UnsetType`` is left out of the JSON while ``UNSET`` (the usage chunk of
 a completion stream is the only chunk that has ``usage``); ``None`` is sent as ``null``.
 
-- text: ``EmbeddingList``, ``Completion``, ``CompletionChunk``, ``GenerateResult``,
-  ``GenerateChunk`` (OpenAI's shapes, and SGLang's native one for ``/generate``);
-- the server: ``ModelList``, ``Health``, ``Ready``, ``ServerInfo``;
+- text: ``EmbeddingList``, ``Completion``, ``CompletionChunk``, ``ChatCompletion``,
+  ``ChatCompletionChunk``, ``GenerateResult``, ``GenerateChunk`` (OpenAI's shapes, and SGLang's
+  native one for ``/generate``), with their log-probabilities (``CompletionLogprobs``, OpenAI's
+  legacy shape; ``ChatLogprobs``; ``meta_info.output_token_logprobs``, SGLang's);
+- the server: ``ModelList``, ``Health``, ``Ready``, ``ServerInfo``, ``ModelInfo``;
 - images: ``ImagesResponse`` and the streamed ``ImageProgressEvent`` / ``ImageCompletedEvent``;
 - every refusal: ``ErrorBody`` (OpenAI's ``{"error": {"message", "type", "param", "code"}}``),
   made by ``error_body``.
@@ -101,10 +103,22 @@ class Usage(msgspec.Struct, kw_only=True):
         )
 
 
+class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    """OpenAI's legacy log-probabilities of a completion's tokens (or a chunk's), one entry of
+    each list per token: its text, its log-probability, the most likely tokens at its step
+    (text to log-probability; null without ``logprobs`` > 0), and its offset in the completion's
+    text (the lengths of the tokens before it, counted across a stream's chunks)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class CompletionChoice(msgspec.Struct, kw_only=True):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None  # "length", "stop" or "abort"; null in a chunk before the last
 
 
@@ -131,16 +145,98 @@ class CompletionChunk(msgspec.Struct, kw_only=True):
     usage: Usage | UnsetType = UNSET
 
 
+class TopLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int]  # the token's text as UTF-8
+
+
+class ChatTokenLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]  # most likely first; empty without top_logprobs
+
+
+class ChatLogprobs(msgspec.Struct, kw_only=True):
+    """A chat choice's (or chunk's) generated tokens with their log-probabilities."""
+
+    content: list[ChatTokenLogprob]
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(msgspec.Struct, kw_only=True):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None  # "length", "stop" or "abort"
+
+
+class ChatCompletion(msgspec.Struct, kw_only=True):
+    """OpenAI's answer to ``POST /v1/chat/completions``; ``usage.prompt_tokens`` counts the
+    prompt the chat template made of the messages."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(msgspec.Struct, kw_only=True):
+    """What a chunk adds to its choice: the role in the choice's first chunk, then text."""
+
+    role: Literal["assistant"] | UnsetType = UNSET
+    content: str | UnsetType = UNSET
+
+
+class ChatChunkChoice(msgspec.Struct, kw_only=True):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None  # set in the choice's last chunk only
+
+
+class ChatCompletionChunk(msgspec.Struct, kw_only=True):
+    """One streamed event of ``POST /v1/chat/completions``: a delta of one choice, or (with
+    ``stream_options.include_usage``, after every choice's last delta) no choices and
+    ``usage``."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | UnsetType = UNSET
+
+
 class FinishReason(msgspec.Struct):
     type: str  # "length", "stop" or "abort"
 
 
+# SGLang's native log-probability entries: [logprob, token_id, text]. A top entry has no token
+# id (null); a chosen token's text is null unless return_text_in_logprobs.
+TokenEntry = tuple[float, int, str | None]
+TopEntry = tuple[float, None, str]
+
+
 class GenerateMeta(msgspec.Struct, kw_only=True):
+    """``output_token_logprobs`` with ``return_logprob``; ``output_top_logprobs`` also with
+    ``top_logprobs_num`` > 0 (one list per token, most likely first). In a stream, both hold
+    every token so far."""
+
     id: str
     prompt_tokens: int
     completion_tokens: int
     finish_reason: FinishReason | None
     seed: int | None
+    output_token_logprobs: list[TokenEntry] | UnsetType = UNSET
+    output_top_logprobs: list[list[TopEntry]] | UnsetType = UNSET
 
 
 class GenerateResult(msgspec.Struct, kw_only=True):
@@ -193,6 +289,8 @@ class Ready(msgspec.Struct, kw_only=True):
     reason: str | UnsetType = UNSET
     schedulers: list[SchedulerLoad] | UnsetType = UNSET
     restarting: list[str] | UnsetType = UNSET  # "scheduler dp=N"
+    # "<worker>: <how its plugins differ from a peer's>", when a worker's do (ready all the same)
+    plugins_differ: list[str] | UnsetType = UNSET
 
 
 class PlatformSummary(msgspec.Struct, kw_only=True):
@@ -217,6 +315,33 @@ class SchedulerState(msgspec.Struct, kw_only=True):
     memory: JsonObject | None
 
 
+class WorkerManifest(msgspec.Struct, kw_only=True):
+    """What one worker process reported having of platform and plugins (``bootstrap.manifest``),
+    and how that differs from a peer's of its role."""
+
+    name: str
+    pid: int | None
+    manifest: JsonObject | None
+    differs: list[str]
+
+
+class ModelInfo(msgspec.Struct, kw_only=True):
+    """``GET /get_model_info`` (SGLang's fields, then this server's): the model directory and
+    whether it generates text; ``kind`` is ``generation``, ``embedding`` or ``image`` (null when
+    the directory does not say); ``chat_template`` names where the chat template comes from
+    (``model``, ``--chat-template PATH``; null: the model has none)."""
+
+    model_path: str
+    tokenizer_path: str
+    is_generation: bool
+    preferred_sampling_params: JsonObject | None = None
+    model_type: str | None
+    architectures: list[str] | None
+    served_model_name: str
+    kind: str | None
+    chat_template: str | None
+
+
 class ServerInfo(msgspec.Struct, kw_only=True):
     """``GET /get_server_info``; ``schedulers`` holds null for a replica that did not answer."""
 
@@ -227,6 +352,7 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     schedulers: list[SchedulerState | None]
     server_args: JsonObject  # the api key masked
     healthy: bool
+    workers: list[WorkerManifest] | UnsetType = UNSET  # from the supervisor, when it answers
 
 
 # ---- images ----------------------------------------------------------------------------------

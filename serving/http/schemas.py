@@ -1,17 +1,18 @@
 """Request bodies of the HTTP API (msgspec structs), which also make the app's OpenAPI schema.
 
-OpenAI shapes for ``/v1/embeddings`` and ``/v1/completions``; SGLang's native shape for
-``/generate``. ``decode_body(data, type)`` turns a request body into one of these structs or
-raises ``BodyError`` naming the offending field (``param``, a dotted path such as
-``sampling_params.temperature`` or ``input[2]``) in the project's words. Every bound a client can
-break is checked here, so a bad value is a 400 before anything reaches a scheduler; limits that
-need the tokenizer (tokens per input, prompt + completion length) are checked by the scheduler,
-also as 400s naming the field.
+OpenAI shapes for ``/v1/embeddings``, ``/v1/completions`` and ``/v1/chat/completions``;
+SGLang's native shape for ``/generate``. ``decode_body(data, type)`` turns a request body into one
+of these structs or raises ``BodyError`` naming the offending field (``param``, a dotted path such
+as ``sampling_params.temperature``, ``input[2]`` or ``messages[1].content``) in the project's
+words. Every bound a client can break is checked here, so a bad value is a 400 before anything
+reaches a scheduler; limits that need the tokenizer (tokens per input, prompt + completion length)
+are checked by the scheduler, also as 400s naming the field.
 
 Fields that OpenAI's clients may send and this server does not act on are declared on purpose:
-``user`` is accepted and ignored; ``dimensions`` and the completion options that would change the
-result (``echo``, ``suffix``, ``logprobs``, ``best_of`` > 1, penalties, ``logit_bias``) are
-refused with a 400 naming them. Fields nobody declared are ignored.
+``user`` is accepted and ignored; ``dimensions`` and the options that would change the result
+and are not implemented (``echo``, ``suffix``, ``best_of`` > 1, ``logit_bias``, tools, a
+``response_format`` other than text, prompt log-probabilities) are refused with a 400 naming
+them. Fields nobody declared are ignored.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ MAX_INPUTS = 2048
 MAX_NEW_TOKENS = 1 << 20
 MAX_SEED = (1 << 63) - 1
 MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 128
+MAX_PENALTY = 2.0
 ENCODING_FORMATS = ("float", "base64")
 
 
@@ -46,6 +50,10 @@ def _schema(description: str, **constraints: Any) -> msgspec.Meta:
 def _check_text(value: str, param: str) -> None:
     if not value:
         raise BodyError(f"{param} must not be empty; send some text", param)
+    _check_unicode(value, param)
+
+
+def _check_unicode(value: str, param: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -134,9 +142,27 @@ class SamplingFields(Body, kw_only=True):
     stop: Stop = None
     seed: Annotated[int | None, _schema("repeatable sampling", minimum=0, maximum=MAX_SEED)] = None
     ignore_eos: bool = False
+    presence_penalty: Annotated[
+        float,
+        _schema(
+            "subtracted from the logit of every token already generated",
+            minimum=-MAX_PENALTY,
+            maximum=MAX_PENALTY,
+        ),
+    ] = 0.0
+    frequency_penalty: Annotated[
+        float,
+        _schema(
+            "subtracted from a token's logit once per time it was generated",
+            minimum=-MAX_PENALTY,
+            maximum=MAX_PENALTY,
+        ),
+    ] = 0.0
 
     def check(self, prefix: str = "") -> None:
         _bound(self.temperature, prefix + "temperature", 0.0, 2.0)
+        _bound(self.presence_penalty, prefix + "presence_penalty", -MAX_PENALTY, MAX_PENALTY)
+        _bound(self.frequency_penalty, prefix + "frequency_penalty", -MAX_PENALTY, MAX_PENALTY)
         if not 0.0 < self.top_p <= 1.0:
             raise BodyError(
                 f"{prefix}top_p must be more than 0 and at most 1, not {self.top_p}",
@@ -189,10 +215,15 @@ class CompletionRequest(SamplingFields, kw_only=True):
     user: Annotated[str | None, _schema("accepted and ignored")] = None
     echo: Annotated[bool, _schema("only false is supported")] = False
     suffix: Annotated[str | None, _schema("not supported")] = None
-    logprobs: Annotated[int | None, _schema("not supported")] = None
+    logprobs: Annotated[
+        int | None,
+        _schema(
+            "each token's log-probability, and the N most likely tokens at each step",
+            minimum=0,
+            maximum=MAX_TOP_LOGPROBS,
+        ),
+    ] = None
     best_of: Annotated[int | None, _schema("only 1 is supported")] = None
-    presence_penalty: Annotated[float, _schema("only 0 is supported")] = 0.0
-    frequency_penalty: Annotated[float, _schema("only 0 is supported")] = 0.0
     logit_bias: Annotated[dict[str, float] | None, _schema("not supported")] = None
 
     def check(self, prefix: str = "") -> None:
@@ -205,12 +236,9 @@ class CompletionRequest(SamplingFields, kw_only=True):
         if self.suffix:
             _refuse("suffix", "leave suffix out")
         if self.logprobs is not None:
-            _refuse("logprobs", "leave logprobs out")
+            _bound(self.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
         if self.best_of not in (None, 1):
             _refuse("best_of", "one sample per prompt; leave best_of out")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                _refuse(name, f"leave {name} out or send 0")
         if self.logit_bias:
             _refuse("logit_bias", "leave logit_bias out")
         if self.stream and not isinstance(self.prompt, str) and len(self.prompt) != 1:
@@ -239,10 +267,161 @@ class GenerateRequest(Body, kw_only=True):
     text: _Text
     sampling_params: NativeSamplingParams = msgspec.field(default_factory=NativeSamplingParams)
     stream: bool = False
+    return_logprob: Annotated[
+        bool, _schema("meta_info gets output_token_logprobs: [logprob, token_id, text]")
+    ] = False
+    top_logprobs_num: Annotated[
+        int,
+        _schema(
+            "with return_logprob: output_top_logprobs, the N most likely tokens at each step",
+            minimum=0,
+            maximum=MAX_TOP_LOGPROBS,
+        ),
+    ] = 0
+    return_text_in_logprobs: Annotated[
+        bool, _schema("the token's text in output_token_logprobs (else null)")
+    ] = False
+    logprob_start_len: Annotated[
+        int, _schema("only -1: log-probabilities of the prompt are not computed")
+    ] = -1
 
     def check(self, prefix: str = "") -> None:
         _check_text(self.text, "text")
         self.sampling_params.check("sampling_params.")
+        _bound(self.top_logprobs_num, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
+        if self.logprob_start_len != -1:
+            _refuse(
+                "logprob_start_len",
+                "log-probabilities of the prompt are not computed; leave logprob_start_len out",
+            )
+
+
+# ---- chat ---------------------------------------------------------------------------------
+
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+
+
+class ContentPart(Body, kw_only=True):
+    """One part of a message's ``content``: only ``{"type": "text", "text": ...}``."""
+
+    type: Annotated[str, _schema("only text", enum=["text"])]
+    text: str | None = None
+
+
+class ChatMessage(Body, kw_only=True):
+    """One message of a conversation: ``content`` a text or a list of text parts (joined with
+    a newline); ``developer`` is OpenAI's newer name for ``system``."""
+
+    role: Annotated[str, _schema("who speaks", enum=list(CHAT_ROLES))]
+    content: str | list[ContentPart] | None = None
+    name: Annotated[str | None, _schema("accepted and ignored")] = None
+
+    def check(self, prefix: str = "") -> None:
+        if self.role not in CHAT_ROLES:
+            why = (
+                "this server has no tool calling"
+                if self.role in ("tool", "function")
+                else f"use one of {', '.join(CHAT_ROLES)}"
+            )
+            raise BodyError(f"{prefix}role {self.role!r} is not supported: {why}", prefix + "role")
+        if self.content is None:
+            raise BodyError(
+                f"{prefix}content is required; send the message's text", prefix + "content"
+            )
+        if isinstance(self.content, str):
+            _check_unicode(self.content, prefix + "content")
+            return
+        for i, part in enumerate(self.content):
+            where = f"{prefix}content[{i}]"
+            if part.type != "text":
+                raise BodyError(
+                    f"{where}.type {part.type!r} is not supported: this model reads text "
+                    f"only; send parts of type 'text'",
+                    where + ".type",
+                )
+            if part.text is None:
+                raise BodyError(f"{where}.text is required", where + ".text")
+            _check_unicode(part.text, where + ".text")
+
+    @property
+    def text(self) -> str:
+        """``content`` as one text."""
+        if isinstance(self.content, list):
+            return "\n".join(part.text or "" for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    """OpenAI ``POST /v1/chat/completions`` (plus SGLang's ``top_k`` and ``ignore_eos``)."""
+
+    messages: Annotated[list[ChatMessage], msgspec.Meta(extra_json_schema={"minItems": 1})]
+    model: Annotated[str | None, _schema("must name the served model when given")] = None
+    max_tokens: Annotated[
+        int | None,
+        _schema(
+            "tokens to generate (default: as many as the context leaves)",
+            minimum=1,
+            maximum=MAX_NEW_TOKENS,
+        ),
+    ] = None
+    max_completion_tokens: Annotated[
+        int | None,
+        _schema("OpenAI's newer name for max_tokens", minimum=1, maximum=MAX_NEW_TOKENS),
+    ] = None
+    n: Annotated[int, _schema("choices to generate", minimum=1, maximum=MAX_CHOICES)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: Annotated[bool, _schema("each generated token's log-probability")] = False
+    top_logprobs: Annotated[
+        int | None,
+        _schema(
+            "with logprobs: the N most likely tokens at each step",
+            minimum=0,
+            maximum=MAX_TOP_LOGPROBS,
+        ),
+    ] = None
+    user: Annotated[str | None, _schema("accepted and ignored")] = None
+    response_format: Annotated[
+        dict[str, Any] | None, _schema('only {"type": "text"} is supported')
+    ] = None
+    tools: Annotated[list[Any] | None, _schema("not supported")] = None
+    tool_choice: Annotated[Any, _schema("not supported")] = None
+    logit_bias: Annotated[dict[str, float] | None, _schema("not supported")] = None
+
+    def check(self, prefix: str = "") -> None:
+        if not self.messages:
+            raise BodyError("messages must hold at least one message", "messages")
+        for i, message in enumerate(self.messages):
+            message.check(f"messages[{i}].")
+        for name in ("max_tokens", "max_completion_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                _bound(value, name, 1, MAX_NEW_TOKENS)
+        _bound(self.n, "n", 1, MAX_CHOICES)
+        if self.top_logprobs is not None:
+            _bound(self.top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+            if self.top_logprobs and not self.logprobs:
+                raise BodyError(
+                    "top_logprobs needs logprobs: true; send both or leave top_logprobs out",
+                    "top_logprobs",
+                )
+        kind = (self.response_format or {}).get("type", "text")
+        if kind != "text":
+            _refuse(
+                "response_format", f"{kind!r} output is not enforced; leave response_format out"
+            )
+        if self.tools:
+            _refuse("tools", "this server has no tool calling; leave tools out")
+        if self.tool_choice not in (None, "none"):
+            _refuse("tool_choice", "this server has no tool calling; leave tool_choice out")
+        if self.logit_bias:
+            _refuse("logit_bias", "leave logit_bias out")
+        super().check(prefix)
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """``max_completion_tokens``, else ``max_tokens``; None when neither is given."""
+        return self.max_completion_tokens or self.max_tokens
 
 
 # ---- decoding -----------------------------------------------------------------------------

@@ -5,13 +5,25 @@ The listening socket is bound here first (``ServerArgs.host``, loopback by defau
 thread. uvicorn runs in a thread of its own and leaves signal handling to the bootstrap. Once uvicorn has
 started, the main thread waits (at most ``startup_timeout``) until every scheduler replica answers
 a ping through its socket and only then reports ready, so the launch never claims ready with a
-replica the HTTP child cannot reach; it then waits for ``ctx.stopping`` (SIGTERM), lets uvicorn
-finish the requests in flight and returns. On several nodes a replica whose rank 0 runs on another
-node is found through the launch's rendezvous store (``distributed.EndpointDirectory``).
+replica the HTTP child cannot reach; it then waits for ``ctx.stopping`` (SIGTERM) and drains.
+On several nodes a replica whose rank 0 runs on another node is found through the launch's
+rendezvous store (``distributed.EndpointDirectory``).
+
+For a generation model (``model_kind``) the app gets the model's chat template, loaded once here
+(``chat_template.ChatTemplate``; ``--chat-template FILE`` replaces it, and a file that is not a
+usable Jinja template fails the start naming it).
+
+The drain: on SIGTERM uvicorn stops accepting connections and the requests in flight have the
+whole ``--stop-grace-period`` but the last ``drain_margin`` of it (the supervisor kills the
+process at its end) to finish. Those still running then are ended (``SchedulerClient.end_all``):
+each gets a 503, a stream its error event and ``[DONE]``, and each is cancelled at its scheduler;
+how many is the ``requests_cut`` of this worker's ``stopped`` report, which the launcher's last
+line and its ``server.stopped`` event repeat.
 
 The child takes part in reloads and scales (its ready report says ``probes_replicas``): its
 client probes each replica they start before routing to it, drains each they retire, and the
-app's model (``AppState.serve_model``) follows a finished reload.
+app's model (``AppState.serve_model``: name, path, kind, chat template) follows a finished
+reload.
 """
 
 from __future__ import annotations
@@ -19,9 +31,11 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import resource
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bootstrap import resolve
@@ -30,14 +44,47 @@ from serving.distributed import EndpointDirectory, replica_node
 from serving.wire import scheduler_endpoint_name
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from bootstrap import WorkerContext
     from launcher.server_args import ServerArgs
     from serving.http.app import App
+    from serving.http.chat_template import ChatTemplate
     from serving.http.client import SchedulerClient
     from serving.http.metrics import Metrics
     from serving.http.responses import PlatformSummary
 
 log = logging.getLogger("sglang_launch.http")
+
+# The files the HTTP child keeps open besides its connections (sockets to the schedulers and the
+# supervisor, the model's files, libraries), when it raises its file limit for --max-connections.
+_OTHER_FILES = 256
+
+
+def drain_margin(grace: float) -> float:
+    """The end of the grace period kept for ending the requests still running and exiting: a
+    second, or a quarter of a shorter grace period."""
+    return min(1.0, grace / 4)
+
+
+def make_room_for_connections(max_connections: int) -> None:
+    """Raise this process's soft limit of open files (up to its hard limit) so that
+    ``max_connections`` connections and the probes above them can all be accepted."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_connections + _OTHER_FILES
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    room = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if room > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (room, hard))
+    if room < need:
+        log.warning(
+            "this process may open %d files, fewer than --max-connections %d needs (%d); "
+            "raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower --max-connections",
+            room,
+            max_connections,
+            need,
+        )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -90,7 +137,9 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
     spec = serving_spec(server_args.runtime)
     source = spec.model_check(server_args.model_path, server_args.served_model_name)
     dp_size, tp_size = ctx.dp_size, ctx.tp_size
-    metrics = metrics or Metrics()
+    metrics = metrics or Metrics(source.served_name)
+    kind = model_kind(source.path)
+    chat = chat_template(source.path, kind, server_args)
     nnodes = server_args.nnodes
     # A replica whose rank 0 runs on node 0 (this node) has its private ipc:// socket; one on
     # another node announces a TCP address in the launch's store.
@@ -125,9 +174,32 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
         api_key=server_args.api_key or None,
         max_request_bytes=server_args.max_request_bytes,
         api_routes=resolve(spec.api_routes) if spec.api_routes else None,
+        kind=kind,
+        chat=chat,
     )
-    client.link.on_model_change = state.serve_model
+
+    def on_model_change(model_path: str | None, served_name: str | None) -> None:
+        new = spec.model_check(model_path, served_name)
+        new_kind = model_kind(new.path)
+        try:
+            new_chat = chat_template(new.path, new_kind, server_args)
+        except Exception as exc:  # noqa: BLE001 - the model serves; chat says why it cannot
+            log.error("the reloaded model's chat template cannot be used: %s", exc)
+            new_chat = None
+        state.serve_model(str(new.path), new.served_name, kind=new_kind, chat=new_chat)
+
+    client.link.on_model_change = on_model_change
     return create_app(state)
+
+
+def chat_template(path: Path, kind: str | None, server_args: ServerArgs) -> ChatTemplate | None:
+    """The chat template of a generation model at ``path`` (``--chat-template`` replaces the
+    model's own); None for another kind."""
+    if kind != "generation":
+        return None
+    from serving.http.chat_template import ChatTemplate
+
+    return ChatTemplate.load(str(path), server_args.chat_template, server_args.trust_remote_code)
 
 
 def _wait_for_replica_s(server_args: ServerArgs) -> float:
@@ -138,6 +210,22 @@ def _wait_for_replica_s(server_args: ServerArgs) -> float:
     if timeout <= 0:
         return server_args.startup_timeout
     return max(timeout - min(0.5, timeout / 10), 0.0)
+
+
+def model_kind(path: Path) -> str | None:
+    """What the model directory at ``path`` serves, from its files: ``generation`` (a causal LM's
+    config.json), ``embedding`` (any other config.json), ``image`` (a diffusers pipeline's
+    model_index.json); None when it says neither."""
+    from launcher.model_config import is_causal_lm, read_model_facts
+
+    facts = read_model_facts(path)
+    if facts is not None:
+        return (
+            "generation" if facts.architecture and is_causal_lm(facts.architecture) else "embedding"
+        )
+    if (path / "model_index.json").is_file():
+        return "image"
+    return None
 
 
 def _heals(server_args: ServerArgs) -> bool:
@@ -151,19 +239,25 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
 
     host, port = server_args.host, server_args.port
     started = time.monotonic()
+    make_room_for_connections(server_args.max_connections)
     sock = bind_socket(host, port)
     app = build_app(server_args, ctx)
     from serving.http.limits import RequestTimeout, guarded_protocol
 
+    grace = server_args.stop_grace_period
     config = uvicorn.Config(
         RequestTimeout(app, server_args.request_timeout),
-        http=guarded_protocol(server_args.http_header_timeout, server_args.http_body_timeout),
-        limit_concurrency=server_args.max_connections or None,
+        http=guarded_protocol(
+            server_args.http_header_timeout,
+            server_args.http_body_timeout,
+            server_args.max_connections,
+        ),
         loop="uvloop",
         lifespan="on",
         log_level=server_args.log_level.lower(),
         access_log=False,
-        timeout_graceful_shutdown=max(1, int(server_args.stop_grace_period / 2)),
+        # uvicorn cancels what still runs then; the drain has ended it before (see drain()).
+        timeout_graceful_shutdown=grace - drain_margin(grace) / 2,  # type: ignore[arg-type]
     )
     server = uvicorn.Server(config)
     failure: list[BaseException] = []
@@ -199,14 +293,49 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
     ctx.ready(url=url, host=host, port=port, probes_replicas=True)
     while not ctx.stopping.is_set() and thread.is_alive():
         ctx.stopping.wait(timeout=0.2)
-    server.should_exit = True
-    thread.join(timeout=server_args.stop_grace_period)
+    if ctx.stopping.is_set():
+        ctx.stopped(requests_cut=drain(server, thread, app.state.client, grace))
+    else:
+        server.should_exit = True
+        thread.join(timeout=grace)
     sock.close()
     if not ctx.stopping.is_set():
         raise RuntimeError(
             f"the HTTP server on {url} stopped unexpectedly: "
             f"{failure[0] if failure else 'uvicorn exited'}"
         )
+
+
+def drain(
+    server: uvicorn.Server, thread: threading.Thread, client: SchedulerClient, grace: float
+) -> int:
+    """Stop uvicorn and give the requests in flight the grace period but its ``drain_margin``;
+    end the ones still running then (a 503, a stream's error event), and return how many."""
+    began = time.monotonic()
+    margin = drain_margin(grace)
+    server.should_exit = True  # no new connections; idle ones close
+    thread.join(timeout=max(0.0, grace - margin))
+    if not thread.is_alive() or client.loop is None:
+        return 0
+    message = (
+        f"the server stopped before this request was answered: the --stop-grace-period of "
+        f"{grace:g}s ran out; send it again"
+    )
+    try:
+        cut = asyncio.run_coroutine_threadsafe(_end_all(client, message), client.loop).result(
+            timeout=margin / 2
+        )
+    except Exception as exc:  # noqa: BLE001 - the loop is gone or stuck: uvicorn cancels the rest
+        log.warning("could not end the requests still running: %s", exc)
+        cut = 0
+    if cut:
+        log.warning("%d request(s) were still running when the grace period ran out: ended", cut)
+    thread.join(timeout=max(0.0, began + grace - time.monotonic()))
+    return cut
+
+
+async def _end_all(client: SchedulerClient, message: str) -> int:
+    return client.end_all(message)
 
 
 def wait_for_schedulers(

@@ -4,7 +4,9 @@
   away first (the wait is cancelled, which cancels the request at the scheduler);
 - ``sse(data, event)``: one server-sent event, ``data`` as JSON;
 - ``event_stream(replies, render, receive)``: the one way a route answers with
-  ``text/event-stream`` (text generation and images both).
+  ``text/event-stream`` (text generation and images both);
+- ``merged(streams)``: several reply streams as one (a request of several choices), each reply
+  with the index of its stream.
 """
 
 from __future__ import annotations
@@ -111,3 +113,36 @@ async def event_stream(
             await replies.aclose()
 
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def merged(streams: list[AsyncGenerator[T, None]]) -> AsyncGenerator[tuple[int, T], None]:
+    """``(i, reply)`` for each reply of ``streams[i]``, in the order they arrive, until every
+    stream has ended. An exception from one stream (a ``SchedulerError``) is raised here; closing
+    this generator early, or an exception, closes every stream (which cancels its request)."""
+    arrived: asyncio.Queue[tuple[int, T | _End, BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncGenerator[T, None]) -> None:
+        try:
+            async for reply in stream:
+                arrived.put_nowait((i, reply, None))
+            arrived.put_nowait((i, _END, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
+            arrived.put_nowait((i, _END, exc))
+
+    pumps = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(streams)
+        while running:
+            i, reply, failure = await arrived.get()
+            if failure is not None:
+                raise failure
+            if isinstance(reply, _End):
+                running -= 1
+                continue
+            yield i, reply
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()

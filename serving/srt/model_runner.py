@@ -1,8 +1,9 @@
 """Load a Hugging Face model directory with ``transformers`` on the current platform, and run it.
 
 Encoder models (BERT-like, including the sentence-transformers layout) serve embeddings, pooled
-and normalised as the directory declares (``pooling``); causal LMs serve generation with a
-batched decode loop over the model's KV cache (``sampling`` picks tokens). Every hardware decision
+and normalised as the directory declares (``pooling``); causal LMs serve generation, batched
+continuously over the model's KV cache (``engine``; ``sampling`` picks tokens), within a context
+length per request and a KV pool for all running sequences (``kv_pool``). Every hardware decision
 is a call of the platform contract: the device (``get_device``), the attention implementation
 (``get_default_attention_backend``), the no-grad context (``inference_mode``), seeding
 (``seed_everything``), memory figures (``get_device_total_memory``, ``get_available_memory``,
@@ -18,14 +19,18 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from launcher.model_config import is_causal_lm
 from launcher.model_source import ModelSource
 from serving.errors import InputError, ModelLoadError
+from serving.srt.engine import GenerationBatch, UnsupportedCache
+from serving.srt.kv_pool import default_pool_tokens, kv_bytes_per_token
+from serving.srt.limits import GenerationLimits
 from serving.srt.pooling import PoolingConfig, pool, read_pooling_config
-from serving.srt.sampling import Sequence, select_token
+from serving.srt.sampling import Sequence
+from serving.srt.static_batch import generate_static
 from serving.threads import cpu_threads
 from serving.wire import Pooling, SamplingParams, TextMemory, TextModel
 
@@ -115,8 +120,8 @@ class ModelRunner:
     """One loaded model on one rank. ``kind`` is ``"embedding"`` or ``"generation"``.
 
     With ``tp_size > 1`` the process must already be in its replica's ``torch.distributed``
-    group; every rank then calls ``generate`` with the same sequences (rank 0 broadcasts them),
-    and rank 0 alone passes ``cancelled``.
+    group; every rank then runs the same ``generate`` steps on the same batch (rank 0
+    broadcasts what joins and leaves it).
     """
 
     def __init__(
@@ -131,10 +136,18 @@ class ModelRunner:
         attention_backend: str | None = None,
         seed: int = 0,
         max_input_tokens: int = 512,
-        max_total_tokens: int = 2048,
+        context_length: int | None = None,
+        max_total_tokens: int | None = None,
+        chunked_prefill_size: int | None = None,
         max_batch_size: int = 32,
         trust_remote_code: bool = False,
+        ranks_sharing: int = 1,
     ) -> None:
+        """``max_input_tokens``: the longest prompt; ``context_length``: the longest prompt +
+        completion (default and cap: the model's positions); ``max_total_tokens``: the KV pool
+        of all running sequences (default: from the platform's memory figures, the memory shared
+        by ``ranks_sharing`` ranks on the CPU); ``chunked_prefill_size``: tokens of one prefill
+        forward (default: 2048 on an accelerator, 256 on the CPU; -1: no bound)."""
         import torch
         import transformers
 
@@ -182,23 +195,41 @@ class ModelRunner:
 
         self.max_token_chars = _longest_token(self.tokenizer)
         self.model = self._load_model(transformers, torch, trust_remote_code)
-        limit = getattr(config, "max_position_embeddings", None) or max_total_tokens
+        positions = getattr(config, "max_position_embeddings", None)
+        self.continuous = True  # generation batches continuously (unless the cache cannot)
+        self._token_texts: dict[int, str] = {}
         if self.kind == "embedding":
             self.pooling: PoolingConfig | None = read_pooling_config(source.path)
-            caps = [max_input_tokens, limit, self.pooling.max_seq_length]
+            caps = [max_input_tokens, positions, self.pooling.max_seq_length]
             self.max_input_tokens = min(c for c in caps if c)
-            self.max_total_tokens = self.max_input_tokens
+            self.context_length = self.max_total_tokens = self.max_input_tokens
             self.dimensions = int(getattr(config, "hidden_size", 0))
         else:
             self.pooling = None
-            self.max_total_tokens = min(max_total_tokens, limit)
-            self.max_input_tokens = min(max_input_tokens, self.max_total_tokens - 1)
+            self.kv_bytes_per_token = kv_bytes_per_token(config, self.dtype, tp_size)
+            self.limits = GenerationLimits.of(
+                positions,
+                max_input_tokens=max_input_tokens,
+                context_length=context_length,
+                pool_tokens=max_total_tokens
+                or default_pool_tokens(
+                    platform, self.device, self.kv_bytes_per_token, ranks_sharing
+                ),
+                pool_given=bool(max_total_tokens),
+            )
+            self.max_input_tokens = self.limits.max_input_tokens
+            self.context_length = self.limits.context_length
+            self.max_total_tokens = self.limits.pool_tokens
+            cpu = platform.is_cpu() or self.device.type == "cpu"
+            chunk = chunked_prefill_size or (256 if cpu else 2048)
+            self.chunk_tokens: int | None = chunk if chunk > 0 else None
             self.tokenizer.padding_side = "left"
             self.eos_ids = self._eos_ids(config)
             self.pad_id = self._pad_id(config)
             # transformers 5 renamed the KV-cache argument from past_key_values to cache.
             forward_args = inspect.signature(self.model.forward).parameters
             self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+            self._logits_to_keep = "logits_to_keep" in forward_args
         self.load_seconds = time.monotonic() - started
 
     # ---- loading ---------------------------------------------------------------------------
@@ -346,24 +377,15 @@ class ModelRunner:
         """Tokens ``text`` takes (with special tokens); ``InputError`` if over the limit."""
         return len(self.encode_embedding_input(text))
 
-    def encode_prompt(self, text: str, max_new_tokens: int) -> list[int]:
-        """Prompt token ids; ``InputError`` if the prompt or prompt + completion is too long."""
+    def encode_prompt(self, text: str, max_new_tokens: int, *, raw: bool = False) -> list[int]:
+        """Prompt token ids; ``InputError`` if the prompt or prompt + completion is too long.
+        ``raw``: the text is used as it is, without the tokenizer's special tokens (a chat
+        template's rendering already holds them)."""
         self.refuse_oversize(text, "the prompt")
-        ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
+        ids = self.tokenizer(text, add_special_tokens=not raw, verbose=False)["input_ids"]
         if not ids:
             raise InputError("the prompt is empty after tokenisation; send some text", "input")
-        if len(ids) > self.max_input_tokens:
-            raise InputError(
-                f"the prompt has {len(ids)} tokens, more than the limit of {self.max_input_tokens} "
-                f"(--max-input-tokens); shorten it",
-                "input",
-            )
-        if len(ids) + max_new_tokens > self.max_total_tokens:
-            raise InputError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the limit "
-                f"of {self.max_total_tokens} tokens (--max-total-tokens); ask for fewer tokens",
-                "max_new_tokens",
-            )
+        self.limits.check(len(ids), max_new_tokens)
         return list(ids)
 
     # ---- running ---------------------------------------------------------------------------
@@ -408,81 +430,75 @@ class ModelRunner:
             rows.append(pooled.to(torch.float32).cpu())
         return rows[0] if len(rows) == 1 else torch.cat(rows)
 
-    def generate(
+    def forward_logits(
         self,
-        seqs: list[Sequence],
-        emit: Callable[[Sequence], None] | None = None,
-        cancelled: Callable[[], Iterable[str]] | None = None,
-    ) -> list[Sequence]:
-        """Decode every sequence until it finishes; ``emit(seq)`` after each step a streaming
-        sequence advanced and once when any sequence finishes. ``cancelled()`` (rank 0) names
-        rids to stop, checked before each step; they finish with reason ``"abort"``."""
-        import torch
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: Any,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """The model's next-token logits (rows, vocab) after ``input_ids`` (rows, tokens), which
+        extend ``cache`` (updated in place). ``last_only``: only the last position's logits are
+        computed, where the model can skip the others."""
+        extra = {"logits_to_keep": 1} if last_only and self._logits_to_keep else {}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **{self._cache_arg: cache},
+            **extra,
+        )
+        logits: torch.Tensor = out.logits[:, -1, :]
+        return logits
 
-        decode = self._decode
-        batch = len(seqs)
-        width = max(len(s.prompt_ids) for s in seqs)
-        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
-            mask[i, width - len(s.prompt_ids) :] = 1
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        generators = [torch.Generator(device="cpu").manual_seed(int(s.seed)) for s in seqs]
-        ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
-        cache = None
-        reported: set[int] = set()
-        with self.platform.inference_mode():
-            step_input = ids
-            while True:
-                out = self.model(
-                    input_ids=step_input,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    use_cache=True,
-                    **{self._cache_arg: cache},
-                )
-                cache = getattr(out, self._cache_arg, None)
-                logits = out.logits[:, -1, :].float().cpu()
-                stop_now = self._cancel_flags(seqs, cancelled)
-                next_tokens = []
-                for i, s in enumerate(seqs):
-                    if not s.finished:
-                        if stop_now[i]:
-                            s.finish_reason = "abort"
-                        else:
-                            s.advance(
-                                select_token(logits[i], s.params, generators[i]),
-                                self.eos_ids,
-                                decode,
-                            )
-                    next_tokens.append(s.output_ids[-1] if s.output_ids else self.pad_id)
-                    if emit is not None and i not in reported and (s.stream or s.finished):
-                        emit(s)
-                        if s.finished:
-                            reported.add(i)
-                if all(s.finished for s in seqs):
-                    break
-                step_input = torch.tensor(next_tokens, dtype=torch.long, device=self.device)[
-                    :, None
-                ]
-                mask = torch.cat(
-                    [mask, torch.ones((batch, 1), dtype=mask.dtype, device=self.device)], 1
-                )
-                positions = positions[:, -1:] + 1
-        self.platform.synchronize()
+    def new_cache(self) -> Any:
+        """An empty KV cache for this model."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def new_batch(self, answers: bool = True) -> GenerationBatch:
+        """An empty running batch on this model (``answers``: rank 0, which computes what only
+        answers need)."""
+        return GenerationBatch(
+            forward=self.forward_logits,
+            new_cache=self.new_cache,
+            device=self.device,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            decode=self._decode,
+            token_text=self.token_text,
+            chunk_tokens=self.chunk_tokens,
+            inference_mode=self.platform.inference_mode,
+            answers=answers,
+        )
+
+    def generate(self, batch: GenerationBatch) -> list[Sequence]:
+        """One step of the running ``batch`` (``GenerationBatch.step``: at most one prefill
+        chunk, then one decode of every row); the sequences that got a token or finished in it.
+        Every rank of a tensor-parallel replica calls it with the same batch."""
+        return batch.step()
+
+    def run_to_end(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Run ``seqs`` together to their ends, one ``generate`` step after another (all ranks of
+        a tensor-parallel replica call it with the same sequences)."""
+        if not self.continuous:
+            return generate_static(self, seqs)
+        batch = self.new_batch()
+        batch.join(seqs)
+        while len(batch):
+            self.generate(batch)
         return seqs
 
-    def _cancel_flags(
-        self, seqs: list[Sequence], cancelled: Callable[[], Iterable[str]] | None
-    ) -> list[bool]:
-        gone = set(cancelled()) if cancelled is not None else set()
-        flags = [s.rid in gone for s in seqs]
-        if self.tp_size > 1:
-            from serving.distributed import broadcast_flags
-
-            flags = broadcast_flags(flags)
-        return flags
+    def token_text(self, token_id: int) -> str:
+        """The text of one token decoded alone."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = str(self.tokenizer.decode([token_id]))
+            self._token_texts[token_id] = text
+        return text
 
     def _decode(self, token_ids: list[int]) -> str:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
@@ -494,7 +510,16 @@ class ModelRunner:
         else:
             prompt = self.encode_prompt("warm-up", 2)
             params = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
-            self.generate([Sequence("warm-up", prompt, params, seed=0)])
+            try:
+                self.run_to_end([Sequence("warm-up", prompt, params, seed=0)])
+            except UnsupportedCache as exc:
+                log.warning(
+                    "%s; this model's generation is batched statically (a batch runs until its "
+                    "longest sequence ends)",
+                    exc,
+                )
+                self.continuous = False
+                self.run_to_end([Sequence("warm-up", prompt, params, seed=0)])
         self.platform.synchronize()
         self.platform.empty_cache()
 
@@ -525,6 +550,7 @@ class ModelRunner:
             tp_size=self.tp_size,
             max_input_tokens=self.max_input_tokens,
             max_total_tokens=self.max_total_tokens,
+            context_length=self.context_length,
             pooling=None
             if pooling is None
             else Pooling(pooling.mode, pooling.normalize, pooling.declared_by),

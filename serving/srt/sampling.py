@@ -3,6 +3,11 @@
 Each sequence samples with its own ``torch.Generator`` seeded from its request, so a request's
 tokens do not depend on what else shares its batch, and every tensor-parallel rank (which sees
 the same logits and the same seed) picks the same token without exchanging it.
+
+The order of one step, for one sequence: the penalties (``presence_penalty``,
+``frequency_penalty``) are subtracted from the logits of the tokens it already generated; the
+log-probabilities it reports are of that distribution; then temperature, top-k and top-p shape
+what it samples from (``temperature == 0``: the most likely token).
 """
 
 from __future__ import annotations
@@ -11,14 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from serving.wire import SamplingParams
+from serving.wire import SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
     import torch
 
 
 def select_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """The next token id for one sequence from its last-position ``logits`` (vocab,)."""
+    """The next token id for one sequence from its last-position ``logits`` (vocab,), after
+    any penalties."""
     import torch
 
     if params.temperature <= 0.0:
@@ -37,9 +43,26 @@ def select_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
+def needs_row_work(params: SamplingParams) -> bool:
+    """Whether a sequence needs more than the batch's argmax: sampling, penalties or logprobs."""
+    return (
+        params.temperature > 0.0
+        or params.logprobs
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+    )
+
+
+# Tokens decoded again before the new ones, so that a tokenizer that joins or spaces tokens by
+# their neighbours decodes the new text as it would in the whole sequence.
+_CONTEXT_TOKENS = 4
+# Tokens decoded since the last anchor before the anchor moves on (bounds each step's decode).
+_ANCHOR_EVERY = 16
+
+
 @dataclass
 class Sequence:
-    """One request's progress through a generation batch."""
+    """One request's progress through generation."""
 
     rid: str
     prompt_ids: list[int]
@@ -50,15 +73,72 @@ class Sequence:
     text: str = ""
     sent: int = 0  # characters of ``text`` already streamed
     finish_reason: str | None = None
+    generator: torch.Generator | None = None
+    counts: dict[int, int] = field(default_factory=dict)  # generated token id -> occurrences
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # not sent yet
+    anchor: int = 0  # output tokens whose text is settled in ``anchor_text``
+    anchor_text: str = ""
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def penalised(self) -> bool:
+        return self.params.presence_penalty != 0.0 or self.params.frequency_penalty != 0.0
+
+    def sampler(self) -> torch.Generator:
+        """This sequence's generator (seeded from its ``seed`` on first use)."""
+        if self.generator is None:
+            import torch
+
+            self.generator = torch.Generator(device="cpu").manual_seed(int(self.seed))
+        return self.generator
+
+    def apply_penalties(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` (vocab,) less this sequence's presence and frequency penalties."""
+        if not self.counts or not self.penalised:
+            return logits
+        import torch
+
+        ids = torch.tensor(list(self.counts), dtype=torch.long, device=logits.device)
+        times = torch.tensor(list(self.counts.values()), dtype=logits.dtype, device=logits.device)
+        penalty = self.params.presence_penalty + self.params.frequency_penalty * times
+        out = logits.clone()
+        out[ids] -= penalty
+        return out
+
+    def note_logprob(
+        self, logits: torch.Tensor, token: int, token_text: Callable[[int], str]
+    ) -> None:
+        """Record the log-probability of ``token`` (and the top ones) from the penalised
+        ``logits``, when this sequence asked for them."""
+        if not self.params.logprobs:
+            return
+        import torch
+
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        top: list[tuple[str, float]] = []
+        if self.params.top_logprobs > 0:
+            values, ids = torch.topk(logp, min(self.params.top_logprobs, logp.shape[-1]))
+            top = [
+                (token_text(i), float(v))
+                for i, v in zip(ids.tolist(), values.tolist(), strict=True)
+            ]
+        self.logprobs.append(TokenLogprob(token, token_text(token), float(logp[token]), top))
+
+    def take_logprobs(self) -> list[TokenLogprob] | None:
+        """The logprobs not sent yet (None when the request did not ask for them)."""
+        if not self.params.logprobs:
+            return None
+        taken, self.logprobs = self.logprobs, []
+        return taken
+
     def advance(self, token: int, eos_ids: set[int], decode: Callable[[list[int]], str]) -> None:
         """Append ``token``; set ``finish_reason`` on EOS, a stop string or the length limit."""
         self.output_ids.append(token)
-        self.text = decode(self.output_ids)
+        self.counts[token] = self.counts.get(token, 0) + 1
+        self.text = self._decoded(decode)
         if token in eos_ids and not self.params.ignore_eos:
             self.finish_reason = "stop"
             return
@@ -70,6 +150,22 @@ class Sequence:
                 return
         if len(self.output_ids) >= self.params.max_new_tokens:
             self.finish_reason = "length"
+
+    def _decoded(self, decode: Callable[[list[int]], str]) -> str:
+        """The text of ``output_ids``: the settled text up to the anchor, and the tokens after it
+        decoded with a few tokens before them for context (the whole sequence again when the
+        context does not decode to the same text alone)."""
+        ids = self.output_ids
+        start = max(0, self.anchor - _CONTEXT_TOKENS)
+        context = decode(ids[start : self.anchor]) if self.anchor > start else ""
+        window = decode(ids[start:])
+        if window.startswith(context):
+            text = self.anchor_text + window[len(context) :]
+        else:
+            text = decode(ids)
+        if len(ids) - self.anchor >= _ANCHOR_EVERY and not text.endswith("\ufffd"):
+            self.anchor, self.anchor_text = len(ids), text
+        return text
 
     def take_increment(self) -> str:
         """Text not streamed yet that can no longer change: while running, hold back a tail that

@@ -8,25 +8,39 @@ one warm-up batch, then serve: rank 0 runs ``Scheduler`` (the shared ``BatchingS
 0's broadcasts in lockstep.
 
 What is the text runtime's own: a request is tokenised on arrival (an embedding request counts
-its texts, a generation request draws its seed unless it gave one; input over the limits is a
-400 at once), a batch holds up to ``--max-batch-size`` requests and, for embeddings, that many
-texts, oldest first; a generation batch is broadcast to the tensor-parallel ranks and decoded
-together, streaming increments, and a cancelled sequence stops at the next decode step.
+its texts, a generation request draws its seed unless it gave one; input over the limits, or a
+sequence that could never fit the KV pool, is a 400 at once). Embeddings: a batch holds up to
+``--max-batch-size`` texts, shared between the queued requests (``serving.srt.embedding``: a
+request of many texts runs over several batches, interleaved with the others).
+
+Generation is batched continuously: each step of the loop first admits waiting sequences into
+the running batch (``serving.srt.engine``) while they fit the KV pool and
+``--max-running-requests``, fairly across HTTP requests (``serving.srt.kv_pool``), drops the
+cancelled ones, then runs one step of the batch and answers what it produced: a streaming
+sequence its increment, a finished one its result, and it leaves the batch at once. In a
+tensor-parallel replica rank 0 broadcasts each step's joining and cancelled sequences
+(``wire.GenerationStep``) and every rank runs the same step.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import time
+from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from launcher.model_source import resolve_model
 from serving import wire
 from serving.errors import InputError
 from serving.scheduler import BatchingScheduler, Queued, follow
+from serving.srt.embedding import EmbedItem, take_texts
+from serving.srt.engine import GenerationBatch
+from serving.srt.kv_pool import KVPool, admit_fairly
 from serving.srt.model_runner import ModelRunner
 from serving.srt.sampling import Sequence
+from serving.srt.static_batch import generate_static, static_batching_requested
 from serving.threads import share_cpu_threads
 
 if TYPE_CHECKING:
@@ -73,7 +87,11 @@ def run_scheduler_process(server_args: ServerArgs, ctx: WorkerContext) -> None:
         ctx.phase("tp_group_joined")
     try:
         runner = load_runner(
-            server_args, current_platform, local_rank=ctx.local_rank, tp_size=tp_size
+            server_args,
+            current_platform,
+            local_rank=ctx.local_rank,
+            tp_size=tp_size,
+            ranks_sharing=tp_size * dp_size // nnodes,
         )
         ctx.phase("model_loaded")
         runner.warm_up()
@@ -81,16 +99,22 @@ def run_scheduler_process(server_args: ServerArgs, ctx: WorkerContext) -> None:
         if ctx.tp_rank == 0:
             Scheduler(runner, server_args, ctx, store=store if remote else None).serve()
         else:
-            follow(ctx, lambda work: follow_text_batch(runner, work))
+            batch = runner.new_batch(answers=False)
+            follow(ctx, lambda work: follow_text_step(runner, batch, work))
     finally:
         if tp_size > 1:
             close_tp_group()
 
 
 def load_runner(
-    server_args: ServerArgs, platform: SRTPlatform, local_rank: int = 0, tp_size: int = 1
+    server_args: ServerArgs,
+    platform: SRTPlatform,
+    local_rank: int = 0,
+    tp_size: int = 1,
+    ranks_sharing: int = 1,
 ) -> ModelRunner:
-    """A ``ModelRunner`` configured from ``server_args``."""
+    """A ``ModelRunner`` configured from ``server_args`` (``ranks_sharing``: the scheduler ranks
+    on this node, which share a CPU's memory)."""
     source = resolve_model(server_args.model_path, server_args.served_model_name)
     return ModelRunner(
         source,
@@ -102,27 +126,13 @@ def load_runner(
         attention_backend=server_args.attention_backend,
         seed=server_args.seed,
         max_input_tokens=server_args.max_input_tokens,
+        context_length=server_args.context_length,
         max_total_tokens=server_args.max_total_tokens,
+        chunked_prefill_size=server_args.chunked_prefill_size,
         max_batch_size=server_args.max_batch_size,
         trust_remote_code=server_args.trust_remote_code,
+        ranks_sharing=ranks_sharing,
     )
-
-
-@dataclass(kw_only=True)
-class EmbedItem(Queued):
-    """A queued embedding request: one token list per text."""
-
-    request: wire.EmbedRequest
-    input_ids: list[list[int]]
-
-    @property
-    def load(self) -> int:
-        """The batch room it takes: its texts."""
-        return max(len(self.input_ids), 1)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(map(len, self.input_ids))
 
 
 @dataclass(kw_only=True)
@@ -137,6 +147,20 @@ class GenerateItem(Queued):
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def group(self) -> str:
+        """The HTTP request it belongs to (fairness is across these)."""
+        return self.request.group or self.request.rid
+
+    @property
+    def footprint(self) -> int:
+        """The KV tokens it may take: prompt + ``max_new_tokens``."""
+        return len(self.prompt_ids) + self.request.params.max_new_tokens
+
+    def work(self) -> wire.SeqWork:
+        r = self.request
+        return wire.SeqWork(r.rid, self.prompt_ids, r.params, self.seed, r.stream)
 
 
 TextItem = EmbedItem | GenerateItem
@@ -170,6 +194,15 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
             store=store,
         )
         self.runner = runner
+        # Continuous batching, unless this is the benchmark's static baseline or the model's
+        # cache cannot be batched that way.
+        self.continuous = (
+            runner.kind == "generation" and runner.continuous and not static_batching_requested()
+        )
+        self.batch: GenerationBatch | None = runner.new_batch() if self.continuous else None
+        self.pool = KVPool(runner.max_total_tokens)
+        self.max_running = server_args.max_running_requests or server_args.max_batch_size
+        self.recent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last steps
 
     def admit(self, identity: bytes, request: wire.EmbedRequest | wire.GenerateRequest) -> TextItem:
         """Tokenise ``request``; ``InputError`` names the text (``input[i]`` of several) or the
@@ -182,7 +215,9 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
         return GenerateItem(
             identity=identity,
             request=request,
-            prompt_ids=self.runner.encode_prompt(request.text, params.max_new_tokens),
+            prompt_ids=self.runner.encode_prompt(
+                request.text, params.max_new_tokens, raw=request.raw
+            ),
             seed=params.seed if params.seed is not None else random.getrandbits(31),
         )
 
@@ -197,8 +232,102 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
                 raise InputError(f"input[{i}]: {exc}", f"input[{i}]") from None
         return input_ids
 
+    # ---- continuous generation ---------------------------------------------------------------
+
+    def step(self) -> None:
+        """Embeddings (and statically batched generation): the next whole batch. Generation:
+        one step of the running batch (the module's docstring)."""
+        if self.batch is None:
+            self.run_batch()
+            return
+        try:
+            self.generation_step(self.batch)
+        except Exception:
+            self.batch.reset()
+            self.pool.clear()
+            raise
+
+    def generation_step(self, batch: GenerationBatch) -> None:
+        joining = self.admit_waiting(batch)
+        cancel = [rid for rid in self.cancelled if rid in self.running]
+        if self.ranks > 1:
+            self.broadcast(wire.GenerationStep([q.work() for q in joining], cancel))
+        batch.join(sequences([q.work() for q in joining]))
+        stopped = batch.cancel(cancel)
+        before = sum(len(seq.output_ids) for seq in batch.sequences())
+        produced = self.runner.generate(batch)
+        after = sum(len(seq.output_ids) for seq in batch.sequences())
+        tokens = after - before + sum(len(seq.output_ids) for seq in produced if seq.finished)
+        self.batches += 1
+        self.generated_tokens += tokens
+        now = time.monotonic()
+        self.recent.append((now, tokens))
+        while self.recent[0][0] < now - _RATE_WINDOW_S:
+            self.recent.popleft()
+        for seq in [*stopped, *produced]:
+            self.answer(seq, batch.last_step_size)
+
+    def admit_waiting(self, batch: GenerationBatch) -> list[GenerateItem]:
+        """Move the queued sequences that are admitted now (``kv_pool.admit_fairly``) from the
+        queue to ``running``, their KV room reserved."""
+        room = self.max_running - len(batch)
+        if room <= 0 or not self.queue:
+            return []
+        pool = self.pool
+
+        def reserve(item: GenerateItem) -> bool:
+            if not pool.fits(item.footprint):
+                return False
+            pool.reserve(item.rid, item.footprint)
+            return True
+
+        waiting = [q for q in self.queue if isinstance(q, GenerateItem)]
+        running = [q.group for q in self.running.values() if isinstance(q, GenerateItem)]
+        chosen = admit_fairly(waiting, running, room=room, reserve=reserve)
+        if chosen:
+            taken = {id(q) for q in chosen}
+            self.queue = deque(q for q in self.queue if id(q) not in taken)
+            self.begin(chosen)
+        return chosen
+
+    def answer(self, seq: Sequence, batch_size: int) -> None:
+        """Send what ``seq`` produced (a streaming increment, or its result once finished), and
+        let it go when finished."""
+        item = self.running.get(seq.rid)
+        if not isinstance(item, GenerateItem):
+            return
+        if seq.finished:
+            self.aborted += seq.finish_reason == "abort"
+            gone = seq.rid in self.cancelled
+            self.finish([item])
+            self.pool.release(seq.rid)
+            if gone:
+                return
+        text = seq.take_increment() if seq.stream else seq.text
+        if not seq.finished and (not seq.stream or not text):
+            return
+        self.send(
+            item.identity,
+            wire.Generated(
+                seq.rid,
+                text,
+                item.prompt_tokens,
+                len(seq.output_ids),
+                finished=seq.finished,
+                finish_reason=seq.finish_reason,
+                seed=seq.seed,
+                batch_size=max(batch_size, 1),
+                logprobs=seq.take_logprobs(),
+            ),
+        )
+
+    # ---- whole batches: embeddings, and static generation ----------------------------------
+
     def take_batch(self) -> list[TextItem]:
-        """Up to ``max_batch_size`` requests (for embeddings: texts), oldest first, at least one."""
+        """Up to ``max_batch_size`` requests, oldest first, at least one; for embeddings that
+        many texts, shared between the queued requests (``take_texts``)."""
+        if isinstance(self.queue[0], EmbedItem):
+            return [*take_texts(cast("deque[EmbedItem]", self.queue), self.max_batch_size)]
         batch = [self.queue.popleft()]
         load = batch[0].load
         while self.queue:
@@ -215,68 +344,67 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
             self.run_embeddings(embeds)
         generations = [item for item in batch if isinstance(item, GenerateItem)]
         if generations:
-            self.run_generation(generations)
+            self.run_static_generation(generations)
 
     def run_embeddings(self, batch: list[EmbedItem]) -> None:
-        inputs = [ids for item in batch for ids in item.input_ids]
+        """Embed each request's ``part``; answer the requests whose last texts these were."""
+        inputs = [ids for item in batch for ids in item.input_ids[item.part.start : item.part.stop]]
         matrix = self.runner.embed_matrix(inputs)
         dim = int(matrix.shape[1])
         packed, row = wire.pack_vectors(matrix), dim * 4
         at = 0
         for item in batch:
-            n = len(item.input_ids)
-            if item.rid not in self.cancelled:
-                self.send(
-                    item.identity,
-                    wire.Embeddings(
-                        item.rid,
-                        packed[at * row : (at + n) * row],
-                        dim,
-                        item.prompt_tokens,
-                        batch_size=len(inputs),
-                    ),
-                )
+            n = len(item.part)
+            item.add_rows(packed[at * row : (at + n) * row], len(inputs))
             at += n
+            if item.complete and item.rid not in self.cancelled:
+                self.send(item.identity, item.answer(dim))
 
-    def run_generation(self, batch: list[GenerateItem]) -> None:
-        work = [
-            wire.SeqWork(q.rid, q.prompt_ids, q.request.params, q.seed, q.request.stream)
-            for q in batch
-        ]
+    def run_static_generation(self, batch: list[GenerateItem]) -> None:
+        """A generation batch decoded to the end of its longest sequence (``static_batch``)."""
+        work = [q.work() for q in batch]
         if self.ranks > 1:
             self.broadcast(wire.Batch(work))
-        owners = {q.rid: q for q in batch}
         seqs = sequences(work)
 
         def emit(seq: Sequence) -> None:
-            owner = owners[seq.rid]
-            text = seq.take_increment() if seq.stream else seq.text
-            if seq.stream and not text and not seq.finished:
-                return
-            self.send(
-                owner.identity,
-                wire.Generated(
-                    seq.rid,
-                    text,
-                    owner.prompt_tokens,
-                    len(seq.output_ids),
-                    finished=seq.finished,
-                    finish_reason=seq.finish_reason,
-                    seed=seq.seed,
-                    batch_size=len(seqs),
-                ),
-            )
+            self.answer(seq, len(seqs))
 
-        self.runner.generate(seqs, emit=emit, cancelled=self.poll)
-        self.aborted += sum(1 for s in seqs if s.finish_reason == "abort")
+        generate_static(self.runner, seqs, emit=emit, cancelled=self.poll)
         self.generated_tokens += sum(len(s.output_ids) for s in seqs)
+
+    # ---- figures -----------------------------------------------------------------------------
 
     def stats(self) -> wire.TextStats:
         runner = self.runner
-        return self.counted(wire.TextStats(model=runner.describe(), memory=runner.memory_info()))
+        now = time.monotonic()
+        while self.recent and self.recent[0][0] < now - _RATE_WINDOW_S:
+            self.recent.popleft()
+        span = now - self.recent[0][0] if self.recent else 0.0
+        rate = sum(n for _, n in self.recent) / max(span, 1.0) if self.recent else 0.0
+        return self.counted(
+            wire.TextStats(
+                model=runner.describe(),
+                memory=runner.memory_info(),
+                running=len(self.batch) if self.batch is not None else len(self.running),
+                queued=len(self.queue),
+                kv_tokens_used=self.pool.used,
+                kv_tokens_total=self.pool.total if runner.kind == "generation" else 0,
+                generation_tokens_per_s=round(rate, 3),
+            )
+        )
 
 
-def follow_text_batch(runner: ModelRunner, work: wire.FollowerWork) -> None:
-    """A tensor-parallel rank > 0: decode rank 0's batch in lockstep with it (no answers)."""
-    if isinstance(work, wire.Batch):
-        runner.generate(sequences(work.seqs))
+# The window over which a scheduler reports its generation rate.
+_RATE_WINDOW_S = 5.0
+
+
+def follow_text_step(runner: ModelRunner, batch: GenerationBatch, work: wire.FollowerWork) -> None:
+    """A tensor-parallel rank > 0: run rank 0's generation step (or static batch) in lockstep
+    with it (no answers)."""
+    if isinstance(work, wire.GenerationStep):
+        batch.join(sequences(work.join))
+        batch.cancel(work.cancel)
+        runner.generate(batch)
+    elif isinstance(work, wire.Batch):
+        generate_static(runner, sequences(work.seqs))

@@ -7,6 +7,7 @@ dies mid-stream, dp=2 with least-loaded routing, and SIGINT leaving nothing behi
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -121,6 +122,12 @@ def test_output_formats(server, leak_ok, fmt, pil):
         ({"output_format": "gif"}, "output_format", ["png, jpeg, webp"]),
         ({"seed": -1}, "seed", ["seed must be between 0"]),
         ({"model": "other"}, "model", ["'other'", "/v1/models"]),
+        ({"size": "\u0663\u0662x\u0663\u0662"}, "size", ["WIDTHxHEIGHT"]),  # Arabic-Indic 32
+        (
+            {"size": "4096x4096", "num_inference_steps": 100},
+            "num_inference_steps",
+            ["1,677,721,600 pixel-steps", "--max-pixel-steps"],
+        ),
     ],
 )
 def test_bad_input_is_a_json_4xx_naming_field_and_limit(server, leak_ok, extra, param, words):
@@ -130,6 +137,20 @@ def test_bad_input_is_a_json_4xx_naming_field_and_limit(server, leak_ok, extra, 
     message = reply.json()["error"]["message"]
     for word in words:
         assert word in message, message
+
+
+@pytest.mark.parametrize("field", ["prompt", "negative_prompt"])
+def test_an_unpaired_surrogate_is_a_400_naming_its_field(server, leak_ok, field):
+    raw = json.dumps(body(**{field: "a cat \ud800"}))  # the JSON escape \ud800, alone
+    reply = httpx.post(
+        server.url + ROUTE,
+        content=raw,
+        headers={**AUTH, "content-type": "application/json"},
+        timeout=120,
+    )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == field and "unpaired surrogate" in error["message"], error
 
 
 def test_api_key_and_the_text_routes_refuse_clearly(server, leak_ok):
@@ -176,41 +197,59 @@ def batches(server) -> int:
     return info["schedulers"][0]["batches"]
 
 
-def queued_behind_a_long_request(server, requests: list[threading.Thread]) -> None:
-    """Start ``requests`` while a long streamed request keeps the worker busy, wait until every
-    one of them waits in the worker's queue (its ``queue_depth``, which the worker reports between
-    two steps), then hang up on the long one: the worker stops it and takes its next batch from
-    that queue. Joins the threads."""
+def sent_to_the_worker(server) -> int:
+    """The requests the HTTP child has sent the worker and not had answered yet (its
+    ``sglang_launch_queue_depth``): it keeps counting while the worker is paused."""
+    page = httpx.get(server.url + "/metrics", headers=AUTH, timeout=30).text
+    found = re.search(r'^sglang_launch_queue_depth\{dp_rank="0"\} ([0-9.]+)$', page, re.M)
+    return int(float(found.group(1))) if found else 0
 
-    def queued() -> int:
-        info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
-        return info["schedulers"][0]["queue_depth"]
 
+@contextlib.contextmanager
+def worker_paused(server):
+    """The worker stopped with SIGSTOP inside the block, and let go on after it: what the HTTP
+    child sends it meanwhile waits in its socket, and it reads all of it at once."""
+    worker = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
+    pid = worker["schedulers"][0]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def queued_beside_a_long_request(server, requests: list[threading.Thread]) -> None:
+    """Start ``requests`` while a long streamed request is under way and the worker is paused,
+    wait until the HTTP child has sent every one of them, then let the worker go on (it takes
+    them into its queue together) and hang up on the long one: the worker stops it. Joins the
+    threads."""
     long = body(stream=True, num_inference_steps=900)
     with httpx.stream("POST", server.url + ROUTE, json=long, headers=AUTH, timeout=60) as reply:
         lines = reply.iter_lines()  # kept: a dropped line generator would hang up at once
         first_step(lines)  # the worker is in the long request's denoising loop
-        for t in requests:
-            t.start()
-        wait_for(
-            lambda: queued() >= len(requests),
-            what=f"{len(requests)} requests queued behind the long one",
-        )
+        with worker_paused(server):
+            for t in requests:
+                t.start()
+            wait_for(
+                lambda: sent_to_the_worker(server) >= len(requests) + 1,
+                what=f"{len(requests)} requests sent beside the long one",
+            )
     for t in requests:
         t.join()
 
 
 def test_same_shape_requests_that_arrive_together_share_a_batch(server, leak_ok):
-    """Six requests of one shape that wait in the queue together run as one pipeline call."""
+    """Six requests of one shape that wait in the queue together run as one pipeline call, beside
+    the long request under way."""
     before = batches(server)
     replies: list[httpx.Response] = []
     threads = [
         threading.Thread(target=lambda i=i: replies.append(post(server, seed=100 + i)))
         for i in range(6)
     ]
-    queued_behind_a_long_request(server, threads)
+    queued_beside_a_long_request(server, threads)
     assert [r.status_code for r in replies] == [200] * 6
-    assert batches(server) - before == 2  # the long request, then the six in one pipeline call
+    assert batches(server) - before == 2  # the long request, and the six in one pipeline call
 
 
 def test_a_client_that_disconnects_cancels_its_request(server, leak_ok):
@@ -297,13 +336,13 @@ def test_streamed_requests_batched_together_each_get_every_step(server, leak_ok)
         threading.Thread(target=lambda i=i: streams.update({i: stream(server, seed=200 + i)}))
         for i in range(4)
     ]
-    queued_behind_a_long_request(server, threads)
+    queued_beside_a_long_request(server, threads)
     assert sorted(streams) == [0, 1, 2, 3]
     for i, events in streams.items():
         progress, images = split_events(events)
         assert [e["step"] for e in progress] == [1, 2], (i, progress)
         assert len(images) == 1 and images[0]["seed"] == 200 + i
-    assert batches(server) - before == 2  # the long request, then the four in one pipeline call
+    assert batches(server) - before == 2  # the long request, and the four in one pipeline call
 
 
 def test_the_openai_client_reads_the_stream(server, leak_ok):
@@ -366,13 +405,15 @@ def test_a_client_that_leaves_before_the_first_event_is_dropped_from_the_queue(s
     with long_stream(server) as busy:
         lines = busy.iter_lines()
         first_step(lines)
-        # The worker is busy with that one: this stream waits in the queue, and its client
-        # gives up before its first event.
-        with pytest.raises(httpx.ReadTimeout):
-            with httpx.stream(
-                "POST", server.url + ROUTE, json=body(stream=True), headers=AUTH, timeout=1
-            ) as queued:
-                queued.read()
+        # The worker is paused: this stream waits for it, and its client gives up before its
+        # first event; the worker reads the request and its cancellation together.
+        with worker_paused(server):
+            with pytest.raises(httpx.ReadTimeout):
+                with httpx.stream(
+                    "POST", server.url + ROUTE, json=body(stream=True), headers=AUTH, timeout=1
+                ) as queued:
+                    queued.read()
+            wait_for(lambda: sent_to_the_worker(server) == 1, what="the queued request cancelled")
     wait_for(lambda: counts()[1] > aborted, what="the busy stream counted as aborted")
     # A probe of another shape (it cannot share the queued request's batch) runs after where
     # the queued request would have: only the busy batch and the probe's ran.

@@ -1,7 +1,8 @@
 """The official ``openai`` Python client against live servers started through the real CLI: the
 default model for embeddings (the client's default base64 encoding and "float", a list input,
-models.list), the tiny causal LM for completions (plain and streamed), and error responses the
-client raises as the matching exception class carrying the server's message and ``param``.
+models.list), the tiny causal LM for completions (plain and streamed, with logprobs), and error
+responses the client raises as the matching exception class carrying the server's message and
+``param``. Chat through the client: ``tests/e2e/test_chat.py``.
 One request goes through the real ``curl`` binary, which labels its body as a form."""
 
 from __future__ import annotations
@@ -110,6 +111,11 @@ def test_embedding_errors_are_the_clients_exception_classes(embedder):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="all-MiniLM-L6-v2", prompt="hello")
     assert info.value.param == "model" and "serves embedding" in info.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="all-MiniLM-L6-v2", messages=[{"role": "user", "content": "hello"}]
+        )
+    assert info.value.param == "model" and "use /v1/embeddings" in info.value.body["message"]
     assert "Token indices sequence length" not in embedder.log
 
 
@@ -135,6 +141,23 @@ def test_completions_plain_and_streamed(generator):
     assert chunks[-1].usage.completion_tokens == 6 and chunks[-1].choices == []
 
 
+def test_completions_logprobs_in_openais_legacy_shape(generator):
+    client = client_for(generator, KEY)
+    answer = client.completions.create(
+        model=client.models.list().data[0].id,
+        prompt="the weather today is",
+        max_tokens=4,
+        temperature=0,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    logprobs = answer.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 4
+    assert all(lp <= 0 for lp in logprobs.token_logprobs)
+    assert all(len(top) <= 2 for top in logprobs.top_logprobs)
+    assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
+
+
 def test_generation_errors_are_the_clients_exception_classes(generator):
     with pytest.raises(openai.AuthenticationError) as info:
         client_for(generator, "wrong-key").models.list()
@@ -143,10 +166,15 @@ def test_generation_errors_are_the_clients_exception_classes(generator):
     name = client.models.list().data[0].id
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=name, prompt="x", max_tokens=5000)
-    assert info.value.param == "max_tokens" and "--max-total-tokens" in info.value.body["message"]
+    assert (
+        info.value.param == "max_tokens" and "max_position_embeddings" in info.value.body["message"]
+    )
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model=name, prompt="x", logprobs=2)
-    assert info.value.param == "logprobs"
+        client.completions.create(model=name, prompt="x", best_of=2)
+    assert info.value.param == "best_of"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=name, prompt="x", logprobs=21)
+    assert info.value.param == "logprobs" and "between 0 and 20" in info.value.body["message"]
     with pytest.raises(openai.BadRequestError) as info:
         client.embeddings.create(model=name, input="x")
     assert info.value.param == "model" and "serves generation" in info.value.body["message"]

@@ -93,11 +93,14 @@ def test_read_only_routes(server):
     assert info["version"] == version and get("/openapi.json").json()["info"]["version"] == version
     embed(server, "count me")
     samples = metric_samples(get("/metrics").text)
-    assert samples[("sglang_requests_total", (("route", "/v1/embeddings"), ("status", "200")))] >= 1
-    assert samples[("sglang_queue_depth", (("dp_rank", "0"),))] == 0
-    assert samples[("sglang_batch_size_count", ())] >= 1
-    assert samples[("sglang_prompt_tokens_total", ())] > 0
-    assert samples[("sglang_request_latency_seconds_count", (("route", "/v1/embeddings"),))] >= 1
+    embeddings_200 = (("route", "/v1/embeddings"), ("status", "200"))
+    assert samples[("sglang_launch_requests_total", embeddings_200)] >= 1
+    assert samples[("sglang_launch_queue_depth", (("dp_rank", "0"),))] == 0
+    assert samples[("sglang_launch_batch_size_count", ())] >= 1
+    model = (("model_name", "all-MiniLM-L6-v2"),)
+    assert samples[("sglang:prompt_tokens_total", model)] > 0
+    latency = (("route", "/v1/embeddings"),)
+    assert samples[("sglang_launch_request_latency_seconds_count", latency)] >= 1
 
 
 def metric_samples(page: str) -> dict:

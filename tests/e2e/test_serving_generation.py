@@ -152,7 +152,7 @@ def test_generation_bad_input_is_4xx(server):
         ({"text": ""}, "must not be empty"),
         ({"text": "x", "sampling_params": {"temperature": -1}}, "temperature"),
         ({"text": "x", "sampling_params": {"max_new_tokens": 0}}, "max_new_tokens"),
-        ({"text": "x", "sampling_params": {"max_new_tokens": 5000}}, "max-total-tokens"),
+        ({"text": "x", "sampling_params": {"max_new_tokens": 5000}}, "max_position_embeddings"),
         ({"text": "x", "sampling_params": {"top_p": 0}}, "top_p"),
         ({"text": "x", "sampling_params": {"stop": ["a", "b", "c", "d", "e"]}}, "at most 4"),
         ({"text": "x", "sampling_params": {"seed": 2**70}}, "seed"),

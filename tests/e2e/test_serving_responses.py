@@ -13,7 +13,7 @@ import httpx
 import jsonschema_rs
 import msgspec
 import pytest
-from support.serving import build_tiny_llama, post, server_env, start_server
+from support.serving import build_tiny_llama, give_chat_template, post, server_env, start_server
 
 from serving.http import responses
 
@@ -32,6 +32,7 @@ def generator(tmp_path_factory):
     from launcher.model_source import default_model_dir
 
     tiny = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", default_model_dir())
+    give_chat_template(tiny)
     srv = start_server(
         ["--model-path", str(tiny)], tmp_path_factory.mktemp("responses-gen"), "generate"
     )
@@ -100,8 +101,10 @@ def check_events(doc: dict, path: str, answer: httpx.Response) -> list:
 
 
 def check_server_routes(server, doc: dict) -> responses.ServerInfo:
-    for path in ("/health", "/ready", "/v1/models"):
-        check_json(doc, "GET", path, httpx.get(server.url + path, timeout=30))
+    for path in ("/health", "/ping", "/health_generate", "/ready", "/v1/models", "/get_model_info"):
+        answer = httpx.get(server.url + path, timeout=60)
+        assert answer.status_code == 200, (path, answer.text)
+        check_json(doc, "GET", path, answer)
     info = check_json(doc, "GET", "/get_server_info", httpx.get(server.url + "/get_server_info"))
     assert isinstance(info, responses.ServerInfo) and info.schedulers[0] is not None
     return info
@@ -129,6 +132,8 @@ def test_embedding_server_answers_are_their_documented_structs(embedder):
     check_json(doc, "POST", "/v1/embeddings", refused)  # documented as ErrorBody
     check_kind_refusal(embedder, "/v1/completions", {"prompt": "hi"}, "/v1/embeddings")
     check_kind_refusal(embedder, "/generate", {"text": "hi"}, "/v1/embeddings")
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    check_kind_refusal(embedder, "/v1/chat/completions", chat, "/v1/embeddings")
 
 
 def test_generation_server_answers_and_streams_are_their_documented_structs(generator):
@@ -157,7 +162,28 @@ def test_generation_server_answers_and_streams_are_their_documented_structs(gene
         doc, "/generate", post(generator.url + "/generate", {**native, "stream": True})
     )
     assert events[-1].text == result.text
-    check_kind_refusal(generator, "/v1/embeddings", {"input": "x"}, "/v1/completions or /generate")
+    chat = {
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 3,
+        "n": 2,
+        "ignore_eos": True,
+    }
+    r = post(generator.url + "/v1/chat/completions", chat)
+    assert r.status_code == 200, r.text
+    answer = check_json(doc, "POST", "/v1/chat/completions", r)
+    assert isinstance(answer, responses.ChatCompletion) and len(answer.choices) == 2
+    streamed = {**chat, "stream": True, "stream_options": {"include_usage": True}}
+    chunks = check_events(
+        doc, "/v1/chat/completions", post(generator.url + "/v1/chat/completions", streamed)
+    )
+    assert all(isinstance(c, responses.ChatCompletionChunk) for c in chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    check_kind_refusal(
+        generator,
+        "/v1/embeddings",
+        {"input": "x"},
+        "/v1/completions or /v1/chat/completions or /generate",
+    )
 
 
 def test_image_server_answers_and_events_are_their_documented_structs(painter, leak_ok):

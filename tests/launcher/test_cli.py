@@ -170,3 +170,19 @@ def test_an_empty_http_target_launches_the_schedulers_alone():
         assert run.wait(60) == 0, run
         assert "sglang-launch: node 0 ready (2 workers" in run.stderr, run
         run.assert_nothing_left()
+
+
+@pytest.mark.e2e
+def test_the_cpu_chosen_with_sglang_use_cpu_engine_is_not_called_a_fallback():
+    """``SGLANG_USE_CPU_ENGINE=1`` chooses the CPU: the launcher names that choice, and does not
+    tell the operator to set what is already set."""
+    args = [*FAST, "--port", str(free_port()), "--scheduler-target", READY_WAIT]
+    with Run([*args, "--http-target", READY_WAIT], env={"SGLANG_USE_CPU_ENGINE": "1"}) as run:
+        run.wait_ready()
+        os.kill(run.pid, signal.SIGTERM)
+        assert run.wait(60) == 0, run
+        assert "sglang-launch: platform builtin:cpu (" in run.stderr, run
+        assert "SGLANG_USE_CPU_ENGINE is set" in run.stderr, run
+        assert "no accelerator and no platform plugin found" not in run.stderr, run
+        assert "choose explicitly" not in run.stderr, run
+        run.assert_nothing_left()

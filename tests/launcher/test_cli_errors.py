@@ -62,6 +62,15 @@ def test_a_model_path_that_is_not_a_model_is_a_usage_error_before_any_worker_sta
 
 
 @pytest.mark.e2e
+def test_an_infinite_grace_period_is_a_usage_error_before_any_worker_starts():
+    run = _run(["--stop-grace-period", "inf", "--port", str(free_port())])
+    assert run.returncode == 2, run.stderr
+    assert "invalid server arguments" in run.stderr, run.stderr
+    assert "--stop-grace-period inf is not a finite number" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and "starting" not in run.stderr
+
+
+@pytest.mark.e2e
 def test_output_cut_short_by_the_reader_is_not_an_error():
     """``sglang-launch --help | head -1``: the reader is gone before the output is written."""
     import os
@@ -123,3 +132,80 @@ def test_a_launch_on_a_plugin_lacking_get_device_names_the_fix_in_the_plugin(sit
     assert "does not implement get_device()" in run.stderr, run.stderr
     assert "sglang-launch check-platform" in run.stderr
     assert "SGLANG_USE_CPU_ENGINE" not in run.stderr + run.stdout
+
+
+def _can_mount() -> bool:
+    """Whether this process may mount in a mount namespace of its own (root, unshare present)."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+def _launch_with_state_dir(runtime_dir, prepare: str) -> subprocess.CompletedProcess:
+    """The launcher with ``XDG_RUNTIME_DIR=runtime_dir``, after the shell command ``prepare``
+    ran in a mount namespace of the launcher's own (so a mount there is the launcher's alone)."""
+    environ = clean_env(PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(runtime_dir))
+    argv = ["--port", str(free_port()), *["--startup-timeout", "60"]]
+    script = f'{prepare} && exec "$0" -m launcher "$@"'
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=str(REPO),
+        timeout=120,
+    )
+
+
+def _assert_setup_failure_naming(run: subprocess.CompletedProcess, *texts: str) -> None:
+    assert run.returncode == 5, run.stderr
+    for text in texts:
+        assert text in run.stderr, run.stderr
+    assert "XDG_RUNTIME_DIR" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and "starting" not in run.stderr, run.stderr
+
+
+@pytest.fixture
+def runtime_dir():
+    """A private XDG_RUNTIME_DIR short enough for unix socket paths, removed afterwards."""
+    import shutil
+    from pathlib import Path
+
+    from support.supervisor import short_runtime_dir
+
+    path = Path(short_runtime_dir())
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.e2e
+def test_a_read_only_state_directory_is_a_setup_error_naming_it(runtime_dir):
+    state = runtime_dir / "sglang-launch"
+    state.mkdir(parents=True, mode=0o700)
+    if _can_mount():  # root writes through any mode bits: a read-only mount stops it
+        run = _launch_with_state_dir(
+            runtime_dir, f"mount --bind {state} {state} && mount -o remount,bind,ro {state}"
+        )
+    else:
+        state.chmod(0o500)
+        try:
+            run = _run(["--port", str(free_port())], XDG_RUNTIME_DIR=str(runtime_dir))
+        finally:
+            state.chmod(0o700)
+    _assert_setup_failure_naming(run, "cannot set up the runtime directory", str(state))
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not _can_mount(), reason="a full file system needs a tmpfs mount (root)")
+def test_a_full_state_directory_is_a_setup_error_naming_it(runtime_dir):
+    """A tmpfs with four inodes: its root, the state directory, the lock file and the runtime
+    directory; binding the first IPC socket finds no room (ENOSPC)."""
+    run = _launch_with_state_dir(
+        runtime_dir, f"mount -t tmpfs -o nr_inodes=4,mode=700 tmpfs {runtime_dir}"
+    )
+    _assert_setup_failure_naming(
+        run, "cannot set up the launcher's IPC sockets", "No space left on device"
+    )

@@ -332,3 +332,26 @@ def test_embedded_launcher_errors_name_keyword_arguments(monkeypatch):
     assert "is already in use" in data["busy"]["text"] and "pass port=N" in data["busy"]["text"], (
         data
     )
+
+
+def test_a_worker_hung_in_start_up_is_killed_at_the_start_up_timeout_not_after_the_grace():
+    """``--startup-timeout 3 --stop-grace-period 600``: the hung worker (it ignores SIGTERM) is
+    still starting when the deadline passes, so it is killed at once, as every worker still
+    starting is; the grace period would keep the launch for ten minutes."""
+    args = [
+        "--startup-timeout",
+        "3",
+        "--stop-grace-period",
+        "600",
+        "--scheduler-target",
+        "support.workers.hang",
+        "--http-target",
+        READY_WAIT,
+    ]
+    with Run([*args, "--port", str(free_port())]) as run:
+        assert run.wait(120) == 3, run
+        err = run.stderr
+        assert "start-up did not finish within 3s" in err, run
+        assert re.search(r"scheduler\.0 \(pid \d+\) stopped", err), run
+        assert "scheduler.0" in err and "exited SIGKILL" in err, run
+        run.assert_nothing_left()

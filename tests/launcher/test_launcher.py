@@ -138,3 +138,56 @@ def test_an_application_embedding_launcher(tmp_path):
     assert result["children_after_with"] == []
     # The application's own multiprocessing setting is untouched.
     assert result["start_method"] is None
+
+
+CYCLES_APP = """
+import gc, json, os, socket, sys
+from launcher import Launcher
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    gc.collect()
+    gc.disable()  # what is released must be released without the garbage collector
+    counts = []
+    for _ in range(4):
+        with Launcher(scheduler_target="support.workers.ready_then_wait",
+                      http_target="support.workers.ready_then_wait", port=free_port(),
+                      stop_grace_period=5):
+            pass
+        counts.append(len(os.listdir("/proc/self/fd")))
+    print("RESULT:" + json.dumps(counts), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts /proc/self/fd")
+def test_start_stop_cycles_leave_no_file_descriptor_behind(tmp_path):
+    """Each launch's pipes and sockets are closed when it ends, not when the garbage collector
+    happens to find them: an application that launches again and again holds no more files."""
+    app = tmp_path / "cycles.py"
+    app.write_text(CYCLES_APP)
+    env = clean_env(
+        PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]), XDG_RUNTIME_DIR=short_runtime_dir()
+    )
+    proc = subprocess.run(
+        [sys.executable, str(app)],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = [line for line in proc.stdout.splitlines() if line.startswith("RESULT:")]
+    assert line, proc.stderr
+    counts = json.loads(line[0][len("RESULT:") :])
+    assert counts[1] == counts[2] == counts[3], counts

@@ -117,3 +117,115 @@ def test_what_a_sigkilled_worker_leaves_behind_is_ended_by_the_launcher():
         assert run.wait(60) == 4, run
         assert "scheduler.1 was killed by SIGKILL" in run.stderr
         _assert_gone_within(run, pids, 60)
+
+
+NONSTOP = [
+    *FAST,
+    "--tp-size",
+    "2",
+    "--scheduler-target",
+    "support.workers.start_children_nonstop",
+    "--http-target",
+    READY_WAIT,
+]
+RUNS = 4
+
+
+def _schedulers_starting_children(run: Run) -> list[int]:
+    """The scheduler pids, once each has started children of its own (the launch still starting)."""
+
+    def busy() -> list[int] | None:
+        assert run.proc.poll() is None, run
+        snap = run.snapshot()
+        pids = [w["pid"] for w in (snap or {}).get("workers", []) if w["role"] == "scheduler"]
+        if len(pids) != 2 or not all(pids):
+            return None
+        try:
+            counts = [len(psutil.Process(pid).children()) for pid in pids]
+        except psutil.NoSuchProcess:
+            return None
+        return pids if min(counts) >= 10 else None
+
+    return wait_for(busy, 120, f"both schedulers to start children\n{run}", interval=0.05)
+
+
+@pytest.mark.parametrize("moment", ["serving", "starting"])
+def test_nothing_outlives_a_sigkilled_launcher_whose_workers_start_processes_nonstop(moment):
+    """Each scheduler starts a process every few milliseconds, before and after it is ready; the
+    launcher is SIGKILLed in the middle of it, several times over. Every process of the launch,
+    those started while their worker was being ended included, must be gone."""
+    env = {"TESTWORKER_NEVER_READY": "1"} if moment == "starting" else {}
+    for _ in range(RUNS):
+        with Run([*NONSTOP, "--port", str(free_port())], env=env) as run:
+            if moment == "serving":
+                snap = run.wait_ready()
+                pids = [w["pid"] for w in snap["workers"] if w["role"] == "scheduler"]
+            else:
+                pids = _schedulers_starting_children(run)
+            os.kill(run.pid, signal.SIGKILL)
+            run.wait(10)
+            _assert_gone_within(run, pids, 60)
+
+
+EMBEDDING_APP = """
+import json, sys, time
+from launcher import Launcher
+
+
+def main():
+    launcher = Launcher(
+        scheduler_target="support.workers.spawn_descendants",
+        http_target="support.workers.ready_then_wait",
+        port=int(sys.argv[1]),
+        startup_timeout=60,
+        stop_grace_period=5,
+    )
+    launcher.start()
+    print("READY:" + json.dumps(launcher.status()["workers"]), flush=True)
+    for event in launcher.events():  # until the launch ends (its scheduler is killed)
+        pass
+    launcher.stop()  # the launch is over: this waits for its thread to finish
+    print("ENDED:" + json.dumps(launcher.outcome.exit_code), flush=True)
+    time.sleep(3600)  # the application goes on; the test ends it
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _line(run: Run, prefix: str):
+    import json
+
+    def found():
+        assert run.proc.poll() is None, str(run)
+        lines = [line for line in run.stdout.splitlines() if line.startswith(prefix)]
+        return json.loads(lines[0][len(prefix) :]) if lines else None
+
+    return wait_for(found, 120, f"the application to print {prefix}\n{run}", interval=0.05)
+
+
+def test_what_a_sigkilled_worker_of_an_embedded_launcher_leaves_behind_is_ended(tmp_path):
+    """The application is no subreaper: the dead worker's child and ``setsid`` grandchild are
+    re-parented away from it, and the launch still ends them (they carry its tag)."""
+    app = tmp_path / "app.py"
+    app.write_text(EMBEDDING_APP)
+    with Run([str(free_port())], command=[sys.executable, str(app)]) as run:
+        workers = _line(run, "READY:")
+        scheduler = next(w for w in workers if w["role"] == "scheduler")
+        info = scheduler["info"]
+        os.kill(scheduler["pid"], signal.SIGKILL)
+        assert _line(run, "ENDED:") == 4, run
+        pids = [scheduler["pid"], info["child"], info["detached"]]
+
+        def gone():
+            alive = [
+                p
+                for p in pids
+                if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            ]
+            left = [p for p in run.leftovers() if "resource_tracker" not in " ".join(p.cmdline())]
+            return not alive and not left
+
+        wait_for(gone, 60, f"the dead worker's descendants to be gone\n{run}")
+        assert run.proc.poll() is None, "the application goes on"

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from support import REPO, clean_env, make_dist, run_python
+from support import REPO, clean_env, free_port, make_dist, run_python
 from support.process import forget_modules_from
 
 import hooks
@@ -37,6 +37,16 @@ def _run(*argv: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
+def _platform_module(cls: str, device: str) -> str:
+    """The source of a module holding a valid SRT platform plugin class ``cls`` (the report
+    constructs the selected class, as a launch does)."""
+    return (
+        "from platforms import SRTPlatform, PlatformEnum\n\n"
+        f"class {cls}(SRTPlatform):\n    _enum = PlatformEnum.OOT\n"
+        f"    device_name = {device!r}\n    device_type = 'cpu'\n"
+    )
+
+
 def _site(site):
     make_dist(site, "tgt-module", modules={"tgt.py": "def f(x):\n    return x\n"})
     make_dist(
@@ -48,6 +58,7 @@ def _site(site):
         },
         {
             "vendor_pkg/__init__.py": "def activate():\n    return 'vendor_pkg.platform.VendorPlatform'\n",
+            "vendor_pkg/platform.py": _platform_module("VendorPlatform", "vendor"),
             "vendor_pkg/hooks.py": """
                    from hooks import HookRegistry, HookType
                    def register():
@@ -273,6 +284,7 @@ def _dual_site(site):
                    def activate():
                        return "dual_pkg.platform.DualPlatform"
                """,
+            "dual_pkg/platform.py": _platform_module("DualPlatform", "dual"),
             "dual_pkg/hooks.py": """
                    from hooks import HookType, plugin_hook
                    @plugin_hook("tgt:f", type=HookType.AFTER)
@@ -366,3 +378,55 @@ def test_the_report_imports_no_torch(site):
     )
     assert res.returncode == 0, res
     assert res.data == {"codes": [0, 0], "heavy": []}
+
+
+# A platform plugin whose class a launch refuses (exit 5): what its activate() returns, or what
+# its class adds, and a phrase of the error both must name.
+BAD_CLASSES = {
+    "not importable": ({"activate": "return 'plg_nowhere.platform.Missing'"}, "cannot be imported"),
+    "not a subclass": ({"activate": "return 'json.JSONDecoder'"}, "is not a subclass"),
+    "a built-in _enum": ({"class_body": "_enum = PlatformEnum.CUDA"}, "not PlatformEnum.OOT"),
+    "no _enum member": ({"class_body": "_enum = 'oot'"}, "_enum = 'oot'"),
+    "a blank device_name": ({"class_body": "device_name = '  '"}, "device_name"),
+    "a raising constructor": (
+        {"class_body": "def __init__(self):\n    raise RuntimeError('no device here')"},
+        "no device here",
+    ),
+}
+
+
+@pytest.mark.e2e  # runs the launch and the report as processes of their own
+@pytest.mark.parametrize("case", list(BAD_CLASSES))
+def test_plugins_refuses_the_class_a_launch_refuses_with_the_same_error(site, case):
+    from support.plugins import platform_plugin
+
+    spec, phrase = BAD_CLASSES[case]
+    platform_plugin(site, "bad", **spec)
+    launch = _cli(["--port", str(free_port())], site, SGLANG_PLATFORM="bad")
+    assert launch.returncode == 5, launch.stderr
+    assert phrase in launch.stderr, launch.stderr
+
+    doc = _cli(["plugins", "--runtime", "srt", "--json"], site, SGLANG_PLATFORM="bad")
+    assert doc.returncode == 1, doc.stdout + doc.stderr
+    report = json.loads(doc.stdout)["runtimes"][0]
+    error = report["selection"]["error"]
+    assert phrase in error and error.partition(": ")[2] in launch.stderr, (error, launch.stderr)
+    assert report["startup_error"] == error
+    assert not any(p["selected"] for p in report["groups"][SRT_PLATFORMS]), report
+
+    table = _cli(["plugins", "--runtime", "srt"], site, SGLANG_PLATFORM="bad")
+    assert table.returncode == 1 and "platform: selection fails" in table.stdout, table.stdout
+    row = next(line for line in table.stdout.splitlines() if line.startswith("    bad "))
+    assert not row.rstrip().endswith("selected"), table.stdout
+
+
+@pytest.mark.e2e  # the stuck activate() is left behind in a process of its own
+def test_an_activate_that_hangs_is_reported_as_stuck_after_the_timeout(site):
+    from support.plugins import platform_plugin
+
+    platform_plugin(site, "sleepy", activate="import time\ntime.sleep(3600)")
+    run = _cli(["plugins", "--runtime", "srt", "--timeout", "1"], site)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "activate() of platform plugin sleepy = plg_sleepy_" in run.stdout, run.stdout
+    assert "did not return within 1s" in run.stdout and "--timeout SECONDS" in run.stdout
+    assert "Traceback" not in run.stderr, run.stderr

@@ -303,3 +303,26 @@ def test_two_launchers_that_are_both_pid_1_share_a_state_directory():
         for run in runs:
             run.stop()
         shutil.rmtree(runtime_dir, ignore_errors=True)
+
+
+def test_no_worker_inherits_the_key_from_the_environment():
+    """``SGLANG_API_KEY`` reaches the workers in their spawn payload alone: no worker, and nothing
+    a worker starts, finds it in its environment (``/proc/<pid>/environ``)."""
+    args = [*FAST, "--port", str(free_port()), "--http-target", "support.workers.report_args"]
+    args += ["--scheduler-target", "support.workers.spawn_descendants"]
+    with Run(args, env={"SGLANG_API_KEY": KEY}) as run:
+        snap = run.wait_ready()
+        http = next(w for w in snap["workers"] if w["role"] == "http")
+        assert http["info"]["fields"]["api_key"] == KEY  # the payload carries it
+        scheduler = next(w for w in snap["workers"] if w["role"] == "scheduler")
+        pids = [
+            http["pid"],
+            scheduler["pid"],
+            *(scheduler["info"][k] for k in ("child", "detached")),
+        ]
+        for pid in pids:
+            assert "SGLANG_API_KEY" not in psutil.Process(pid).environ(), pid
+        assert psutil.Process(run.pid).environ()["SGLANG_API_KEY"] == KEY  # the launcher's own
+        os.kill(run.pid, signal.SIGTERM)
+        assert run.wait(60) == 0, run
+        run.assert_nothing_left()

@@ -33,6 +33,16 @@ def cpu_only(fresh_process, monkeypatch):
 # ---------------------------------------------------------------------------------------------
 # Command line and checks (ServerArgs resolves the platform).
 # ---------------------------------------------------------------------------------------------
+def test_durations_must_be_finite_numbers():
+    """``--stop-grace-period inf`` (or nan) is a usage error, not a worker crashing on it later."""
+    for field in ("stop_grace_period", "startup_timeout", "watchdog_timeout", "restart_backoff"):
+        for value in (float("inf"), float("nan"), float("-inf")):
+            found = _problems(**{field: value})
+            assert found is not None, (field, value)
+            flag = "--" + field.replace("_", "-")
+            assert f"{flag} {value} is not a finite number" in found["text"], found
+
+
 @pytest.mark.usefixtures("cpu_only")
 def test_command_line_round_trip_help_and_bad_values():
     parser = ServerArgs.add_cli_args(argparse.ArgumentParser(prog="sglang-launch"))

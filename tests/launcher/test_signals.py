@@ -155,7 +155,7 @@ def _in_flight(url: str) -> int:
     return sum(
         int(float(line.split()[-1]))
         for line in text.splitlines()
-        if line.startswith("sglang_queue_depth{")
+        if line.startswith("sglang_launch_queue_depth{")
     )
 
 

@@ -9,6 +9,7 @@ left anywhere (found by the tag every process of the launch inherits).
 from __future__ import annotations
 
 import pytest
+from support import free_port
 from support.supervisor import FAST, READY_WAIT, Run, fault_site
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher, a server or worker processes
@@ -145,3 +146,16 @@ def test_launcher_plugin_failure_stops_before_any_worker_starts(tmp_path):
         assert "cannot be imported (on purpose)" in run.stderr, run
         assert "spawned" not in run.stderr, run
         run.assert_nothing_left()
+
+
+def test_a_worker_dying_the_instant_after_it_reported_ready_died_after_ready():
+    """Its ready report leaves the process before ``ctx.ready()`` returns: the server was ready
+    (every worker reported it), so this is a worker that died after ready, exit 4."""
+    for _ in range(3):
+        args = [*FAST, "--http-target", READY_WAIT, "--port", str(free_port())]
+        args += ["--scheduler-target", "support.supervisor.exit_right_after_ready"]
+        with Run(args) as run:
+            assert run.wait(120) == 4, run
+            assert "scheduler.0 exited with code 3 after the server was ready" in run.stderr, run
+            assert "before it reported ready" not in run.stderr, run
+            run.assert_nothing_left()

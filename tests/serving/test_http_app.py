@@ -21,7 +21,7 @@ def make_app(**state):
     return create_app(
         AppState(
             client=SchedulerClient([]),
-            metrics=Metrics(),
+            metrics=Metrics("tiny"),
             server_args=ServerArgs(),
             served_name="tiny",
             model_path="/models/tiny",
@@ -92,10 +92,10 @@ REFUSED = [  # (path, body, status, param, words)
     ("/v1/completions", {"prompt": "x", "n": 3}, 400, "n", "n is not supported"),
     (
         "/v1/completions",
-        {"prompt": "x", "logprobs": 2},
+        {"prompt": "x", "logprobs": 21},
         400,
         "logprobs",
-        "logprobs is not supported",
+        "logprobs must be between 0 and 20",
     ),
     ("/v1/completions", {"prompt": "x", "echo": True}, 400, "echo", "echo is not supported"),
     ("/v1/completions", {"prompt": ["a", "b"], "stream": True}, 400, "prompt", "one prompt"),
@@ -194,22 +194,23 @@ def test_metrics_page_parses_with_prometheus_client():
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     families = {f.name: f for f in text_string_to_metric_families(r.text)}
     assert {
-        "sglang_requests",
-        "sglang_request_latency_seconds",
-        "sglang_batch_size",
-        "sglang_queue_depth",
-        "sglang_prompt_tokens",
-        "sglang_completion_tokens",
+        "sglang_launch_requests",
+        "sglang_launch_request_latency_seconds",
+        "sglang_launch_batch_size",
+        "sglang_launch_queue_depth",
+        "sglang:prompt_tokens",
+        "sglang:generation_tokens",
     } <= set(families)
     values = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for f in families.values()
         for s in f.samples
     }
-    assert values[("sglang_requests_total", (("route", "/generate"), ("status", "400")))] == 1
-    assert values[("sglang_requests_total", (("route", "other"), ("status", "404")))] == 1
-    assert values[("sglang_batch_size_bucket", (("le", "4.0"),))] == 1
-    assert values[("sglang_prompt_tokens_total", ())] == 7
-    assert values[("sglang_completion_tokens_total", ())] == 2
-    assert values[("sglang_queue_depth", (("dp_rank", "0"),))] == 1
+    generate_400 = (("route", "/generate"), ("status", "400"))
+    assert values[("sglang_launch_requests_total", generate_400)] == 1
+    assert values[("sglang_launch_requests_total", (("route", "other"), ("status", "404")))] == 1
+    assert values[("sglang_launch_batch_size_bucket", (("le", "4.0"),))] == 1
+    assert values[("sglang:prompt_tokens_total", (("model_name", "tiny"),))] == 7
+    assert values[("sglang:generation_tokens_total", (("model_name", "tiny"),))] == 2
+    assert values[("sglang_launch_queue_depth", (("dp_rank", "0"),))] == 1
     assert not any(name.endswith("_created") for name, _ in values)

@@ -1,6 +1,6 @@
 """Slow, stalled and stuck requests against a real server (the embedded default model) over real
-loopback sockets: a stalled body or header is answered 408 and closed within its timeout, one
-connection over the cap gets 503, and a request the server cannot answer in time gets a 504 JSON
+loopback sockets: a stalled body or header is answered 408 and closed within its timeout, above
+the connection cap the probes still answer and any other request gets a JSON 503, and a request the server cannot answer in time gets a 504 JSON
 error (its scheduler stopped with SIGSTOP, the watchdog off)."""
 
 from __future__ import annotations
@@ -75,24 +75,31 @@ def test_stalled_headers_are_answered_408_and_closed(server):
     assert reply.startswith(b"HTTP/1.1 408"), reply
 
 
-def test_a_connection_over_the_cap_gets_503(server):
-    idle = [_connect(server) for _ in range(4)]  # held open, headers not sent yet
+def test_the_probes_answer_above_the_connection_cap_and_the_rest_get_a_json_503(server):
+    # Six kept-alive connections, two more than the cap: each asked /health, which is answered
+    # whatever the count, and stays open (idle, not timed out as a stalled request would be).
+    held = [httpx.Client(base_url=server.url, timeout=30) for _ in range(6)]
     try:
-        # The server sees the four once its loop has accepted them: from then on, one more is refused.
-        r = wait_for(
-            lambda: (r := httpx.get(server.url + "/health", timeout=30)).status_code == 503 and r,
-            10,
-            "a fifth connection to be refused",
-        )
-        assert "Service Unavailable" in r.text
+        assert [c.get("/health").status_code for c in held] == [200] * 6
+        r = httpx.post(server.url + "/v1/embeddings", json={"input": "hello"}, timeout=30)
+        assert r.status_code == 503, r.text
+        assert r.headers["retry-after"] == "1" and r.headers["connection"] == "close"
+        error = r.json()["error"]
+        assert error["code"] == 503 and "--max-connections" in error["message"], error
+        assert httpx.get(server.url + "/health", timeout=30).json() == {"healthy": True}
+        assert httpx.get(server.url + "/ready", timeout=30).json()["ready"] is True
     finally:
-        for sock in idle:
-            sock.close()
+        for client in held:
+            client.close()
     wait_for(
-        lambda: httpx.get(server.url + "/health", timeout=30).status_code == 200,
+        lambda: post_embedding(server).status_code == 200,
         30,
-        "the server to take connections again",
+        "the server to take requests again",
     )
+
+
+def post_embedding(server) -> httpx.Response:
+    return httpx.post(server.url + "/v1/embeddings", json={"input": "hello"}, timeout=30)
 
 
 def test_a_request_not_answered_in_time_gets_504_json(server):

@@ -141,7 +141,9 @@ def test_a_wrong_kind_refusal_names_the_routes_of_the_served_kind_once(message):
     assert error["message"].endswith("not embedding; use /v1/images/generations")
     app.add_route(_refusing("model 'tiny' serves generation, not embedding"))
     error = call(app, "POST", "/refuse").json()["error"]
-    assert error["message"].endswith("not embedding; use /v1/completions or /generate")
+    assert error["message"].endswith(
+        "not embedding; use /v1/completions or /v1/chat/completions or /generate"
+    )
 
 
 def test_other_refusals_are_left_as_the_scheduler_words_them():

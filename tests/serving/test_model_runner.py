@@ -124,11 +124,11 @@ def test_generation_counts_determinism_and_matches_transformers_greedy(tiny):
         temperature=0.0,
         ignore_eos=True,
     )
-    tiny.generate([a, b])
+    tiny.run_to_end([a, b])
     assert (len(a.output_ids), a.finish_reason) == (12, "length")
     assert (len(b.output_ids), b.finish_reason) == (5, "length")
     again = _seq(tiny, "a2", "hello world", max_new_tokens=12, temperature=0.0, ignore_eos=True)
-    tiny.generate([again])
+    tiny.run_to_end([again])
     assert again.output_ids == a.output_ids  # batch-mate and padding change nothing
     ids = torch.tensor([tiny.encode_prompt("hello world", 12)])
     with torch.inference_mode():
@@ -139,7 +139,7 @@ def test_generation_counts_determinism_and_matches_transformers_greedy(tiny):
 def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(tiny):
     def sample(seed, **kw):
         s = _seq(tiny, "s", "hello world", seed=seed, max_new_tokens=10, ignore_eos=True, **kw)
-        tiny.generate([s, _seq(tiny, "other", "unrelated text", seed=99, max_new_tokens=3)])
+        tiny.run_to_end([s, _seq(tiny, "other", "unrelated text", seed=99, max_new_tokens=3)])
         return s.output_ids
 
     hot = dict(temperature=1.5, top_p=0.95, top_k=200)
@@ -151,19 +151,20 @@ def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy(tiny):
 
 def test_stop_string_truncates_and_finishes(tiny):
     free = _seq(tiny, "f", "hello world", max_new_tokens=8, temperature=0.0, ignore_eos=True)
-    tiny.generate([free])
+    tiny.run_to_end([free])
     words = free.text.split()
     stop = words[2]
     cut = _seq(
         tiny, "c", "hello world", max_new_tokens=8, temperature=0.0, ignore_eos=True, stop=(stop,)
     )
-    tiny.generate([cut])
+    tiny.run_to_end([cut])
     assert cut.finish_reason == "stop"
     assert stop not in cut.text and free.text.startswith(cut.text)
 
 
 def test_prompt_limits_are_input_errors(tiny):
-    with pytest.raises(InputError, match="max-total-tokens"):
+    # The model's 1024 positions are the limit here (not the KV pool, --max-total-tokens).
+    with pytest.raises(InputError, match=r"context length of 1024 .*max_position_embeddings"):
         tiny.encode_prompt("hello", 5000)
     with pytest.raises(InputError, match="max-input-tokens"):
         tiny.encode_prompt("word " * 600, 1)

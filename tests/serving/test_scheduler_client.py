@@ -558,10 +558,15 @@ def test_a_reload_that_finished_changes_the_model_the_app_reports(tmp_path):
         model_path="/old",
         platform=PlatformSummary(key="builtin:cpu"),
     )
-    client.link.on_model_change = state.serve_model
+    state.context_length = 512
+    told = []
+    client.link.on_model_change = lambda path, name: told.append((path, name))
     client.link.apply(
         events.ReloadFinished(id=1, replicas=[0], model_path="/new", served_name="new", seconds=1)
     )
-    assert (state.served_name, state.model_path) == ("new", "/new")
+    assert told == [("/new", "new")]
+    state.serve_model("/new", "new", kind="embedding", chat=None)
+    assert (state.served_name, state.model_path, state.kind) == ("new", "/new", "embedding")
+    assert state.context_length is None  # asked again of the new replicas
     assert state.server_args.model_path == "/new" and state.server_args.served_model_name == "new"
     assert state.wrong_model("old") is not None and state.wrong_model("new") is None

@@ -10,7 +10,8 @@
   ``FAULT=init_backend|plugin_import|hook_apply|args_class|not_in_child`` (the last: the
   platform does not activate in that child, so it cannot select what the supervisor selected).
 - ``kill_self_once_seen``, ``exit_once_seen_ready``: workers that die without a report once the
-  supervisor has seen them reach a phase (so the test does not depend on message timing).
+  supervisor has seen them reach a phase (so the test does not depend on message timing);
+  ``exit_right_after_ready``: the last worker to report ready, which dies the instant after.
 - ``allreduce_worker``: a worker target that joins the torch.distributed group of the launch with
   the platform's backend, all-reduces its rank + 1 and reports the sum in ready info.
 """
@@ -281,6 +282,40 @@ def _wait_until_seen(ctx, phase: str) -> None:
             time.sleep(0.01)
     finally:
         zctx.term()
+
+
+def _others_seen_ready(ctx) -> None:
+    """Wait until the supervisor's snapshot shows every other worker ready."""
+    import json
+
+    import zmq
+
+    zctx = zmq.Context()
+    try:
+        while True:
+            sock = zctx.socket(zmq.REQ)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(ctx.query_endpoint)
+            sock.send(b'{"query": "snapshot"}')
+            reply = json.loads(sock.recv()) if sock.poll(10_000) else {}
+            sock.close()
+            others = [
+                w
+                for w in reply.get("snapshot", {}).get("workers", [])
+                if w["name"] != ctx.worker_id
+            ]
+            if others and all(w["phase"] == "ready" for w in others):
+                return
+            time.sleep(0.01)
+    finally:
+        zctx.term()
+
+
+def exit_right_after_ready(server_args, ctx) -> None:
+    """Once every other worker is ready, report ready and die that instant (``os._exit(3)``)."""
+    _others_seen_ready(ctx)
+    ctx.ready()
+    os._exit(3)
 
 
 def kill_self_once_seen(server_args, ctx) -> None:

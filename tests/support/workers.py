@@ -29,6 +29,9 @@ Targets:
   parent exits at once) and does not stop them itself; ready (info: ``child``, ``detached``).
 - ``never_ready``: reports phase ``loading``, creates the marker, waits for ``ctx.stopping``
   without ever reporting ready (a worker stopped in the middle of its start-up).
+- ``start_children_nonstop``: starts a ``sleep`` child every few milliseconds, for as long as it
+  runs, keeping the newest ``TESTWORKER_KEEP`` (default 40) alive and ending the older ones; it
+  reports ready once it has started that many (``TESTWORKER_NEVER_READY=1``: never).
 - ``custom_phases``: reports phases ``model_loaded`` and ``warmed_up``, then ready, waits.
 - ``chatty_ready``: writes ``TESTWORKER_LINES`` numbered lines to stdout and stderr, then ready.
 - ``fail_on_last_rank``: the last scheduler rank raises once the others run; the others never
@@ -241,3 +244,27 @@ def never_ready(server_args, ctx) -> None:
     ctx.phase("loading")
     _marker()
     _wait_for_stop(ctx)
+
+
+def start_children_nonstop(server_args, ctx) -> None:
+    import collections
+
+    keep = int(os.environ.get("TESTWORKER_KEEP", "40"))
+    ready = os.environ.get("TESTWORKER_NEVER_READY") != "1"
+    alive: collections.deque[subprocess.Popen] = collections.deque()
+    started = 0
+    while not ctx.stopping.is_set():
+        alive.append(subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL))
+        started += 1
+        if len(alive) > keep:
+            oldest = alive.popleft()
+            oldest.kill()
+            oldest.wait()
+        if started == keep:
+            _marker()
+            if ready:
+                ctx.ready(**_identity(ctx))
+        time.sleep(0.005)
+    for child in alive:
+        child.kill()
+        child.wait()

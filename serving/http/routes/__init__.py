@@ -1,5 +1,5 @@
 """The built-in route table of the HTTP child (``builtin_routes``), with its handlers in
-``info`` (the server) and ``text`` (embeddings and generation).
+``info`` (the server), ``text`` (embeddings and generation) and ``chat`` (chat completions).
 
 A handler is a module-level ``async def name(state, body, receive)``; the table binds it to the
 app's ``AppState`` (``functools.partial``), so a ``Route`` calls it as ``handler(body, receive)``
@@ -13,21 +13,30 @@ from typing import Any
 
 from serving.http.app import App, Route
 from serving.http.responses import (
+    ChatCompletion,
+    ChatCompletionChunk,
     Completion,
     CompletionChunk,
     EmbeddingList,
     GenerateChunk,
     GenerateResult,
     Health,
+    ModelInfo,
     ModelList,
     Ready,
     ServerInfo,
 )
-from serving.http.routes import info, text
-from serving.http.schemas import CompletionRequest, EmbeddingRequest, GenerateRequest
+from serving.http.routes import chat, info, text
+from serving.http.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    GenerateRequest,
+)
 
 # The request fields the schedulers name in their refusals, as each route calls them.
 COMPLETION_FIELDS = {"input": "prompt", "max_new_tokens": "max_tokens"}
+CHAT_FIELDS = {"input": "messages", "max_new_tokens": "max_tokens"}
 GENERATE_FIELDS = {"input": "text", "max_new_tokens": "sampling_params.max_new_tokens"}
 
 
@@ -41,6 +50,26 @@ def builtin_routes(app: App) -> list[Route[Any]]:
             partial(info.health, state),
             "liveness: false as soon as any scheduler is dead (with --restart-policy "
             "on-failure: once every scheduler is dead)",
+            public=True,
+            response=Health,
+            answers=(200, 503),
+        ),
+        Route(
+            "GET",
+            "/health_generate",
+            partial(info.health_generate, state),
+            "health through the model: a one-token generation (one embedded text, one "
+            "denoising step) on every live replica, skipped on a replica that is busy "
+            "answering others; 503 when one fails or does not answer in time",
+            public=True,
+            response=Health,
+            answers=(200, 503),
+        ),
+        Route(
+            "GET",
+            "/ping",
+            partial(info.health, state),
+            "liveness for SageMaker-style probes: /health's answer",
             public=True,
             response=Health,
             answers=(200, 503),
@@ -87,6 +116,21 @@ def builtin_routes(app: App) -> list[Route[Any]]:
         ),
         Route(
             "POST",
+            "/v1/chat/completions",
+            partial(chat.chat_completions, state),
+            "chat completion (OpenAI shape; the model's chat template or --chat-template; "
+            "stream with server-sent events)",
+            ChatCompletionRequest,
+            params=CHAT_FIELDS,
+            events="per choice: a `data:` chunk with the role, one per text increment, one "
+            "with finish_reason; with stream_options.include_usage a chunk with usage "
+            "follows; then `data: [DONE]`",
+            response=ChatCompletion,
+            stream=(ChatCompletionChunk,),
+            kind="generation",
+        ),
+        Route(
+            "POST",
             "/generate",
             partial(text.generate, state),
             "generation (SGLang's native shape; stream with server-sent events)",
@@ -97,6 +141,13 @@ def builtin_routes(app: App) -> list[Route[Any]]:
             response=GenerateResult,
             stream=(GenerateChunk,),
             kind="generation",
+        ),
+        Route(
+            "GET",
+            "/get_model_info",
+            partial(info.model_info, state),
+            "the model directory, whether it generates text, its chat template",
+            response=ModelInfo,
         ),
         Route(
             "GET",

@@ -1,33 +1,44 @@
-"""The routes about the server: ``/health``, ``/ready``, ``/v1/models``, ``/get_server_info``,
-``/metrics``, ``/openapi.json`` and ``/docs``, each ``handler(state, body, receive)`` (the
-document's routes take the ``App`` instead).
+"""The routes about the server: ``/health`` (and ``/ping``), ``/health_generate``, ``/ready``,
+``/v1/models``, ``/get_model_info``, ``/get_server_info``, ``/metrics``, ``/openapi.json`` and
+``/docs``, each ``handler(state, body, receive)`` (the document's routes take the ``App``
+instead).
 
 ``/health`` answers from what the scheduler client knows (a dead replica, the supervisor's
-failure); ``/ready`` and ``/get_server_info`` ping every scheduler replica that serves
-(``read_pong`` is the one reader of what a replica reports; replicas a reload or a scale is
-starting or retiring are left out). The served model (``/v1/models``, the model fields of
+failure); ``/health_generate`` also runs the model (``health_generate``); ``/ready``,
+``/get_server_info`` and ``/metrics`` ping every scheduler replica that serves (``read_pong`` is
+the one reader of what a replica reports; replicas a reload or a scale is starting or retiring
+are left out). The served model (``/v1/models``, ``/get_model_info``, the model fields of
 ``/get_server_info``'s arguments) is ``AppState``'s, which a finished reload updates.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
+import time
+from pathlib import Path
 
 import msgspec
+from msgspec import UNSET
 from starlette.responses import Response
 
 from launcher.server_args import ServerArgs
 from serving import wire as messages
 from serving.http.app import VERSION, App, AppState, json_response
 from serving.http.asgi import Receive
+from serving.http.client import Replica, SchedulerError
+from serving.http.follow import probe_request
 from serving.http.responses import (
     Health,
     ModelCard,
+    ModelInfo,
     ModelList,
     Ready,
     SchedulerLoad,
     SchedulerState,
     ServerInfo,
+    WorkerManifest,
 )
 
 
@@ -37,6 +48,79 @@ async def health(state: AppState, body: None, receive: Receive) -> Response:
     if reason:
         return json_response(Health(healthy=False, reason=reason), 503)
     return json_response(Health(healthy=True))
+
+
+async def health_generate(state: AppState, body: None, receive: Receive) -> Response:
+    """``GET /health_generate``: ``Health`` after the model answered on every live replica; a
+    503 naming the replica that failed or did not answer within ``state.health_timeout``.
+
+    A replica that is busy (requests in flight, and an answer to one of them within the
+    timeout) is not probed: that answer proves it serves. The probe is the smallest request
+    of the model's kind: one greedy token, one embedded text, one denoising step (a ping when
+    the kind is unknown)."""
+    client = state.client
+    reason = client.unhealthy_reason
+    if reason:
+        return json_response(Health(healthy=False, reason=reason), 503)
+    live = [r for r in client.replicas if r.serving and not r.dead_reason and r.io is not None]
+    if not live:
+        why = "no scheduler is reachable yet: " + client.unanswered_reason(
+            [r.dp_rank for r in client.replicas]
+        )
+        return json_response(Health(healthy=False, reason=why), 503)
+    failures = [f for f in await asyncio.gather(*(_probe(state, r) for r in live)) if f]
+    if failures:
+        return json_response(Health(healthy=False, reason="; ".join(failures)), 503)
+    return json_response(Health(healthy=True))
+
+
+async def _probe(state: AppState, rep: Replica) -> str | None:
+    """Why replica ``rep`` is not healthy, or None: it answered the probe, or it is busy and
+    answered another request within the timeout."""
+    timeout = state.health_timeout
+    started = time.monotonic()
+    if rep.inflight and started - rep.last_reply < timeout:
+        return None
+    try:
+        await asyncio.wait_for(state.client.one(probe_request(state.kind, "health"), rep), timeout)
+    except TimeoutError:
+        if rep.last_reply > started:  # it answered others meanwhile: busy, not stuck
+            return None
+        return f"scheduler dp={rep.dp_rank} did not answer a probe within {timeout:g} s"
+    except SchedulerError as exc:
+        return f"scheduler dp={rep.dp_rank} failed a probe: {exc.message}"
+    return None
+
+
+async def model_info(state: AppState, body: None, receive: Receive) -> Response:
+    """``GET /get_model_info``: ``ModelInfo``, from the model directory's files."""
+    config = _read_config(Path(state.model_path))
+    architectures = config.get("architectures")
+    model_type = config.get("model_type")
+    chat = state.chat
+    return json_response(
+        ModelInfo(
+            model_path=state.model_path,
+            tokenizer_path=state.model_path,
+            is_generation=state.kind == "generation",
+            model_type=model_type if isinstance(model_type, str) else None,
+            architectures=[a for a in architectures if isinstance(a, str)]
+            if isinstance(architectures, list)
+            else None,
+            served_model_name=state.served_name,
+            kind=state.kind,
+            chat_template=chat.source if chat is not None else None,
+        )
+    )
+
+
+def _read_config(folder: Path) -> dict[str, object]:
+    """``folder``/config.json as a JSON object (empty when there is none)."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 async def ready(state: AppState, body: None, receive: Receive) -> Response:
@@ -55,6 +139,11 @@ async def ready(state: AppState, body: None, receive: Receive) -> Response:
         why = f"scheduler(s) dp={missing} not answering yet: {client.unanswered_reason(missing)}"
         return json_response(Ready(ready=False, reason=why), 503)
     loads = [read_pong(p)[0] for _, p in answers if p]
+    differ = [
+        f"{w.name}: {'; '.join(w.differs)}"
+        for w in await worker_manifests(state, timeout=0.5) or ()
+        if w.differs
+    ]
     return json_response(
         Ready(
             ready=True,
@@ -63,6 +152,7 @@ async def ready(state: AppState, body: None, receive: Receive) -> Response:
                 for s in loads
             ],
             restarting=[f"scheduler dp={dp}" for dp in restarting],
+            plugins_differ=differ or UNSET,
         )
     )
 
@@ -89,8 +179,27 @@ async def server_info(state: AppState, body: None, receive: Receive) -> Response
             schedulers=[None if r is None else r[0] for r in read],
             server_args=_args_dict(state.server_args),
             healthy=state.client.healthy,
+            workers=await worker_manifests(state, timeout=2.0) or UNSET,
         )
     )
+
+
+async def worker_manifests(state: AppState, timeout: float) -> list[WorkerManifest] | None:
+    """Every worker's manifest, from the supervisor's snapshot (None when it does not answer)."""
+    try:
+        reply = await state.client.query({"query": "snapshot"}, timeout=timeout)
+        workers = reply["snapshot"]["workers"]
+    except (LookupError, KeyError, TypeError):
+        return None
+    return [
+        WorkerManifest(
+            name=w.get("name", "?"),
+            pid=w.get("pid"),
+            manifest=w.get("manifest"),
+            differs=list(w.get("manifest_differs") or ()),
+        )
+        for w in workers
+    ]
 
 
 def read_pong(pong: messages.Pong) -> tuple[SchedulerState, dict[str, object] | None]:
@@ -121,7 +230,10 @@ def _args_dict(server_args: ServerArgs) -> dict[str, object]:
 
 
 async def prometheus(state: AppState, body: None, receive: Receive) -> Response:
-    """``GET /metrics``: the Prometheus page."""
+    """``GET /metrics``: the Prometheus page, its scheduler gauges from the replicas' answers
+    to a ping now (a replica that does not answer within a second is left out)."""
+    pongs = await state.client.ping_all(timeout=1.0)
+    state.metrics.observe_schedulers(p for p in pongs if p is not None)
     page, media_type = state.metrics.render()
     return Response(page, media_type=media_type)
 

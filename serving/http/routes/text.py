@@ -1,10 +1,12 @@
 """The text routes: ``POST /v1/embeddings`` and ``POST /v1/completions`` (OpenAI's shapes) and
-``POST /generate`` (SGLang's native shape), each ``handler(state, body, receive)``.
+``POST /generate`` (SGLang's native shape), each ``handler(state, body, receive)``; the chat
+route (``routes.chat``) builds on the helpers here.
 
 Each sends its request to a scheduler through ``state.client`` and answers the struct of
 ``serving.http.responses`` its route names; a streamed completion or generation is
-``streaming.event_stream`` of ``CompletionChunk`` / ``GenerateChunk`` events. A client that
-goes away before the answer cancels the request (a bare 499).
+``streaming.event_stream`` of ``CompletionChunk`` / ``GenerateChunk`` events. Every sequence of
+one HTTP request carries that request's id as its ``group`` (the scheduler shares its room fairly
+between requests). A client that goes away before the answer cancels the request (a bare 499).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from starlette.responses import Response
 from serving import wire as messages
 from serving.http.app import AppState, error_response, json_response
 from serving.http.asgi import Receive
-from serving.http.metrics import Metrics
+from serving.http.logprobs import completion_logprobs, native_logprobs, next_offset
+from serving.http.metrics import GenerationTiming, Metrics
 from serving.http.responses import (
     Completion,
     CompletionChoice,
@@ -93,17 +96,20 @@ async def completions(state: AppState, body: CompletionRequest, receive: Receive
     if refused:
         return refused
     prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
-    params = _sampling(body, body.max_tokens)
+    top = body.logprobs or 0
+    params = sampling(body, body.max_tokens, logprobs=body.logprobs is not None, top=top)
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         return await _stream_completion(state, body, prompts[0], params, cid, created, receive)
-    calls = [state.client.one(_generate_for(p, params)) for p in prompts]
+    timings = [state.metrics.generation(streamed=False) for _ in prompts]
+    calls = [state.client.one(generate_for(p, params, cid)) for p in prompts]
     replies: list[messages.Generated] | None = await unless_disconnected(
         receive, asyncio.gather(*calls)
     )
     if replies is None:
         return Response(status_code=499)
-    for r in replies:
+    for r, timing in zip(replies, timings, strict=True):
+        timing.answered(r)
         state.metrics.observe_result(r.batch_size, r.prompt_tokens, r.completion_tokens)
     return json_response(
         Completion(
@@ -111,7 +117,14 @@ async def completions(state: AppState, body: CompletionRequest, receive: Receive
             created=created,
             model=state.served_name,
             choices=[
-                CompletionChoice(index=i, text=r.text, finish_reason=r.finish_reason)
+                CompletionChoice(
+                    index=i,
+                    text=r.text,
+                    logprobs=None
+                    if body.logprobs is None
+                    else completion_logprobs(r.logprobs or [], top),
+                    finish_reason=r.finish_reason,
+                )
                 for i, r in enumerate(replies)
             ],
             usage=Usage.of(
@@ -132,14 +145,21 @@ async def _stream_completion(
 ) -> Response:
     """A streamed completion: one chunk per increment, then (``include_usage``) the usage."""
     usage = body.stream_options is not None and body.stream_options.include_usage
+    offset = [0]  # where the next chunk's tokens start in the completion's text
 
     def chunk(reply: messages.Generated) -> CompletionChunk:
         finish = reply.finish_reason if reply.finished else None
+        shaped = None
+        if body.logprobs is not None:
+            shaped = completion_logprobs(reply.logprobs or [], body.logprobs, offset[0])
+            offset[0] = next_offset(shaped, offset[0])
         return CompletionChunk(
             id=cid,
             created=created,
             model=state.served_name,
-            choices=[CompletionChoice(index=0, text=reply.text, finish_reason=finish)],
+            choices=[
+                CompletionChoice(index=0, text=reply.text, logprobs=shaped, finish_reason=finish)
+            ],
         )
 
     def last(reply: messages.Generated) -> CompletionChunk | None:
@@ -153,55 +173,73 @@ async def _stream_completion(
             usage=Usage.of(reply.prompt_tokens, reply.completion_tokens),
         )
 
-    replies = state.client.call(lambda rid: messages.GenerateRequest(rid, prompt, params, True))
-    return await _text_stream(replies, chunk, state.metrics, receive, last)
+    replies = state.client.call(generate_for(prompt, params, cid, stream=True))
+    timing = state.metrics.generation(streamed=True)
+    return await text_stream(replies, chunk, state.metrics, receive, timing, last)
 
 
 async def generate(state: AppState, body: GenerateRequest, receive: Receive) -> Response:
     """``POST /generate``: a ``GenerateResult``, or with ``stream`` ``GenerateChunk`` events."""
     sp = body.sampling_params
-    params = _sampling(sp, sp.max_new_tokens)
+    top = body.top_logprobs_num if body.return_logprob else 0
+    params = sampling(sp, sp.max_new_tokens, logprobs=body.return_logprob, top=top)
+    group = f"generate-{uuid.uuid4().hex}"
     if body.stream:
         text = [""]
+        tokens: list[messages.TokenLogprob] = []
 
         def chunk(reply: messages.Generated) -> GenerateChunk:
             text[0] += reply.text  # the native stream carries the text so far
-            return GenerateChunk(text=text[0], meta_info=_meta(reply))
+            tokens.extend(reply.logprobs or [])
+            return GenerateChunk(text=text[0], meta_info=_meta(reply, body, tokens))
 
-        replies = state.client.call(
-            lambda rid: messages.GenerateRequest(rid, body.text, params, True)
-        )
-        return await _text_stream(replies, chunk, state.metrics, receive)
+        replies = state.client.call(generate_for(body.text, params, group, stream=True))
+        timing = state.metrics.generation(streamed=True)
+        return await text_stream(replies, chunk, state.metrics, receive, timing)
+    timing = state.metrics.generation(streamed=False)
     reply: messages.Generated | None = await unless_disconnected(
-        receive, state.client.one(lambda rid: messages.GenerateRequest(rid, body.text, params))
+        receive, state.client.one(generate_for(body.text, params, group))
     )
     if reply is None:
         return Response(status_code=499)
+    timing.answered(reply)
     state.metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
-    return json_response(GenerateResult(text=reply.text, meta_info=_meta(reply)))
+    meta = _meta(reply, body, reply.logprobs or [])
+    return json_response(GenerateResult(text=reply.text, meta_info=meta))
 
 
-def _meta(reply: messages.Generated) -> GenerateMeta:
-    return GenerateMeta(
+def _meta(
+    reply: messages.Generated, body: GenerateRequest, tokens: list[messages.TokenLogprob]
+) -> GenerateMeta:
+    """The ``meta_info`` of ``reply``; with ``return_logprob``, the logprobs of ``tokens``."""
+    meta = GenerateMeta(
         id=reply.rid,
         prompt_tokens=reply.prompt_tokens,
         completion_tokens=reply.completion_tokens,
         finish_reason=FinishReason(reply.finish_reason) if reply.finish_reason else None,
         seed=reply.seed,
     )
+    if body.return_logprob:
+        chosen, top = native_logprobs(tokens, body.return_text_in_logprobs, body.top_logprobs_num)
+        meta.output_token_logprobs = chosen
+        if top is not None:
+            meta.output_top_logprobs = top
+    return meta
 
 
-async def _text_stream(
+async def text_stream(
     replies: AsyncGenerator[messages.Generated, None],
     chunk: Callable[[messages.Generated], msgspec.Struct],
     metrics: Metrics,
     receive: Receive,
+    timing: GenerationTiming,
     last: Callable[[messages.Generated], msgspec.Struct | None] | None = None,
 ) -> Response:
     """A streamed generation (``event_stream``): ``chunk(reply)`` for each increment, and
-    ``last(final reply)`` after the final one when it gives one."""
+    ``last(final reply)`` after the final one when it gives one; ``timing`` sees each reply."""
 
     def render(reply: messages.Generated) -> Iterator[bytes]:
+        timing.answered(reply)
         yield sse(chunk(reply))
         if reply.finished:
             metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
@@ -212,7 +250,16 @@ async def _text_stream(
     return await event_stream(replies, render, receive)
 
 
-def _sampling(params: SamplingFields, max_new_tokens: int) -> messages.SamplingParams:
+def sampling(
+    params: SamplingFields,
+    max_new_tokens: int,
+    *,
+    logprobs: bool = False,
+    top: int = 0,
+    seed: int | None = None,
+) -> messages.SamplingParams:
+    """The scheduler's sampling parameters of a request's fields (``seed`` replaces the
+    request's own when given)."""
     return messages.SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=params.temperature,
@@ -220,12 +267,23 @@ def _sampling(params: SamplingFields, max_new_tokens: int) -> messages.SamplingP
         top_k=max(params.top_k, 0),
         stop=params.stops,
         ignore_eos=params.ignore_eos,
-        seed=params.seed,
+        seed=params.seed if seed is None else seed,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        logprobs=logprobs,
+        top_logprobs=top if logprobs else 0,
     )
 
 
-def _generate_for(
-    text: str, params: messages.SamplingParams
+def generate_for(
+    text: str,
+    params: messages.SamplingParams,
+    group: str,
+    stream: bool = False,
+    raw: bool = False,
 ) -> Callable[[str], messages.GenerateRequest]:
-    """What makes the scheduler request for one prompt: a request id in, its request out."""
-    return lambda rid: messages.GenerateRequest(rid, text, params)
+    """What makes the scheduler request for one sequence of HTTP request ``group``: a request id
+    in, its request out."""
+    return lambda rid: messages.GenerateRequest(
+        rid, text, params, stream=stream, group=group, raw=raw
+    )

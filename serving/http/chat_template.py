@@ -1,0 +1,135 @@
+"""How the HTTP child turns a chat's messages into the prompt text a generation model continues.
+
+``ChatTemplate.load(model_path, override)`` loads the model directory's tokenizer once, at the
+HTTP child's start-up (``transformers.AutoTokenizer``, local files only), and takes its chat
+template, or the Jinja template in the file ``--chat-template`` names instead. ``render(messages)``
+is the model's prompt for the conversation with the assistant's turn opened (the template's
+generation prompt). The rendered text holds the special tokens the template writes (a BOS token,
+turn markers), so it goes to the scheduler with ``GenerateRequest.raw``: tokenised as it is, with
+no special tokens added a second time.
+
+A model without a template, and no ``--chat-template``, serves no chat: ``render`` raises
+``BodyError`` (a 400) naming ``--chat-template``. So does a model whose tokenizer could not be
+loaded here, naming why. A template that rejects the conversation (many refuse roles that do not
+alternate) is a 400 with the template's own message.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from serving.http.schemas import BodyError, ChatMessage
+
+log = logging.getLogger("sglang_launch.http")
+
+
+class ChatTemplateError(RuntimeError):
+    """``--chat-template`` names a file that is not a usable Jinja template (start-up fails)."""
+
+
+class ChatTemplate:
+    """The chat template of the served model: ``source`` says where it comes from (``model``,
+    ``--chat-template PATH``; None: there is none, and ``reason`` says why)."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        template: str | None,
+        source: str | None,
+        reason: str = "",
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.template = template
+        self.source = source
+        self.reason = reason
+
+    @classmethod
+    def load(
+        cls, model_path: str, override: str | None = None, trust_remote_code: bool = False
+    ) -> ChatTemplate:
+        """The template of the model in ``model_path`` (``override``: the path of a Jinja file
+        that replaces it). A tokenizer that cannot be loaded leaves no template, with the
+        reason; an ``override`` that cannot be read or parsed raises ``ChatTemplateError``."""
+        template = source = None
+        if override:
+            template = read_template(override)
+            source = f"--chat-template {override}"
+        try:
+            import transformers
+
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                model_path, local_files_only=True, trust_remote_code=trust_remote_code
+            )
+        except Exception as exc:  # noqa: BLE001 - chat is refused with the reason; others serve
+            log.warning("no chat template: cannot load the tokenizer in %s: %s", model_path, exc)
+            return cls(None, None, None, f"its tokenizer could not be loaded ({exc})")
+        own = tokenizer.chat_template
+        if isinstance(own, dict):  # named templates: the default one serves chat
+            own = own.get("default")
+        own = own if isinstance(own, str) else None
+        if template is None and own:
+            template, source = own, "model"
+        reason = (
+            ""
+            if template
+            else "it has no chat template (tokenizer_config.json or chat_template.jinja)"
+        )
+        return cls(tokenizer, template, source, reason)
+
+    def render(self, messages: list[ChatMessage], served_name: str) -> str:
+        """The prompt text of ``messages`` with the assistant's turn opened; ``BodyError`` when
+        there is no template or the template refuses the conversation."""
+        if self.tokenizer is None or self.template is None:
+            raise BodyError(
+                f"model {served_name!r} has no chat: {self.reason}; start the server with "
+                f"--chat-template FILE (a Jinja chat template), or use /v1/completions",
+                "messages",
+            )
+        conversation = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text}
+            for m in messages
+        ]
+        try:
+            text = self.tokenizer.apply_chat_template(
+                conversation,
+                chat_template=self.template,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as exc:  # noqa: BLE001 - Jinja's errors and the template's own raise
+            raise BodyError(
+                f"the chat template ({self.source}) refused the messages: {exc}", "messages"
+            ) from None
+        if not isinstance(text, str):  # a batch of conversations is never sent
+            raise TypeError(f"apply_chat_template gave {type(text).__name__}, not the text")
+        return text
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` as the scheduler counts a ``raw`` prompt."""
+        return len(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def read_template(path: str) -> str:
+    """The text of the Jinja template at ``path``, parsed once; ``ChatTemplateError`` says why
+    it cannot be used."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ChatTemplateError(
+            f"--chat-template {path}: cannot read the file ({exc}); pass a readable Jinja file"
+        ) from None
+    import jinja2
+    import jinja2.sandbox
+
+    try:
+        jinja2.sandbox.ImmutableSandboxedEnvironment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(
+            f"--chat-template {path}: not a valid Jinja template (line {exc.lineno}: "
+            f"{exc.message}); fix the template"
+        ) from None
+    if not text.strip():
+        raise ChatTemplateError(f"--chat-template {path} is empty; pass a Jinja chat template")
+    return text

@@ -1,0 +1,184 @@
+"""``POST /v1/chat/completions`` (OpenAI's shape): ``handler(state, body, receive)``.
+
+The messages become one prompt through the model's chat template (``AppState.chat``, loaded at
+start-up); each of the ``n`` choices is one ``GenerateRequest`` of that prompt, ``raw`` (the
+template wrote the special tokens) and in the HTTP request's ``group``. With a ``seed``, choice
+``i`` samples with ``seed + i``. Without ``max_tokens`` (or ``max_completion_tokens``) a choice
+may take every token the model's context leaves after the prompt.
+
+The answer is a ``ChatCompletion``, or with ``stream`` ``ChatCompletionChunk`` events: each
+choice's first chunk carries the role, then one chunk per text increment, then one with its
+``finish_reason``; with ``stream_options.include_usage`` a last chunk without choices carries
+the usage. ``usage.prompt_tokens`` is the templated prompt's, as the scheduler counted it (once,
+whatever ``n``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+from starlette.responses import Response
+
+from serving import wire as messages
+from serving.http.app import AppState, json_response
+from serving.http.asgi import Receive
+from serving.http.chat_template import ChatTemplate
+from serving.http.client import SchedulerError
+from serving.http.logprobs import chat_logprobs
+from serving.http.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprobs,
+    Usage,
+)
+from serving.http.routes.text import generate_for, sampling
+from serving.http.schemas import MAX_SEED, ChatCompletionRequest
+from serving.http.streaming import event_stream, merged, sse, unless_disconnected
+
+NO_TEMPLATE = ChatTemplate(None, None, None, "no tokenizer was loaded for it")
+
+
+async def chat_completions(
+    state: AppState, body: ChatCompletionRequest, receive: Receive
+) -> Response:
+    """``POST /v1/chat/completions``: a ``ChatCompletion``, or ``ChatCompletionChunk`` events."""
+    refused = state.wrong_model(body.model)
+    if refused:
+        return refused
+    if state.kind not in (None, "generation"):
+        raise SchedulerError(
+            400, f"model {state.served_name!r} serves {state.kind}, not generation", "model"
+        )
+    template = state.chat or NO_TEMPLATE
+    prompt = template.render(body.messages, state.served_name)
+    max_new_tokens = body.max_new_tokens or await _room(state, template, prompt)
+    top = (body.top_logprobs or 0) if body.logprobs else 0
+    cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    makers = [
+        generate_for(
+            prompt,
+            sampling(
+                body,
+                max_new_tokens,
+                logprobs=body.logprobs,
+                top=top,
+                seed=None if body.seed is None else (body.seed + i) % (MAX_SEED + 1),
+            ),
+            cid,
+            stream=body.stream,
+            raw=True,
+        )
+        for i in range(body.n)
+    ]
+    if body.stream:
+        return await _stream_chat(state, body, makers, cid, created, top, receive)
+    timings = [state.metrics.generation(streamed=False) for _ in makers]
+    replies: list[messages.Generated] | None = await unless_disconnected(
+        receive, asyncio.gather(*(state.client.one(make) for make in makers))
+    )
+    if replies is None:
+        return Response(status_code=499)
+    for i, (reply, timing) in enumerate(zip(replies, timings, strict=True)):
+        timing.answered(reply)
+        prompt_tokens = reply.prompt_tokens if i == 0 else 0
+        state.metrics.observe_result(reply.batch_size, prompt_tokens, reply.completion_tokens)
+    return json_response(
+        ChatCompletion(
+            id=cid,
+            created=created,
+            model=state.served_name,
+            choices=[
+                ChatChoice(
+                    index=i,
+                    message=AssistantMessage(content=r.text),
+                    logprobs=chat_logprobs(r.logprobs or [], top) if body.logprobs else None,
+                    finish_reason=r.finish_reason,
+                )
+                for i, r in enumerate(replies)
+            ],
+            usage=Usage.of(replies[0].prompt_tokens, sum(r.completion_tokens for r in replies)),
+        )
+    )
+
+
+async def _room(state: AppState, template: ChatTemplate, prompt: str) -> int:
+    """Tokens a choice may generate when the request sets no limit: what one request's room
+    (the smaller of ``TextModel.context_length`` and the KV pool ``max_total_tokens``, as the
+    schedulers report them) leaves after the prompt."""
+    if state.context_length is None:
+        pongs = await state.client.ping_all(timeout=5.0)
+        limits = [
+            min(p.info.model.context_length, p.info.model.max_total_tokens)
+            for p in pongs
+            if p is not None and isinstance(p.info, messages.TextStats)
+        ]
+        if not limits:
+            raise SchedulerError(
+                503, "no scheduler answered to tell the model's context length; retry shortly"
+            )
+        state.context_length = min(limits)
+    return max(1, state.context_length - template.count_tokens(prompt))
+
+
+async def _stream_chat(
+    state: AppState,
+    body: ChatCompletionRequest,
+    makers: list[Callable[[str], messages.GenerateRequest]],
+    cid: str,
+    created: int,
+    top: int,
+    receive: Receive,
+) -> Response:
+    """The choices' increments as chunks, in the order they arrive."""
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    timings = [state.metrics.generation(streamed=True) for _ in makers]
+    started: set[int] = set()
+    finals: dict[int, messages.Generated] = {}
+
+    def chunk(
+        index: int,
+        delta: ChatDelta,
+        logprobs: ChatLogprobs | None = None,
+        finish_reason: str | None = None,
+    ) -> bytes:
+        choice = ChatChunkChoice(
+            index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason
+        )
+        return sse(
+            ChatCompletionChunk(id=cid, created=created, model=state.served_name, choices=[choice])
+        )
+
+    def render(item: tuple[int, messages.Generated]) -> Iterator[bytes]:
+        index, reply = item
+        timings[index].answered(reply)
+        if index not in started:
+            started.add(index)
+            yield chunk(index, ChatDelta(role="assistant", content=""))
+        if reply.text or reply.logprobs:
+            shaped = chat_logprobs(reply.logprobs or [], top) if body.logprobs else None
+            yield chunk(index, ChatDelta(content=reply.text), shaped)
+        if not reply.finished:
+            return
+        yield chunk(index, ChatDelta(), finish_reason=reply.finish_reason)
+        finals[index] = reply
+        prompt_tokens = reply.prompt_tokens if len(finals) == 1 else 0
+        state.metrics.observe_result(reply.batch_size, prompt_tokens, reply.completion_tokens)
+        if include_usage and len(finals) == len(makers):
+            usage = Usage.of(
+                finals[0].prompt_tokens, sum(r.completion_tokens for r in finals.values())
+            )
+            yield sse(
+                ChatCompletionChunk(
+                    id=cid, created=created, model=state.served_name, choices=[], usage=usage
+                )
+            )
+
+    streams = [state.client.call(make) for make in makers]
+    return await event_stream(merged(streams), render, receive)

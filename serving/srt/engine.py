@@ -1,0 +1,371 @@
+"""The running generation batch of one rank: continuous batching over one padded KV cache.
+
+``GenerationBatch`` holds the sequences of a replica that are generating. Sequences ``join``
+at any step and leave as soon as they finish or are cancelled (``cancel``); each ``step()`` is
+one unit of work:
+
+1. at most one prefill forward of at most ``chunk_tokens`` tokens (padded): either several
+   waiting prompts together, or the next chunk of one prompt longer than a chunk (a long prompt
+   is prefilled over several steps); a prompt whose prefill completes samples its first token
+   and joins the decoding rows;
+2. one decode forward of every decoding row, one new token each.
+
+So a new prompt costs the running sequences about one chunk of work per step, and a short
+request that arrives while a long one decodes starts at the next step.
+
+The decoding rows share one ``transformers`` ``DynamicCache``: row ``i`` holds its tokens at
+the right end of the cache, padded on the left to the longest row (the attention mask marks the
+padding), positions counted per row. A joining group is padded to the same width and appended;
+leaving rows are selected out, and columns that became padding for every row are dropped.
+
+Every rank of a tensor-parallel replica holds the same batch: rank 0 decides what joins and
+what is cancelled before each step (``serving.srt.scheduler``) and broadcasts it, and every
+rank runs the same ``step`` on the same logits with the same per-sequence generators, so they
+pick the same tokens and finish the same sequences without exchanging them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from serving.srt.sampling import Sequence, needs_row_work, select_token
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("sglang_launch.engine")
+
+
+class UnsupportedCache(RuntimeError):
+    """The model's KV cache has layers this batch cannot pad, join or trim."""
+
+
+@dataclass
+class _Prefill:
+    """A prompt longer than one chunk, part way through its prefill (its own cache)."""
+
+    seq: Sequence
+    cache: Any
+    done: int = 0  # prompt tokens already in ``cache``
+
+
+class GenerationBatch:
+    """The generating sequences of one rank and their KV cache (see the module docstring).
+
+    ``forward(input_ids, attention_mask, position_ids, cache, last_only)`` runs the model and
+    returns its logits; ``new_cache()`` makes an empty cache for it; ``decode`` turns token ids
+    into text, ``token_text`` one token id into its text alone; ``chunk_tokens`` bounds one
+    prefill forward (``None``: no bound); ``inference_mode`` is the platform's no-grad context
+    each step runs in; ``answers`` (rank 0) computes what only answers need (logprobs)."""
+
+    def __init__(
+        self,
+        *,
+        forward: Callable[..., torch.Tensor],
+        new_cache: Callable[[], Any],
+        device: torch.device,
+        eos_ids: set[int],
+        pad_id: int,
+        decode: Callable[[list[int]], str],
+        token_text: Callable[[int], str],
+        chunk_tokens: int | None,
+        inference_mode: Callable[[], Any],
+        answers: bool = True,
+    ) -> None:
+        self.forward = forward
+        self.new_cache = new_cache
+        self.device = device
+        self.eos_ids = eos_ids
+        self.pad_id = pad_id
+        self.decode = decode
+        self.token_text = token_text
+        self.chunk_tokens = chunk_tokens
+        self.inference_mode = inference_mode
+        self.answers = answers
+        self.waiting: deque[Sequence] = deque()  # joined, prefill not started
+        self.partial: _Prefill | None = None
+        self.rows: list[Sequence] = []  # decoding, in cache row order
+        self.cache: Any = None
+        self.mask: Any = None  # (rows, width) long: 1 where a row has a token
+        self.positions: Any = None  # (rows,) long: the position of each row's next token
+        self.steps = 0
+        self.last_step_size = 0
+
+    # ---- what is in it -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Sequences in the batch: waiting for prefill, prefilling, or decoding."""
+        return len(self.waiting) + (self.partial is not None) + len(self.rows)
+
+    def sequences(self) -> list[Sequence]:
+        partial = [self.partial.seq] if self.partial is not None else []
+        return [*self.rows, *partial, *self.waiting]
+
+    @property
+    def width(self) -> int:
+        """Token columns of the decoding rows' cache (the longest row)."""
+        return 0 if self.mask is None else int(self.mask.shape[1])
+
+    def join(self, seqs: Iterable[Sequence]) -> None:
+        """``seqs`` join the batch: prefilled in order, from the next step on."""
+        self.waiting.extend(seqs)
+
+    def cancel(self, rids: Iterable[str]) -> list[Sequence]:
+        """Stop the sequences named ``rids`` now (finish reason ``"abort"``) and return them."""
+        gone = set(rids)
+        if not gone:
+            return []
+        stopped = [s for s in self.sequences() if s.rid in gone]
+        for seq in stopped:
+            seq.finish_reason = "abort"
+        self.waiting = deque(s for s in self.waiting if s.rid not in gone)
+        if self.partial is not None and self.partial.seq.rid in gone:
+            self.partial = None
+        self._drop_finished()
+        return stopped
+
+    def reset(self) -> None:
+        """Forget every sequence and the cache (after a failed step)."""
+        self.waiting.clear()
+        self.partial = None
+        self.rows = []
+        self.cache = self.mask = self.positions = None
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def step(self) -> list[Sequence]:
+        """One unit of work (the module docstring). Returns the sequences that got a token or
+        finished in it, each once, in batch order."""
+        touched: dict[str, Sequence] = {}
+        with self.inference_mode():
+            for seq in self._prefill():
+                touched[seq.rid] = seq
+            if self.rows:
+                self.last_step_size = len(self.rows)
+                for seq in self._decode_step():
+                    touched[seq.rid] = seq
+        self.steps += 1
+        return list(touched.values())
+
+    def _prefill(self) -> list[Sequence]:
+        """At most one prefill forward; the sequences that got their first token."""
+        if self.partial is not None:
+            return self._continue_partial()
+        if not self.waiting:
+            return []
+        chunk = self.chunk_tokens
+        head = self.waiting[0]
+        if chunk is not None and len(head.prompt_ids) > chunk:
+            self.waiting.popleft()
+            self.partial = _Prefill(head, self.new_cache())
+            return self._continue_partial()
+        group = [self.waiting.popleft()]
+        longest = len(group[0].prompt_ids)
+        while self.waiting:
+            nxt = len(self.waiting[0].prompt_ids)
+            if chunk is not None and (len(group) + 1) * max(longest, nxt) > chunk:
+                break
+            group.append(self.waiting.popleft())
+            longest = max(longest, nxt)
+        return self._prefill_group(group)
+
+    def _prefill_group(self, group: list[Sequence]) -> list[Sequence]:
+        """Prefill whole prompts together (left-padded), sample their first tokens, and join
+        those that go on to the decoding rows."""
+        import torch
+
+        width = max(len(s.prompt_ids) for s in group)
+        ids = torch.full((len(group), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(group), width), dtype=torch.long)
+        for i, s in enumerate(group):
+            ids[i, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
+            mask[i, width - len(s.prompt_ids) :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        cache = self.new_cache()
+        logits = self.forward(ids, mask, positions.to(self.device), cache, last_only=True)
+        self._pick(group, logits)
+        self._append_rows(group, cache, mask)
+        return group
+
+    def _continue_partial(self) -> list[Sequence]:
+        """The next chunk of the long prompt being prefilled; when it is the last one, its first
+        token, and the sequence joins the decoding rows."""
+        import torch
+
+        part = self.partial
+        assert part is not None and self.chunk_tokens is not None
+        prompt = part.seq.prompt_ids
+        end = min(len(prompt), part.done + self.chunk_tokens)
+        ids = torch.tensor([prompt[part.done : end]], dtype=torch.long, device=self.device)
+        mask = torch.ones((1, end), dtype=torch.long, device=self.device)
+        positions = torch.arange(part.done, end, dtype=torch.long, device=self.device)[None, :]
+        logits = self.forward(ids, mask, positions, part.cache, last_only=True)
+        part.done = end
+        if end < len(prompt):
+            return []
+        self.partial = None
+        self._pick([part.seq], logits)
+        self._append_rows([part.seq], part.cache, mask)
+        return [part.seq]
+
+    def _decode_step(self) -> list[Sequence]:
+        """One new token for every decoding row; finished rows leave at once."""
+        import torch
+
+        rows = self.rows
+        last = torch.tensor([s.output_ids[-1] for s in rows], dtype=torch.long, device=self.device)
+        ones = torch.ones((len(rows), 1), dtype=self.mask.dtype, device=self.device)
+        self.mask = torch.cat([self.mask, ones], dim=1)
+        logits = self.forward(last[:, None], self.mask, self.positions[:, None], self.cache)
+        self.positions = self.positions + 1
+        self._pick(rows, logits)
+        self._drop_finished()
+        return rows
+
+    def _pick(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Each sequence's next token from its row of ``logits`` (rows, vocab)."""
+        import torch
+
+        plain = [i for i, s in enumerate(seqs) if not needs_row_work(s.params)]
+        chosen: dict[int, int] = {}
+        if plain:
+            index = torch.tensor(plain, device=logits.device)
+            best = torch.argmax(logits.index_select(0, index), dim=-1).tolist()
+            chosen.update(zip(plain, best, strict=True))
+        if len(plain) < len(seqs):
+            host = logits.float().cpu()
+            for i, seq in enumerate(seqs):
+                if i in chosen:
+                    continue
+                row = seq.apply_penalties(host[i])
+                chosen[i] = select_token(row, seq.params, seq.sampler())
+                if self.answers:
+                    seq.note_logprob(row, chosen[i], self.token_text)
+        for i, seq in enumerate(seqs):
+            seq.advance(chosen[i], self.eos_ids, self.decode)
+
+    # ---- the cache -----------------------------------------------------------------------
+
+    def _append_rows(self, group: list[Sequence], cache: Any, mask: torch.Tensor) -> None:
+        """Add the prefilled ``group`` (its ``cache`` and ``mask``) to the decoding rows, but
+        not those of its sequences that already finished."""
+        import torch
+
+        keep = [i for i, s in enumerate(group) if not s.finished]
+        if not keep:
+            return
+        if len(keep) < len(group):
+            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            _select_rows(cache, index)
+            mask = mask.index_select(0, index)
+            group = [group[i] for i in keep]
+        positions = mask.sum(dim=1)
+        if self.cache is None:
+            check_cache(cache)
+            self.cache, self.mask, self.positions, self.rows = cache, mask, positions, group
+            return
+        width = max(self.width, int(mask.shape[1]))
+        _pad_cache(self.cache, width)
+        _pad_cache(cache, width)
+        for mine, theirs in zip(_layers(self.cache), _layers(cache), strict=True):
+            mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
+            mine.values = torch.cat([mine.values, theirs.values], dim=0)
+        self.mask = torch.cat([_pad_left(self.mask, width), _pad_left(mask, width)], dim=0)
+        self.positions = torch.cat([self.positions, positions])
+        self.rows = [*self.rows, *group]
+
+    def _drop_finished(self) -> None:
+        """Rows that finished leave the cache; columns now padding in every row go too."""
+        import torch
+
+        keep = [i for i, s in enumerate(self.rows) if not s.finished]
+        if len(keep) == len(self.rows):
+            return
+        if not keep:
+            self.rows, self.cache, self.mask, self.positions = [], None, None, None
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        _select_rows(self.cache, index)
+        self.mask = self.mask.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+        self.rows = [self.rows[i] for i in keep]
+        used = self.mask.any(dim=0).nonzero()
+        start = int(used[0].item()) if used.numel() else self.width
+        if start > 0:
+            width = self.width - start
+            self.mask = self.mask[:, start:]
+            _trim_cache(self.cache, width)
+
+
+# ---- cache surgery (rows in dim 0, token columns in dim -2, right-aligned) --------------------
+
+
+def _layers(cache: Any) -> list[Any]:
+    return list(cache.layers)
+
+
+def check_cache(cache: Any) -> None:
+    """``UnsupportedCache`` unless every layer of ``cache`` is a plain or sliding-window
+    attention layer (the kinds this batch pads, joins and trims)."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    kinds = {type(layer) for layer in _layers(cache)}
+    other = kinds - {DynamicLayer, DynamicSlidingWindowLayer}
+    if other:
+        raise UnsupportedCache(
+            f"the model's KV cache has layers of type {', '.join(sorted(k.__name__ for k in other))}"
+        )
+
+
+def _stored(layer: Any, width: int) -> int:
+    """Columns ``layer`` keeps of a cache ``width`` wide (a sliding window keeps its last ones)."""
+    window = getattr(layer, "sliding_window", None)
+    return width if window is None else min(width, int(window) - 1)
+
+
+def _pad_left(t: torch.Tensor, width: int, dim: int = -1) -> torch.Tensor:
+    import torch
+
+    missing = width - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def _pad_cache(cache: Any, width: int) -> None:
+    """Pad every layer of ``cache`` on the left to a cache ``width`` wide."""
+    for layer in _layers(cache):
+        if not layer.is_initialized:
+            continue
+        target = _stored(layer, width)
+        layer.keys = _pad_left(layer.keys, target, dim=-2)
+        layer.values = _pad_left(layer.values, target, dim=-2)
+        if hasattr(layer, "cumulative_length"):
+            layer.cumulative_length = width
+
+
+def _trim_cache(cache: Any, width: int) -> None:
+    """Keep the last ``width`` columns of every layer of ``cache``."""
+    for layer in _layers(cache):
+        if not layer.is_initialized:
+            continue
+        target = _stored(layer, width)
+        if layer.keys.shape[-2] > target:
+            layer.keys = layer.keys[..., -target:, :] if target else layer.keys[..., :0, :]
+            layer.values = layer.values[..., -target:, :] if target else layer.values[..., :0, :]
+        if hasattr(layer, "cumulative_length"):
+            layer.cumulative_length = width
+
+
+def _select_rows(cache: Any, index: torch.Tensor) -> None:
+    for layer in _layers(cache):
+        if layer.is_initialized:
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)

@@ -1,0 +1,289 @@
+"""Continuous batching end to end, with a tiny causal LM built at test time (random weights, a
+real tokenizer), through the real CLI: a short request sent while a long one streams finishes
+first; a request that does not fit the KV pool (--max-total-tokens) waits and then runs, one
+that could never fit is a 400 naming the option; admission is fair across HTTP requests (the
+scheduler's own socket, the ``group`` of each sequence); a tp=2 replica, whose ranks step the
+batch together, gives tp=1's greedy and seeded tokens for requests that joined each other's
+batches; a step that fails (a real plugin makes it) answers its requests with a 500 and the
+replica serves on. Ordering only: no test here asserts a speed."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import msgspec
+import pytest
+from support import make_dist, wait_for
+from support.serving import build_tiny_llama, post, server_env, start_server
+from support.supervisor import Run
+
+from serving import wire
+
+pytestmark = pytest.mark.e2e  # every test here starts the launcher and its workers
+
+POOL = 700  # --max-total-tokens of the module's server: two 300-token requests fit, not two 400s
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    from launcher.model_source import default_model_dir
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", default_model_dir())
+
+
+@pytest.fixture(scope="module")
+def server(tiny_path, tmp_path_factory):
+    srv = start_server(
+        [
+            "--model-path",
+            str(tiny_path),
+            "--max-total-tokens",
+            str(POOL),
+            "--max-input-tokens",
+            "64",
+        ],
+        tmp_path_factory.mktemp("cb-server"),
+        "cb",
+    )
+    yield srv
+    srv.stop()
+
+
+class Stream(threading.Thread):
+    """A streamed ``/generate`` request in a thread: ``events`` are (order, completion tokens)
+    of each event it received, ``order`` a counter shared by all streams of a test, so that
+    the test can say which event came first without reading a clock."""
+
+    def __init__(self, url: str, text: str, clock: list[int], lock, **params) -> None:
+        super().__init__(daemon=True)
+        self.url, self.text, self.params = url, text, params
+        self.clock, self.lock = clock, lock
+        self.events: list[tuple[int, int]] = []
+        self.started_streaming = threading.Event()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        body = {"text": self.text, "stream": True, "sampling_params": self.params}
+        try:
+            with httpx.stream("POST", self.url + "/generate", json=body, timeout=120) as r:
+                if r.status_code != 200:
+                    self.error = f"{r.status_code} {r.read()!r}"
+                    return
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        tokens = json.loads(line[6:])["meta_info"]["completion_tokens"]
+                        with self.lock:
+                            self.clock[0] += 1
+                            self.events.append((self.clock[0], tokens))
+                        self.started_streaming.set()
+        except httpx.HTTPError as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.started_streaming.set()
+
+    def finish(self) -> Stream:
+        self.join(timeout=180)
+        assert not self.is_alive() and self.error is None, self.error
+        return self
+
+    @property
+    def first(self) -> int:
+        return self.events[0][0]
+
+    @property
+    def last(self) -> int:
+        return self.events[-1][0]
+
+    @property
+    def tokens(self) -> int:
+        return self.events[-1][1]
+
+
+def streams(url: str):
+    clock, lock = [0], threading.Lock()
+    return lambda text, **params: Stream(url, text, clock, lock, ignore_eos=True, **params)
+
+
+def test_a_short_request_sent_while_a_long_one_streams_finishes_first(server):
+    new = streams(server.url)
+    long = new("once upon a time", max_new_tokens=300, temperature=0)
+    long.start()
+    assert long.started_streaming.wait(120) and long.error is None, long.error
+    short = new("hello", max_new_tokens=2, temperature=0)
+    short.start()
+    short.finish(), long.finish()
+    assert short.tokens == 2 and long.tokens == 300
+    assert short.last < long.last  # the short one ended while the long one still streamed
+
+
+def test_a_request_that_does_not_fit_the_pool_waits_then_runs(server):
+    new = streams(server.url)
+    first = new("once upon a time", max_new_tokens=400, temperature=0)
+    first.start()
+    assert first.started_streaming.wait(120) and first.error is None, first.error
+    # 2 x ~405 tokens do not fit the pool of 700: the second waits until the first is done.
+    second = new("hello there", max_new_tokens=100, temperature=0)
+    second.start()
+    wait_for(
+        lambda: (
+            httpx.get(server.url + "/ready", timeout=10).json()["schedulers"][0]["queue_depth"] == 1
+            or not second.is_alive()
+        ),
+        60,
+        "the second request to wait in the queue",
+        interval=0.05,
+    )
+    first.finish(), second.finish()
+    assert first.tokens == 400 and second.tokens == 100
+    assert second.first > first.last  # it began once the first had left the pool
+
+
+def test_a_request_that_could_never_fit_the_pool_is_a_400_naming_the_option(server):
+    r = post(
+        server.url + "/generate",
+        {"text": "x", "sampling_params": {"max_new_tokens": POOL + 50}},
+    )
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "--max-total-tokens" in message and f"KV pool of {POOL} tokens" in message, message
+
+
+class SchedulerSocket:
+    """A DEALER on a scheduler's own request socket (what the HTTP child does)."""
+
+    def __init__(self, endpoint: str) -> None:
+        import zmq
+
+        self.zctx = zmq.Context()
+        self.sock = self.zctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def send(self, msg: msgspec.Struct) -> None:
+        self.sock.send(wire.encode(msg))
+
+    def finished(self, count: int, timeout: float = 180.0) -> list[str]:
+        """The rids of the next ``count`` finished generations, in the order they finished."""
+        done: list[str] = []
+
+        def more() -> bool:
+            while self.sock.poll(100):
+                reply = wire.decode_from_scheduler(self.sock.recv())
+                assert isinstance(reply, wire.Generated), reply
+                if reply.finished:
+                    done.append(reply.rid)
+            return len(done) >= count
+
+        wait_for(more, timeout, f"{count} generations to finish", interval=0)
+        return done
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.zctx.term()
+
+
+def test_a_small_request_is_admitted_before_the_rest_of_a_big_one(tiny_path):
+    """Eight sequences of one HTTP request (one group), then one of another: with room for two
+    running sequences, the small request takes the next free place, ahead of the big one's
+    remaining six."""
+    args = ["--model-path", str(tiny_path), "--http-target", "", "--max-running-requests", "2"]
+    with Run(args, env={"SGLANG_USE_CPU_ENGINE": "1"}) as run:
+        snap = run.wait_ready(timeout=180)
+        scheduler = next(w for w in snap["workers"] if w["role"] == "scheduler")
+        client = SchedulerSocket(scheduler["info"]["endpoint"])
+        try:
+            params = wire.SamplingParams(max_new_tokens=30, temperature=0.0, ignore_eos=True)
+            big = [f"big-{i}" for i in range(8)]
+            for rid in big:
+                client.send(wire.GenerateRequest(rid, "once upon a time", params, group="big"))
+            client.send(wire.GenerateRequest("small", "hello", params, group="small"))
+            order = client.finished(9)
+        finally:
+            client.close()
+    assert sorted(order) == sorted([*big, "small"])
+    assert order.index("small") < order.index(big[-1])
+    assert order.index("small") <= 3, order  # after at most the first two waves of the big one
+
+
+def test_tp2_steps_the_batch_like_tp1_for_requests_that_join_each_other(
+    server, tiny_path, tmp_path
+):
+    """Requests sent together join each other's running batch; every rank samples the same
+    tokens, so greedy and seeded sampling give what one rank gives."""
+    prompts = [
+        ("hello world", {"max_new_tokens": 24, "temperature": 0}),
+        ("the quick brown fox", {"max_new_tokens": 9, "temperature": 0}),
+        ("tensor parallel check", {"max_new_tokens": 16, "temperature": 1.1, "seed": 5}),
+    ]
+
+    def together(url: str) -> list[str]:
+        out: list[str] = [""] * len(prompts)
+
+        def one(i: int) -> None:
+            text, params = prompts[i]
+            body = {"text": text, "sampling_params": {**params, "ignore_eos": True}}
+            r = post(url + "/generate", body, timeout=120)
+            assert r.status_code == 200, r.text
+            out[i] = r.json()["text"]
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+        return out
+
+    want = together(server.url)
+    tp2 = start_server(
+        ["--model-path", str(tiny_path), "--tp-size", "2"], tmp_path, "tp2", env=server_env()
+    )
+    try:
+        got = together(tp2.url)
+    finally:
+        tp2.stop()
+    assert got == want and all(want)
+
+
+FAILING = """
+def register():
+    from hooks import HookType, plugin_hook
+
+    def fail_marked(original_fn, runner, batch, *args, **kwargs):
+        texts = [runner.tokenizer.decode(s.prompt_ids) for s in batch.sequences()]
+        if any("fail this step" in text for text in texts):
+            raise RuntimeError("the step broke on purpose")
+        return original_fn(runner, batch, *args, **kwargs)
+
+    plugin_hook("serving.srt.model_runner.ModelRunner.generate", type=HookType.AROUND)(
+        fail_marked
+    )
+"""
+
+
+def test_a_failed_step_answers_its_requests_with_a_500_and_the_replica_serves_on(
+    tiny_path, tmp_path
+):
+    site = tmp_path / "site"
+    make_dist(
+        site,
+        "failing-steps",
+        {"sglang.srt.plugins": {"failing": "failing_steps:register"}},
+        {"failing_steps.py": FAILING},
+    )
+    env = server_env()
+    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
+    srv = start_server(["--model-path", str(tiny_path)], tmp_path, "failing", env=env)
+    try:
+        pid = httpx.get(srv.url + "/get_server_info", timeout=30).json()["schedulers"][0]["pid"]
+        body = {"sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+        failed = post(srv.url + "/generate", {"text": "please fail this step", **body})
+        assert failed.status_code == 500, failed.text
+        assert "RuntimeError: the step broke on purpose" in failed.json()["error"]["message"]
+        ok = post(srv.url + "/generate", {"text": "hello", **body})
+        assert ok.status_code == 200, ok.text
+        again = httpx.get(srv.url + "/get_server_info", timeout=30).json()["schedulers"][0]["pid"]
+        assert again == pid  # the same process served on
+    finally:
+        srv.stop()

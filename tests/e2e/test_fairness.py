@@ -1,0 +1,193 @@
+"""One request's share of a replica is bounded, through the real CLI: a big request and a small one
+sent beside it, the small one answered first and in a fraction of the big one's time, measured in
+the same run (ordering and a ratio, not seconds). Embeddings with the embedded default model (a
+big request runs as several batches of texts, interleaved); images with the tiny pipeline (calls
+take turns a denoising step at a time; a request over ``--max-pixel-steps`` is a 400 naming it);
+a request that timed out (504) or whose client left frees the replica at its next step."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from support import wait_for
+from support.diffusion import SIZE
+from support.serving import cosine, post, report, server_env, start_server
+
+pytestmark = pytest.mark.e2e
+
+ROUTE = "/v1/images/generations"
+TEXT = 2 * (
+    "the quick brown fox jumps over the lazy dog while the farmer watches from the porch and "
+    "the cat sleeps in the warm afternoon sun beside a bowl of fresh milk "
+)  # about 75 tokens
+
+
+def counts(server) -> dict:
+    """The one scheduler's counters (``batches``, ``aborted``, ...) from ``/get_server_info``."""
+    info = httpx.get(server.url + "/get_server_info", timeout=60).json()
+    return info["schedulers"][0]
+
+
+class Timed(threading.Thread):
+    """``send()`` in a thread of its own: its answer, and when it was sent and answered
+    (``time.monotonic``, compared only with each other in one run)."""
+
+    def __init__(self, send) -> None:
+        super().__init__(daemon=True)
+        self.send = send
+        self.reply: httpx.Response | None = None
+        self.sent = self.answered = 0.0
+
+    def run(self) -> None:
+        self.sent = time.monotonic()
+        self.reply = self.send()
+        self.answered = time.monotonic()
+
+    @property
+    def took(self) -> float:
+        return self.answered - self.sent
+
+
+# ---- embeddings --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_server(tmp_path_factory):
+    srv = start_server(["--max-batch-size", "2"], tmp_path_factory.mktemp("fair-text"), "text")
+    yield srv
+    srv.stop()
+
+
+def test_a_small_embedding_request_is_not_held_behind_a_big_one(text_server, capsys):
+    texts = [f"{TEXT} #{i}" for i in range(320)]  # 160 batches of --max-batch-size 2
+    before = counts(text_server)["batches"]
+    big = Timed(lambda: post(text_server.url + "/v1/embeddings", {"input": texts}, timeout=600))
+    big.start()
+    wait_for(lambda: counts(text_server)["batches"] > before, 120, "the big request to start")
+    small = Timed(lambda: post(text_server.url + "/v1/embeddings", {"input": "a cat"}))
+    small.run()
+    assert small.reply is not None and small.reply.status_code == 200, small.reply
+    assert big.is_alive(), "the big request ended before the small one: nothing was measured"
+    big.join(timeout=600)
+    assert big.reply is not None and big.reply.status_code == 200, big.reply
+    assert small.answered < big.answered
+    assert small.took < 0.25 * big.took, (small.took, big.took)
+    report(capsys, f"embeddings: 1 text beside 320 took {small.took / big.took:.3f} of the big one")
+    # Run in many batches, the big request's vectors are each text's own, in order.
+    rows = [d["embedding"] for d in big.reply.json()["data"]]
+    assert [d["index"] for d in big.reply.json()["data"]] == list(range(len(texts)))
+    for i in (0, 1, 157, len(texts) - 1):
+        alone = post(text_server.url + "/v1/embeddings", {"input": texts[i]}).json()
+        assert cosine(rows[i], alone["data"][0]["embedding"]) > 0.9999, i
+
+
+def test_a_big_embedding_request_whose_client_left_stops_at_its_next_batch(text_server):
+    texts = [f"{TEXT} #{i}" for i in range(2048)]  # 1024 batches, in a body under 1 MiB
+    start = counts(text_server)
+    with pytest.raises(httpx.ReadTimeout):
+        # The client gives up once the request is under way (its first batches have run).
+        post(text_server.url + "/v1/embeddings", {"input": texts}, timeout=2)
+    wait_for(
+        lambda: counts(text_server)["aborted"] > start["aborted"], 60, "the request counted aborted"
+    )
+    left = counts(text_server)["batches"]
+    assert left - start["batches"] < 1024  # it did not run to its end
+    assert post(text_server.url + "/v1/embeddings", {"input": "a cat"}).status_code == 200
+    assert counts(text_server)["batches"] == left + 1  # none of its texts ran since
+
+
+# ---- images ------------------------------------------------------------------------------------
+
+BIG_SIDE, BIG_STEPS = 2 * SIZE, 12  # 4 times the pixels of a small request, 12 steps
+BUDGET = 10_000_000  # --max-pixel-steps
+
+
+def image_server_args(tiny_pipeline, *extra: str) -> list[str]:
+    return ["--runtime", "diffusion", "--model-path", str(tiny_pipeline), *extra]
+
+
+@pytest.fixture(scope="module")
+def image_server(tiny_pipeline, tmp_path_factory):
+    srv = start_server(
+        image_server_args(tiny_pipeline, "--max-pixel-steps", str(BUDGET)),
+        tmp_path_factory.mktemp("fair-images"),
+        "images",
+        env=server_env(OMP_WAIT_POLICY=None),
+    )
+    yield srv
+    srv.stop()
+
+
+def image(server, timeout: float = 120, **fields) -> httpx.Response:
+    body = {"prompt": "a photo of a cat", "size": f"{SIZE}x{SIZE}", **fields}
+    return httpx.post(server.url + ROUTE, json=body, timeout=timeout)
+
+
+def test_a_small_image_request_runs_its_steps_between_a_big_ones(image_server, capsys):
+    body = {
+        "prompt": "a photo of a cat",
+        "size": f"{BIG_SIDE}x{BIG_SIDE}",
+        "num_inference_steps": BIG_STEPS,
+        "stream": True,
+    }
+    started = time.monotonic()
+    small = Timed(lambda: image(image_server, num_inference_steps=1, seed=3))
+    steps: list[int] = []
+    small_done_at: int | None = None  # the big call's step when the small request was answered
+    with httpx.stream("POST", image_server.url + ROUTE, json=body, timeout=300) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[len("data: ") :])
+            if data["type"] != "image_generation.progress":
+                continue
+            steps.append(data["step"])
+            if len(steps) == 1:  # the big call is under way: the small request goes beside it
+                small.start()
+            elif small_done_at is None and not small.is_alive():
+                small_done_at = data["step"]
+        ended = time.monotonic()
+    small.join(timeout=60)
+    assert small.reply is not None and small.reply.status_code == 200, small.reply
+    assert steps == list(range(1, BIG_STEPS + 1))
+    assert small_done_at is not None and small_done_at <= BIG_STEPS // 2, small_done_at
+    assert small.took < 0.5 * (ended - started), (small.took, ended - started)
+    report(
+        capsys,
+        f"images: a 1-step request beside a {BIG_STEPS}-step one of 4x its pixels was answered "
+        f"at its step {small_done_at}, in {small.took / (ended - started):.3f} of its time",
+    )
+
+
+def test_a_request_over_the_pixel_step_budget_is_a_400_naming_it(image_server):
+    reply = image(image_server, size="512x512", num_inference_steps=40)  # 10,485,760
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert "--max-pixel-steps" in error["message"] and f"{BUDGET:,}" in error["message"]
+    assert error["param"] == "num_inference_steps"
+
+
+def test_an_image_request_that_timed_out_frees_the_worker_at_its_next_step(tiny_pipeline, tmp_path):
+    srv = start_server(
+        image_server_args(tiny_pipeline, "--request-timeout", "3"),
+        tmp_path,
+        "images-timeout",
+        env=server_env(OMP_WAIT_POLICY=None),
+    )
+    try:
+        before = counts(srv)
+        # 900 steps of 4 times a small request's pixels take minutes; --request-timeout 3
+        # answers 504 long before, and the call ends at its next step.
+        reply = image(srv, size=f"{2 * SIZE}x{2 * SIZE}", num_inference_steps=900, seed=1)
+        assert reply.status_code == 504, reply.text
+        assert "--request-timeout 3s" in reply.json()["error"]["message"]
+        wait_for(lambda: counts(srv)["aborted"] > before["aborted"], 30, "the call to end")
+        assert image(srv, num_inference_steps=1, seed=2).status_code == 200
+        assert counts(srv)["batches"] == before["batches"] + 2
+    finally:
+        srv.stop()
