@@ -122,7 +122,8 @@ class ServerArgs:
     max_restarts: int = _opt(
         3,
         "restarts each replica gets over the launch's life under --restart-policy on-failure; "
-        "one more failure stops the launch with the root cause",
+        "one more failure takes the replica out of service while another serves, and stops "
+        "the launch with the root cause when it was the last",
     )
     restart_backoff: float = _opt(
         0.5,

@@ -9,6 +9,9 @@ through the same bootstrap, while the other replicas and the HTTP child keep ser
 replica and back to it. While a replica is ``DOWN``, what its ranks report and how they exit is
 a consequence of its restart, not a new failure; once ``RESPAWNED``, a failure of a rank is
 decided again; a restarted replica not ready within ``--startup-timeout`` has failed again.
+A replica that fails once more after its ``--max-restarts`` is taken out of service while
+another serves (``replica.<dp>.removed``, its ``cause`` saying why) and ends the launch only when
+it was the last.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ class Healing:
         self.restarts = restarts
         self._startup_timeout = startup_timeout
         self._in_progress: dict[int, ReplicaRestart] = {}  # dp rank -> its restart
+        self._set_aside_pids: set[int] = set()  # processes of replicas taken out of service
+        self._tasks: set[asyncio.Task[None]] = set()  # replicas being taken out of service
 
     @property
     def in_progress(self) -> list[int]:
@@ -60,6 +65,8 @@ class Healing:
 
     def is_stale(self, cause: RootCause) -> bool:
         """``cause`` concerns a process that a replica restart ended or replaced."""
+        if cause.pid is not None and cause.pid in self._set_aside_pids:
+            return True  # a rank of a replica taken out of service: its end is under way
         worker = self._launch.worker_named(cause.worker)
         if worker is None:
             return False
@@ -83,6 +90,9 @@ class Healing:
             launch.blamed = None
             return True
         decision = self.restarts.decide(dp)
+        if decision.exhausted and launch.replicas.others_serve(dp):
+            self._set_aside(dp, cause, decision.reason)
+            return True
         if not decision.restart:
             if decision.exhausted:
                 cause.exit_code = ExitCode.WORKER_DIED  # the server was ready before this
@@ -96,6 +106,27 @@ class Healing:
         launch.blamed = None  # the launch goes on: the next failure is a root cause again
         restart.task = asyncio.create_task(self._restart(restart, cause, decision.delay))
         return True
+
+    def _set_aside(self, dp: int, cause: RootCause, reason: str) -> None:
+        """Replica ``dp`` used its restarts but others serve: it leaves the launch, which goes on
+        with one replica fewer (a scale brings the count back)."""
+        launch = self._launch
+        launch.blamed = None  # the launch goes on: the next failure is a root cause again
+        self._set_aside_pids.update(p for p in launch.replicas.pids(dp) if p is not None)
+        log.error(
+            "%s: %s; it is taken out of service and the other replicas serve on "
+            "(sglang-launch scale --dp-size N starts a fresh one)",
+            cause.summary,
+            reason,
+        )
+        task = launch.replicas.set_aside(dp, cause, reason)
+        self._tasks.add(task)
+        task.add_done_callback(self._set_aside_done)
+
+    def _set_aside_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a replica could not be taken out of service: %r", task.exception())
 
     def rank_ready(self, worker: Worker) -> None:
         """A rank of a restarting replica is ready: once all are, the replica serves again."""

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("launcher")
 
 STARTING, RETIRING = "starting", "retiring"
+# The ``change`` of a replica removed because it used all its restarts.
+SET_ASIDE = "restarts used"
 # After --request-timeout, how long a drained report may still take to come.
 DRAIN_MARGIN = 5.0
 
@@ -340,7 +342,54 @@ class ReplicaSet:
             self._retiring.pop(dp, None)
             self._forget(workers)
         self._devices.pop(dp, None)
+        launch.healing.restarts.forget(dp)
         return time.monotonic() - started
+
+    def others_serve(self, dp: int) -> bool:
+        """A replica other than ``dp`` is in service and not being restarted."""
+        restarting = set(self._launch.healing.in_progress)
+        return any(d != dp and d not in restarting for d in self.in_service)
+
+    def set_aside(self, dp: int, cause: RootCause, reason: str) -> asyncio.Task[None]:
+        """Take replica ``dp``, which failed with ``cause`` after using its restarts
+        (``reason``), out of service for good while the others serve: from now on its ranks'
+        news is the task's, which kills what is left of it at once (a group that lost a rank
+        finishes nothing) and frees its dp rank and devices (a later scale takes them)."""
+        launch = self._launch
+        workers = launch.replica(dp)
+        self._retiring[dp] = _Retiring(dp, workers)
+        self.in_service = [d for d in self.in_service if d != dp]
+        self._serving_since.pop(dp, None)
+        self._changed()
+        pids = self.pids(dp)
+
+        async def end() -> None:
+            try:
+                for worker in workers:
+                    launch.watchdog.forget(worker.name)
+                    if worker.child.running and worker.state.phase != phases.STOPPED:
+                        launch.stopped(worker, because_of=cause.worker, at_once=True)
+                await launch.stop([w for w in workers if w.child.running], 0)
+                for worker in workers:
+                    if worker.process is not None:
+                        await launch.reap(worker)
+                await launch.sweep_adopted()
+            finally:
+                self._retiring.pop(dp, None)
+                self._forget(workers)
+            self._devices.pop(dp, None)
+            launch.healing.restarts.forget(dp)
+            launch.publish(
+                events.ReplicaRemoved(
+                    replica=replica_name(dp),
+                    dp_rank=dp,
+                    change=SET_ASIDE,
+                    pids=pids,
+                    cause=f"{cause.summary}; {reason}",
+                )
+            )
+
+        return asyncio.create_task(end())
 
     def _forget(self, workers: list[Worker]) -> None:
         """Drop the records of ``workers`` that are gone (one still running stays, and the

@@ -61,6 +61,11 @@ class Restarts:
         """Restarts of replica ``dp_rank`` decided so far."""
         return self._counts.get(dp_rank, 0)
 
+    def forget(self, dp_rank: int) -> None:
+        """Replica ``dp_rank`` is gone for good: a replica started later under that dp rank is a
+        new one, with every restart to come."""
+        self._counts.pop(dp_rank, None)
+
     @property
     def total(self) -> int:
         """Restarts decided so far, all replicas together."""

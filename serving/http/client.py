@@ -302,10 +302,10 @@ class SchedulerClient:
         self._if_drained(rep)
 
     def forget(self, dp_rank: int) -> None:
-        """Replica ``dp_rank`` is gone for good (retired, or failed before it served); a serving
-        one (a successor that took the same dp rank) stays."""
+        """Replica ``dp_rank`` is gone for good (retired, failed before it served, or dead after
+        its restarts); a live serving one (a successor that took the same dp rank) stays."""
         rep = self.replica(dp_rank)
-        if rep is None or (rep.serving and not rep.draining):
+        if rep is None or (rep.serving and not rep.draining and not rep.dead_reason):
             return
         for rid in list(rep.inflight):
             deliver = self._pending.get(rid)

@@ -4,7 +4,8 @@ so what turns ``/health`` false is the HTTP child's own liveness signal; resumed
 tears everything down and reports the root cause. With the default policy (on-failure at dp=2) a
 replica SIGKILLed under load heals: no client sees an error, ``/health`` stays 200, ``/ready``
 names the replica while it restarts, requests reach it again once it is back, and the restart is
-counted in ``/metrics`` and in the events. Then dp=2 over two nodes (two supervisors on
+counted in ``/metrics`` and in the events; one past ``--max-restarts`` leaves while the other
+serves, and ``scale`` brings a fresh one back. Then dp=2 over two nodes (two supervisors on
 loopback): replica 1 lives on node 1 and is reached over TCP through the address it announced."""
 
 from __future__ import annotations
@@ -264,6 +265,58 @@ def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
         f"{stats['requests']} requests from 4 clients, {len(stats['errors'])} client errors, "
         f"/health 200 on {len(health)} of {len(health)} polls",
     )
+
+
+def test_a_replica_past_its_restarts_leaves_while_the_other_serves_and_a_scale_brings_one_back(
+    tmp_path,
+):
+    # --max-restarts 0: the first death after ready is past the replica's restarts.
+    srv = start_server(["--dp-size", "2", "--max-restarts", "0"], tmp_path, "dp2-set-aside")
+    stop_load = threading.Event()
+    result: dict = {}
+    load = threading.Thread(
+        target=lambda: result.update(
+            run_load(
+                srv.url, embedding_body, clients=2, seconds=600, pause=0.02, stop_event=stop_load
+            )
+        ),
+        daemon=True,
+    )
+    try:
+        victim = httpx.get(srv.url + "/ready", timeout=30).json()["schedulers"][1]["pid"]
+        load.start()
+        os.kill(victim, signal.SIGKILL)
+        health: list[int] = []
+
+        def one_left():
+            health.append(httpx.get(srv.url + "/health", timeout=30).status_code)
+            ready = httpx.get(srv.url + "/ready", timeout=30).json()
+            # First it is dead (listed restarting), then gone (listed nowhere).
+            gone = len(ready.get("schedulers") or ()) == 1 and ready.get("restarting") == []
+            return ready if gone else None
+
+        ready = wait_for(one_left, 120, "replica dp=1 to leave", interval=0.1)
+        assert ready["schedulers"][0]["dp_rank"] == 0, ready
+        assert "scheduler dp=1 was restarted 0 time(s) already (--max-restarts 0)" in srv.log
+        assert "it is taken out of service and the other replicas serve on" in srv.log
+        assert srv.proc.poll() is None, srv.log  # the launch goes on
+        scaled = subprocess.run(
+            [*cli_command(), "scale", "--dp-size", "2", "--pid", str(srv.proc.pid)],
+            env=server_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert scaled.returncode == 0, scaled.stdout + scaled.stderr
+        back = httpx.get(srv.url + "/ready", timeout=30).json()["schedulers"]
+        assert len(back) == 2 and victim not in [s["pid"] for s in back], back
+    finally:
+        stop_load.set()
+        load.join(timeout=120)
+        srv.stop()
+    assert result["errors"] == [] and result["requests"] > 0, result["errors"][:5]
+    assert set(health) == {200}, health
+    assert srv.proc.returncode == 0, srv.log
 
 
 def _status(srv) -> dict[str, dict]:

@@ -3,7 +3,8 @@ suite's workers (no model), real SIGKILLs, the real status query socket and ``ev
 
 - the restart unit is the tp group: killing one rank of replica dp=1 (tp=2, dp=2) respawns both of
   its ranks, and only those, through the same spawn path;
-- past ``--max-restarts`` the launch stops with the root cause (exit 4), which says so;
+- past ``--max-restarts`` a replica is taken out of service while another serves; the last one
+  stops the launch with the root cause (exit 4), which says so;
 - a replica the watchdog finds hung (SIGSTOP) is restarted too, and its successor is watched;
 - a stop during a restart's backoff ends everything with exit 0;
 - ``--restart-policy never``, a death before ready and the HTTP worker's death stop the launch as
@@ -17,6 +18,7 @@ import json
 import os
 import signal
 
+import psutil
 import pytest
 from support.supervisor import FAST, READY_WAIT, Run, wait_for
 
@@ -112,7 +114,9 @@ def test_bad_restart_settings_are_named_with_the_fix():
 
 # -- real launches -----------------------------------------------------------------------------
 @pytest.mark.e2e
-def test_a_killed_rank_restarts_its_whole_tp_group_then_max_restarts_ends_the_launch(tmp_path):
+def test_a_killed_rank_restarts_its_whole_tp_group_past_max_restarts_it_leaves_then_the_last_ends_the_launch(
+    tmp_path,
+):
     with Run([*TP2_DP2, "--max-restarts", "1"]) as run:
         before = _workers(run.wait_ready())
         os.kill(before["scheduler.3"]["pid"], signal.SIGKILL)  # tp rank 1 of replica dp=1
@@ -151,12 +155,46 @@ def test_a_killed_rank_restarts_its_whole_tp_group_then_max_restarts_ends_the_la
             line for line in status.splitlines() if "scheduler.2" in line or "scheduler.3" in line
         ], status
 
-        # The replica's second death is one more than --max-restarts 1 allows.
+        # The replica's second death is one more than --max-restarts 1 allows: while dp=0
+        # serves, dp=1 is taken out of service and the launch goes on without it.
         os.kill(after["scheduler.2"]["pid"], signal.SIGKILL)
+
+        def set_aside():
+            assert run.proc.poll() is None, run
+            removed = [e for e in _history(run) if e["topic"] == "replica.1.removed"]
+            snap = run.snapshot()
+            return removed if removed and snap and "scheduler.2" not in _workers(snap) else None
+
+        removed = wait_for(set_aside, 60, f"replica dp=1 to be taken out of service\n{run}")
+        assert (
+            "scheduler dp=1 was restarted 1 time(s) already (--max-restarts 1)"
+            in (removed[0]["cause"])
+        ), removed
+        assert removed[0]["change"] == "restarts used"
+        left = _workers(run.snapshot())
+        assert sorted(left) == ["http.0", "scheduler.0", "scheduler.1"], left
+        assert all(p["pid"] == before[n]["pid"] for n, p in left.items())  # untouched
+        for name in ("scheduler.2", "scheduler.3"):
+            assert (
+                not psutil.pid_exists(after[name]["pid"])
+                or psutil.Process(after[name]["pid"]).status() == psutil.STATUS_ZOMBIE
+            )
+
+        # The last replica: one restart, then its next death ends the launch (exit 4).
+        os.kill(left["scheduler.1"]["pid"], signal.SIGKILL)
+
+        def healed_again():
+            assert run.proc.poll() is None, run
+            workers = _workers(run.snapshot() or {"workers": []})
+            ranks = [workers.get(n) for n in ("scheduler.0", "scheduler.1")]
+            return ranks if all(r and r["restarts"] == 1 and r["ready"] for r in ranks) else None
+
+        again = wait_for(healed_again, 60, f"replica dp=0 to be restarted and ready\n{run}")
+        os.kill(again[0]["pid"], signal.SIGKILL)
         assert run.wait(60) == 4, run
         out = run.stderr + run.stdout
-        assert "sglang-launch: scheduler.2 was killed by SIGKILL after the server was ready" in out
-        assert "scheduler dp=1 was restarted 1 time(s) already (--max-restarts 1)" in out
+        assert "sglang-launch: scheduler.0 was killed by SIGKILL after the server was ready" in out
+        assert "scheduler dp=0 was restarted 1 time(s) already (--max-restarts 1)" in out
         run.assert_nothing_left()
 
 
