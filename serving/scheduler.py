@@ -56,6 +56,7 @@ import msgspec
 import zmq
 
 from serving import wire
+from serving.devices import visible_devices
 from serving.errors import InputError
 
 if TYPE_CHECKING:
@@ -188,6 +189,7 @@ class BatchingScheduler(ABC, Generic[R, Q]):
                 pid=os.getpid(),
                 model=stats.model,
                 memory=stats.memory,
+                devices=visible_devices(stats.model.device.partition(":")[0]),
             )
             self.ctx.ready(**msgspec.to_builtins(ready))
             log.info(

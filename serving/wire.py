@@ -371,13 +371,16 @@ Stats = TextStats | ImageStats
 
 class ReplicaReady(msgspec.Struct, kw_only=True):
     """What rank 0 of a replica reports ready with (as ``ctx.ready(**msgspec.to_builtins(it))``;
-    the supervisor keeps it as JSON): where its request socket is, its model and memory."""
+    the supervisor keeps it as JSON): where its request socket is, its model and memory, and
+    ``devices``: how many devices of its model's kind torch sees on this node (None on the CPU),
+    which bounds the replicas a scale may add."""
 
     dp_rank: int
     endpoint: str
     pid: int
     model: TextModel | ImageModel
     memory: TextMemory | ImageMemory
+    devices: int | None = None
 
 
 class RankReady(msgspec.Struct, kw_only=True):

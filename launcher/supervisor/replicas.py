@@ -415,6 +415,31 @@ class ReplicaSet:
         used = {*self.in_service, *self._joining, *self._retiring}
         return next(dp for dp in itertools.count() if dp not in used)
 
+    def devices_short(self, dp_size: int) -> str | None:
+        """Why ``dp_size`` replicas cannot fit the devices this node's schedulers see (each
+        replica a group of ``tp_size`` devices, the new ones on the lowest free groups); None
+        when they fit, or when no scheduler counts its devices (the CPU)."""
+        seen: list[int] = []
+        for w in self._launch.workers:
+            count = w.state.info.get("devices")
+            if w.dp_rank in self.in_service and isinstance(count, int):
+                seen.append(count)
+        if not seen or self.template is None:
+            return None
+        visible, tp = min(seen), max(self.template.tp_size, 1)
+        groups = set(self._devices.values())
+        for _ in range(dp_size - len(self.in_service)):
+            groups.add(next(g for g in itertools.count() if g not in groups))
+        needed = (max(groups, default=-1) + 1) * tp
+        if needed <= visible:
+            return None
+        return (
+            f"--dp-size {dp_size} needs devices 0-{needed - 1} on this node (--tp-size {tp} "
+            f"each), and its schedulers see {visible}; scale to at most {visible // tp} or "
+            f"make more devices visible (CUDA_VISIBLE_DEVICES or your platform's equivalent) "
+            f"and restart"
+        )
+
     def free_devices(self) -> int:
         used = set(self._devices.values())
         return next(group for group in itertools.count() if group not in used)

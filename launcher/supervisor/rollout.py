@@ -178,6 +178,9 @@ class Rollouts:
             raise ChangeRefused(
                 f"--dp-size {dp_size} must be at least 1 (to stop the server, send it SIGTERM)"
             )
+        short = self.replicas.devices_short(dp_size)
+        if short is not None:
+            raise ChangeRefused(short)
         change = self._begin(SCALE, reason)
         previous = len(self.replicas.in_service)
         policy = self._follow_policy(max(previous, dp_size))

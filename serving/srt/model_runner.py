@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.model_config import is_causal_lm
 from launcher.model_source import ModelSource
+from serving.devices import check_device_visible
 from serving.errors import InputError, ModelLoadError
 from serving.srt.engine import GenerationBatch, UnsupportedCache
 from serving.srt.kv_pool import default_pool_tokens, kv_bytes_per_token
@@ -93,27 +94,6 @@ def cannot_run_message(platform: SRTPlatform, exc: BaseException) -> str:
         f"plugin for this hardware (sglang-launch plugins shows what is installed and why it did not "
         f"activate)"
     )
-
-
-def check_device_visible(device: torch.device) -> None:
-    """``ModelLoadError`` when ``device`` (an accelerator with an index) is not among the devices
-    torch sees on this node, which happens when a node runs more ranks than it has devices."""
-    import torch
-
-    if device.type in ("cpu", "meta") or device.index is None:
-        return
-    module = getattr(torch, device.type, None)
-    count = getattr(module, "device_count", None)
-    if count is None:
-        return
-    visible = int(count())
-    if device.index >= visible:
-        raise ModelLoadError(
-            f"this rank would run on {device}, but torch sees {visible} {device.type} device(s) on this "
-            f"node; each scheduler rank on a node takes its own device, so run at most {visible} rank(s) "
-            f"per node (--dp-size x --tp-size / --nnodes), or make more devices visible "
-            f"(CUDA_VISIBLE_DEVICES or your platform's equivalent)"
-        )
 
 
 class ModelRunner:

@@ -243,6 +243,24 @@ def test_scale_and_sigttin_sigttou_add_and_remove_replicas_which_the_policy_cove
         run.assert_nothing_left()
 
 
+def test_a_scale_past_the_devices_the_schedulers_see_is_refused_with_exit_2():
+    # The schedulers report 2 visible devices (a real one asks torch; this machine has no
+    # accelerator, so the test workers claim them): a third tp=1 replica has no device.
+    with Run(BASIC, env={"TESTWORKER_DEVICES": "2"}) as run:
+        run.wait_ready()
+        refused = run.cli("scale", "--dp-size", "3")
+        assert refused.returncode == 2, refused.stderr + refused.stdout
+        assert "--dp-size 3 needs devices 0-2 on this node" in refused.stderr, refused.stderr
+        assert "its schedulers see 2; scale to at most 2" in refused.stderr, refused.stderr
+        assert len(_ready_schedulers(run, 1)) == 1  # nothing was started
+        up = run.cli("scale", "--dp-size", "2")
+        assert up.returncode == 0, up.stderr + up.stdout
+        _ready_schedulers(run, 2)
+        os.kill(run.pid, signal.SIGTERM)
+        assert run.wait(60) == 0, run
+        run.assert_nothing_left()
+
+
 def test_sighup_reloads_and_the_launcher_keeps_running():
     with Run(BASIC) as run:
         (old,) = _schedulers(run.wait_ready()).values()

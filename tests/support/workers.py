@@ -75,7 +75,11 @@ def _wait_for_stop(ctx) -> None:
 
 
 def ready_then_wait(server_args, ctx) -> None:
-    ctx.ready(**_identity(ctx), port=server_args.port, model_path=server_args.model_path)
+    # TESTWORKER_DEVICES: the accelerator count a real scheduler reports from torch (this
+    # machine has none, so a test says how many its schedulers claim to see).
+    devices = os.environ.get("TESTWORKER_DEVICES")
+    extra = {"devices": int(devices)} if devices and ctx.role == "scheduler" else {}
+    ctx.ready(**_identity(ctx), port=server_args.port, model_path=server_args.model_path, **extra)
     _marker()
     _wait_for_stop(ctx)
 
