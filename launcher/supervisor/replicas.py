@@ -284,15 +284,7 @@ class ReplicaSet:
         if not joining.failed.done():
             joining.failed.set_result(cause)  # what its ranks do from now on changes nothing
         try:
-            for worker in joining.workers:
-                launch.watchdog.forget(worker.name)
-                if worker.child.running and worker.state.phase != phases.STOPPED:
-                    launch.stopped(worker, because_of=cause.worker, at_once=True)
-            await launch.stop([w for w in joining.workers if w.child.running], 0)
-            for worker in joining.workers:
-                if worker.process is not None:
-                    await launch.reap(worker)
-            await launch.sweep_adopted()
+            await self._end_at_once(joining.workers, because_of=cause.worker)
         finally:
             self._joining.pop(joining.dp_rank, None)
             self._forget(joining.workers)
@@ -365,15 +357,7 @@ class ReplicaSet:
 
         async def end() -> None:
             try:
-                for worker in workers:
-                    launch.watchdog.forget(worker.name)
-                    if worker.child.running and worker.state.phase != phases.STOPPED:
-                        launch.stopped(worker, because_of=cause.worker, at_once=True)
-                await launch.stop([w for w in workers if w.child.running], 0)
-                for worker in workers:
-                    if worker.process is not None:
-                        await launch.reap(worker)
-                await launch.sweep_adopted()
+                await self._end_at_once(workers, because_of=cause.worker)
             finally:
                 self._retiring.pop(dp, None)
                 self._forget(workers)
@@ -390,6 +374,20 @@ class ReplicaSet:
             )
 
         return asyncio.create_task(end())
+
+    async def _end_at_once(self, workers: list[Worker], because_of: str | None) -> None:
+        """SIGKILL what runs of ``workers`` (their replica finishes nothing more), reap them all
+        and whatever they left behind."""
+        launch = self._launch
+        for worker in workers:
+            launch.watchdog.forget(worker.name)
+            if worker.child.running and worker.state.phase != phases.STOPPED:
+                launch.stopped(worker, because_of=because_of, at_once=True)
+        await launch.stop([w for w in workers if w.child.running], 0)
+        for worker in workers:
+            if worker.process is not None:
+                await launch.reap(worker)
+        await launch.sweep_adopted()
 
     def _forget(self, workers: list[Worker]) -> None:
         """Drop the records of ``workers`` that are gone (one still running stays, and the
