@@ -21,6 +21,9 @@ tp_rank = int(sys.argv[1])
 init_tp_group("gloo", sys.argv[2], dp_rank=1, tp_rank=tp_rank, tp_size=2, timeout_s=120)
 print(json.dumps({k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
                  | {"group_rank": dist.get_rank(), "group_size": dist.get_world_size()}))
+# Neither rank leaves before both are connected: a rank that tears its group down at once can
+# close its side while the other is still connecting its full mesh.
+dist.barrier()
 dist.destroy_process_group()
 """
 
