@@ -45,6 +45,8 @@ from bootstrap.spec import ProcessSpec
 from bootstrap.targets import resolve
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from bootstrap.manifest import Manifest
     from bootstrap.reporter import Heartbeat, Reporter
     from hooks import PluginRuntime
@@ -368,6 +370,20 @@ def _configure_logging(spec: ProcessSpec) -> None:
 _GROUP_SIGNALS = ("SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 
+def _quiet_stop_requests(
+    previous: Callable[[sys.UnraisableHookArgs], object],
+) -> Callable[[sys.UnraisableHookArgs], None]:
+    """An unraisable-exception hook that drops the stop request a SIGTERM raised where Python
+    cannot propagate it (a ``__del__``, an at-fork callback): ``stopping`` holds it already, and
+    the start-up ends at its next step. Anything else goes to ``previous``."""
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        if not isinstance(unraisable.exc_value, _StopRequested):
+            previous(unraisable)
+
+    return hook
+
+
 def _ignore_group_signal(signum: int, frame: FrameType | None) -> None:
     log.debug("ignored signal %d: the supervisor decides when this child stops", signum)
 
@@ -381,6 +397,7 @@ def run(spec: ProcessSpec) -> None:
     for name in _GROUP_SIGNALS:  # a terminal's hangup or Ctrl-\ is for the supervisor to handle
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), _ignore_group_signal)
+    sys.unraisablehook = _quiet_stop_requests(sys.unraisablehook)
     try:
         signal.signal(signal.SIGTERM, child.on_sigterm)
         child.run()

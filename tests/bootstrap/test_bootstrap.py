@@ -489,6 +489,55 @@ def test_a_sigterm_while_the_child_imports_the_runtime_table_ends_the_start_up_w
     assert "Traceback" not in result.stderr, result.stderr
 
 
+@pytest.mark.e2e
+def test_a_sigterm_where_python_cannot_raise_it_still_ends_the_start_up_quietly(tmp_path):
+    # A SIGTERM that lands in a __del__ (or an at-fork callback, as logging's) cannot propagate:
+    # Python prints "Exception ignored in ..." with a traceback. The stop must still end the
+    # start-up with exit 0, and nothing is printed about it.
+    site = tmp_path / "del-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        textwrap.dedent(
+            """
+            import multiprocessing, os, sys, time
+
+            class SlowToDie:
+                def __del__(self):
+                    open(os.environ["TESTWORKER_MARKER"], "w").close()
+                    time.sleep(60)  # the SIGTERM handler raises here, where nothing catches it
+
+            class DropOneOnTheRuntimeTable:
+                def find_spec(self, name, path=None, target=None):
+                    if name == "platforms.runtimes" and multiprocessing.parent_process():
+                        SlowToDie()  # dropped at once: its __del__ runs now
+                    return None
+
+            sys.meta_path.insert(0, DropOneOnTheRuntimeTable())
+            """
+        )
+    )
+    marker = str(tmp_path / "in-del")
+    env = {**clean_env(), "TESTWORKER_MARKER": marker}
+    children, result = run_harness(
+        {
+            "children": {
+                "stop_in_del": {
+                    "target": "support.workers.ready_then_wait",
+                    "env": {"TESTWORKER_MARKER": marker},
+                    "signal": {"when": "marker", "sig": "SIGTERM"},
+                }
+            }
+        },
+        sites=[site],
+        env=env,
+    )
+    stopped = children["stop_in_del"]
+    assert stopped["exitcode"] == 0, result.stderr
+    assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, (
+        result.stderr
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The spec's early-import warning.
 # ---------------------------------------------------------------------------------------------
