@@ -103,6 +103,9 @@ class _ChildState:
         self.reporter: Reporter | None = None
         self.heartbeat: Heartbeat | None = None
         self.stopping = threading.Event()
+        self.stop_requested = False  # set by the handler itself; ``stopping`` follows it
+        self._relay: int | None = None  # the write end of the stop relay's pipe
+        self._relay_pid = 0  # the process whose thread reads it
         self.worker_running = False
         self.exiting = False
         self.platform_key = spec.platform_key or ""
@@ -117,9 +120,30 @@ class _ChildState:
             # too and stops this child in its turn; if it dies instead, the orphan guard acts.
             log.info("%s: ignored a SIGTERM that the supervisor did not order", self.spec.worker_id)
             return
-        self.stopping.set()
+        # The handler never touches ``stopping`` itself: it runs on the main thread between two
+        # bytecodes, perhaps while that thread holds the event's own lock (inside
+        # ``stopping.wait()``), and ``set()`` would then wait for it forever. A thread does it.
+        self.stop_requested = True
+        if self._relay is not None and os.getpid() == self._relay_pid:
+            try:
+                os.write(self._relay, b"s")
+            except OSError:  # the relay is gone: this process is ending anyway
+                pass
+        else:  # no relay, or a process forked from this child, which has no relay thread
+            self.stopping.set()
         if not self.worker_running and not self.exiting:
             raise _StopRequested()
+
+    def start_stop_relay(self) -> None:
+        """Start the thread that sets ``stopping`` when the SIGTERM handler says so."""
+        read_end, self._relay = os.pipe()
+        self._relay_pid = os.getpid()
+
+        def relay() -> None:
+            os.read(read_end, 1)
+            self.stopping.set()
+
+        threading.Thread(target=relay, name="sglang-launch-stop-relay", daemon=True).start()
 
     # -- reporting -----------------------------------------------------------------------------
     def reached_phase(self, name: str, **extra: object) -> None:
@@ -254,11 +278,11 @@ class _ChildState:
                 _mark=self.mark,
             )
             self.worker_running = True
-            if self.stopping.is_set():  # a SIGTERM raced the last step
+            if self.stop_requested:  # a SIGTERM raced the last step
                 raise _StopRequested()
             target(server_args, self.ctx)
             self.worker_running = False
-            if not self.stopping.is_set():
+            if not self.stop_requested:
                 raise WorkerReturned(
                     f"worker target {spec.target} returned before the supervisor asked it to "
                     "stop; a worker must run until ctx.stopping is set"
@@ -266,7 +290,7 @@ class _ChildState:
         except _StopRequested:
             self.finish_stopped()
         except SystemExit as exc:
-            if exc.code in (None, 0) and self.stopping.is_set():
+            if exc.code in (None, 0) and self.stop_requested:
                 self.finish_stopped()
             self.fail(exc)
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, then we exit
@@ -276,7 +300,7 @@ class _ChildState:
     def failing_phase(self) -> str:
         if self.working_on != phases.READY:
             return self.working_on
-        if self.stopping.is_set():
+        if self.stop_requested:
             return phases.STOPPING
         if self.ctx is not None and self.ctx.is_ready:
             return phases.SERVING
@@ -374,7 +398,7 @@ def _quiet_stop_requests(
     previous: Callable[[sys.UnraisableHookArgs], object],
 ) -> Callable[[sys.UnraisableHookArgs], None]:
     """An unraisable-exception hook that drops the stop request a SIGTERM raised where Python
-    cannot propagate it (a ``__del__``, an at-fork callback): ``stopping`` holds it already, and
+    cannot propagate it (a ``__del__``, an at-fork callback): ``stop_requested`` holds it, and
     the start-up ends at its next step. Anything else goes to ``previous``."""
 
     def hook(unraisable: sys.UnraisableHookArgs) -> None:
@@ -399,6 +423,7 @@ def run(spec: ProcessSpec) -> None:
             signal.signal(getattr(signal, name), _ignore_group_signal)
     sys.unraisablehook = _quiet_stop_requests(sys.unraisablehook)
     try:
+        child.start_stop_relay()
         signal.signal(signal.SIGTERM, child.on_sigterm)
         child.run()
     except _StopRequested:  # a stop that landed outside run()'s own try

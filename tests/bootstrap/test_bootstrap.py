@@ -538,6 +538,27 @@ def test_a_sigterm_where_python_cannot_raise_it_still_ends_the_start_up_quietly(
     )
 
 
+@pytest.mark.e2e
+def test_a_worker_polling_stopping_in_a_tight_loop_stops_on_sigterm():
+    # The handler runs on the main thread between two bytecodes; here that thread is nearly
+    # always inside stopping.wait(), holding the event's lock. Setting the event from the
+    # handler would wait for that lock forever; the stop must be noticed all the same.
+    children, result = run_harness(
+        {
+            "children": {
+                f"spin{i}": {
+                    "target": "support.workers.spin_on_stopping",
+                    "signal": {"when": ["ready"], "sig": "SIGTERM"},
+                }
+                for i in range(4)
+            }
+        }
+    )
+    for name, child in children.items():
+        assert child["exitcode"] == 0, (name, result)
+        assert child["messages"][-1]["kind"] == "stopped", (name, child["messages"][-1])
+
+
 # ---------------------------------------------------------------------------------------------
 # The spec's early-import warning.
 # ---------------------------------------------------------------------------------------------

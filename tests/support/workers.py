@@ -84,6 +84,15 @@ def ready_then_wait(server_args, ctx) -> None:
     _wait_for_stop(ctx)
 
 
+def spin_on_stopping(server_args, ctx) -> None:
+    """Ready, then poll ``ctx.stopping`` in a tight loop on the main thread: a SIGTERM then
+    lands, nearly always, while this thread holds the event's own lock."""
+    ctx.ready(**_identity(ctx))
+    _marker()
+    while not ctx.stopping.wait(0):
+        pass
+
+
 def report_args(server_args, ctx) -> None:
     import dataclasses
 
