@@ -230,6 +230,8 @@ class _ChildState:
             found_early = early_imports(spec.target)
             steps = runtime_steps(spec.runtime)
             self.arm()
+            # Only now: the orphan guard is forked from a process without threads.
+            self.start_stop_relay()
             if found_early:
                 log.warning(warning_text(spec.worker_id, found_early))
             self.reached_phase(phases.SPAWNED, early_imports=found_early)
@@ -423,7 +425,6 @@ def run(spec: ProcessSpec) -> None:
             signal.signal(getattr(signal, name), _ignore_group_signal)
     sys.unraisablehook = _quiet_stop_requests(sys.unraisablehook)
     try:
-        child.start_stop_relay()
         signal.signal(signal.SIGTERM, child.on_sigterm)
         child.run()
     except _StopRequested:  # a stop that landed outside run()'s own try
