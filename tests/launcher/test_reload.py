@@ -37,23 +37,6 @@ def _schedulers(snapshot: dict) -> dict[str, int]:
     return {w["name"]: w["pid"] for w in snapshot["workers"] if w["role"] == "scheduler"}
 
 
-def _history(run: Run) -> list[dict]:
-    """Every event the launcher published so far (the query socket's history)."""
-    from launcher.query import query
-    from launcher.supervisor.rundir import find_launcher
-
-    old = os.environ.get("XDG_RUNTIME_DIR")
-    os.environ["XDG_RUNTIME_DIR"] = run.runtime_dir
-    try:
-        state = find_launcher(run.pid)
-        return query(state["query_endpoint"], {"query": "events", "after": 0}, timeout=5)["events"]
-    finally:
-        if old is None:
-            del os.environ["XDG_RUNTIME_DIR"]
-        else:
-            os.environ["XDG_RUNTIME_DIR"] = old
-
-
 def _seq(events: list[dict], topic: str) -> int:
     return next(e["seq"] for e in events if e["topic"] == topic)
 
@@ -93,7 +76,7 @@ def test_a_reload_replaces_every_replica_one_at_a_time_with_fresh_processes(tmp_
         assert after["model_path"] == str(tmp_path / "b") and after["served_model_name"] == "b"
         assert after["change"] is None and len(after["replicas"]) == 2
 
-        events = _history(run)
+        events = run.history()
         started = next(e for e in events if e["kind"] == "reload.started")
         assert started["previous_model_path"] == str(tmp_path / "a")
         assert started["model_path"] == str(tmp_path / "b") and started["replicas"] == [0, 1]
@@ -120,7 +103,7 @@ def test_reload_surge_0_stops_the_old_replica_first_and_keeps_its_dp_rank():
         assert done.returncode == 0, done.stderr + done.stdout
         new = _schedulers(run.snapshot())
         assert list(new) == ["scheduler.0"] and new["scheduler.0"] != old["scheduler.0"]
-        events = _history(run)
+        events = run.history()
         assert _seq(events, "worker.scheduler.0.exited") < _seq(events, "replica.0.joining")
         draining = next(e for e in events if e["kind"] == "replica.draining")
         assert draining["in_place"] is True
@@ -147,7 +130,7 @@ def test_a_replica_that_fails_stops_the_reload_and_what_was_replaced_goes_back(
         after = run.snapshot()
         assert after["model_path"] == good and len(after["replicas"]) == 2
         now = _ready_schedulers(run, 2)
-        failed = next(e for e in _history(run) if e["kind"] == "reload.failed")
+        failed = next(e for e in run.history() if e["kind"] == "reload.failed")
         assert failed["model_path"] == good and failed["rollback_failures"] == []
         if starts_before_failing == 0:  # nothing was replaced: the old processes serve on
             assert sorted(now.values()) == sorted(old.values()) and failed["rolled_back"] == []
@@ -221,7 +204,7 @@ def test_scale_and_sigttin_sigttou_add_and_remove_replicas_which_the_policy_cove
         os.kill(three["scheduler.2"], signal.SIGKILL)  # an added replica heals like the others
 
         def healed():
-            restarted = [e for e in _history(run) if e["kind"] == "replica.ready"]
+            restarted = [e for e in run.history() if e["kind"] == "replica.ready"]
             return restarted if restarted and restarted[0]["dp_rank"] == 2 else None
 
         wait_for(healed, 60, f"the added replica to be restarted\n{run}")
@@ -268,13 +251,13 @@ def test_sighup_reloads_and_the_launcher_keeps_running():
 
         def reloaded():
             assert run.proc.poll() is None, run
-            done = [e for e in _history(run) if e["kind"] == "reload.finished"]
+            done = [e for e in run.history() if e["kind"] == "reload.finished"]
             return done or None
 
         wait_for(reloaded, 60, f"the reload SIGHUP asked for\n{run}")
         (new,) = _schedulers(run.snapshot()).values()
         assert new != old
-        started = next(e for e in _history(run) if e["kind"] == "reload.started")
+        started = next(e for e in run.history() if e["kind"] == "reload.started")
         assert started["reason"] == "received SIGHUP"
         os.kill(run.pid, signal.SIGTERM)
         assert run.wait(60) == 0, run

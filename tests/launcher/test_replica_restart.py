@@ -45,24 +45,6 @@ def _workers(snapshot: dict) -> dict[str, dict]:
     return {w["name"]: w for w in snapshot["workers"]}
 
 
-def _history(run: Run) -> list[dict]:
-    """Every event the launcher published so far, from ``sglang-launch events`` and the
-    history the query socket keeps."""
-    from launcher.query import query
-    from launcher.supervisor.rundir import find_launcher
-
-    old = os.environ.get("XDG_RUNTIME_DIR")
-    os.environ["XDG_RUNTIME_DIR"] = run.runtime_dir
-    try:
-        state = find_launcher(run.pid)
-        return query(state["query_endpoint"], {"query": "events", "after": 0}, timeout=5)["events"]
-    finally:
-        if old is None:
-            del os.environ["XDG_RUNTIME_DIR"]
-        else:
-            os.environ["XDG_RUNTIME_DIR"] = old
-
-
 # -- the bookkeeping ---------------------------------------------------------------------------
 def test_on_failure_counts_each_replica_and_doubles_the_backoff_up_to_the_cap():
     restarts = Restarts("on-failure", max_restarts=3, backoff=0.5)
@@ -136,7 +118,7 @@ def test_a_killed_rank_restarts_its_whole_tp_group_past_max_restarts_it_leaves_t
             assert after[name]["pid"] != before[name]["pid"]
         for name in ("http.0", "scheduler.0", "scheduler.1"):  # nothing else was touched
             assert after[name]["pid"] == before[name]["pid"] and after[name]["restarts"] == 0
-        events = _history(run)
+        events = run.history()
         restarting = [e for e in events if e["topic"] == "replica.1.restarting"]
         assert len(restarting) == 1, restarting
         assert restarting[0]["attempt"] == 1 and restarting[0]["workers"] == [
@@ -161,7 +143,7 @@ def test_a_killed_rank_restarts_its_whole_tp_group_past_max_restarts_it_leaves_t
 
         def set_aside():
             assert run.proc.poll() is None, run
-            removed = [e for e in _history(run) if e["topic"] == "replica.1.removed"]
+            removed = [e for e in run.history() if e["topic"] == "replica.1.removed"]
             snap = run.snapshot()
             return removed if removed and snap and "scheduler.2" not in _workers(snap) else None
 
@@ -267,7 +249,7 @@ def test_a_stop_during_a_restart_ends_everything_with_exit_0(tmp_path):
         before = _workers(run.wait_ready())
         os.kill(before["scheduler.2"]["pid"], signal.SIGKILL)
         wait_for(
-            lambda: any(e["topic"] == "replica.1.restarting" for e in _history(run)),
+            lambda: any(e["topic"] == "replica.1.restarting" for e in run.history()),
             30,
             f"the restart to begin\n{run}",
         )
@@ -322,7 +304,7 @@ def test_a_hung_replica_is_restarted_and_watched_again(tmp_path):
                 return w if w and w["restarts"] == attempt and w["ready"] else None
 
             pid = wait_for(restarted, 60, f"restart {attempt} of the hung replica\n{run}")["pid"]
-        causes = [e["cause"] for e in _history(run) if e["topic"] == "replica.1.restarting"]
+        causes = [e["cause"] for e in run.history() if e["topic"] == "replica.1.restarting"]
         assert len(causes) == 2 and all("scheduler.1 stopped answering" in c for c in causes)
         run.proc.send_signal(signal.SIGTERM)
         assert run.wait(60) == 0, run

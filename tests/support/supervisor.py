@@ -96,23 +96,36 @@ class Run:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"sglang-launch did not exit within {timeout}s\n{self}") from None
 
-    def snapshot(self) -> dict | None:
-        """The launcher's status snapshot through its query socket, or None if not up yet."""
-        from launcher.query import QueryError, query
-        from launcher.supervisor.rundir import NoLauncherError, find_launcher
+    def ask(self, request: dict) -> dict:
+        """The launcher's answer to ``request`` on its query socket (``NoLauncherError`` or
+        ``QueryError`` when there is none)."""
+        from launcher.query import query
+        from launcher.supervisor.rundir import find_launcher
 
         old = os.environ.get("XDG_RUNTIME_DIR")
         os.environ["XDG_RUNTIME_DIR"] = self.runtime_dir
         try:
             state = find_launcher(self.pid)
-            return query(state["query_endpoint"], {"query": "snapshot"}, timeout=5)["snapshot"]
-        except (NoLauncherError, QueryError):
-            return None
+            return query(state["query_endpoint"], request, timeout=5)
         finally:
             if old is None:
                 del os.environ["XDG_RUNTIME_DIR"]
             else:
                 os.environ["XDG_RUNTIME_DIR"] = old
+
+    def snapshot(self) -> dict | None:
+        """The launcher's status snapshot through its query socket, or None if not up yet."""
+        from launcher.query import QueryError
+        from launcher.supervisor.rundir import NoLauncherError
+
+        try:
+            return self.ask({"query": "snapshot"})["snapshot"]
+        except (NoLauncherError, QueryError):
+            return None
+
+    def history(self) -> list[dict]:
+        """Every event the launcher published so far (the query socket keeps them)."""
+        return self.ask({"query": "events", "after": 0})["events"]
 
     def wait_ready(self, timeout: float = 120) -> dict:
         def ready():
@@ -256,6 +269,26 @@ def allreduce_worker(server_args, ctx) -> None:
         dist.destroy_process_group()
 
 
+def _workers_seen(ctx) -> list[dict]:
+    """The workers of the supervisor's snapshot, asked through its query socket from a worker
+    (an empty list when it did not answer within 10 s)."""
+    import json
+
+    import zmq
+
+    zctx = zmq.Context()
+    try:
+        sock = zctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(ctx.query_endpoint)
+        sock.send(b'{"query": "snapshot"}')
+        reply = json.loads(sock.recv()) if sock.poll(10_000) else {}
+        sock.close()
+        return reply.get("snapshot", {}).get("workers", [])
+    finally:
+        zctx.term()
+
+
 def _wait_until_seen(ctx, phase: str) -> None:
     """Wait until the supervisor's snapshot shows this worker at ``phase``.
 
@@ -263,52 +296,17 @@ def _wait_until_seen(ctx, phase: str) -> None:
     take unsent messages with it. A test that needs the supervisor to have seen a phase before the
     worker dies asks the supervisor's query socket instead of sleeping.
     """
-    import json
-
-    import zmq
-
-    zctx = zmq.Context()
-    try:
-        while True:
-            sock = zctx.socket(zmq.REQ)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(ctx.query_endpoint)
-            sock.send(b'{"query": "snapshot"}')
-            reply = json.loads(sock.recv()) if sock.poll(10_000) else {}
-            sock.close()
-            for worker in reply.get("snapshot", {}).get("workers", []):
-                if worker["name"] == ctx.worker_id and worker["phase"] == phase:
-                    return
-            time.sleep(0.01)
-    finally:
-        zctx.term()
+    while not any(w["name"] == ctx.worker_id and w["phase"] == phase for w in _workers_seen(ctx)):
+        time.sleep(0.01)
 
 
 def _others_seen_ready(ctx) -> None:
     """Wait until the supervisor's snapshot shows every other worker ready."""
-    import json
-
-    import zmq
-
-    zctx = zmq.Context()
-    try:
-        while True:
-            sock = zctx.socket(zmq.REQ)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(ctx.query_endpoint)
-            sock.send(b'{"query": "snapshot"}')
-            reply = json.loads(sock.recv()) if sock.poll(10_000) else {}
-            sock.close()
-            others = [
-                w
-                for w in reply.get("snapshot", {}).get("workers", [])
-                if w["name"] != ctx.worker_id
-            ]
-            if others and all(w["phase"] == "ready" for w in others):
-                return
-            time.sleep(0.01)
-    finally:
-        zctx.term()
+    while True:
+        others = [w for w in _workers_seen(ctx) if w["name"] != ctx.worker_id]
+        if others and all(w["phase"] == "ready" for w in others):
+            return
+        time.sleep(0.01)
 
 
 def exit_right_after_ready(server_args, ctx) -> None:
