@@ -3,12 +3,12 @@
 1. Batch 1: one image request through HTTP (``sglang-launch --runtime diffusion``, one client,
    one request at a time) against the same pipeline call made in-process. The in-process side is
    a child of this script (``--baseline``) set up the way a dp=1 worker sets itself up
-   (``run_diffusion_worker``: ``share_cpu_threads``, then ``DiffusionWorker`` and
+   (``run_scheduler_process``: ``share_cpu_threads``, then ``DiffusionModelRunner`` and
    ``init_device_and_model()``: same directory, dtype, custom ops and attention), in the
    server's environment, with the thread settings the server's worker reports in
    ``/get_server_info`` (``cpu_threads``: torch's intra-op thread count and
    ``OMP_WAIT_POLICY``, checked equal before anything is timed). It times
-   ``DiffusionWorker.generate(shape, [job])``, the call the worker's scheduler makes for a
+   ``DiffusionModelRunner.generate(shape, [job])``, the call the worker's scheduler makes for a
    batch of one: the same prompt, size, step count and guidance, denoising and PNG encoding.
    The HTTP side adds what serving adds: parsing and checking the request, the ZeroMQ round trip
    to the worker, its queue, the step callback, base64 and the JSON answer.
@@ -71,16 +71,16 @@ def baseline(opts: argparse.Namespace) -> int:
     line out reports the thread settings."""
     import msgspec
 
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
     from platforms.diffusion import current_platform, initialize_current_platform
-    from serving.diffusion.runner import DiffusionWorker, ImageJob
+    from serving.diffusion.model_runner import DiffusionModelRunner, ImageJob
     from serving.threads import share_cpu_threads
 
     initialize_current_platform()
     if current_platform.is_cpu():
-        share_cpu_threads(ranks_on_node=1)  # what run_diffusion_worker does at dp=1
+        share_cpu_threads(ranks_on_node=1)  # what run_scheduler_process does at dp=1
     # The server's arguments: its defaults for everything but the model.
-    worker = DiffusionWorker(
+    worker = DiffusionModelRunner(
         ServerArgs(model_path=opts.model_path, runtime="diffusion"), current_platform
     )
     worker.init_device_and_model()

@@ -224,7 +224,7 @@ def in_process_child(model_path: str) -> None:
     after its last one ended; one JSON line of results per plan on stdout."""
     import torch
 
-    from launcher.model_source import resolve_model
+    from launchspec.model_source import resolve_model
     from platforms import current_platform
     from serving.srt.model_runner import ModelRunner
     from serving.srt.sampling import Sequence
@@ -318,7 +318,7 @@ def latency_line(name: str, result: LoadResult) -> str:
 def build_model(tmp: Path) -> str:
     from support.serving import build_tiny_llama
 
-    from launcher.model_source import default_model_dir
+    from launchspec.model_source import default_model_dir
 
     return str(build_tiny_llama(tmp / "tiny-llama-4", default_model_dir(), layers=4))
 

@@ -126,7 +126,7 @@ def batch_one(
     import msgspec
     import torch
 
-    from launcher.model_source import resolve_model
+    from launchspec.model_source import resolve_model
     from platforms import current_platform, current_selection
     from serving.srt.model_runner import ModelRunner
     from serving.threads import share_cpu_threads

@@ -47,7 +47,7 @@ WORKER_MODULES = (
     "bootstrap.reporter",
     "platforms",
     "hooks",
-    "launcher.server_args",
+    "launchspec.server_args",
     "msgspec",
     "zmq",
 )

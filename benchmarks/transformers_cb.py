@@ -52,7 +52,7 @@ def run_engine(model_path: str) -> dict:
     """This project's ``GenerationBatch``, driven as its scheduler drives it."""
     import torch
 
-    from launcher.model_source import resolve_model
+    from launchspec.model_source import resolve_model
     from platforms import current_platform
     from serving.srt.model_runner import ModelRunner
     from serving.srt.sampling import Sequence
@@ -176,7 +176,7 @@ def main() -> int:
     if model is None:
         from support.serving import build_tiny_llama
 
-        from launcher.model_source import default_model_dir
+        from launchspec.model_source import default_model_dir
 
         tmp = Path(tempfile.mkdtemp(prefix="bench-tcb-"))
         model = str(build_tiny_llama(tmp / "tiny-llama-4", default_model_dir(), layers=4))

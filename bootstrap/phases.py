@@ -11,6 +11,8 @@ Standard library only: the supervisor maps exit codes without importing msgspec 
 
 from __future__ import annotations
 
+import signal
+
 SPAWNED = "spawned"
 PLATFORM_INITIALIZED = "platform_initialized"
 PLUGINS_LOADED = "plugins_loaded"
@@ -75,3 +77,13 @@ def phase_of_exit_code(code: int | None) -> str | None:
     if code == EXIT_PARENT_GONE:
         return "parent_gone"
     return _PHASE_OF_CODE.get(code)
+
+
+def signal_name(exitcode: int | None) -> str | None:
+    """``"SIGKILL"`` for a ``multiprocessing`` exit code of ``-9``; None for a normal exit."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"

@@ -18,7 +18,7 @@ from .probe import Probe, evaluate
 
 if TYPE_CHECKING:
     from bootstrap import WorkerContext
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
 
 
 def run_checks(server_args: ServerArgs, ctx: WorkerContext) -> None:

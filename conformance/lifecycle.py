@@ -10,7 +10,7 @@ from .catalog import check
 from .rows import CheckFailed
 
 if TYPE_CHECKING:
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
 
     from .probe import Probe
 
@@ -54,7 +54,7 @@ def _problems(args: ServerArgs) -> list[str]:
 )
 def server_args_defaults(probe: Probe) -> str:
     # Looked up now, after the bootstrap applied hooks: a REPLACE of the class applies.
-    cls = importlib.import_module("launcher.server_args").ServerArgs
+    cls = importlib.import_module("launchspec.server_args").ServerArgs
     defaults = _field_defaults(cls)
     args = cls(runtime=probe.runtime)  # __post_init__ calls apply_server_args_defaults()
     # The same defaults without the platform's hand (no __post_init__): what this installation

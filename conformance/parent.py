@@ -1,7 +1,7 @@
 """Run the checks in a spawned child through the same bootstrap as workers, and collect them.
 
 ``run_child(runtime, timeout)`` makes a private directory (mode 0700) and starts one bootstrap
-child there whose target is ``child.run_checks``, through ``launcher.supervisor.children``, the mechanism
+child there whose target is ``child.run_checks``, through ``bootstrap.children``, the mechanism
 the supervisor starts and watches its workers with (the same status socket, sentinel, settle
 wait and process-tree stop). Nothing is pinned: the child selects its platform from the same
 environment a launch reads, so this process never imports torch (built-in probing would). It
@@ -23,7 +23,7 @@ from . import journal
 
 if TYPE_CHECKING:
     from bootstrap import ProcessSpec
-    from launcher.supervisor.children import Child
+    from bootstrap.children import Child
 
 TARGET = "conformance.child:run_checks"
 _STOP_GRACE_S = 10.0  # for the child to wind down after SIGTERM (once ready) before it is killed
@@ -88,7 +88,7 @@ async def _watch(
     import zmq
     import zmq.asyncio
 
-    from launcher.supervisor.children import Children
+    from bootstrap.children import Children
 
     context = zmq.asyncio.Context()
     try:
@@ -120,8 +120,8 @@ async def _watch(
 def run_child(runtime: str, timeout: float) -> ChildResult:
     """Run the checks of ``runtime`` in a spawned bootstrap child; never leaves it running."""
     import bootstrap
-    from launcher.compat import TABLE
-    from launcher.server_args import ARGS_CLASS
+    from launchspec.compat import TABLE
+    from launchspec.server_args import ARGS_CLASS
 
     try:
         workdir = tempfile.mkdtemp(prefix="sglang-check-")

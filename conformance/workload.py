@@ -98,7 +98,7 @@ def srt_forward(probe: Probe) -> str:
         ) from exc
     torch = probe.torch
     folder = build_tiny_encoder(os.path.join(probe.workdir, "tiny-encoder"))
-    args = importlib.import_module("launcher.server_args").ServerArgs(
+    args = importlib.import_module("launchspec.server_args").ServerArgs(
         runtime=probe.runtime, model_path=folder
     )
     scheduler = importlib.import_module("serving.srt.scheduler")

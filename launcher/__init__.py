@@ -13,12 +13,12 @@ from typing import Any
 
 __all__ = ["DiffGenerator", "LaunchError", "Launcher", "__version__"]
 
-_DISTRIBUTION = "sglang-launch"
-
 
 def __getattr__(name: str) -> Any:
     if name == "__version__":
-        return _version()
+        from launchspec import version
+
+        return version()
     if name == "Launcher":
         from launcher.embedded import Launcher
 
@@ -28,21 +28,10 @@ def __getattr__(name: str) -> Any:
 
         return DiffGenerator
     if name == "LaunchError":
-        from launcher.supervisor.causes import LaunchError
+        from launchspec.causes import LaunchError
 
         return LaunchError
     raise AttributeError(f"module 'launcher' has no attribute {name!r}")
-
-
-def _version() -> str:
-    """The installed distribution's version (pyproject.toml is its one source); "unknown" when
-    the package runs from a source tree that was never installed."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(_DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def __dir__() -> list[str]:

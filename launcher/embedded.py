@@ -23,12 +23,12 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from launcher.supervisor.causes import ExitCode, LaunchError, RootCause
+from launchspec.causes import ExitCode, LaunchError, RootCause
 
 if TYPE_CHECKING:
-    from launcher.events import Event
-    from launcher.server_args import ServerArgs
     from launcher.supervisor.supervisor import LaunchOutcome, Supervisor
+    from launchspec.events import Event
+    from launchspec.server_args import ServerArgs
 
 _T = TypeVar("_T")
 
@@ -44,7 +44,7 @@ class Launcher:
       ``wait_ready(timeout)`` waits later. Both raise ``LaunchError`` if the launch fails.
     - ``status()`` is the ops snapshot (what ``sglang-launch status --json`` prints);
       ``events()`` yields it first and then every event until the launch ends, each as the JSON
-      object the ops socket publishes (``launcher.events.from_dict`` makes it its struct).
+      object the ops socket publishes (``launchspec.events.from_dict`` makes it its struct).
     - ``reload(model_path=None, served_model_name=None)`` replaces the replicas one at a time
       (fresh processes; another model when given) and ``scale(dp_size)`` adds or removes
       replicas, both while the server serves; each returns the change's last event once it is
@@ -154,7 +154,7 @@ class Launcher:
     def _change(self, start: Callable[[Any], Any], timeout: float | None) -> dict[str, object]:
         import concurrent.futures
 
-        from launcher import events
+        from launchspec import events
 
         if self._thread is None or self._outcome is not None:
             raise RuntimeError("the launch is not running; start() it first")
@@ -280,7 +280,7 @@ class Launcher:
         self._settled.set()
 
     def _on_event(self, event: Event) -> None:
-        from launcher import events
+        from launchspec import events
 
         if isinstance(event, events.ServerReady):
             self._settled.set()

@@ -10,7 +10,7 @@ every platform and general plugin of both runtimes the report says:
   distribution also uses, a name reserved for a built-in platform);
 - what makes it incompatible here: a ``Requires-Dist`` this environment does not satisfy (a
   pinned ``sglang`` that is not installed, say); an import of a module that neither this
-  project, its alias table of SGLang's names (``launcher.compat``), nor any installed package
+  project, its alias table of SGLang's names (``launchspec.compat``), nor any installed package
   provides (an import guarded by ``try``/``except ImportError`` is the plugin's own fallback and
   is not counted); a ``.pth`` file it installs that runs code at every interpreter start.
 
@@ -194,7 +194,7 @@ def _aliased(module: str) -> bool:
     """Whether the alias table of SGLang's names provides ``module`` (an aliased module that
     exists here, or a package on the way to one)."""
     from hooks.compat import translate_name
-    from launcher.compat import TABLE
+    from launchspec.compat import TABLE
 
     ours = translate_name(module, TABLE)
     if ours is not None:

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import hooks
-from launcher.supervisor.causes import ExitCode, LaunchError, RootCause
+from launchspec.causes import ExitCode, LaunchError, RootCause
 from platforms.runtimes import RUNTIMES, runtime_spec
 
 if TYPE_CHECKING:
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
     from platforms import Selection
 
 _TRUE = ("1", "true", "yes", "on")  # how platforms reads a boolean variable as set
@@ -69,10 +69,10 @@ def load_plugins(runtime: str, select: bool = True) -> None:
 
 def install_aliases() -> bool:
     """Make SGLang's module paths and hook targets resolve to this project's in this process
-    (``launcher.compat``), before any plugin or platform callback imports them; True when they
+    (``launchspec.compat``), before any plugin or platform callback imports them; True when they
     are in effect (not where the real ``sglang`` is installed)."""
     from hooks import compat
-    from launcher.compat import TABLE
+    from launchspec.compat import TABLE
 
     return compat.install(TABLE)
 
@@ -97,7 +97,7 @@ def prefer_cpu_over_base(runtime: str) -> None:
 
 def server_args_class() -> type[ServerArgs]:
     """The ``ServerArgs`` class as it is after hooks (a REPLACE hook may have swapped it)."""
-    cls: type[ServerArgs] = importlib.import_module("launcher.server_args").ServerArgs
+    cls: type[ServerArgs] = importlib.import_module("launchspec.server_args").ServerArgs
     return cls
 
 
@@ -122,7 +122,7 @@ def finish(args: ServerArgs) -> tuple[Selection, bytes]:
     check_port(args)
     selection = select_platform(args.runtime)
     try:
-        payload = importlib.import_module("launcher.server_args").encode_server_args(args)
+        payload = importlib.import_module("launchspec.server_args").encode_server_args(args)
     except (TypeError, ValueError) as exc:
         raise usage_error(exc) from exc
     return selection, payload

@@ -2,8 +2,8 @@
 
 - ``serving.srt``: the text runtime's scheduler (``serving.srt.scheduler.run_scheduler_process``,
   one per rank) and its model runner (embeddings and generation with transformers);
-- ``serving.diffusion``: the diffusion runtime's worker (``serving.diffusion.worker
-  .run_diffusion_worker``) and its diffusers pipeline runner;
+- ``serving.diffusion``: the diffusion runtime's worker (``serving.diffusion.scheduler
+  .run_scheduler_process``) and its diffusers pipeline runner;
 - ``serving.http``: the one HTTP child of a launch (``serving.http.server.run_http_server``):
   the ASGI app, its routes, and the client of the schedulers' sockets;
 - ``serving.scheduler``: the batching scheduler both runtimes' schedulers subclass (socket,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch.distributed import Store, TCPStore
 
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
 
 STORE_PREFIX = "sglang-launch/"
 
@@ -52,7 +52,7 @@ def rendezvous_address(server_args: ServerArgs) -> tuple[str, int]:
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if addr and port and port.isdigit():
         return addr, int(port)
-    from launcher.rendezvous import master_address
+    from launchspec.rendezvous import master_address
 
     return master_address(server_args.dist_init_addr, server_args.nnodes)
 

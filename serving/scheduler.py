@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from torch.distributed import TCPStore
 
     from bootstrap import WorkerContext
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
     from platforms.device_mixin import DeviceMixin
 
 log = logging.getLogger("sglang_launch.scheduler")

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import zmq
 
-    from launcher.events import Event
     from launcher.supervisor.rundir import LauncherRecord
+    from launchspec.events import Event
 
 EXIT_CODES = (
     "exit codes: 0 done; 1 it failed (the root cause is printed), no launcher was found, it did "
@@ -42,9 +42,9 @@ def run(
     follow the change to its end; the exit code."""
     import zmq
 
-    from launcher.events import EventError
     from launcher.query import QueryError, QueryRefused, find_launcher, query
     from launcher.supervisor.rundir import NoLauncherError, RuntimeDirError
+    from launchspec.events import EventError
 
     zctx = zmq.Context()
     sub = zctx.socket(zmq.SUB)
@@ -91,9 +91,9 @@ def _follow(
     show: Callable[[Event], str | None],
 ) -> int:
     """Print the change's events until it ends; its exit code."""
-    from launcher import events
     from launcher.query import query
     from launcher.supervisor.rundir import launcher_alive
+    from launchspec import events
 
     last = after
     ends = {"reload": (events.ReloadFinished, events.ReloadFailed)}.get(
@@ -149,14 +149,14 @@ def _follow(
 
 
 def _json_line(event: Event) -> str | None:
-    from launcher import events
+    from launchspec import events
 
     return json.dumps(events.to_dict(event))
 
 
 def _line(event: Event) -> str | None:
     """One line of progress for ``event``; None for events not worth a line."""
-    from launcher import events
+    from launchspec import events
 
     match event:
         case events.ReloadStarted():

@@ -21,7 +21,7 @@ import sys
 from typing import TextIO
 
 from launcher.commands import streams
-from launcher.events import (
+from launchspec.events import (
     Event,
     ReloadFailed,
     ReloadFinished,

@@ -2,7 +2,7 @@
 
 The first line is ``{"topic": "snapshot", "seq": N, "snapshot": {...}}``, the full current state,
 so a subscriber that joins late misses nothing; with ``--follow`` every later event follows, one
-JSON object per line (``launcher.events`` describes them), until ``server.stopped``. Events carry
+JSON object per line (``launchspec.events`` describes them), until ``server.stopped``. Events carry
 a sequence number: one that was published while the subscription was still being set up is
 fetched from the launcher's event history instead, so the stream has no gaps and no duplicates.
 """
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import zmq
 
-    from launcher.events import Event
     from launcher.supervisor.rundir import LauncherRecord
+    from launchspec.events import Event
 
 _POLL_MS = 500
 
@@ -47,10 +47,10 @@ def main(argv: list[str]) -> int:
     ns = _parser().parse_args(argv)
     import zmq
 
-    from launcher.events import EventError
     from launcher.query import QueryError, find_launcher, query
     from launcher.supervisor.rundir import NoLauncherError, RuntimeDirError
     from launcher.supervisor.state import LaunchState
+    from launchspec.events import EventError
 
     zctx = zmq.Context()
     sub = zctx.socket(zmq.SUB)
@@ -85,9 +85,9 @@ def _follow(
     timeout: float,
     zctx: zmq.Context[zmq.Socket[bytes]],
 ) -> int:
-    from launcher import events
     from launcher.query import QueryError, query
     from launcher.supervisor.rundir import launcher_alive
+    from launchspec import events
 
     def emit_after(new: list[Event], before: int | None = None) -> bool:
         """Print the events newer than ``last`` (and older than ``before``); True at the end."""

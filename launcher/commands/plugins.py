@@ -31,7 +31,7 @@ import json
 import sys
 from typing import Any
 
-from launcher.runtimes import SERVING
+from launchspec.runtimes import SERVING
 
 RUNTIMES = tuple(SERVING)
 DEFAULT_TIMEOUT = 30.0

@@ -15,11 +15,11 @@ import sys
 from typing import TYPE_CHECKING
 
 from launcher.commands import streams
-from launcher.supervisor.causes import EXIT_CODES_HELP, LaunchError
+from launchspec.causes import EXIT_CODES_HELP, LaunchError
 
 if TYPE_CHECKING:
     from launcher.commands.display import TerminalDisplay
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
 
 DESCRIPTION = (
     "Start a model server: one scheduler process per rank and an HTTP process, each started "

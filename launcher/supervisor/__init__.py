@@ -10,7 +10,7 @@
 - ``watchdog``: heartbeats of ready workers;
 - ``proctree``: stopping whole process trees;
 - ``ops``: the ops channel (events out, snapshots and missed events on request; the events
-  themselves are ``launcher.events``);
+  themselves are ``launchspec.events``);
 - ``state``: the launch's state as ops tooling sees it;
 - ``rundir``: the private runtime directory and the state file;
 - ``signals``, ``notify``, ``secrets``: signals, systemd notifications, the API key;

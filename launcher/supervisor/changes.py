@@ -21,12 +21,12 @@ import importlib.metadata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from launcher.runtimes import serving_spec
+from launchspec.runtimes import serving_spec
 from platforms import entrypoints
 from platforms.runtimes import runtime_spec
 
 if TYPE_CHECKING:
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
     from platforms import Selection
 
 EntryPointRows = tuple[tuple[str, str, str, str | None], ...]
@@ -80,7 +80,7 @@ def next_generation(
     ``model_path`` / ``served_model_name``: None keeps the current value; ``""`` goes back to
     the default (the embedded model; the directory's name). Refused (``ChangeRefused``) when the
     arguments do not pass the start's checks, or the platform distributions changed."""
-    from launcher.server_args import ServerArgsError, encode_server_args
+    from launchspec.server_args import ServerArgsError, encode_server_args
 
     args = copy.copy(current.args)  # the platform's defaults were applied once already
     if model_path is not None:

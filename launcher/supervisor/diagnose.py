@@ -1,6 +1,6 @@
 """Root causes built from what the supervisor saw go wrong.
 
-Each function turns one kind of failure into the ``RootCause`` (``launcher.supervisor.causes``)
+Each function turns one kind of failure into the ``RootCause`` (``launchspec.causes``)
 an operator acts on: which worker, in which phase, how its process ended, the worker's own report
 when it sent one, and what to do. The supervisor decides which failure is the root cause (the
 first); these only say what it was. (The records live apart, in ``causes``, because the embedded
@@ -13,8 +13,9 @@ import signal
 from typing import TYPE_CHECKING
 
 from bootstrap import phases
-from launcher.supervisor.causes import ExitCode, RootCause, signal_name
-from launcher.supervisor.children import describe_exit
+from bootstrap.children import describe_exit
+from bootstrap.phases import signal_name
+from launchspec.causes import ExitCode, RootCause
 
 if TYPE_CHECKING:
     from bootstrap.messages import Failed

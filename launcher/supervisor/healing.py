@@ -23,14 +23,14 @@ import time
 from typing import TYPE_CHECKING
 
 from bootstrap import phases
-from launcher import events
 from launcher.supervisor import diagnose
-from launcher.supervisor.causes import ExitCode
 from launcher.supervisor.restarts import DOWN, RESPAWNED, ReplicaRestart, Restarts
+from launchspec import events
+from launchspec.causes import ExitCode
 
 if TYPE_CHECKING:
-    from launcher.supervisor.causes import RootCause
     from launcher.supervisor.launch import Launch, Worker
+    from launchspec.causes import RootCause
 
 log = logging.getLogger("launcher")
 

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bootstrap import manifest, messages, phases
-from launcher import events
+from bootstrap import proctree as _proctree
+from bootstrap.children import Child, Children
+from bootstrap.phases import signal_name
 from launcher.supervisor import diagnose
-from launcher.supervisor import proctree as _proctree
-from launcher.supervisor.causes import RootCause, signal_name
-from launcher.supervisor.children import Child, Children
 from launcher.supervisor.healing import Healing
 from launcher.supervisor.replicas import RETIRING, STARTING, ReplicaSet
 from launcher.supervisor.restarts import DOWN, RESPAWNED, Restarts
@@ -37,6 +36,8 @@ from launcher.supervisor.rollout import Rollouts
 from launcher.supervisor.secrets import API_KEY_ENV
 from launcher.supervisor.state import WorkerState
 from launcher.supervisor.watchdog import Watchdog
+from launchspec import events
+from launchspec.causes import RootCause
 
 if TYPE_CHECKING:
     import multiprocessing.process
@@ -44,11 +45,11 @@ if TYPE_CHECKING:
     import zmq.asyncio
 
     from bootstrap import ProcessSpec
-    from launcher.server_args import ServerArgs
     from launcher.supervisor.changes import Generation
     from launcher.supervisor.ops import OpsChannel
     from launcher.supervisor.output import WorkerOutput
     from launcher.supervisor.state import LaunchState
+    from launchspec.server_args import ServerArgs
     from platforms import Selection
 
 log = logging.getLogger("launcher")

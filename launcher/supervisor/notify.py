@@ -16,7 +16,7 @@ import os
 import socket
 import time
 
-from launcher.events import (
+from launchspec.events import (
     Event,
     ReloadFailed,
     ReloadFinished,

@@ -1,10 +1,10 @@
 """The ops side of a launch: events out (PUB + in-process listeners), snapshots on request.
 
-Every state change the supervisor makes is one event, a struct of ``launcher.events``:
+Every state change the supervisor makes is one event, a struct of ``launchspec.events``:
 ``publish(event)`` gives it the next sequence number and the time, keeps it in a bounded history,
 sends it on the PUB socket as two frames ``[topic, JSON]`` and hands the struct to every
 in-process listener (the terminal display, systemd, the embedded ``Launcher``'s event streams).
-``launcher.events`` lists the kinds, their topics and fields.
+``launchspec.events`` lists the kinds, their topics and fields.
 
 A subscriber that joins late missed what was published before; the query socket (REP, JSON
 requests) fills that in:
@@ -14,7 +14,7 @@ requests) fills that in:
 - ``{"query": "events", "after": N}`` -> ``{"ok": true, "events": [...], "complete": bool,
   "seq": N}``, every event numbered above ``N`` still in the history (``complete`` is false when
   older ones were already dropped), so a follower that sees a gap in the sequence can close it;
-  each entry is an event's JSON object (``launcher.events.from_dict`` reads it).
+  each entry is an event's JSON object (``launchspec.events.from_dict`` reads it).
 
 Commands the launch registers (``add_command``) answer too: ``reload`` and ``scale`` begin a
 change and answer at once (``launcher.supervisor.rollout``: the change's own events say how it
@@ -37,8 +37,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from launcher.events import Event, encode
 from launcher.supervisor.state import LaunchState
+from launchspec.events import Event, encode
 
 log = logging.getLogger("launcher")
 

@@ -14,7 +14,7 @@ import os
 import select
 from collections.abc import Callable
 
-from launcher.supervisor.children import Child, Children
+from bootstrap.children import Child, Children
 
 
 class WorkerOutput:

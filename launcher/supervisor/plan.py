@@ -8,7 +8,7 @@ the torch.distributed environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``L
 ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and ``SCHEDULER_ENV_DEFAULTS`` where this
 process's environment leaves them unset; node 0 also runs one HTTP child, unless
 ``http_target`` is empty (an engine that serves no HTTP). The rendezvous address is
-``--dist-init-addr`` or, on a single node, a free loopback port (``launcher.rendezvous``).
+``--dist-init-addr`` or, on a single node, a free loopback port (``launchspec.rendezvous``).
 
 A replica that a reload or a scale starts while the launch runs (one node only) is planned by
 ``replica_specs`` from one of the launch's scheduler specs: replica ``dp`` has the ranks
@@ -23,12 +23,12 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from launcher.rendezvous import RendezvousError, master_address
 from launcher.supervisor.watchdog import heartbeat_interval
+from launchspec.rendezvous import RendezvousError, master_address
 
 if TYPE_CHECKING:
     from bootstrap import ProcessSpec
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
 
 
 # Set in every scheduler child whose environment leaves them unset. OpenMP's threads (torch's
@@ -58,8 +58,8 @@ def plan_children(
 ) -> list[ProcessSpec]:
     """The ``ProcessSpec`` of every child of this node, HTTP first when there is one."""
     from bootstrap import ProcessSpec
-    from launcher.compat import TABLE
-    from launcher.server_args import ARGS_CLASS
+    from launchspec.compat import TABLE
+    from launchspec.server_args import ARGS_CLASS
     from platforms import entrypoints
 
     entry_points = entrypoints.snapshot()  # read once here, adopted by every child

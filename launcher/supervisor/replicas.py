@@ -26,17 +26,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from bootstrap import phases
-from launcher import events
 from launcher.supervisor import diagnose
 from launcher.supervisor.plan import replica_specs
 from launcher.supervisor.restarts import replica_name
+from launchspec import events
 
 if TYPE_CHECKING:
     from bootstrap import ProcessSpec
-    from launcher.server_args import ServerArgs
-    from launcher.supervisor.causes import RootCause
     from launcher.supervisor.changes import Generation
     from launcher.supervisor.launch import Launch, Worker
+    from launchspec.causes import RootCause
+    from launchspec.server_args import ServerArgs
 
 log = logging.getLogger("launcher")
 

@@ -13,7 +13,7 @@ until all of them report ready.
 
 ``launcher.supervisor.healing`` does the restarts with this bookkeeping.
 
-Standard library only (``ServerArgs`` imports the policy names).
+The policy names are ``launchspec.server_args``'s (``--restart-policy``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-NEVER, ON_FAILURE = "never", "on-failure"
-POLICIES = (NEVER, ON_FAILURE)
+from launchspec.server_args import NEVER, ON_FAILURE, RESTART_POLICIES
+
 BACKOFF_CAP = 30.0  # seconds: the longest wait before a restart
 DOWN, RESPAWNED = "down", "respawned"
 
@@ -50,8 +50,10 @@ class Restarts:
     """The restart policy of one launch and how often each replica was restarted."""
 
     def __init__(self, policy: str, max_restarts: int, backoff: float) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"restart policy {policy!r} is not one of {', '.join(POLICIES)}")
+        if policy not in RESTART_POLICIES:
+            raise ValueError(
+                f"restart policy {policy!r} is not one of {', '.join(RESTART_POLICIES)}"
+            )
         self.policy = policy
         self.max_restarts = max(0, int(max_restarts))
         self.backoff = max(0.0, float(backoff))

@@ -41,16 +41,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launcher import events
-from launcher.supervisor.causes import ExitCode, RootCause
 from launcher.supervisor.changes import ChangeRefused, Generation, next_generation
 from launcher.supervisor.replicas import ReplicaFailed, ReplicaSet
 from launcher.supervisor.restarts import NEVER, ON_FAILURE, replica_name
 from launcher.supervisor.state import READY, ChangeState
+from launchspec import events
+from launchspec.causes import ExitCode, RootCause
 
 if TYPE_CHECKING:
-    from launcher.server_args import ServerArgs
     from launcher.supervisor.launch import Launch
+    from launchspec.server_args import ServerArgs
     from platforms import Selection
 
 log = logging.getLogger("launcher")

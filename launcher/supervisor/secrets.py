@@ -16,7 +16,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
 
 log = logging.getLogger("launcher")
 

@@ -15,8 +15,8 @@ import time
 import msgspec
 
 from bootstrap.manifest import Manifest
-from launcher.events import WorkerError, WorkerFields
-from launcher.supervisor.causes import RootCause
+from launchspec.causes import RootCause
+from launchspec.events import WorkerError, WorkerFields
 
 # Server phases, in order of a normal life.
 STARTING, READY, FAILED, STOPPING, STOPPED = "starting", "ready", "failed", "stopping", "stopped"

@@ -22,7 +22,7 @@ Its life, top to bottom, as ``run`` reads:
    remaining process tree;
 6. close: the sockets, the runtime directory.
 
-Every state change is an ops event (``launcher.events``); the terminal display, systemd and the
+Every state change is an ops event (``launchspec.events``); the terminal display, systemd and the
 ``Launcher``'s streams are listeners of those events.
 """
 
@@ -45,12 +45,10 @@ from typing import TYPE_CHECKING
 import zmq.asyncio
 
 from bootstrap import orphan, phases
-from launcher import events
 from launcher.prepare import is_cpu_fallback
 from launcher.supervisor import diagnose
 from launcher.supervisor import secrets as _secrets
 from launcher.supervisor import signals as _signals
-from launcher.supervisor.causes import ExitCode, LaunchError, RootCause
 from launcher.supervisor.changes import ChangeRefused, first_generation
 from launcher.supervisor.launch import AllReady, Exit, Failure, Launch, Stop, Timeout, Worker
 from launcher.supervisor.notify import SystemdNotifier
@@ -60,10 +58,12 @@ from launcher.supervisor.plan import Endpoints, PlanError, plan_children
 from launcher.supervisor.restarts import DOWN, Restarts
 from launcher.supervisor.rundir import RuntimeDir, RuntimeDirError
 from launcher.supervisor.state import FAILED, READY, STOPPED, STOPPING, LaunchState, WorkerState
+from launchspec import events
+from launchspec.causes import ExitCode, LaunchError, RootCause
 
 if TYPE_CHECKING:
-    from launcher.server_args import ServerArgs
     from launcher.supervisor.rollout import Change, Rollouts
+    from launchspec.server_args import ServerArgs
     from platforms import Selection
 
 log = logging.getLogger("launcher")

@@ -36,8 +36,8 @@ from typing import Any, Generic, Protocol, TypeVar
 import msgspec
 from starlette.responses import Response
 
-import launcher
-from launcher.server_args import ServerArgs
+import launchspec
+from launchspec.server_args import ServerArgs
 from serving.http.asgi import Message, Receive, Scope, Send
 from serving.http.chat_template import ChatTemplate
 from serving.http.client import SchedulerClient, SchedulerError
@@ -64,7 +64,7 @@ __all__ = [  # the names plugins and the runtimes' route functions import from h
 ]
 
 JSON = "application/json"
-VERSION: str = launcher.__version__
+VERSION: str = launchspec.__version__
 log = logging.getLogger("sglang_launch.http")
 _json = msgspec.json.Encoder()
 

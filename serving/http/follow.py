@@ -1,7 +1,7 @@
 """The HTTP child's link to its supervisor: the events it follows, those it missed, the reports
 it sends back.
 
-``SupervisorLink`` subscribes to the supervisor's ops events (``launcher.events``, topics
+``SupervisorLink`` subscribes to the supervisor's ops events (``launchspec.events``, topics
 ``OPS_TOPICS``) and applies each to the ``SchedulerClient``:
 
 - a scheduler rank's ``WORKER_GONE`` events, ``replica.<dp>.restarting`` and ``server.failed`` /
@@ -30,7 +30,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from launcher import events as ops
+from launchspec import events
 from serving import wire as messages
 
 if TYPE_CHECKING:
@@ -98,8 +98,8 @@ class SupervisorLink:
             while True:
                 frames = await sub.recv_multipart()
                 try:
-                    event = ops.decode(frames[-1])
-                except ops.EventError as exc:
+                    event = events.decode(frames[-1])
+                except events.EventError as exc:
                     log.warning("ignored a frame on the ops subscription: %s", exc)
                     continue
                 if event.seq <= self.seq:
@@ -128,8 +128,8 @@ class SupervisorLink:
         if not isinstance(entries, list):
             return
         try:
-            missed = [ops.from_dict(entry) for entry in entries]
-        except ops.EventError as exc:
+            missed = [events.from_dict(entry) for entry in entries]
+        except events.EventError as exc:
             log.warning("could not read the supervisor's missed events: %s", exc)
             return
         for event in missed:
@@ -177,56 +177,56 @@ class SupervisorLink:
 
     # ---- what each event means -------------------------------------------------------------
 
-    def apply(self, event: ops.Event) -> None:
+    def apply(self, event: events.Event) -> None:
         """Apply one supervisor event to the client."""
         client = self.client
         match event:
-            case ops.ServerFailed():
+            case events.ServerFailed():
                 client.server_failure = (
                     f"the supervisor reported {event.topic}: {event.root_cause.summary}"
                 )
                 client.wake_waiters()
-            case ops.ServerStopping():
+            case events.ServerStopping():
                 client.server_failure = f"the supervisor reported {event.topic}: {event.reason}"
                 client.wake_waiters()
-            case ops.ReplicaRestarting():
+            case events.ReplicaRestarting():
                 rep = client.replica(event.dp_rank)
                 if rep is not None:
                     if client.metrics is not None:
                         client.metrics.count_restart(rep.dp_rank)
                     client.mark_dead(rep, f"restarting: {event.cause or 'it failed'}")
-            case ops.ReplicaReady():
+            case events.ReplicaReady():
                 rep = client.replica(event.dp_rank)
                 if rep is not None:
                     client.revive(rep)
-            case ops.ReplicaJoining():
+            case events.ReplicaJoining():
                 rep = client.join(event.dp_rank)
                 if event.probe:
                     self._start(self._probe(event.dp_rank, rep))
-            case ops.ReplicaServing():
+            case events.ReplicaServing():
                 client.serve(event.dp_rank)
-            case ops.ReplicaDraining():
+            case events.ReplicaDraining():
                 client.drain(event.dp_rank, in_place=event.in_place)
-            case ops.ReplicaReplaced() | ops.ReplicaRemoved():
+            case events.ReplicaReplaced() | events.ReplicaRemoved():
                 client.forget(event.dp_rank)
-            case ops.ReloadStarted() | ops.ScaleStarted():
+            case events.ReloadStarted() | events.ScaleStarted():
                 self.changing = True
-                if isinstance(event, ops.ScaleStarted):
+                if isinstance(event, events.ScaleStarted):
                     client.heals = event.restart_policy == "on-failure"
-            case ops.ReloadFinished():
+            case events.ReloadFinished():
                 self.changing = False
                 log.info("serving %s (%s) from now on", event.served_name, event.model_path)
                 if self.on_model_change is not None:
                     self.on_model_change(event.model_path, event.served_name)
                 client.wake_waiters()
-            case ops.ReloadFailed():
+            case events.ReloadFailed():
                 self.changing = False
                 client.wake_waiters()
-            case ops.ScaleFinished() | ops.ScaleFailed():
+            case events.ScaleFinished() | events.ScaleFailed():
                 self.changing = False
                 client.heals = event.restart_policy == "on-failure"
                 client.wake_waiters()
-            case ops.WorkerFailed() | ops.WorkerStopped() | ops.WorkerExited():
+            case events.WorkerFailed() | events.WorkerStopped() | events.WorkerExited():
                 if event.role == "scheduler":
                     rep = client.replica(event.rank // client.tp_size)
                     if rep is not None and not rep.draining:

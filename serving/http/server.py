@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bootstrap import resolve
-from launcher.runtimes import serving_spec
+from launchspec.runtimes import serving_spec
 from serving.distributed import EndpointDirectory, replica_node
 from serving.wire import scheduler_endpoint_name
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from bootstrap import WorkerContext
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
     from serving.http.app import App
     from serving.http.chat_template import ChatTemplate
     from serving.http.client import SchedulerClient
@@ -216,7 +216,7 @@ def model_kind(path: Path) -> str | None:
     """What the model directory at ``path`` serves, from its files: ``generation`` (a causal LM's
     config.json), ``embedding`` (any other config.json), ``image`` (a diffusers pipeline's
     model_index.json); None when it says neither."""
-    from launcher.model_config import is_causal_lm, read_model_facts
+    from launchspec.model_config import is_causal_lm, read_model_facts
 
     facts = read_model_facts(path)
     if facts is not None:

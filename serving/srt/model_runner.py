@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from launcher.model_config import is_causal_lm
-from launcher.model_source import ModelSource
+from launchspec.model_config import is_causal_lm
+from launchspec.model_source import ModelSource
 from serving.devices import check_device_visible
 from serving.errors import InputError, ModelLoadError
 from serving.srt.engine import GenerationBatch, UnsupportedCache

@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from launcher.model_source import resolve_model
+from launchspec.model_source import resolve_model
 from serving import wire
 from serving.errors import InputError
 from serving.scheduler import BatchingScheduler, Queued, follow
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from torch.distributed import TCPStore
 
     from bootstrap import WorkerContext
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
     from platforms import SRTPlatform
 
 log = logging.getLogger("sglang_launch.scheduler")

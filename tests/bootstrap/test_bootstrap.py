@@ -50,8 +50,8 @@ def _harness(config: dict) -> dict:
     import platforms
 
     platforms.pin_selection(config.get("supervisor_platform", "builtin:cpu"))
-    import launcher.server_args as server_args_module
-    from launcher.server_args import ARGS_CLASS, ServerArgs, encode_server_args
+    import launchspec.server_args as server_args_module
+    from launchspec.server_args import ARGS_CLASS, ServerArgs, encode_server_args
 
     args = server_args_module.ServerArgs(**config.get("args", {}))
     assert isinstance(args, ServerArgs)
@@ -205,7 +205,7 @@ def test_import_bootstrap_adds_only_stdlib_and_itself():
         import bootstrap
         after_bootstrap = new_since(before)
         before = set(sys.modules)
-        import launcher.server_args
+        import launchspec.server_args
         after_args = new_since(before)
         before = set(sys.modules)
         import bootstrap.messages
@@ -217,7 +217,7 @@ def test_import_bootstrap_adds_only_stdlib_and_itself():
     after_bootstrap, after_args, after_messages = result.data
     assert [m for m in after_bootstrap if not m.startswith("bootstrap")] == []
     # ServerArgs reads the runtime table (platforms, import-light by contract) and nothing else.
-    assert {m.split(".")[0] for m in after_args} <= {"launcher", "platforms"}, after_args
+    assert {m.split(".")[0] for m in after_args} <= {"launchspec", "platforms"}, after_args
     assert not [m for m in after_args if m.startswith("serving")]
     heavy = {"torch", "numpy", "transformers", "starlette", "uvicorn", "zmq"}
     assert not {m.split(".")[0] for m in after_messages} & heavy
@@ -269,7 +269,7 @@ def test_children_report_every_phase_ready_and_stop_cleanly_on_sigterm():
     info = ready["info"]
     assert info["fields"]["port"] == 31234 and info["fields"]["tp_size"] == 2
     assert info["fields"]["model_path"] == "/models/demo"
-    assert info["args_class"] == "launcher.server_args.ServerArgs"
+    assert info["args_class"] == "launchspec.server_args.ServerArgs"
     assert (info["rank"], info["world_size"], info["tp_rank"], info["dp_rank"]) == (1, 2, 1, 0)
     assert info["env"]["TESTWORKER_FLAVOUR"] == "mint"  # ProcessSpec.env reached the worker
     assert info["endpoint"].startswith("ipc://") and info["endpoint"].endswith("/probe")
@@ -618,13 +618,13 @@ REPLACING_PLUGIN = """
 
 
     def register():
-        from launcher.server_args import ServerArgs
+        from launchspec.server_args import ServerArgs
 
         @dataclasses.dataclass
         class TunedServerArgs(ServerArgs):
             tuning: str = "default"
 
-        HookRegistry.register("launcher.server_args.ServerArgs", TunedServerArgs, HookType.REPLACE)
+        HookRegistry.register("launchspec.server_args.ServerArgs", TunedServerArgs, HookType.REPLACE)
         HookRegistry.register("support.workers.ready_then_wait", replaced_worker, HookType.REPLACE)
 """
 

@@ -32,7 +32,7 @@ import multiprocessing, os, sys, tempfile, time
 import zmq
 import bootstrap, platforms
 from bootstrap import messages
-from launcher.server_args import ServerArgs, encode_server_args
+from launchspec.server_args import ServerArgs, encode_server_args
 
 if __name__ == "__main__":
     platforms.pin_selection("builtin:cpu")
@@ -42,7 +42,7 @@ if __name__ == "__main__":
     spec = bootstrap.ProcessSpec(role="scheduler", target="support.workers.ready_then_wait",
                                  payload=encode_server_args(ServerArgs()),
                                  status_endpoint=f"ipc://{runtime_dir}/status",
-                                 args_class="launcher.server_args.ServerArgs",
+                                 args_class="launchspec.server_args.ServerArgs",
                                  platform_key="builtin:cpu", runtime_dir=runtime_dir)
     child = multiprocessing.get_context("spawn").Process(target=bootstrap.run, args=(spec,))
     child.start()

@@ -39,7 +39,7 @@ COMMANDS = [(page.relative_to(REPO).as_posix(), c) for page in PAGES for c in cu
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    from launcher.model_source import default_model_dir
+    from launchspec.model_source import default_model_dir
 
     tmp = tmp_path_factory.mktemp("docs")
     model = give_chat_template(build_tiny_llama(tmp / "my-llama", default_model_dir()))

@@ -138,7 +138,7 @@ def register():
     def before(worker, *args, **kwargs):
         record("hook:init_device_and_model", worker.local_rank)
 
-    HookRegistry.register("serving.diffusion.runner.DiffusionWorker.init_device_and_model",
+    HookRegistry.register("serving.diffusion.model_runner.DiffusionModelRunner.init_device_and_model",
                           before, HookType.BEFORE)
 """
 

@@ -1,7 +1,7 @@
 """A batch that fails, through the real CLI: the one failure policy of both runtimes' scheduler.
 
 A real plugin (a dist-info distribution on the servers' ``PYTHONPATH``, group
-``sglang.multimodal_gen.plugins``) wraps ``DiffusionWorker.generate`` so that a batch holding a
+``sglang.multimodal_gen.plugins``) wraps ``DiffusionModelRunner.generate`` so that a batch holding a
 request whose prompt says "fail this batch" raises. In a replica of one rank its request gets a
 500 naming the error and the same worker serves the next request. In a CFG-parallel replica (two
 ranks, like a tensor-parallel group) the failed batch ends the replica: under
@@ -33,7 +33,7 @@ def register():
             raise RuntimeError("the pipeline broke on purpose")
         return original_fn(worker, shape, jobs, *args, **kwargs)
 
-    plugin_hook("serving.diffusion.runner.DiffusionWorker.generate", type=HookType.AROUND)(
+    plugin_hook("serving.diffusion.model_runner.DiffusionModelRunner.generate", type=HookType.AROUND)(
         fail_marked
     )
 """

@@ -103,7 +103,7 @@ def embedding(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def generation(tmp_path_factory):
-    from launcher.model_source import default_model_dir
+    from launchspec.model_source import default_model_dir
 
     tmp = tmp_path_factory.mktemp("targets-gen")
     model = build_tiny_llama(tmp / "tiny-llama", default_model_dir())

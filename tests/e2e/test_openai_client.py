@@ -33,7 +33,7 @@ def embedder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def generator(tmp_path_factory):
-    from launcher.model_source import default_model_dir
+    from launchspec.model_source import default_model_dir
 
     tmp = tmp_path_factory.mktemp("openai-tiny")
     path = build_tiny_llama(tmp / "tiny-llama", default_model_dir())

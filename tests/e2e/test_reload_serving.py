@@ -105,7 +105,7 @@ def _until_served(server, route: str) -> None:
 def test_a_reload_under_an_embedding_load_serves_the_new_model_with_no_client_error(
     tmp_path, capsys
 ):
-    from launcher.model_source import default_model_dir
+    from launchspec.model_source import default_model_dir
 
     copy = Path(shutil.copytree(default_model_dir(), tmp_path / "minilm-copy"))
     env = _env()
@@ -140,7 +140,7 @@ def test_a_reload_under_an_embedding_load_serves_the_new_model_with_no_client_er
 
 @pytest.fixture(scope="module")
 def llamas(tmp_path_factory) -> tuple[Path, Path]:
-    from launcher.model_source import default_model_dir
+    from launchspec.model_source import default_model_dir
 
     root = tmp_path_factory.mktemp("llamas")
     return (

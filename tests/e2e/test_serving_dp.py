@@ -335,7 +335,7 @@ def _status(srv) -> dict[str, dict]:
 def test_tp2_dp2_restarts_the_tp_group_of_a_killed_rank_as_a_unit(tmp_path, capsys):
     """Killing tensor-parallel rank 1 of replica dp=1 (a rank the HTTP child never talks to)
     restarts both of that replica's ranks; generation under load sees no error."""
-    from launcher.model_source import default_model_dir
+    from launchspec.model_source import default_model_dir
 
     tiny = build_tiny_llama(tmp_path / "tiny-llama", default_model_dir())
     srv = start_server(

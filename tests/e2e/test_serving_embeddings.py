@@ -59,7 +59,7 @@ def test_first_request_with_the_default_model(server):
 def test_served_vectors_are_the_models_own(server):
     """What reaches the client (float32 bytes from the scheduler, JSON from the HTTP child) is the
     model's output as ModelRunner computes it in-process, for each text of a batch."""
-    from launcher.model_source import resolve_model
+    from launchspec.model_source import resolve_model
     from platforms.builtin.cpu import CpuSRTPlatform
     from serving.srt.model_runner import ModelRunner
 

@@ -536,8 +536,8 @@ def test_a_plugin_adds_an_option_and_a_check_to_server_args(site, monkeypatch):
                 raise ValueError("args_plugin supports --max-batch-size up to 64")
 
         def register():
-            HookRegistry.register("launcher.server_args.ServerArgs.add_cli_args", add_option, HookType.AFTER)
-            HookRegistry.register("launcher.server_args:ServerArgs.check_server_args", check, HookType.BEFORE)
+            HookRegistry.register("launchspec.server_args.ServerArgs.add_cli_args", add_option, HookType.AFTER)
+            HookRegistry.register("launchspec.server_args:ServerArgs.check_server_args", check, HookType.BEFORE)
     """
         },
     )
@@ -545,7 +545,7 @@ def test_a_plugin_adds_an_option_and_a_check_to_server_args(site, monkeypatch):
     hooks.load_plugins()
     import argparse
 
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
 
     parser = ServerArgs.add_cli_args(argparse.ArgumentParser())
     ns = parser.parse_args(["--my-plugin-level", "3", "--max-batch-size", "128"])
@@ -580,7 +580,7 @@ def test_pip_installed_demo_platform_plugin_is_required_when_selected(
     monkeypatch.setenv("DEMO_PLATFORM_ENABLE", "1")
     assert load() == {
         "hooks": [
-            ["demo", DEMO_DISTRIBUTION, "AFTER", "launcher.server_args.ServerArgs.__post_init__"]
+            ["demo", DEMO_DISTRIBUTION, "AFTER", "launchspec.server_args.ServerArgs.__post_init__"]
         ]
     }
     monkeypatch.setenv("DEMO_PLATFORM_FAIL_HOOKS", "1")

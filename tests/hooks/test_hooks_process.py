@@ -153,7 +153,7 @@ def test_demo_plugin_hook_runs_once_in_a_forked_child(demo_site):
         import json, os
         import hooks
         from demo_platform_plugin import hooks as demo
-        from launcher.server_args import ServerArgs
+        from launchspec.server_args import ServerArgs
         hooks.load_plugins()
         pid = os.fork()
         if pid == 0:

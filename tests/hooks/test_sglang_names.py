@@ -25,7 +25,7 @@ for target in (
     "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run",
     "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",
     "sglang.multimodal_gen.runtime.managers.gpu_worker.GPUWorker.init_device_and_model",
-    "launcher.server_args.ServerArgs.__post_init__",
+    "launchspec.server_args.ServerArgs.__post_init__",
 ):
     out["targets"][target] = translate_target(target)
 for target in (
@@ -41,14 +41,14 @@ for target in (
 calls = []
 HookRegistry.register("sglang.srt.server_args.ServerArgs.check_server_args",
                       lambda result, self: calls.append("sglang name"), HookType.AFTER)
-HookRegistry.register("launcher.server_args.ServerArgs.check_server_args",
+HookRegistry.register("launchspec.server_args.ServerArgs.check_server_args",
                       lambda result, self: calls.append("own name"), HookType.AFTER)
 HookRegistry.apply_hooks()
 from sglang.srt.managers.tp_worker import TpModelWorker
 from serving.srt.model_runner import ModelRunner
 import platforms
 platforms.pin_selection("builtin:cpu")
-from launcher.server_args import ServerArgs
+from launchspec.server_args import ServerArgs
 ServerArgs().check_server_args()
 out["calls"] = calls
 out["renamed_class"] = TpModelWorker is ModelRunner
@@ -61,12 +61,12 @@ def test_targets_translate_to_this_projects_and_unmatched_ones_name_the_nearest(
     data = result.data
     assert data is not None and data["active"] is True, result
     assert data["targets"] == {
-        "sglang.srt.server_args.ServerArgs.__post_init__": "launcher.server_args.ServerArgs.__post_init__",
-        "sglang.srt.server_args:ServerArgs.check_server_args": "launcher.server_args.ServerArgs.check_server_args",
+        "sglang.srt.server_args.ServerArgs.__post_init__": "launchspec.server_args.ServerArgs.__post_init__",
+        "sglang.srt.server_args:ServerArgs.check_server_args": "launchspec.server_args.ServerArgs.check_server_args",
         "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run": "serving.srt.scheduler.Scheduler.take_batch",
         "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": "serving.srt.model_runner.ModelRunner.generate",
-        "sglang.multimodal_gen.runtime.managers.gpu_worker.GPUWorker.init_device_and_model": "serving.diffusion.runner.DiffusionWorker.init_device_and_model",
-        "launcher.server_args.ServerArgs.__post_init__": "launcher.server_args.ServerArgs.__post_init__",
+        "sglang.multimodal_gen.runtime.managers.gpu_worker.GPUWorker.init_device_and_model": "serving.diffusion.model_runner.DiffusionModelRunner.init_device_and_model",
+        "launchspec.server_args.ServerArgs.__post_init__": "launchspec.server_args.ServerArgs.__post_init__",
     }
     errors = data["errors"]
     absent = errors["sglang.srt.managers.scheduler.Scheduler.process_batch_result"]

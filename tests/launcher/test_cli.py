@@ -87,8 +87,8 @@ def test_launcher_modules_import_nothing_heavy():
 
 
 def _render(live: bool) -> str:
-    from launcher import events
     from launcher.commands.display import TerminalDisplay
+    from launchspec import events
 
     out = io.StringIO()
     show = TerminalDisplay(out, live=live)

@@ -70,7 +70,7 @@ def main():
     result["status_after_stop"] = launcher.status()["phase"]
     result["children_after_stop"] = children()
 
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
 
     with Launcher(ServerArgs(scheduler_target=READY, http_target=READY, port=PORT)) as running:
         result["context_manager"] = [running.url, running.status()["phase"]]

@@ -1,11 +1,11 @@
-"""``launcher.model_config``: what a model's config.json tells the argument checks (unit tests,
+"""``launchspec.model_config``: what a model's config.json tells the argument checks (unit tests,
 real files in a temporary folder)."""
 
 from __future__ import annotations
 
 import json
 
-from launcher.model_config import read_model_facts, tp_problems
+from launchspec.model_config import read_model_facts, tp_problems
 
 
 def write_config(folder, config) -> None:

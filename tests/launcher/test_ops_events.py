@@ -2,10 +2,10 @@
 
 A real ``sglang-launch`` (tp=2, dp=2, test workers, no model) starts, one of its replicas is
 SIGKILLed and heals, and a SIGTERM stops it; a ZeroMQ SUB socket on the launcher's PUB endpoint
-receives the frames. Every frame decodes with ``launcher.events.decode`` into the struct its
+receives the frames. Every frame decodes with ``launchspec.events.decode`` into the struct its
 ``kind`` names, on the topic the struct derives, and the struct says everything the JSON said.
 Events published before the subscription was up (a subscriber that joins late misses them) come
-from the query socket's history and decode with ``launcher.events.from_dict``. (And, without a launch:
+from the query socket's history and decode with ``launchspec.events.from_dict``. (And, without a launch:
 a topic comes from its event; what does not match is refused.)
 """
 
@@ -20,7 +20,7 @@ import pytest
 import zmq
 from support.supervisor import FAST, READY_WAIT, Run, wait_for
 
-from launcher import events
+from launchspec import events
 
 LAUNCH = [
     *FAST,

@@ -90,7 +90,7 @@ def _site(site):
                   from hooks import HookRegistry, HookType
                   def register():
                       HookRegistry.register("tgt:f", lambda x: ("plain", x), HookType.REPLACE)
-                      HookRegistry.register("launcher.server_args.ServerArgs.check_server_args",
+                      HookRegistry.register("launchspec.server_args.ServerArgs.check_server_args",
                                             lambda self: None, HookType.BEFORE)
                   def register_diffusion():
                       from hooks.diffusion import HookRegistry, HookType
@@ -141,7 +141,7 @@ def test_table_and_json_report_every_entry_point_selection_hooks_and_conflicts(s
     )
     assert [(h["type"], h["target"]) for h in plugins["plain"]["hooks"]] == [
         ("REPLACE", "tgt.f"),
-        ("BEFORE", "launcher.server_args.ServerArgs.check_server_args"),
+        ("BEFORE", "launchspec.server_args.ServerArgs.check_server_args"),
     ]
     assert [(h["type"], h["target"]) for h in plugins["vendor"]["hooks"]] == [("REPLACE", "tgt.f")]
     assert srt["conflicts"] == [

@@ -22,8 +22,8 @@ import psutil
 import pytest
 from support.supervisor import FAST, READY_WAIT, Run, wait_for
 
-from launcher.server_args import ServerArgs, ServerArgsError
 from launcher.supervisor.restarts import BACKOFF_CAP, Restarts
+from launchspec.server_args import ServerArgs, ServerArgsError
 
 W = "support.workers."
 TP2_DP2 = [

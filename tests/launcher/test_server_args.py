@@ -19,7 +19,7 @@ from support import make_dist
 
 import hooks
 from bootstrap.payload import FORMAT, VERSION, PayloadError, decode_payload, encode_payload
-from launcher.server_args import ServerArgs, ServerArgsError
+from launchspec.server_args import ServerArgs, ServerArgsError
 
 
 @pytest.fixture
@@ -258,7 +258,7 @@ def test_server_args_hooks_add_options_change_defaults_and_relax_checks(site):
                     return original(self)
 
                 def register():
-                    T = "launcher.server_args.ServerArgs"
+                    T = "launchspec.server_args.ServerArgs"
                     HookRegistry.register(T + ".add_cli_args", add_flag, HookType.AFTER)
                     HookRegistry.register(T + ".__post_init__", post_init, HookType.AFTER)
                     HookRegistry.register(T + ".check_server_args", relaxed_check, HookType.AROUND)
@@ -266,7 +266,7 @@ def test_server_args_hooks_add_options_change_defaults_and_relax_checks(site):
         },
     )
     hooks.load_plugins()  # before ServerArgs is built, as the spec's call-site table says
-    from launcher.server_args import ServerArgs as HookedArgs  # the class as hooks left it
+    from launchspec.server_args import ServerArgs as HookedArgs  # the class as hooks left it
 
     parser = HookedArgs.add_cli_args(argparse.ArgumentParser())
     ns = parser.parse_args(["--tweak-level", "3", "--port", "1"])
@@ -337,7 +337,7 @@ def test_decode_server_args_looks_the_class_up_when_called():
     # A REPLACE hook swaps the module attribute; decode must use what is there at call time.
     # (This rebinds the attribute the way HookRegistry does and restores it; no platform is touched
     # because decoding does not run __post_init__.)
-    import launcher.server_args as module
+    import launchspec.server_args as module
 
     original = module.ServerArgs
 

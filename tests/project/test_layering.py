@@ -1,7 +1,9 @@
 """The project's layering: import-linter's contracts (pyproject.toml), and what no import shows.
 
-The packages stack ``conformance > serving > launcher > bootstrap > hooks > platforms``: each may
-import the ones below it, never one above, and nobody imports another package's private modules.
+The packages stack ``platforms < hooks < bootstrap < launchspec``, the shared floor; above it the
+supervisor's ``launcher`` and the workers' ``serving`` (with ``conformance`` over ``serving``) know
+nothing of each other. Each may import the ones below it, never one above or beside it, and nobody
+imports another package's private modules.
 import-linter checks every import statement (function-level ones included) against the contracts
 in ``[tool.importlinter]``. What it cannot see is checked here:
 
@@ -21,13 +23,24 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# Lowest first: a package may import itself and those before it.
-LAYERS = ("platforms", "hooks", "bootstrap", "launcher", "serving", "conformance")
+# What each package may import besides itself, lowest first.
+_FLOOR = ("platforms", "hooks", "bootstrap", "launchspec")
+MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "platforms": (),
+    "hooks": _FLOOR[:1],
+    "bootstrap": _FLOOR[:2],
+    "launchspec": _FLOOR[:3],
+    "launcher": _FLOOR,
+    "serving": _FLOOR,
+    "conformance": (*_FLOOR, "serving"),
+}
+LAYERS = tuple(MAY_IMPORT)
 NAMED = ("platforms", "hooks", "bootstrap")  # the packages whose strings may name nothing above
 
 
 def _above(package: str) -> tuple[str, ...]:
-    return LAYERS[LAYERS.index(package) + 1 :]
+    """The packages ``package`` may not import: those above or beside it."""
+    return tuple(p for p in LAYERS if p != package and p not in MAY_IMPORT[package])
 
 
 def _package_of(path: Path, root: Path) -> str:
@@ -62,7 +75,9 @@ def violations_of(path: Path, root: Path = ROOT) -> list[str]:
     for literal, line in _module_literals(tree):
         top = literal.split(".")[0].split(":")[0]
         if top in _above(mine):
-            out.append(f"{where}:{line}: {mine} imports {literal!r} by name, a package above it")
+            out.append(
+                f"{where}:{line}: {mine} imports {literal!r} by name, a package above or beside it"
+            )
     if mine in NAMED:
         upper = _above(mine)
         pattern = re.compile(r"\b(" + "|".join(upper) + r")[.:][A-Za-z_]")
@@ -120,7 +135,9 @@ def test_the_checker_sees_each_rule(tmp_path: Path) -> None:
     broken = {
         ("platforms.x", "import importlib\nimportlib.import_module('hooks')\n"): "by name",
         ("launcher.x", "def f():\n    __import__('serving.wire')\n"): "by name",
-        ("bootstrap.x", "TARGET = 'launcher.server_args:ServerArgs'\n"): "names launcher.s",
+        ("bootstrap.x", "TARGET = 'launchspec.server_args:ServerArgs'\n"): "names launchspec.s",
+        ("serving.x", "import importlib\nimportlib.import_module('launcher.prepare')\n"): "by name",
+        ("launcher.x", "def f():\n    __import__('conformance.command')\n"): "by name",
         ("hooks.x", '"""Hook serving.srt.scheduler.Scheduler here."""\n'): "names serving.s",
         ("serving.x", "from platforms.interface import _helper\n"): "private name _helper",
     }
@@ -128,7 +145,7 @@ def test_the_checker_sees_each_rule(tmp_path: Path) -> None:
         found = _check_snippet(tmp_path, module, source)
         assert len(found) == 1 and rule in found[0], (module, source, found)
     allowed = {
-        ("serving.x", "import importlib\nimportlib.import_module('launcher.server_args')\n"),
+        ("serving.x", "import importlib\nimportlib.import_module('launchspec.server_args')\n"),
         ("launcher.x", "WORKER = 'serving.srt.scheduler.run_scheduler_process'\n"),
         ("hooks.x", '"""The launcher. It names nothing here."""\n'),
         ("platforms.x", "from ._state import X\nfrom .interface import _helper\n"),

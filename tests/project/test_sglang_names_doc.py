@@ -1,4 +1,4 @@
-"""docs/plugins.md's tables of SGLang's names say what ``launcher.compat`` aliases."""
+"""docs/plugins.md's tables of SGLang's names say what ``launchspec.compat`` aliases."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 from support import REPO
 
-from launcher import compat
+from launchspec import compat
 
 DOC = REPO / "docs" / "plugins.md"
 

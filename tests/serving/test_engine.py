@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e  # loads a real model through transformers (seconds
 
 pytest.importorskip("transformers")
 
-from launcher.model_source import default_model_dir, resolve_model  # noqa: E402
+from launchspec.model_source import default_model_dir, resolve_model  # noqa: E402
 from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
 from serving.srt.model_runner import ModelRunner  # noqa: E402
 from serving.srt.sampling import Sequence  # noqa: E402

@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from launcher.server_args import ServerArgs
+from launchspec.server_args import ServerArgs
 from serving.http.app import AppState, create_app
 from serving.http.client import SchedulerClient
 from serving.http.metrics import Metrics

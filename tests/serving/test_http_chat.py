@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from support.fake_scheduler import MODEL, serve_app, token_text
 
-from launcher.server_args import ServerArgs, ServerArgsError
+from launchspec.server_args import ServerArgs, ServerArgsError
 from serving.http import responses
 from serving.http.chat_template import ChatTemplate, ChatTemplateError
 from serving.http.schemas import ChatMessage
@@ -34,7 +34,7 @@ CHAT = "/v1/chat/completions"
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from launcher.model_source import default_model_dir
+    from launchspec.model_source import default_model_dir
 
     tok = AutoTokenizer.from_pretrained(default_model_dir(), local_files_only=True)
     tok.bos_token = "[CLS]"

@@ -15,7 +15,7 @@ import httpx
 import msgspec
 import pytest
 
-from launcher.server_args import ServerArgs
+from launchspec.server_args import ServerArgs
 from serving.http import responses
 from serving.http.app import AppState, Route, create_app
 from serving.http.client import SchedulerClient, SchedulerError

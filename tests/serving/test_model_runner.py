@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e  # loads real models through transformers (seconds 
 
 pytest.importorskip("transformers")
 
-from launcher.model_source import ModelSourceError, default_model_dir, resolve_model  # noqa: E402
+from launchspec.model_source import ModelSourceError, default_model_dir, resolve_model  # noqa: E402
 from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
 from serving.errors import InputError, ModelLoadError  # noqa: E402
 from serving.srt.model_runner import ModelRunner  # noqa: E402

@@ -10,8 +10,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from launcher import events
-from launcher.supervisor.causes import RootCause
+from launchspec import events
+from launchspec.causes import RootCause
 from serving import wire as messages
 from serving.http.client import SchedulerClient, SchedulerError
 
@@ -454,7 +454,7 @@ def test_a_joining_replica_serves_once_probed_a_draining_one_once_empty_then_req
     import httpx
     import zmq.asyncio
 
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
     from serving.http.app import AppState, create_app
     from serving.http.metrics import Metrics
     from serving.http.responses import PlatformSummary
@@ -544,7 +544,7 @@ def test_a_joining_replica_serves_once_probed_a_draining_one_once_empty_then_req
 
 
 def test_a_reload_that_finished_changes_the_model_the_app_reports(tmp_path):
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
     from serving.http.app import AppState
     from serving.http.metrics import Metrics
     from serving.http.responses import PlatformSummary

@@ -28,7 +28,7 @@ import httpx
 import zmq
 import zmq.asyncio
 
-from launcher.server_args import ServerArgs
+from launchspec.server_args import ServerArgs
 from serving import wire
 from serving.http.app import App, AppState, create_app
 from serving.http.client import SchedulerClient

@@ -219,17 +219,17 @@ FAULT_MODULES = {
         def register():
             from hooks import HookRegistry, HookType
             if hit("hook_apply"):
-                HookRegistry.register("launcher.server_args.NoSuchClass.method", lambda *a, **k: None, HookType.BEFORE)
+                HookRegistry.register("launchspec.server_args.NoSuchClass.method", lambda *a, **k: None, HookType.BEFORE)
             if hit("args_class"):
                 # Only the supervisor adds a field: the children cannot decode its payload.
                 import dataclasses
-                from launcher.server_args import ServerArgs
+                from launchspec.server_args import ServerArgs
 
                 @dataclasses.dataclass
                 class FaultArgs(ServerArgs):
                     fault_extra: int = 1
 
-                HookRegistry.register("launcher.server_args.ServerArgs", FaultArgs, HookType.REPLACE)
+                HookRegistry.register("launchspec.server_args.ServerArgs", FaultArgs, HookType.REPLACE)
     """,
 }
 

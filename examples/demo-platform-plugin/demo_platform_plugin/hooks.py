@@ -1,10 +1,10 @@
 """General-plugin callbacks of the demo package: one harmless, observable hook per runtime.
 
-Each registers an AFTER hook on ``launcher.server_args.ServerArgs.__post_init__`` that changes
+Each registers an AFTER hook on ``launchspec.server_args.ServerArgs.__post_init__`` that changes
 nothing: it appends ``"<runtime> <pid>"`` to ``CALLS`` and, when ``DEMO_PLATFORM_HOOK_LOG`` names
 a file, appends the line ``post_init <runtime> <pid>`` to it. The diffusion callback also puts a
 BEFORE hook on the diffusion worker's device-and-model set-up
-(``serving.diffusion.runner.DiffusionWorker.init_device_and_model``, the spec's
+(``serving.diffusion.model_runner.DiffusionModelRunner.init_device_and_model``, the spec's
 ``GPUWorker.init_device_and_model()``), the place for rank-aware set-up: it appends
 ``init_device_and_model <pid> <local_rank>`` to the log. ``DEMO_PLATFORM_FAIL_HOOKS=1`` makes
 the callbacks raise instead (to exercise plugin-failure handling).
@@ -12,11 +12,11 @@ the callbacks raise instead (to exercise plugin-failure handling).
 
 import os
 
-TARGET = "launcher.server_args.ServerArgs.__post_init__"
+TARGET = "launchspec.server_args.ServerArgs.__post_init__"
 
 CALLS: list = []
 
-WORKER_SETUP = "serving.diffusion.runner.DiffusionWorker.init_device_and_model"
+WORKER_SETUP = "serving.diffusion.model_runner.DiffusionModelRunner.init_device_and_model"
 
 
 def _before_worker_setup(worker, *args, **kwargs):

@@ -23,7 +23,7 @@ import msgspec
 from msgspec import UNSET
 from starlette.responses import Response
 
-from launcher.server_args import ServerArgs
+from launchspec.server_args import ServerArgs
 from serving import wire as messages
 from serving.http.app import VERSION, App, AppState, json_response
 from serving.http.asgi import Receive

@@ -41,8 +41,8 @@ import zmq
 import zmq.asyncio
 
 from bootstrap import ProcessSpec, messages, phases
-from launcher.supervisor import proctree as _proctree
-from launcher.supervisor.causes import signal_name
+from bootstrap import proctree as _proctree
+from bootstrap.phases import signal_name
 
 log = logging.getLogger("launcher")
 

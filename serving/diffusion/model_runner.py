@@ -1,4 +1,4 @@
-"""``DiffusionWorker``: one diffusers pipeline on one rank, set up through the diffusion platform.
+"""``DiffusionModelRunner``: one diffusers pipeline on one rank, set up through the diffusion platform.
 
 Every device and execution decision is a call of ``platforms.diffusion.current_platform``:
 
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from bootstrap import TargetError, resolve
-from launcher.model_source import DIFFUSION_EXTRA, pipeline_class_name, resolve_pipeline
+from launchspec.model_source import DIFFUSION_EXTRA, pipeline_class_name, resolve_pipeline
 from serving.diffusion.cfg_parallel import GuidanceSplit, uses_guidance
 from serving.diffusion.stepping import DenoiseStopped, StepCallback
 from serving.errors import InputError, ModelLoadError
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     import torch
     from PIL.Image import Image
 
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
     from platforms.diffusion import Platform
 
 log = logging.getLogger("sglang_launch.diffusion")
@@ -99,7 +99,7 @@ class Shape:
     guidance_scale: float
 
 
-class DiffusionWorker:
+class DiffusionModelRunner:
     """A diffusers pipeline on this rank's device. Construct, then ``init_device_and_model()``."""
 
     kind = "image"

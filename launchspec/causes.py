@@ -10,7 +10,6 @@ Standard library only: ``launcher.LaunchError`` is part of the lazy facade.
 
 from __future__ import annotations
 
-import signal
 from dataclasses import asdict, dataclass
 from enum import IntEnum
 
@@ -34,16 +33,6 @@ exit codes:
   3  not every worker was ready within --startup-timeout
   4  a worker exited after the server was ready
   5  the launcher could not select a platform, load a required plugin or set up its IPC"""
-
-
-def signal_name(exitcode: int | None) -> str | None:
-    """``"SIGKILL"`` for a ``multiprocessing`` exit code of ``-9``; None for a normal exit."""
-    if exitcode is None or exitcode >= 0:
-        return None
-    try:
-        return signal.Signals(-exitcode).name
-    except ValueError:
-        return f"signal {-exitcode}"
 
 
 @dataclass

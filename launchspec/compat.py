@@ -2,9 +2,10 @@
 
 ``hooks.compat`` installs the table (the launcher's process before its plugins load, every
 child from its ``ProcessSpec``), so a plugin written to SGLang's plugin documentation runs
-unchanged where the real ``sglang`` is not installed. The launcher holds the table because it is
-the composition root: the names on the right are this project's modules, the serving runtime's
-included, named by string and never imported here.
+unchanged where the real ``sglang`` is not installed. The table is data of the shared floor: the
+launcher installs it and hands it to every child, check-platform does the same, and the names on
+the right are this project's modules, the serving runtime's included, named by string and never
+imported here.
 
 Keep the three tables and ``TARGETS`` in step with docs/plugins.md ("SGLang's names"), which
 tests check against them.
@@ -26,10 +27,10 @@ MODULES = {
     "sglang.multimodal_gen.runtime.layers.custom_op": "platforms.custom_op",
     "sglang.multimodal_gen.runtime.layers.layernorm": "platforms.diffusion.layers",
     # The modules of the documented hook targets.
-    "sglang.srt.server_args": "launcher.server_args",
+    "sglang.srt.server_args": "launchspec.server_args",
     "sglang.srt.managers.scheduler": "serving.srt.scheduler",
     "sglang.srt.managers.tp_worker": "serving.srt.model_runner",
-    "sglang.multimodal_gen.runtime.managers.gpu_worker": "serving.diffusion.runner",
+    "sglang.multimodal_gen.runtime.managers.gpu_worker": "serving.diffusion.model_runner",
 }
 
 # SGLang names this project spells otherwise, where the meaning matches.
@@ -42,7 +43,7 @@ NAMES = {
         "serving.srt.model_runner.ModelRunner.generate"
     ),
     "sglang.multimodal_gen.runtime.managers.gpu_worker.GPUWorker": (
-        "serving.diffusion.runner.DiffusionWorker"
+        "serving.diffusion.model_runner.DiffusionModelRunner"
     ),
 }
 
@@ -56,10 +57,10 @@ ABSENT = {
 # This project's documented hook targets (docs/plugins.md and docs/diffusion.md), the
 # candidates when an SGLang target matches nothing.
 TARGETS = (
-    "launcher.server_args.ServerArgs.add_cli_args",
-    "launcher.server_args.ServerArgs.__post_init__",
-    "launcher.server_args.ServerArgs.check_server_args",
-    "launcher.server_args.ServerArgs.from_cli_args",
+    "launchspec.server_args.ServerArgs.add_cli_args",
+    "launchspec.server_args.ServerArgs.__post_init__",
+    "launchspec.server_args.ServerArgs.check_server_args",
+    "launchspec.server_args.ServerArgs.from_cli_args",
     "serving.srt.scheduler.run_scheduler_process",
     "serving.srt.scheduler.Scheduler.__init__",
     "serving.srt.scheduler.Scheduler.take_batch",
@@ -68,11 +69,11 @@ TARGETS = (
     "serving.srt.model_runner.ModelRunner.embed_matrix",
     "serving.http.server.run_http_server",
     "serving.http.server.build_app",
-    "serving.diffusion.runner.DiffusionWorker.init_device_and_model",
-    "serving.diffusion.runner.DiffusionWorker.load_pipeline",
-    "serving.diffusion.runner.DiffusionWorker.denoise",
-    "serving.diffusion.runner.DiffusionWorker.generate",
-    "serving.diffusion.worker.run_diffusion_worker",
+    "serving.diffusion.model_runner.DiffusionModelRunner.init_device_and_model",
+    "serving.diffusion.model_runner.DiffusionModelRunner.load_pipeline",
+    "serving.diffusion.model_runner.DiffusionModelRunner.denoise",
+    "serving.diffusion.model_runner.DiffusionModelRunner.generate",
+    "serving.diffusion.scheduler.run_scheduler_process",
 )
 
 TABLE = AliasTable(modules=MODULES, names=NAMES, absent=ABSENT, known=TARGETS)

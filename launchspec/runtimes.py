@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from launcher.model_source import ModelSource, resolve_model, resolve_pipeline
+from launchspec.model_source import ModelSource, resolve_model, resolve_pipeline
 from platforms.runtimes import DIFFUSION, RUNTIMES, SRT, RuntimeSpec
 
 
@@ -56,7 +56,7 @@ SERVING: dict[str, ServingSpec] = {
     ),
     DIFFUSION.name: ServingSpec(
         platform=DIFFUSION,
-        worker_target="serving.diffusion.worker.run_diffusion_worker",
+        worker_target="serving.diffusion.scheduler.run_scheduler_process",
         model_check=resolve_pipeline,
         api_routes="serving.http.images:add_image_routes",
         tensor_parallel=False,
@@ -66,7 +66,7 @@ SERVING: dict[str, ServingSpec] = {
 
 if set(SERVING) != set(RUNTIMES):  # a runtime added to one table and not the other
     raise RuntimeError(
-        f"launcher.runtimes serves {sorted(SERVING)} but platforms.runtimes has "
+        f"launchspec.runtimes serves {sorted(SERVING)} but platforms.runtimes has "
         f"{sorted(RUNTIMES)}; give every runtime a record in both"
     )
 

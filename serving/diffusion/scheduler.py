@@ -1,9 +1,9 @@
-"""The diffusion runtime's worker target: ``run_diffusion_worker(server_args, ctx)``.
+"""The diffusion runtime's worker target: ``run_scheduler_process(server_args, ctx)``.
 
 One process per data-parallel replica, two with ``--enable-cfg-parallel`` (the diffusion runtime
-has no tensor parallelism; see ``run_diffusion_worker``). It sets the device up and loads the
-pipeline through ``DiffusionWorker`` (every decision a call of
-``platforms.diffusion.current_platform``), then serves the HTTP child with ``ImageScheduler``,
+has no tensor parallelism; see ``run_scheduler_process``). It sets the device up and loads the
+pipeline through ``DiffusionModelRunner`` (every decision a call of
+``platforms.diffusion.current_platform``), then serves the HTTP child with ``DiffusionScheduler``,
 the shared ``BatchingScheduler`` of ``serving.scheduler`` (socket, queue, batch timing, failure
 policy). What is the image runtime's own: requests are checked on arrival (a bad one gets a 400
 naming the field and the limit at once, one that asks for more than ``--max-pixel-steps``
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from serving import wire
-from serving.diffusion.runner import (
+from serving.diffusion.model_runner import (
     OUTPUT_FORMATS,
-    DiffusionWorker,
+    DiffusionModelRunner,
     ImageJob,
     ReplicaGroup,
     Shape,
@@ -43,7 +43,7 @@ from serving.threads import share_cpu_threads
 
 if TYPE_CHECKING:
     from bootstrap import WorkerContext
-    from launcher.server_args import ServerArgs
+    from launchspec.server_args import ServerArgs
 
 log = logging.getLogger("sglang_launch.diffusion")
 
@@ -51,7 +51,7 @@ log = logging.getLogger("sglang_launch.diffusion")
 MAX_CALLS = 8
 
 
-def run_diffusion_worker(server_args: ServerArgs, ctx: WorkerContext) -> None:
+def run_scheduler_process(server_args: ServerArgs, ctx: WorkerContext) -> None:
     """The bootstrap's diffusion target: set up, load, report ready, serve until stopping.
 
     With ``--enable-cfg-parallel`` the replica is two ranks (``ctx.tp_size`` 2): both join the
@@ -68,12 +68,14 @@ def run_diffusion_worker(server_args: ServerArgs, ctx: WorkerContext) -> None:
         if ranks > 1
         else None
     )
-    worker = DiffusionWorker(server_args, current_platform, local_rank=ctx.local_rank, group=group)
+    worker = DiffusionModelRunner(
+        server_args, current_platform, local_rank=ctx.local_rank, group=group
+    )
     try:
         worker.init_device_and_model()
         ctx.phase("model_loaded")
         if group is None or group.rank == 0:
-            ImageScheduler(worker, server_args, ctx).serve()
+            DiffusionScheduler(worker, server_args, ctx).serve()
         else:
             follow(ctx, ImageFollower(worker))
     finally:
@@ -85,7 +87,7 @@ class ImageFollower:
     """Rank 1 of a CFG-parallel replica: denoise rank 0's pipeline calls alongside it, step for
     step in the order rank 0 runs them (no decoding, no answer)."""
 
-    def __init__(self, worker: DiffusionWorker) -> None:
+    def __init__(self, worker: DiffusionModelRunner) -> None:
         self.worker = worker
         self.calls: dict[int, SteppedCall[object]] = {}
 
@@ -142,11 +144,11 @@ class PipelineCall:
         return self.shape.width * self.shape.height * self.images
 
 
-class ImageScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
-    """Rank 0 of an image replica: pipeline batches on a ``DiffusionWorker``, taking turns."""
+class DiffusionScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
+    """Rank 0 of an image replica: pipeline batches on a ``DiffusionModelRunner``, taking turns."""
 
     def __init__(
-        self, worker: DiffusionWorker, server_args: ServerArgs, ctx: WorkerContext
+        self, worker: DiffusionModelRunner, server_args: ServerArgs, ctx: WorkerContext
     ) -> None:
         super().__init__(
             server_args,
