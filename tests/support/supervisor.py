@@ -272,6 +272,12 @@ def allreduce_worker(server_args, ctx) -> None:
 def _workers_seen(ctx) -> list[dict]:
     """The workers of the supervisor's snapshot, asked through its query socket from a worker
     (an empty list when it did not answer within 10 s)."""
+    return _snapshot_seen(ctx).get("workers", [])
+
+
+def _snapshot_seen(ctx) -> dict:
+    """The supervisor's snapshot, asked through its query socket from a worker (empty when it
+    did not answer within 10 s)."""
     import json
 
     import zmq
@@ -284,7 +290,7 @@ def _workers_seen(ctx) -> list[dict]:
         sock.send(b'{"query": "snapshot"}')
         reply = json.loads(sock.recv()) if sock.poll(10_000) else {}
         sock.close()
-        return reply.get("snapshot", {}).get("workers", [])
+        return reply.get("snapshot", {})
     finally:
         zctx.term()
 
@@ -323,7 +329,9 @@ def kill_self_once_seen(server_args, ctx) -> None:
 
 
 def exit_once_seen_ready(server_args, ctx) -> None:
-    """Report ready, and once the supervisor saw it, die with ``os._exit(3)`` (no report)."""
+    """Report ready, and once the supervisor saw the whole server ready (every worker), die with
+    ``os._exit(3)`` (no report)."""
     ctx.ready()
-    _wait_until_seen(ctx, "ready")
+    while _snapshot_seen(ctx).get("phase") != "ready":
+        time.sleep(0.01)
     os._exit(3)
