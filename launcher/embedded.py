@@ -49,8 +49,9 @@ class Launcher:
       (fresh processes; another model when given) and ``scale(dp_size)`` adds or removes
       replicas, both while the server serves; each returns the change's last event once it is
       done, raises ``LaunchError`` with the root cause when it failed (a failed reload is rolled
-      back first) and ``ValueError`` (``launcher.supervisor.changes.ChangeRefused``) when it
-      cannot be made.
+      back first) and ``ValueError`` (``launcher.supervisor.revision.ChangeRefused``) when it
+      cannot be made, a reload to a model of another kind included (embedding, generation,
+      image) unless ``allow_kind_change=True``.
     - ``stop()`` stops gracefully (HTTP child first, then schedulers) and returns when every
       child process is gone. ``with Launcher(...) as launcher:`` starts, waits and stops.
     """
@@ -131,15 +132,24 @@ class Launcher:
         model_path: str | None = None,
         served_model_name: str | None = None,
         timeout: float | None = None,
+        *,
+        allow_kind_change: bool = False,
     ) -> dict[str, object]:
         """Replace every replica, one at a time, with a fresh one serving ``model_path`` as
         ``served_model_name`` (None keeps each; ``""`` goes back to the default); returns the
-        ``reload.finished`` event. A failure is rolled back, then raised as ``LaunchError``."""
+        ``reload.finished`` event. A failure is rolled back, then raised as ``LaunchError``. A
+        model that serves another kind than the current one (an embedding model for a causal
+        LM, say) is refused with ``ValueError`` unless ``allow_kind_change``."""
         import os
 
         path = os.path.abspath(os.path.expanduser(model_path)) if model_path else model_path
         return self._change(
-            lambda rollouts: rollouts.start_reload(path, served_model_name, "Launcher.reload()"),
+            lambda rollouts: rollouts.start_reload(
+                path,
+                served_model_name,
+                "Launcher.reload()",
+                allow_kind_change=allow_kind_change,
+            ),
             timeout,
         )
 

@@ -352,7 +352,10 @@ class ReloadStarted(OpsEvent, frozen=True, kw_only=True, tag="reload.started"):
     old one; 0: in place), because of ``reason`` (``"reload command"``, ``"received SIGHUP"``,
     ``"Launcher.reload()"``). From ``previous_model_path`` / ``previous_served_name`` to
     ``model_path`` / ``served_name``; ``changes`` lists what else differs for the new replicas
-    (plugin distributions installed, removed or upgraded since the replicas now serving started)."""
+    (plugin distributions installed, removed or upgraded since the replicas now serving started).
+    ``previous_model_kind`` and ``model_kind`` say what the model directories serve
+    (``"embedding"``, ``"generation"``, ``"image"``; None where the files do not say): when they
+    differ, the reload was asked for with ``allow_kind_change`` and the API changes with it."""
 
     id: int
     reason: str
@@ -363,17 +366,21 @@ class ReloadStarted(OpsEvent, frozen=True, kw_only=True, tag="reload.started"):
     previous_model_path: str | None
     previous_served_name: str | None
     changes: list[str]
+    model_kind: str | None = None
+    previous_model_kind: str | None = None
 
 
 class ReloadFinished(OpsEvent, frozen=True, kw_only=True, tag="reload.finished"):
     """Every replica of reload ``id`` was replaced (``replicas``: the dp ranks now serving) in
-    ``seconds``; the server serves ``model_path`` as ``served_name``."""
+    ``seconds``; the server serves ``model_path`` as ``served_name``, a model of ``model_kind``
+    (as in ``reload.started``)."""
 
     id: int
     replicas: list[int]
     model_path: str | None
     served_name: str | None
     seconds: float
+    model_kind: str | None = None
 
 
 class ReloadFailed(OpsEvent, frozen=True, kw_only=True, tag="reload.failed"):

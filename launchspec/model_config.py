@@ -71,3 +71,20 @@ def tp_problems(facts: ModelFacts | None, tp_size: int, dp_size: int) -> list[st
             f"(from its config.json); pass a tp size that divides {facts.kv_heads}, or {scale}"
         ]
     return []
+
+
+# What a model directory serves: the kinds of API a server of it answers.
+EMBEDDING, GENERATION, IMAGE = "embedding", "generation", "image"
+
+
+def model_kind(path: str | Path) -> str | None:
+    """What the model directory at ``path`` serves, from its files alone: ``"generation"`` (a
+    causal LM's config.json), ``"embedding"`` (any other config.json), ``"image"`` (a diffusers
+    pipeline's model_index.json); None when it holds neither."""
+    facts = read_model_facts(path)
+    if facts is not None:
+        causal = facts.architecture is not None and is_causal_lm(facts.architecture)
+        return GENERATION if causal else EMBEDDING
+    if (Path(path) / "model_index.json").is_file():
+        return IMAGE
+    return None

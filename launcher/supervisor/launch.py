@@ -2,18 +2,21 @@
 
 A ``Launch`` exists while one launch runs (``Supervisor.run`` makes it once the runtime directory
 and the plan exist). It holds the ``LaunchState`` ops tooling sees, one ``Worker`` per child, the
-``Children`` watcher and its status socket, the ``OpsChannel``, the workers' output pipes, the
-watchdog, the restarts in progress (``Healing``), the reloads and scales (``Rollouts``), and the
-inbox the supervisor waits on.
+``Children`` watcher and its status socket, the workers' output pipes, the watchdog, and the
+inbox the supervisor waits on; its events leave through the ``publish`` it is given. It composes
+the launch's parts, each handed only the callables it acts through: the restarts
+(``healing.Healing``), the replicas in service, starting and retiring (``replicas.ReplicaSet``)
+and the reloads and scales (``rollout.Rollouts``).
 
 It turns what happens into state, events and inbox items: a status message updates the worker's
 record and is published as an event; a failure, an exit, a silent worker or every worker ready
 becomes an ``Input`` in the inbox (``Failure``, ``Exit``, ``AllReady``; ``Stop`` comes from a stop
 request). The first failure names the worker that is to blame (``blamed``): what other workers
 report after it is a consequence, and they are recorded as stopped. What to do about an input
-(fail, heal, stop) is decided by the supervisor and by ``Healing``. A worker of a replica that a
-reload or a scale is starting or retiring is that change's (``Rollouts.stage``): its news goes to
-``Rollouts``, never to the inbox.
+(fail, heal, stop) is decided by the supervisor and by ``Healing``. A worker of a replica that
+healing restarts is healing's (``Healing.stage``), and one of a replica that a reload or a scale
+is starting or retiring is the replica set's (``ReplicaSet.stage``): their news goes there,
+never to the inbox.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,8 +38,9 @@ from launcher.supervisor.replicas import RETIRING, STARTING, ReplicaSet
 from launcher.supervisor.restarts import DOWN, RESPAWNED, Restarts
 from launcher.supervisor.rollout import Rollouts
 from launcher.supervisor.secrets import API_KEY_ENV
-from launcher.supervisor.state import WorkerState
+from launcher.supervisor.state import READY, WorkerState
 from launcher.supervisor.watchdog import Watchdog
+from launcher.supervisor.workers import Worker, snapshot_order
 from launchspec import events
 from launchspec.causes import RootCause
 
@@ -45,48 +50,15 @@ if TYPE_CHECKING:
     import zmq.asyncio
 
     from bootstrap import ProcessSpec
-    from launcher.supervisor.changes import Generation
-    from launcher.supervisor.ops import OpsChannel
     from launcher.supervisor.output import WorkerOutput
-    from launcher.supervisor.state import LaunchState
+    from launcher.supervisor.revision import Revision
+    from launcher.supervisor.state import ChangeState, LaunchState
     from launchspec.server_args import ServerArgs
     from platforms import Selection
 
 log = logging.getLogger("launcher")
 
-
-@dataclass(eq=False)
-class Worker:
-    """One child of this node: the spawned ``Child`` and its record in the ``LaunchState``."""
-
-    child: Child
-    state: WorkerState
-    stopped_at_once: bool = (
-        False  # killed with no grace period: it was starting when the launch failed
-    )
-
-    @property
-    def name(self) -> str:
-        return self.state.name
-
-    @property
-    def spec(self) -> ProcessSpec:
-        return self.child.spec
-
-    @property
-    def process(self) -> multiprocessing.process.BaseProcess | None:
-        return self.child.process
-
-    @property
-    def failure(self) -> messages.Failed | None:
-        return self.child.failure
-
-    @property
-    def dp_rank(self) -> int | None:
-        """The replica a scheduler rank belongs to; None for other roles."""
-        if self.spec.role != "scheduler":
-            return None
-        return self.spec.rank // max(self.spec.tp_size, 1)
+__all__ = ["AllReady", "Exit", "Failure", "Input", "Launch", "Stop", "Timeout", "Worker"]
 
 
 # -- what the supervisor waits for ------------------------------------------------------------------
@@ -126,7 +98,12 @@ Input = Stop | Failure | Exit | AllReady | Timeout
 
 
 class Launch:
-    """The state of one running launch (see the module docstring). Made on the running loop."""
+    """The state of one running launch (see the module docstring). Made on the running loop.
+
+    It is the composition root of the launch's parts: ``healing`` (``Healing``), ``replicas``
+    (``ReplicaSet``) and ``rollouts`` (``Rollouts``) are each handed the few callables they act
+    through (its methods, and each other's where one needs another's news), never the launch.
+    ``publish`` is how its events leave (``OpsChannel.publish``)."""
 
     def __init__(
         self,
@@ -134,22 +111,22 @@ class Launch:
         status_endpoint: str,
         specs: list[ProcessSpec],
         state: LaunchState,
-        ops: OpsChannel,
+        publish: Callable[[events.Event], object],
         *,
         args: ServerArgs,
         selection: Selection,
-        generation: Generation,
+        revision: Revision,
         restarts: Restarts,
         output: WorkerOutput | None,
         tree_tag: str,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.state = state
-        self.ops = ops
+        self.publish = publish
         self.output = output
         self.platform = selection.key  # the key of the platform the supervisor selected
         self.inbox: asyncio.Queue[Input] = asyncio.Queue()
-        self.hurry = asyncio.Event()  # set: the grace period of a stop is over
+        self.grace_over = asyncio.Event()  # set: the grace period of a stop is over
         self.stop_reason: str | None = None
         self.stopping = False
         # The worker whose failure or exit is the root cause, from the moment it is known: what
@@ -169,9 +146,49 @@ class Launch:
         ]
         self.watchdog = Watchdog(args.watchdog_timeout, self._on_hung)
         self._watching: asyncio.Task[None] | None = None
-        self.healing = Healing(self, restarts, args.startup_timeout)
-        self.replicas = ReplicaSet(self, args, lambda: self.rollouts.show())
-        self.rollouts = Rollouts(self, self.replicas, generation, selection, args)
+        self.replicas = ReplicaSet(
+            [w for w in self.workers if w.dp_rank is not None],
+            args,
+            publish=publish,
+            ranks=self.ranks,
+            add_worker=self.add_worker,
+            drop_worker=self.drop_worker,
+            spawn=self.spawn,
+            stop=self.stop_in_turn,
+            end_at_once=self.end_at_once,
+            exit_cause=self.exit_cause,
+            unwatch=self.watchdog.forget,
+            http_probes=self._http_probes,
+            in_service_changed=self._show_replicas,
+            left=restarts.forget,
+        )
+        self.healing = Healing(
+            restarts,
+            args.startup_timeout,
+            publish=publish,
+            fail=self.fail,
+            worker_named=self.worker_named,
+            ranks=self.ranks,
+            end_at_once=self.end_at_once,
+            spawn_again=self.spawn_again,
+            in_service=self.replicas.serving,
+            set_aside=self.replicas.set_aside,
+        )
+        self.rollouts = Rollouts(
+            self.replicas,
+            revision,
+            selection,
+            args,
+            publish=publish,
+            refusal=self._change_refusal,
+            restarting=self.healing.restarting,
+            until_healed=self.healing.healed,
+            follow_replicas=restarts.follow,
+            show_revision=self._show_revision,
+            show_change=self._show_change,
+            last_seq=lambda: self.state.seq,
+        )
+        self._show_replicas(self.replicas.serving())
 
     # ------------------------------------------------------------------ the inbox
     def post(self, item: Input) -> None:
@@ -197,7 +214,7 @@ class Launch:
     def worker_named(self, name: str | None) -> Worker | None:
         return next((w for w in self.workers if w.name == name), None)
 
-    def replica(self, dp_rank: int) -> list[Worker]:
+    def ranks(self, dp_rank: int) -> list[Worker]:
         """The scheduler ranks of replica ``dp_rank`` on this node."""
         return [w for w in self.workers if w.dp_rank == dp_rank]
 
@@ -208,11 +225,11 @@ class Launch:
             WorkerState(spec.role, spec.rank, spec.local_rank, self.state.node_rank),
         )
         self.workers.append(worker)
-        self.workers.sort(key=_worker_order)
+        self.workers.sort(key=snapshot_order)
         self.state.workers = [w.state for w in self.workers]
         return worker
 
-    def remove_worker(self, worker: Worker) -> None:
+    def drop_worker(self, worker: Worker) -> None:
         """Forget ``worker``, whose process ended and was reaped (its replica was retired)."""
         self.watchdog.forget(worker.name)
         self.children.forget(worker.child)
@@ -221,12 +238,18 @@ class Launch:
         self.state.workers = [w.state for w in self.workers]
 
     def spawn(self, worker: Worker) -> None:
-        """Start ``worker`` (at launch, or again when its replica restarts)."""
+        """Start ``worker`` (at launch, or as a rank of a replica a change starts)."""
         if self.output is None:
             self.children.spawn(worker.child)
         else:
             self.output.spawn(self.children, worker.child)
         worker.state.pid = worker.child.pid
+
+    def spawn_again(self, worker: Worker, attempt: int) -> None:
+        """Start ``worker`` again for restart ``attempt`` of its replica, and say so."""
+        self.spawn(worker)
+        worker.state.restarted(worker.child.pid)
+        self.publish(events.WorkerRestarted(**self._fields(worker), restart=attempt))
 
     async def reap(self, worker: Worker) -> int | None:
         """The exit code of a worker whose process ended; its ``exited`` event the first time."""
@@ -245,10 +268,39 @@ class Launch:
         self.publish(events.WorkerExited(**self._fields(worker), exitcode=code, signal=ws.signal))
 
     async def stop(self, workers: list[Worker], grace: float) -> None:
-        """End ``workers`` (SIGTERM, ``grace`` s or until ``hurry``, SIGKILL; 0: SIGKILL at once)."""
-        await self.children.stop([w.child for w in workers], grace, hurry=self.hurry)
+        """End ``workers`` (SIGTERM, ``grace`` s or until ``grace_over``, SIGKILL; 0: SIGKILL at
+        once)."""
+        await self.children.stop([w.child for w in workers], grace, hurry=self.grace_over)
 
-    async def sweep_adopted(self) -> None:
+    async def stop_in_turn(self, workers: list[Worker], grace: float) -> None:
+        """Stop ``workers`` (a replica that drained) with the grace period, record how each
+        ended, and end what they left behind."""
+        await self.stop([w for w in workers if w.process is not None], grace)
+        for worker in workers:
+            self.record_exit(worker)
+        await self.sweep_leftovers()
+
+    async def end_at_once(
+        self, workers: list[Worker], *, because_of: str | None, restart: bool = False
+    ) -> None:
+        """SIGKILL what runs of ``workers`` (their replica finishes nothing more), each recorded
+        as stopped because of ``because_of`` (``restart``: for its replica's restart), then reap
+        them all and end whatever they left behind."""
+        for worker in workers:
+            self.watchdog.forget(worker.name)
+        running = [w for w in workers if w.child.running]
+        for worker in running:
+            if worker.state.phase != phases.STOPPED:
+                self.mark_stopped(
+                    worker, because_of=because_of, restart=restart, at_once=not restart
+                )
+        await self.stop(running, 0)
+        for worker in workers:
+            if worker.process is not None:
+                await self.reap(worker)
+        await self.sweep_leftovers()
+
+    async def sweep_leftovers(self) -> None:
         """End what a dead worker left behind: as a subreaper, what was re-parented to us (and
         reap it); in any case, what carries the launch's tag outside our tree (a supervisor that
         is no subreaper sees a dead worker's children re-parented away from it)."""
@@ -266,16 +318,13 @@ class Launch:
         when every worker's ready report (a late one included) is in."""
         code = await self.reap(worker)
         await self.children.settle(worker.child)
-        await self.sweep_adopted()
+        await self.sweep_leftovers()
         if worker.failure is not None:
             return diagnose.failed(worker.state, worker.failure, code)
         return diagnose.exited(worker.state, code, server_ready or self.state.all_ready())
 
-    # ------------------------------------------------------------------ events
-    def publish(self, event: events.Event) -> None:
-        self.ops.publish(event)
-
-    def stopped(
+    # ------------------------------------------------------------------ events and the snapshot
+    def mark_stopped(
         self,
         worker: Worker,
         *,
@@ -298,13 +347,33 @@ class Launch:
             )
         )
 
-    def restarted(self, worker: Worker, attempt: int) -> None:
-        """``worker`` was spawned again for restart ``attempt`` of its replica."""
-        worker.state.restarted(worker.child.pid)
-        self.publish(events.WorkerRestarted(**self._fields(worker), restart=attempt))
-
     def _fields(self, worker: Worker) -> events.WorkerFields:
         return self.state.worker_fields(worker.state)
+
+    def _show_replicas(self, dp_ranks: list[int]) -> None:
+        self.state.replicas = list(dp_ranks)
+
+    def _show_revision(self, revision: Revision) -> None:
+        self.state.model_path = revision.model_path
+        self.state.served_model_name = revision.served_name
+
+    def _show_change(self, change: ChangeState | None) -> None:
+        self.state.change = change
+
+    def _change_refusal(self) -> str | None:
+        """Why the launch takes no reload or scale now (None: it does)."""
+        if self.stopping or self.stop_reason is not None:
+            return "the launcher is stopping"
+        if self.state.phase != READY:
+            return f"the server is {self.state.phase}, not ready; wait until it is ready"
+        return None
+
+    def _http_probes(self) -> bool:
+        """The HTTP child probes joining replicas and reports draining ones drained."""
+        return any(
+            w.spec.role == "http" and w.state.ready and w.state.info.get("probes_replicas") is True
+            for w in self.workers
+        )
 
     # ------------------------------------------------------------------ the watchdog
     def start_watching(self) -> None:
@@ -328,9 +397,11 @@ class Launch:
                 # Its replica is restarting because of a peer, or being retired: a consequence,
                 # kept, not a cause.
                 ws.error = _error_of(message)
-                self.stopped(worker, error=ws.error, because_of=self.healing.because_of(worker))
+                self.mark_stopped(
+                    worker, error=ws.error, because_of=self.healing.because_of(worker)
+                )
             elif isinstance(message, messages.Stopped) and self.healing.stage(worker) != DOWN:
-                self.stopped(worker)
+                self.mark_stopped(worker)
             return
         if isinstance(message, messages.Phase):
             ws.phase = message.phase
@@ -351,7 +422,7 @@ class Launch:
             cut = message.info.get("requests_cut")
             if isinstance(cut, int):  # requests still running when the grace period ran out
                 self.requests_cut = (self.requests_cut or 0) + cut
-            self.stopped(worker, info=message.info)
+            self.mark_stopped(worker, info=message.info)
         # Heartbeats need no action: a stalled child is caught by the deadline or its sentinel.
 
     def _on_ready(self, worker: Worker, message: messages.Ready) -> None:
@@ -413,7 +484,7 @@ class Launch:
             # A consequence of the root cause (a peer gone, a stop on the way): its report is
             # kept in the snapshot, and the worker counts as stopped, not failed.
             if ws.phase != phases.STOPPED:
-                self.stopped(worker, error=ws.error, because_of=self.blamed)
+                self.mark_stopped(worker, error=ws.error, because_of=self.blamed)
             return
         if self.stop_reason is None and not self.stopping:
             self.blamed = ws.name
@@ -460,12 +531,6 @@ class Launch:
         self.children.close()  # kills leftovers only after an unexpected error
         if self.output is not None:
             self.output.drain()
-        self.ops.close()
-
-
-def _worker_order(worker: Worker) -> tuple[bool, str, int]:
-    """The HTTP child first, then the other roles, each by rank (the order of the snapshot)."""
-    return (worker.spec.role != "http", worker.spec.role, worker.spec.rank)
 
 
 def _error_of(message: messages.Failed) -> events.WorkerError:

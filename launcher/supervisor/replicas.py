@@ -10,9 +10,14 @@ goes silent, or the probe) ends it at once (``ReplicaFailed``), never the launch
 ``retire`` stops is ``RETIRING``: it takes no new request, the HTTP child reports it drained once
 it holds none (or ``--request-timeout`` passes), then it gets SIGTERM and the grace period.
 
-A dp rank is free again once its replica is gone, and a started replica takes the lowest free
-one; each replica has a group of devices of its own (``LOCAL_RANK`` = group x ranks + rank),
-the one of the replica it replaces, or the lowest free group.
+Where each replica is (its dp rank, its device group) is a ``steps.Layout``, and the choices of
+a free dp rank or device group are ``launcher.supervisor.steps``'s.
+
+The replica set is handed the callables it acts through (publish an event, a replica's ranks, add
+and drop a worker, spawn, stop, end at once, explain an exit, stop watching one), never the
+launch. It tells the others what changes through two more: ``in_service_changed(dp_ranks)``
+whenever the replicas in service change, and ``left(dp)`` once a replica is gone for good (its
+restarts are forgotten: a later replica of that dp rank is a new one).
 """
 
 from __future__ import annotations
@@ -25,16 +30,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from bootstrap import phases
 from launcher.supervisor import diagnose
 from launcher.supervisor.plan import replica_specs
 from launcher.supervisor.restarts import replica_name
+from launcher.supervisor.steps import Layout, devices_short
 from launchspec import events
 
 if TYPE_CHECKING:
     from bootstrap import ProcessSpec
-    from launcher.supervisor.changes import Generation
-    from launcher.supervisor.launch import Launch, Worker
+    from launcher.supervisor.revision import Revision
+    from launcher.supervisor.workers import EndAtOnce, Worker
     from launchspec.causes import RootCause
     from launchspec.server_args import ServerArgs
 
@@ -87,43 +92,78 @@ class _Retiring:
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-@dataclass(eq=False)
 class ReplicaSet:
-    """The replicas of one launch (see the module docstring); ``changed()`` is called whenever
-    the replicas in service change."""
+    """The replicas of one launch (see the module docstring). ``schedulers`` are the launch's
+    scheduler ranks as it starts; the keyword arguments are the callables it acts through."""
 
-    def __init__(self, launch: Launch, args: ServerArgs, changed: Callable[[], None]) -> None:
-        self._launch = launch
-        self._changed = changed
+    def __init__(
+        self,
+        schedulers: list[Worker],
+        args: ServerArgs,
+        *,
+        publish: Callable[[events.Event], object],
+        ranks: Callable[[int], list[Worker]],
+        add_worker: Callable[[ProcessSpec], Worker],
+        drop_worker: Callable[[Worker], None],
+        spawn: Callable[[Worker], None],
+        stop: Callable[[list[Worker], float], Awaitable[None]],
+        end_at_once: EndAtOnce,
+        exit_cause: Callable[[Worker], Awaitable[RootCause]],
+        unwatch: Callable[[str], None],
+        http_probes: Callable[[], bool],
+        in_service_changed: Callable[[list[int]], None],
+        left: Callable[[int], None],
+    ) -> None:
+        self._publish = publish
+        self._ranks = ranks
+        self._add_worker = add_worker
+        self._drop_worker = drop_worker
+        self._spawn = spawn
+        self._stop = stop
+        self._end_at_once = end_at_once
+        self._exit_cause = exit_cause
+        self._unwatch = unwatch
+        self.http_probes = http_probes
+        self._in_service_changed = in_service_changed
+        self._left = left
         self._startup_timeout = args.startup_timeout
         self._request_timeout = args.request_timeout
         self._grace = args.stop_grace_period
         self._joining: dict[int, _Joining] = {}
         self._retiring: dict[int, _Retiring] = {}
-        self._devices: dict[int, int] = {}  # dp rank -> its device group
         self._incarnations = itertools.count(1)
+        self._joins = itertools.count(1)
         self.template: ProcessSpec | None = None  # a scheduler spec of the launch
-        for worker in launch.workers:
+        self._groups: dict[int, int] = {}  # dp rank -> its device group
+        for worker in schedulers:
             dp = worker.dp_rank
             if dp is None:
                 continue
             self.template = self.template or worker.spec
             if worker.spec.rank % max(worker.spec.tp_size, 1) == 0:
-                self._devices[dp] = worker.spec.local_rank // max(worker.spec.tp_size, 1)
-        self.in_service: list[int] = sorted(self._devices)
+                self._groups[dp] = worker.spec.local_rank // max(worker.spec.tp_size, 1)
+        self.in_service: list[int] = sorted(self._groups)  # the dp ranks taking requests
         self._serving_since: dict[int, int] = {dp: 0 for dp in self.in_service}
-        self._joins = itertools.count(1)
 
-    def devices(self, dp: int) -> int:
-        """The device group of replica ``dp``."""
-        return self._devices[dp]
+    def layout(self) -> Layout:
+        """Where the replicas are now (a copy, for ``launcher.supervisor.steps``)."""
+        return Layout(
+            in_service=list(self.in_service),
+            busy={*self._joining, *self._retiring},
+            groups=dict(self._groups),
+            serving_since=dict(self._serving_since),
+        )
 
-    def newest(self) -> int:
-        """The dp rank of the replica in service that began serving last (a scale removes it)."""
-        return max(self.in_service, key=lambda dp: (self._serving_since.get(dp, 0), dp))
+    def serving(self) -> list[int]:
+        """A copy of ``in_service`` (for whoever is handed it as a callable)."""
+        return list(self.in_service)
+
+    def _set_in_service(self, dp_ranks: list[int]) -> None:
+        self.in_service = dp_ranks
+        self._in_service_changed(list(dp_ranks))
 
     def pids(self, dp: int) -> list[int | None]:
-        return [w.state.pid for w in self._launch.replica(dp)]
+        return [w.state.pid for w in self._ranks(dp)]
 
     def stage(self, worker: Worker) -> str | None:
         """``STARTING`` or ``RETIRING`` while a change owns ``worker``'s replica, else None."""
@@ -138,6 +178,7 @@ class ReplicaSet:
             return RETIRING
         return None
 
+    # ------------------------------------------------------------------ the news of its ranks
     def rank_ready(self, worker: Worker) -> None:
         """A rank of a starting replica reported ready."""
         joining = self._joining_of(worker)
@@ -163,7 +204,7 @@ class ReplicaSet:
             retiring.drained.set()  # nothing left to drain
 
     async def _exited_while_starting(self, worker: Worker) -> None:
-        self.rank_failed(worker, await self._launch.exit_cause(worker))
+        self.rank_failed(worker, await self._exit_cause(worker))
 
     def _joining_of(self, worker: Worker) -> _Joining | None:
         joining = self._joining.get(worker.dp_rank if worker.dp_rank is not None else -1)
@@ -182,29 +223,28 @@ class ReplicaSet:
             retiring.drained.set()
 
     # ------------------------------------------------------------------ one replica
-    async def join(self, dp: int, devices: int, generation: Generation, change: str) -> Joined:
-        """Start replica ``dp`` on device group ``devices`` serving ``generation`` and return once
+    async def join(self, dp: int, group: int, revision: Revision, change: str) -> Joined:
+        """Start replica ``dp`` on device group ``group`` serving ``revision`` and return once
         it serves; ``ReplicaFailed`` (it is gone again) when it fails before."""
-        launch = self._launch
         assert self.template is not None  # the change made sure there is one
         specs = replica_specs(
             self.template,
             dp,
-            devices,
-            payload=generation.payload,
-            entry_points=generation.entry_points,
+            group,
+            payload=revision.payload,
+            entry_points=revision.entry_points,
             dp_size=max(len(self.in_service), 1),
             incarnation=f"r{next(self._incarnations)}",
         )
-        workers = [launch.add_worker(spec) for spec in specs]
+        workers = [self._add_worker(spec) for spec in specs]
         joining = _Joining(dp, workers, change, asyncio.get_running_loop().create_future())
         self._joining[dp] = joining
-        self._devices[dp] = devices
+        self._groups[dp] = group
         deadline = joining.spawned_at + self._startup_timeout
         try:
             try:
                 for worker in workers:
-                    launch.spawn(worker)
+                    self._spawn(worker)
             except Exception as exc:  # noqa: BLE001 - the change fails with it, not the launch
                 raise ReplicaFailed(diagnose.spawn_failed(replica_name(dp), exc)) from exc
             await self._unless_failed(joining, joining.ready.wait(), deadline)
@@ -213,15 +253,15 @@ class ReplicaSet:
             if probes:
                 joining.probe = asyncio.get_running_loop().create_future()
             pids = [w.state.pid for w in workers]
-            launch.publish(
+            self._publish(
                 events.ReplicaJoining(
                     replica=replica_name(dp),
                     dp_rank=dp,
                     change=change,
                     pids=pids,
                     startup_s=startup_s,
-                    model_path=generation.model_path,
-                    served_name=generation.served_name,
+                    model_path=revision.model_path,
+                    served_name=revision.served_name,
                     probe=probes,
                 )
             )
@@ -244,10 +284,9 @@ class ReplicaSet:
             self._joining.pop(dp, None)
             raise
         self._joining.pop(dp, None)
-        self.in_service = sorted({*self.in_service, dp})
         self._serving_since[dp] = next(self._joins)
-        self._changed()
-        launch.publish(
+        self._set_in_service(sorted({*self.in_service, dp}))
+        self._publish(
             events.ReplicaServing(
                 replica=replica_name(dp), dp_rank=dp, change=change, probe_s=probe_s
             )
@@ -280,16 +319,15 @@ class ReplicaSet:
 
     async def _discard(self, joining: _Joining, cause: RootCause) -> None:
         """End a replica that failed before it served, at once: it holds no request."""
-        launch = self._launch
         if not joining.failed.done():
             joining.failed.set_result(cause)  # what its ranks do from now on changes nothing
         try:
             await self._end_at_once(joining.workers, because_of=cause.worker)
         finally:
             self._joining.pop(joining.dp_rank, None)
-            self._forget(joining.workers)
-        self._devices.pop(joining.dp_rank, None)
-        launch.publish(
+            self._drop_gone(joining.workers)
+        self._groups.pop(joining.dp_rank, None)
+        self._publish(
             events.ReplicaRemoved(
                 replica=replica_name(joining.dp_rank),
                 dp_rank=joining.dp_rank,
@@ -301,17 +339,15 @@ class ReplicaSet:
 
     async def retire(self, dp: int, change: str, *, in_place: bool) -> float:
         """Drain replica ``dp`` and stop it; the seconds that took."""
-        launch = self._launch
-        workers = launch.replica(dp)
+        workers = self._ranks(dp)
         retiring = _Retiring(dp, workers)
         self._retiring[dp] = retiring
-        self.in_service = [d for d in self.in_service if d != dp]
-        self._changed()
+        self._set_in_service([d for d in self.in_service if d != dp])
         started = time.monotonic()
         try:
             for worker in workers:
-                launch.watchdog.forget(worker.name)
-            launch.publish(
+                self._unwatch(worker.name)
+            self._publish(
                 events.ReplicaDraining(
                     replica=replica_name(dp), dp_rank=dp, change=change, in_place=in_place
                 )
@@ -326,33 +362,22 @@ class ReplicaSet:
                         replica_name(dp),
                         limit,
                     )
-            await launch.stop([w for w in workers if w.process is not None], self._grace)
-            for worker in workers:
-                launch.record_exit(worker)
-            await launch.sweep_adopted()
+            await self._stop(workers, self._grace)
         finally:
             self._retiring.pop(dp, None)
-            self._forget(workers)
-        self._devices.pop(dp, None)
-        launch.healing.restarts.forget(dp)
+            self._drop_gone(workers)
+        self._gone(dp)
         return time.monotonic() - started
-
-    def others_serve(self, dp: int) -> bool:
-        """A replica other than ``dp`` is in service and not being restarted."""
-        restarting = set(self._launch.healing.in_progress)
-        return any(d != dp and d not in restarting for d in self.in_service)
 
     def set_aside(self, dp: int, cause: RootCause, reason: str) -> asyncio.Task[None]:
         """Take replica ``dp``, which failed with ``cause`` after using its restarts
         (``reason``), out of service for good while the others serve: from now on its ranks'
         news is the task's, which kills what is left of it at once (a group that lost a rank
         finishes nothing) and frees its dp rank and devices (a later scale takes them)."""
-        launch = self._launch
-        workers = launch.replica(dp)
+        workers = self._ranks(dp)
         self._retiring[dp] = _Retiring(dp, workers)
-        self.in_service = [d for d in self.in_service if d != dp]
         self._serving_since.pop(dp, None)
-        self._changed()
+        self._set_in_service([d for d in self.in_service if d != dp])
         pids = self.pids(dp)
 
         async def end() -> None:
@@ -360,10 +385,9 @@ class ReplicaSet:
                 await self._end_at_once(workers, because_of=cause.worker)
             finally:
                 self._retiring.pop(dp, None)
-                self._forget(workers)
-            self._devices.pop(dp, None)
-            launch.healing.restarts.forget(dp)
-            launch.publish(
+                self._drop_gone(workers)
+            self._gone(dp)
+            self._publish(
                 events.ReplicaRemoved(
                     replica=replica_name(dp),
                     dp_rank=dp,
@@ -375,69 +399,28 @@ class ReplicaSet:
 
         return asyncio.create_task(end())
 
-    async def _end_at_once(self, workers: list[Worker], because_of: str | None) -> None:
-        """SIGKILL what runs of ``workers`` (their replica finishes nothing more), reap them all
-        and whatever they left behind."""
-        launch = self._launch
-        for worker in workers:
-            launch.watchdog.forget(worker.name)
-            if worker.child.running and worker.state.phase != phases.STOPPED:
-                launch.stopped(worker, because_of=because_of, at_once=True)
-        await launch.stop([w for w in workers if w.child.running], 0)
-        for worker in workers:
-            if worker.process is not None:
-                await launch.reap(worker)
-        await launch.sweep_adopted()
+    def _gone(self, dp: int) -> None:
+        """Replica ``dp`` left the launch: its dp rank and devices are free again."""
+        self._groups.pop(dp, None)
+        self._left(dp)
 
-    def _forget(self, workers: list[Worker]) -> None:
+    def _drop_gone(self, workers: list[Worker]) -> None:
         """Drop the records of ``workers`` that are gone (one still running stays, and the
         launch's stop ends it)."""
         for worker in workers:
             if not worker.child.running:
-                self._launch.remove_worker(worker)
-
-    async def until_healed(self, dp: int) -> None:
-        """Wait while replica ``dp`` is being restarted (the launch's restart policy)."""
-        while dp in self._launch.healing.in_progress:
-            await asyncio.sleep(0.1)
+                self._drop_worker(worker)
 
     # ------------------------------------------------------------------ bookkeeping
-    def http_probes(self) -> bool:
-        """The HTTP child probes joining replicas and reports draining ones drained."""
-        return any(
-            w.spec.role == "http" and w.state.ready and w.state.info.get("probes_replicas") is True
-            for w in self._launch.workers
-        )
-
-    def free_dp(self) -> int:
-        used = {*self.in_service, *self._joining, *self._retiring}
-        return next(dp for dp in itertools.count() if dp not in used)
-
     def devices_short(self, dp_size: int) -> str | None:
-        """Why ``dp_size`` replicas cannot fit the devices this node's schedulers see (each
-        replica a group of ``tp_size`` devices, the new ones on the lowest free groups); None
-        when they fit, or when no scheduler counts its devices (the CPU)."""
+        """Why ``dp_size`` replicas cannot fit the devices this node's schedulers see; None when
+        they fit, or when no scheduler counts its devices (the CPU)."""
         seen: list[int] = []
-        for w in self._launch.workers:
-            count = w.state.info.get("devices")
-            if w.dp_rank in self.in_service and isinstance(count, int):
-                seen.append(count)
+        for dp in self.in_service:
+            for worker in self._ranks(dp):
+                count = worker.state.info.get("devices")
+                if isinstance(count, int):
+                    seen.append(count)
         if not seen or self.template is None:
             return None
-        visible, tp = min(seen), max(self.template.tp_size, 1)
-        groups = set(self._devices.values())
-        for _ in range(dp_size - len(self.in_service)):
-            groups.add(next(g for g in itertools.count() if g not in groups))
-        needed = (max(groups, default=-1) + 1) * tp
-        if needed <= visible:
-            return None
-        return (
-            f"--dp-size {dp_size} needs devices 0-{needed - 1} on this node (--tp-size {tp} "
-            f"each), and its schedulers see {visible}; scale to at most {visible // tp} or "
-            f"make more devices visible (CUDA_VISIBLE_DEVICES or your platform's equivalent) "
-            f"and restart"
-        )
-
-    def free_devices(self) -> int:
-        used = set(self._devices.values())
-        return next(group for group in itertools.count() if group not in used)
+        return devices_short(self.layout(), dp_size, self.template.tp_size, min(seen))

@@ -6,6 +6,8 @@ ready. The answer is a ``Decision``: restart after ``delay`` seconds (the ``atte
 that replica), or do not, and why. Under ``on-failure`` a replica may be restarted
 ``max_restarts`` times over the launch's life; the n-th restart waits
 ``backoff * 2 ** (n - 1)`` seconds, at most ``BACKOFF_CAP``. Under ``never`` nothing restarts.
+A policy left to its default follows the number of replicas (``follow``: ``on-failure`` with
+more than one, ``default_policy``), as a scale changes it.
 
 ``ReplicaRestart`` is the record of one restart in progress: ``DOWN`` while the replica's
 surviving ranks are ended and the backoff runs, ``RESPAWNED`` once its ranks are spawned again,
@@ -46,18 +48,35 @@ class Decision:
     exhausted: bool = False
 
 
-class Restarts:
-    """The restart policy of one launch and how often each replica was restarted."""
+def default_policy(replicas: int) -> str:
+    """The policy of a launch that left ``--restart-policy`` to its default, with ``replicas``
+    replicas on one node: the others serve while one restarts, so ``on-failure`` from two."""
+    return ON_FAILURE if replicas > 1 else NEVER
 
-    def __init__(self, policy: str, max_restarts: int, backoff: float) -> None:
+
+class Restarts:
+    """The restart policy of one launch and how often each replica was restarted.
+    ``follows_replicas``: the policy was left to its default, and ``follow`` changes it."""
+
+    def __init__(
+        self, policy: str, max_restarts: int, backoff: float, *, follows_replicas: bool = False
+    ) -> None:
         if policy not in RESTART_POLICIES:
             raise ValueError(
                 f"restart policy {policy!r} is not one of {', '.join(RESTART_POLICIES)}"
             )
         self.policy = policy
+        self.follows_replicas = follows_replicas
         self.max_restarts = max(0, int(max_restarts))
         self.backoff = max(0.0, float(backoff))
         self._counts: dict[int, int] = {}
+
+    def follow(self, replicas: int) -> str:
+        """The launch has (or is about to have) ``replicas`` replicas: the policy in effect from
+        now on (a default one follows the count; one given on the command line stays)."""
+        if self.follows_replicas:
+            self.policy = default_policy(replicas)
+        return self.policy
 
     def count(self, dp_rank: int) -> int:
         """Restarts of replica ``dp_rank`` decided so far."""

@@ -15,11 +15,20 @@ the launch serves (``sglang-launch reload`` / ``scale``, SIGHUP, SIGTTIN / SIGTT
 - a scale adds replicas (each takes requests once it answered its probe) or removes the newest
   ones, drained first. Where the restart policy was left to its default, it follows the number of
   replicas (``on-failure`` with more than one).
+- a reload to a model that serves another kind (embedding, generation, image) is refused before
+  anything starts, unless asked for with ``allow_kind_change``; then ``reload.started`` says
+  both kinds (``model_kind``, ``previous_model_kind``) and a warning is logged.
 
-One replica at a time is started, retired or discarded by ``launcher.supervisor.replicas``
-(``ReplicaSet``): while a change starts or retires a replica, its ranks' news is the change's,
-never the launch's failure. Once a replica serves it is like any other: the restart policy and
-the watchdog cover it.
+What to do next (which replica, which dp rank and devices, what a failure puts back, when it is
+done) is decided by ``launcher.supervisor.steps``; one replica at a time is started, retired or
+discarded by ``launcher.supervisor.replicas`` (``ReplicaSet``): while a change starts or retires
+a replica, its ranks' news is the change's, never the launch's failure. Once a replica serves it
+is like any other: the restart policy and the watchdog cover it.
+
+``Rollouts`` is handed the replica set and the callables it needs of the rest (publish an event,
+why the launch takes no change now, the replicas restarting and a future for each to serve
+again, the restart policy for a number of replicas, the snapshot's model and change), never the
+launch.
 
 The HTTP child takes part when its ready report says ``probes_replicas``: on ``replica.joining``
 it probes the replica and reports the answer (``{"query": "replica.probed", "dp_rank", "ok",
@@ -41,15 +50,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launcher.supervisor.changes import ChangeRefused, Generation, next_generation
+from launcher.supervisor import steps
 from launcher.supervisor.replicas import ReplicaFailed, ReplicaSet
-from launcher.supervisor.restarts import NEVER, ON_FAILURE, replica_name
-from launcher.supervisor.state import READY, ChangeState
+from launcher.supervisor.restarts import replica_name
+from launcher.supervisor.revision import ChangeRefused, Revision, next_revision
+from launcher.supervisor.state import ChangeState
 from launchspec import events
 from launchspec.causes import ExitCode, RootCause
 
 if TYPE_CHECKING:
-    from launcher.supervisor.launch import Launch
     from launchspec.server_args import ServerArgs
     from platforms import Selection
 
@@ -62,7 +71,8 @@ Reply = dict[str, object]
 @dataclass(eq=False)
 class Change:
     """One reload or scale: its ``kind``, ``id``, ``state`` (in the snapshot while it runs),
-    ``after`` (the sequence number before its first event) and ``done``, its ending event."""
+    ``after`` (the sequence number of the last event before its first) and ``done``, its
+    ending event."""
 
     kind: str
     id: int
@@ -73,36 +83,68 @@ class Change:
 
 
 class Rollouts:
-    """The reloads and scales of one launch (see the module docstring)."""
+    """The reloads and scales of one launch (see the module docstring); ``revision`` is what its
+    replicas serve now. The keyword arguments are the callables it acts through:
+
+    - ``publish(event)``; ``refusal()``: why the launch takes no change now (it is stopping, or
+      not ready yet), None when it does;
+    - ``restarting()``: the dp ranks of the replicas restarting now, and ``until_healed(dp)``,
+      done once replica ``dp`` serves again (at once when it is not restarting);
+    - ``follow_replicas(count)``: the launch is about to have ``count`` replicas; the restart
+      policy in effect from then on;
+    - ``show_revision(revision)`` and ``show_change(state)``: the snapshot's model and the change
+      in progress (None: none); ``last_seq()``: the sequence number of the last event published.
+    """
 
     def __init__(
         self,
-        launch: Launch,
         replicas: ReplicaSet,
-        generation: Generation,
+        revision: Revision,
         selection: Selection,
         args: ServerArgs,
+        *,
+        publish: Callable[[events.Event], object],
+        refusal: Callable[[], str | None],
+        restarting: Callable[[], list[int]],
+        until_healed: Callable[[int], Awaitable[None]],
+        follow_replicas: Callable[[int], str],
+        show_revision: Callable[[Revision], None],
+        show_change: Callable[[ChangeState | None], None],
+        last_seq: Callable[[], int],
     ) -> None:
-        self._launch = launch
         self.replicas = replicas
-        self.current = generation
+        self.revision = revision
         self._selection = selection
         self._surge = args.reload_surge
-        self._explicit_policy = args.restart_policy
         self._nnodes = args.nnodes
+        self._publish = publish
+        self._refusal = refusal
+        self._restarting = restarting
+        self._until_healed = until_healed
+        self._follow_replicas = follow_replicas
+        self._show_revision = show_revision
+        self._show_change = show_change
+        self._last_seq = last_seq
         self._ids = itertools.count(1)
-        self.active: Change | None = None
-        self.show()
+        self.in_progress: Change | None = None
+        show_revision(revision)
 
     # ------------------------------------------------------------------ the query socket's commands
     def reload_command(self, request: dict[str, Any]) -> Reply:
-        """``{"query": "reload", "model_path": P, "served_model_name": N}`` (both optional)."""
+        """``{"query": "reload", "model_path": P, "served_model_name": N, "allow_kind_change":
+        B}`` (all optional)."""
         fields = {k: request.get(k) for k in ("model_path", "served_model_name")}
         if any(v is not None and not isinstance(v, str) for v in fields.values()):
             return {"ok": False, "error": '"model_path" and "served_model_name" must be strings'}
+        allow = request.get("allow_kind_change", False)
+        if not isinstance(allow, bool):
+            return {"ok": False, "error": '"allow_kind_change" must be true or false'}
         return self._reply(
             lambda: self.start_reload(
-                fields["model_path"], fields["served_model_name"], "reload command"
+                fields["model_path"],
+                fields["served_model_name"],
+                "reload command",
+                allow_kind_change=allow,
             )
         )
 
@@ -134,30 +176,39 @@ class Rollouts:
 
     # ------------------------------------------------------------------ starting a change
     def start_reload(
-        self, model_path: str | None, served_model_name: str | None, reason: str
+        self,
+        model_path: str | None,
+        served_model_name: str | None,
+        reason: str,
+        *,
+        allow_kind_change: bool = False,
     ) -> Change:
         """Begin a reload (``model_path`` / ``served_model_name``: None keeps them); refused
-        (``ChangeRefused``) when it cannot be made now or with these arguments."""
+        (``ChangeRefused``) when it cannot be made now or with these arguments, or when the new
+        model serves another kind than the current one and ``allow_kind_change`` is False."""
         self._check_can_change(RELOAD)
-        generation, changes = next_generation(
-            self.current,
+        revision, changes = next_revision(
+            self.revision,
             self._selection,
             model_path=model_path,
             served_model_name=served_model_name,
+            allow_kind_change=allow_kind_change,
         )
         change = self._begin(RELOAD, reason)
-        old = self.current
-        self._launch.publish(
+        old = self.revision
+        self._publish(
             events.ReloadStarted(
                 id=change.id,
                 reason=reason,
                 replicas=list(self.replicas.in_service),
                 surge=self._surge,
-                model_path=generation.model_path,
-                served_name=generation.served_name,
+                model_path=revision.model_path,
+                served_name=revision.served_name,
                 previous_model_path=old.model_path,
                 previous_served_name=old.served_name,
                 changes=changes,
+                model_kind=revision.kind,
+                previous_model_kind=old.kind,
             )
         )
         log.info(
@@ -165,10 +216,21 @@ class Rollouts:
             change.id,
             reason,
             len(self.replicas.in_service),
-            generation.model_path,
+            revision.model_path,
             f"; {', '.join(changes)}" if changes else "",
         )
-        self._run(change, self._reload(change, generation))
+        if old.kind != revision.kind and old.kind is not None and revision.kind is not None:
+            log.warning(
+                "reload %d changes what the server serves, from %s (%s) to %s (%s), as asked "
+                "(allow_kind_change); requests for %s fail once no replica of it serves",
+                change.id,
+                old.kind,
+                old.model_path,
+                revision.kind,
+                revision.model_path,
+                old.kind,
+            )
+        self._run(change, self._reload(change, revision))
         return change
 
     def start_scale(self, dp_size: int, reason: str) -> Change:
@@ -183,8 +245,8 @@ class Rollouts:
             raise ChangeRefused(short)
         change = self._begin(SCALE, reason)
         previous = len(self.replicas.in_service)
-        policy = self._follow_policy(max(previous, dp_size))
-        self._launch.publish(
+        policy = self._follow_replicas(max(previous, dp_size))
+        self._publish(
             events.ScaleStarted(
                 id=change.id,
                 reason=reason,
@@ -213,29 +275,26 @@ class Rollouts:
 
     def cancel(self) -> None:
         """Stop the change in progress (the launch is stopping; its workers are stopped with it)."""
-        change = self.active
+        change = self.in_progress
         if change is not None and change.task is not None and not change.task.done():
             change.task.cancel()
 
     def _check_can_change(self, kind: str) -> None:
-        launch = self._launch
         if self._nnodes > 1:
             raise ChangeRefused(
                 f"a {kind} works on one node only, and this launch has --nnodes {self._nnodes}; "
                 "restart every node with the new settings instead"
             )
-        if launch.stopping or launch.stop_reason is not None:
-            raise ChangeRefused("the launcher is stopping")
-        if launch.state.phase != READY:
+        refusal = self._refusal()
+        if refusal is not None:
+            raise ChangeRefused(refusal)
+        active = self.in_progress
+        if active is not None:
             raise ChangeRefused(
-                f"the server is {launch.state.phase}, not ready; wait until it is ready"
-            )
-        if self.active is not None:
-            raise ChangeRefused(
-                f"{self.active.kind} {self.active.id} is in progress ({self.active.state.step or 'starting'}); "
+                f"{active.kind} {active.id} is in progress ({active.state.step or 'starting'}); "
                 "wait for it to end (sglang-launch status shows it), then try again"
             )
-        restarting = launch.healing.in_progress
+        restarting = self._restarting()
         if restarting:
             names = ", ".join(replica_name(dp) for dp in restarting)
             raise ChangeRefused(f"{names} is restarting; try again once it serves")
@@ -245,9 +304,9 @@ class Rollouts:
     def _begin(self, kind: str, reason: str) -> Change:
         loop = asyncio.get_running_loop()
         state = ChangeState(kind=kind, id=next(self._ids), reason=reason)
-        change = Change(kind, state.id, state, self._launch.state.seq, loop.create_future())
-        self.active = change
-        self._launch.state.change = state
+        change = Change(kind, state.id, state, self._last_seq(), loop.create_future())
+        self.in_progress = change
+        self._show_change(state)
         return change
 
     def _run(self, change: Change, work: Awaitable[events.Event]) -> None:
@@ -261,8 +320,8 @@ class Rollouts:
                 log.exception("%s %d failed unexpectedly", change.kind, change.id)
                 event = self._unexpected(change, exc)
             finally:
-                self.active = None
-                self._launch.state.change = None
+                self.in_progress = None
+                self._show_change(None)
             if not change.done.done():
                 change.done.set_result(event)
 
@@ -281,48 +340,54 @@ class Rollouts:
         return self._scale_ended(change, [], [], cause)
 
     # ------------------------------------------------------------------ a reload
-    async def _reload(self, change: Change, generation: Generation) -> events.Event:
+    async def _reload(self, change: Change, revision: Revision) -> events.Event:
         started = time.monotonic()
-        previous = self.current
+        previous = self.revision
         order = list(self.replicas.in_service)
-        replaced: list[int] = []
+        replaced: list[int] = []  # the successors' dp ranks
+        done: list[int] = []  # the replicas of ``order`` replaced
         try:
-            for number, dp in enumerate(order, 1):
-                await self.replicas.until_healed(dp)
-                change.state.step = f"replacing {replica_name(dp)} ({number} of {len(order)})"
-                replaced.append(await self._replace(dp, generation, RELOAD))
+            while (dp := steps.next_to_replace(order, done, self.replicas.in_service)) is not None:
+                await self._until_healed(dp)
+                if dp not in self.replicas.in_service:
+                    continue  # it left while it was restarting: it is not replaced
+                change.state.step = (
+                    f"replacing {replica_name(dp)} ({len(done) + 1} of {len(order)})"
+                )
+                replaced.append(await self._replace(dp, revision, RELOAD))
+                done.append(dp)
         except ReplicaFailed as exc:
             return await self._roll_back(change, exc, replaced, previous)
-        self.current = generation
-        self.show()
+        self.revision = revision
+        self._show_revision(revision)
         event = events.ReloadFinished(
             id=change.id,
             replicas=list(self.replicas.in_service),
-            model_path=generation.model_path,
-            served_name=generation.served_name,
+            model_path=revision.model_path,
+            served_name=revision.served_name,
             seconds=time.monotonic() - started,
+            model_kind=revision.kind,
         )
-        self._launch.publish(event)
+        self._publish(event)
         log.info("reload %d done in %.1fs", change.id, event.seconds)
         return event
 
-    async def _replace(self, dp: int, generation: Generation, change: str) -> int:
-        """Replace replica ``dp`` by one serving ``generation``; the new replica's dp rank."""
-        launch = self._launch
-        devices = self.replicas.devices(dp)
+    async def _replace(self, dp: int, revision: Revision, change: str) -> int:
+        """Replace replica ``dp`` by one serving ``revision``; the new replica's dp rank."""
+        step = steps.replacement(dp, self.replicas.layout(), surge=self._surge)
         previous_pids = self.replicas.pids(dp)
         started = time.monotonic()
-        if self._surge:
-            joined = await self.replicas.join(self.replicas.free_dp(), devices, generation, change)
+        if not step.in_place:
+            joined = await self.replicas.join(step.new, step.group, revision, change)
             drain_s = await self.replicas.retire(dp, change, in_place=False)
         else:
             drain_s = await self.replicas.retire(dp, change, in_place=True)
             try:
-                joined = await self.replicas.join(dp, devices, generation, change)
+                joined = await self.replicas.join(step.new, step.group, revision, change)
             except ReplicaFailed as exc:
-                exc.vacated = (dp, devices)
+                exc.vacated = (dp, step.group)
                 raise
-        launch.publish(
+        self._publish(
             events.ReplicaReplaced(
                 replica=replica_name(dp),
                 dp_rank=dp,
@@ -330,8 +395,8 @@ class Rollouts:
                 by=joined.dp_rank,
                 pids=joined.pids,
                 previous_pids=previous_pids,
-                model_path=generation.model_path,
-                served_name=generation.served_name,
+                model_path=revision.model_path,
+                served_name=revision.served_name,
                 seconds=time.monotonic() - started,
                 startup_s=joined.startup_s,
                 probe_s=joined.probe_s,
@@ -341,33 +406,31 @@ class Rollouts:
         return joined.dp_rank
 
     async def _roll_back(
-        self, change: Change, failure: ReplicaFailed, replaced: list[int], previous: Generation
+        self, change: Change, failure: ReplicaFailed, replaced: list[int], previous: Revision
     ) -> events.Event:
-        """Put back what the failed reload changed: the replica it left out (``--reload-surge 0``)
-        and the replicas it replaced, with ``previous``."""
+        """Put back what the failed reload changed (``steps.rollback_steps``): the replica it
+        left out (``--reload-surge 0``) and the replicas it replaced, with ``previous``."""
         cause = failure.cause
         log.error("reload %d failed: %s; rolling back", change.id, cause.summary)
         rolled_back: list[int] = []
         failures: list[str] = []
-        if failure.vacated is not None:
-            dp, devices = failure.vacated
-            change.state.step = f"rolling back: starting {replica_name(dp)} again"
+        for step in steps.rollback_steps(replaced, failure.vacated):
+            if isinstance(step, steps.Rejoin):
+                change.state.step = f"rolling back: starting {replica_name(step.dp)} again"
+                try:
+                    joined = await self.replicas.join(step.dp, step.group, previous, ROLLBACK)
+                    rolled_back.append(joined.dp_rank)
+                except ReplicaFailed as again:
+                    failures.append(
+                        f"{replica_name(step.dp)} could not be started again: {again.cause.summary}"
+                    )
+                continue
+            change.state.step = f"rolling back {replica_name(step.dp)}"
             try:
-                rolled_back.append(
-                    (await self.replicas.join(dp, devices, previous, ROLLBACK)).dp_rank
-                )
-            except ReplicaFailed as again:
-                failures.append(
-                    f"{replica_name(dp)} could not be started again: {again.cause.summary}"
-                )
-        for dp in replaced:
-            change.state.step = f"rolling back {replica_name(dp)}"
-            try:
-                rolled_back.append(await self._replace(dp, previous, ROLLBACK))
+                rolled_back.append(await self._replace(step.dp, previous, ROLLBACK))
             except ReplicaFailed as again:
                 where = "is gone" if again.vacated else "still serves the new model"
-                failures.append(f"{replica_name(dp)} {where}: {again.cause.summary}")
-        self.show()
+                failures.append(f"{replica_name(step.dp)} {where}: {again.cause.summary}")
         return self._reload_failed(change, cause, rolled_back, failures)
 
     def _reload_failed(
@@ -379,11 +442,11 @@ class Rollouts:
             root_cause_text=cause.format(),
             rolled_back=rolled_back,
             replicas=list(self.replicas.in_service),
-            model_path=self.current.model_path,
-            served_name=self.current.served_name,
+            model_path=self.revision.model_path,
+            served_name=self.revision.served_name,
             rollback_failures=failures,
         )
-        self._launch.publish(event)
+        self._publish(event)
         return event
 
     # ------------------------------------------------------------------ a scale
@@ -392,25 +455,21 @@ class Rollouts:
         added: list[int] = []
         removed: list[int] = []
         try:
-            while len(self.replicas.in_service) < dp_size:
-                dp = self.replicas.free_dp()
-                change.state.step = (
-                    f"adding {replica_name(dp)} ({len(self.replicas.in_service) + 1} of {dp_size})"
-                )
-                added.append(
-                    (
-                        await self.replicas.join(
-                            dp, self.replicas.free_devices(), self.current, SCALE
-                        )
-                    ).dp_rank
-                )
-            while len(self.replicas.in_service) > dp_size:
-                dp = self.replicas.newest()
-                await self.replicas.until_healed(dp)
+            while (step := steps.scale_step(self.replicas.layout(), dp_size)) is not None:
+                if isinstance(step, steps.Add):
+                    count = len(self.replicas.in_service) + 1
+                    change.state.step = f"adding {replica_name(step.dp)} ({count} of {dp_size})"
+                    joined = await self.replicas.join(step.dp, step.group, self.revision, SCALE)
+                    added.append(joined.dp_rank)
+                    continue
+                dp = step.dp
+                await self._until_healed(dp)
+                if dp not in self.replicas.in_service:
+                    continue  # it left while it was restarting: decide again
                 change.state.step = f"removing {replica_name(dp)}"
                 pids = self.replicas.pids(dp)
                 await self.replicas.retire(dp, SCALE, in_place=False)
-                self._launch.publish(
+                self._publish(
                     events.ReplicaRemoved(
                         replica=replica_name(dp), dp_rank=dp, change=SCALE, pids=pids
                     )
@@ -430,11 +489,10 @@ class Rollouts:
         seconds: float = 0.0,
     ) -> events.Event:
         count = len(self.replicas.in_service)
-        policy = self._follow_policy(count)
-        args = copy.copy(self.current.args)
+        policy = self._follow_replicas(count)
+        args = copy.copy(self.revision.args)
         args.dp_size = count
-        self.current = dataclasses.replace(self.current, args=args)
-        self.show()
+        self.revision = dataclasses.replace(self.revision, args=args)
         event: events.Event
         if cause is None:
             event = events.ScaleFinished(
@@ -457,23 +515,8 @@ class Rollouts:
                 removed=removed,
                 restart_policy=policy,
             )
-        self._launch.publish(event)
+        self._publish(event)
         return event
-
-    def _follow_policy(self, replicas: int) -> str:
-        """The restart policy in effect with ``replicas`` replicas (a default one follows it)."""
-        restarts = self._launch.healing.restarts
-        if self._explicit_policy is None:
-            restarts.policy = ON_FAILURE if replicas > 1 else NEVER
-        return restarts.policy
-
-    # ------------------------------------------------------------------ bookkeeping
-    def show(self) -> None:
-        """Bring the snapshot's model and replicas up to date."""
-        state = self._launch.state
-        state.model_path = self.current.model_path
-        state.served_model_name = self.current.served_name
-        state.replicas = list(self.replicas.in_service)
 
 
 def _int(value: object) -> int:

@@ -49,13 +49,13 @@ from launcher.prepare import is_cpu_fallback
 from launcher.supervisor import diagnose
 from launcher.supervisor import secrets as _secrets
 from launcher.supervisor import signals as _signals
-from launcher.supervisor.changes import ChangeRefused, first_generation
-from launcher.supervisor.launch import AllReady, Exit, Failure, Launch, Stop, Timeout, Worker
+from launcher.supervisor.launch import AllReady, Exit, Failure, Launch, Stop, Timeout
 from launcher.supervisor.notify import SystemdNotifier
 from launcher.supervisor.ops import Listener, OpsChannel
 from launcher.supervisor.output import WorkerOutput
 from launcher.supervisor.plan import Endpoints, PlanError, plan_children
 from launcher.supervisor.restarts import DOWN, Restarts
+from launcher.supervisor.revision import ChangeRefused, first_revision
 from launcher.supervisor.rundir import RuntimeDir, RuntimeDirError
 from launcher.supervisor.state import FAILED, READY, STOPPED, STOPPING, LaunchState, WorkerState
 from launchspec import events
@@ -63,6 +63,7 @@ from launchspec.causes import ExitCode, LaunchError, RootCause
 
 if TYPE_CHECKING:
     from launcher.supervisor.rollout import Change, Rollouts
+    from launcher.supervisor.workers import Worker
     from launchspec.server_args import ServerArgs
     from platforms import Selection
 
@@ -112,7 +113,10 @@ class Supervisor:
         self._worker_output = worker_output
         self._output_streams = output_streams
         self._restarts = Restarts(
-            args.restart_policy_in_effect(), args.max_restarts, args.restart_backoff
+            args.restart_policy_in_effect(),
+            args.max_restarts,
+            args.restart_backoff,
+            follows_replicas=args.restart_policy is None,
         )
         self._lock = threading.Lock()
         self._launch: Launch | None = None  # while ``run`` runs, from open to close
@@ -215,12 +219,12 @@ class Supervisor:
             return
         if launch.stop_reason is None and launch.state.phase != STOPPING:
             launch.post(Stop(f"received {signame}"))
-        elif not launch.hurry.is_set():
+        elif not launch.grace_over.is_set():
             log.warning(
                 "received %s while stopping: the grace period is over, ending the workers now",
                 signame,
             )
-            launch.hurry.set()
+            launch.grace_over.set()
 
     # ----------------------------------------------------------------- the launch
     async def run(self, *, handle_signals: bool = False) -> LaunchOutcome:
@@ -283,8 +287,12 @@ class Supervisor:
                     continue
             if launch.healing.is_stale(cause):
                 continue
-            if not launch.healing.take(cause):
-                return cause
+            verdict = launch.healing.handle_failure(
+                cause, stop_requested=launch.stop_reason is not None
+            )
+            if not verdict.launch_goes_on:
+                return verdict.cause
+            launch.blamed = None  # the next failure is a root cause again
 
     async def _stop(
         self, launch: Launch, cause: RootCause | None, was_ready: bool
@@ -351,7 +359,7 @@ class Supervisor:
             for worker in starting:
                 worker.stopped_at_once = True
                 blamed = launch.blamed if launch.blamed != worker.name else None
-                launch.stopped(worker, because_of=blamed, at_once=True)
+                launch.mark_stopped(worker, because_of=blamed, at_once=True)
             await launch.stop(starting, 0)
             for worker in starting:
                 launch.record_exit(worker)
@@ -366,7 +374,7 @@ class Supervisor:
             await launch.stop(group, self.args.stop_grace_period)
             for worker in group:
                 launch.record_exit(worker)
-        await launch.sweep_adopted()
+        await launch.sweep_leftovers()
         return time.monotonic() - started
 
     # ----------------------------------------------------------------- open and close
@@ -419,6 +427,7 @@ class Supervisor:
             ops = OpsChannel(zctx, state, endpoints.ops, endpoints.query)
         except zmq.ZMQError as exc:
             raise _ipc_error(rundir, exc) from exc
+        release.callback(ops.close)  # after the launch's own release (last in, first out)
         for listener in self._listeners:
             ops.add_listener(listener)
         loop = asyncio.get_running_loop()
@@ -432,10 +441,10 @@ class Supervisor:
                 endpoints.status,
                 specs,
                 state,
-                ops,
+                ops.publish,
                 args=args,
                 selection=self.selection,
-                generation=first_generation(
+                revision=first_revision(
                     args, self._payload, schedulers[0].entry_points if schedulers else None
                 ),
                 restarts=self._restarts,
@@ -443,7 +452,6 @@ class Supervisor:
                 tree_tag=endpoints.runtime_dir,
             )
         except zmq.ZMQError as exc:
-            ops.close()
             raise _ipc_error(rundir, exc) from exc
         release.callback(launch.close)
         rollouts = launch.rollouts

@@ -1,13 +1,19 @@
-"""What a reload or a scale asks for, checked before any process starts.
+"""What replicas are started with, and what a reload asks for, checked before any process starts.
 
-A running launch starts its replicas from a ``Generation``: the server arguments, their payload,
-and the entry points their children adopt. A reload makes the next generation
-(``next_generation``): the same arguments but for the model fields it changes, checked the way
-a start checks them, and the installed entry points read again, so that a plugin distribution
-installed, upgraded or removed since the launch started takes effect in the fresh replicas. The
-platform is the one thing a reload keeps: the replicas pin the platform the launch selected, so
-a change of the installed platform distributions of the launch's runtime is refused
-(``ChangeRefused``), with a message saying that a restart is needed.
+A running launch starts its replicas from a ``Revision`` of its configuration (the word is a
+rollout's, as in a deployment's revisions: nothing to do with text generation): the server
+arguments, their payload, the entry points their children adopt, and what the model directory
+serves (its ``kind``). A reload makes the next revision (``next_revision``): the same arguments
+but for the model fields it changes, checked the way a start checks them, and the installed
+entry points read again, so that a plugin distribution installed, upgraded or removed since the
+launch started takes effect in the fresh replicas. Two things a reload keeps unless told:
+
+- the platform: the replicas pin the platform the launch selected, so a change of the installed
+  platform distributions of the launch's runtime is refused, with a message saying that a
+  restart is needed;
+- what the server serves (embedding, generation, image, ``launchspec.model_config.model_kind``):
+  a reload to a model of another kind would change the API under the clients, so it is refused
+  unless ``allow_kind_change`` (``sglang-launch reload --allow-kind-change``).
 
 ``ChangeRefused`` is every refusal a caller can act on: the message says what is wrong and what
 to do (``sglang-launch reload`` and ``scale`` exit 2 with it).
@@ -21,6 +27,7 @@ import importlib.metadata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from launchspec.model_config import model_kind
 from launchspec.runtimes import serving_spec
 from platforms import entrypoints
 from platforms.runtimes import runtime_spec
@@ -37,11 +44,12 @@ class ChangeRefused(ValueError):
 
 
 @dataclass
-class Generation:
+class Revision:
     """What replicas are started with: ``args`` and their ``payload``, the ``entry_points`` their
     children adopt, and the ``versions`` of the plugin distributions those name. ``model_path``
     is the model directory resolved and ``served_name`` the name clients use for it (as given,
-    where the path is not a model directory of the runtime's kind: another engine's target)."""
+    where the path is not a model directory of the runtime's kind: another engine's target);
+    ``kind`` is what that directory serves (None where its files do not say)."""
 
     args: ServerArgs
     payload: bytes
@@ -49,6 +57,7 @@ class Generation:
     versions: dict[str, str | None] = field(default_factory=dict)
     model_path: str | None = None
     served_name: str | None = None
+    kind: str | None = None
 
     def __post_init__(self) -> None:
         spec = serving_spec(self.args.runtime)
@@ -56,30 +65,34 @@ class Generation:
             source = spec.model_check(self.args.model_path, self.args.served_model_name)
         except ValueError:
             self.model_path, self.served_name = self.args.model_path, self.args.served_model_name
+            self.kind = None
         else:
             self.model_path, self.served_name = str(source.path), source.served_name
+            self.kind = model_kind(source.path)
 
 
-def first_generation(
+def first_revision(
     args: ServerArgs, payload: bytes, entry_points: EntryPointRows | None
-) -> Generation:
-    """The generation the launch started with."""
-    return Generation(args, payload, entry_points, plugin_versions(entry_points or ()))
+) -> Revision:
+    """The revision the launch started with."""
+    return Revision(args, payload, entry_points, plugin_versions(entry_points or ()))
 
 
-def next_generation(
-    current: Generation,
+def next_revision(
+    current: Revision,
     selection: Selection,
     *,
     model_path: str | None = None,
     served_model_name: str | None = None,
-) -> tuple[Generation, list[str]]:
-    """The generation a reload starts, and what differs besides the model (the plugin
+    allow_kind_change: bool = False,
+) -> tuple[Revision, list[str]]:
+    """The revision a reload starts, and what differs besides the model (the plugin
     distributions installed, removed or upgraded since ``current``'s replicas started).
 
     ``model_path`` / ``served_model_name``: None keeps the current value; ``""`` goes back to
     the default (the embedded model; the directory's name). Refused (``ChangeRefused``) when the
-    arguments do not pass the start's checks, or the platform distributions changed."""
+    arguments do not pass the start's checks, the platform distributions changed, or the new
+    model serves another kind than the current one and ``allow_kind_change`` is False."""
     from launchspec.server_args import ServerArgsError, encode_server_args
 
     args = copy.copy(current.args)  # the platform's defaults were applied once already
@@ -101,8 +114,25 @@ def next_generation(
     if problem:
         raise ChangeRefused(problem)
     versions = plugin_versions(rows)
-    return Generation(args, encode_server_args(args), rows, versions), version_changes(
-        current.versions, versions
+    revision = Revision(args, encode_server_args(args), rows, versions)
+    if not allow_kind_change:
+        problem = kind_change(current, revision)
+        if problem:
+            raise ChangeRefused(problem)
+    return revision, version_changes(current.versions, versions)
+
+
+def kind_change(before: Revision, after: Revision) -> str | None:
+    """Why replacing ``before``'s replicas by ``after``'s changes what the server serves (both
+    kinds known and different), with how to do it anyway; None when it does not."""
+    if before.kind is None or after.kind is None or before.kind == after.kind:
+        return None
+    return (
+        f"the reload changes what the server serves, from {before.kind} ({before.model_path}) "
+        f"to {after.kind} ({after.model_path}): clients of the {before.kind} API would get "
+        f"errors from then on, and some already while both kinds serve; to reload anyway, pass "
+        f"--allow-kind-change (Launcher.reload(..., allow_kind_change=True), or "
+        f'"allow_kind_change": true in the query)'
     )
 
 
