@@ -12,10 +12,13 @@ options.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from launcher.commands.options import add_launcher_options
 
 if TYPE_CHECKING:
     import zmq
@@ -28,6 +31,20 @@ EXIT_CODES = (
     "not answer or it stopped meanwhile; 2 refused (the reason is printed) or bad options"
 )
 _POLL_MS = 500
+
+
+def parser_of(kind: str, description: str) -> argparse.ArgumentParser:
+    """The parser of ``sglang-launch <kind>`` (``reload``, ``scale``) with what both share:
+    ``--pid``, ``--no-wait``, ``--json`` (the change's events as JSON lines) and ``--timeout``;
+    each command adds its own options."""
+    parser = argparse.ArgumentParser(
+        prog=f"sglang-launch {kind}", description=description, epilog=EXIT_CODES
+    )
+    add_launcher_options(parser, json_help=f"print the {kind}'s events as JSON lines")
+    parser.add_argument(
+        "--no-wait", action="store_true", help=f"return once the launcher began the {kind}"
+    )
+    return parser
 
 
 def run(

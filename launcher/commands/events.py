@@ -14,6 +14,8 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from launcher.commands.options import add_launcher_options
+
 if TYPE_CHECKING:
     import zmq
 
@@ -30,11 +32,10 @@ def _parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 done (or the launcher stopped); 1 no launcher found, it did not "
         "answer, or it vanished without stopping; 2 bad options",
     )
-    parser.add_argument("--pid", type=int, help="the launcher's pid (needed only when several run)")
+    add_launcher_options(parser)  # no --json: it prints JSON lines always
     parser.add_argument(
         "--follow", "-f", action="store_true", help="keep printing events until the launcher stops"
     )
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
     return parser
 
 

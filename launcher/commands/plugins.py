@@ -31,23 +31,11 @@ import json
 import sys
 from typing import Any
 
+from launcher.commands.options import QUERY_TIMEOUT, add_launcher_options, seconds
 from launchspec.runtimes import SERVING
 
 RUNTIMES = tuple(SERVING)
 DEFAULT_TIMEOUT = 30.0
-
-
-def _seconds(text: str) -> float:
-    """A positive, finite number of seconds (``--timeout``)."""
-    import math
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds above 0")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,7 +44,12 @@ def _parser() -> argparse.ArgumentParser:
         description="List installed platform and general plugins, what would activate and why, "
         "and which targets each plugin's hooks patch.",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON document (for tools)")
+    add_launcher_options(
+        parser,
+        json_help="print one JSON document (for tools)",
+        timeout=False,  # its --timeout is the plugin code's, below
+        pid_help="the running launcher to ask (implies --running)",
+    )
     parser.add_argument(
         "--runtime",
         choices=(*RUNTIMES, "all"),
@@ -75,13 +68,8 @@ def _parser() -> argparse.ArgumentParser:
         "plugins and hooks as it reported them, side by side (with --pid when several run)",
     )
     parser.add_argument(
-        "--pid",
-        type=int,
-        help="the running launcher to ask (implies --running)",
-    )
-    parser.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds,
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
         help="how long each piece of plugin code the report runs (a platform's activate(), its "
@@ -281,7 +269,7 @@ def _running(args: argparse.Namespace) -> int:
 
     try:
         found = find_launcher(args.pid)
-        answer = query(found["query_endpoint"], {"query": "snapshot"}, 5.0)
+        answer = query(found["query_endpoint"], {"query": "snapshot"}, QUERY_TIMEOUT)
     except (NoLauncherError, QueryError, RuntimeDirError) as exc:
         print(f"sglang-launch plugins: {exc}", file=sys.stderr)
         return 1

@@ -1,10 +1,13 @@
-"""``sglang-launch reload [--pid PID] [--model-path PATH] [--served-model-name NAME]``: replace a
-running launcher's replicas one at a time, with fresh processes (and, when given, another model).
+"""``sglang-launch reload [--pid PID] [--model-path PATH] [--served-model-name NAME]
+[--allow-kind-change]``: replace a running launcher's replicas one at a time, with fresh
+processes (and, when given, another model).
 
 Each new replica is ready and has answered one request before the one it replaces stops taking
 requests; a replica that fails on the way stops the reload, the replicas already replaced go back,
 and the command exits 1 with the root cause (``launcher.commands.change``; the launcher's side is
-``launcher.supervisor.rollout``). Paths are made absolute here, where they were typed.
+``launcher.supervisor.rollout``). A model that serves another kind than the current one is
+refused before anything starts (exit 2, naming both kinds) unless ``--allow-kind-change``. Paths
+are made absolute here, where they were typed.
 """
 
 from __future__ import annotations
@@ -12,20 +15,20 @@ from __future__ import annotations
 import argparse
 import os
 
-from launcher.commands.change import EXIT_CODES, run
+from launcher.commands.change import parser_of, run
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sglang-launch reload",
-        description="Replace a running sglang-launch's scheduler replicas one at a time, with "
+    parser = parser_of(
+        "reload",
+        "Replace a running sglang-launch's scheduler replicas one at a time, with "
         "fresh processes: each new one starts, loads the model, answers one request and takes "
         "requests before the one it replaces is drained and stopped (--reload-surge 0: the old "
         "one stops first). Fresh processes read the installed plugins again. A failure rolls back "
-        "what was replaced; no client request fails. Options left out keep their values.",
-        epilog=EXIT_CODES,
+        "what was replaced; no client request fails. Options left out keep their values. A model "
+        "that serves another kind (embedding, generation, image) is refused unless "
+        "--allow-kind-change.",
     )
-    parser.add_argument("--pid", type=int, help="the launcher's pid (needed only when several run)")
     parser.add_argument(
         "--model-path",
         metavar="PATH",
@@ -37,12 +40,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the model's name in the API from now on ('' for the directory's name)",
     )
     parser.add_argument(
-        "--no-wait", action="store_true", help="return once the launcher began the reload"
+        "--allow-kind-change",
+        action="store_true",
+        help="reload even when the new model serves another kind than the current one (an "
+        "embedding model for a causal LM, say): the API changes with it, and clients of the old "
+        "kind get errors",
     )
-    parser.add_argument(
-        "--json", action="store_true", help="print the reload's events as JSON lines"
-    )
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
     return parser
 
 
@@ -55,4 +58,6 @@ def main(argv: list[str]) -> int:
         )
     if ns.served_model_name is not None:
         request["served_model_name"] = ns.served_model_name
+    if ns.allow_kind_change:
+        request["allow_kind_change"] = True
     return run("sglang-launch reload", request, ns.pid, ns.timeout, not ns.no_wait, ns.json)

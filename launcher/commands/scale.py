@@ -10,26 +10,17 @@ from __future__ import annotations
 
 import argparse
 
-from launcher.commands.change import EXIT_CODES, run
+from launcher.commands.change import parser_of, run
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sglang-launch scale",
-        description="Change the number of a running sglang-launch's scheduler replicas: new ones "
+    parser = parser_of(
+        "scale",
+        "Change the number of a running sglang-launch's scheduler replicas: new ones "
         "take requests once they answered one; removed ones (the newest first) finish what they "
         "hold first. SIGTTIN and SIGTTOU to the launcher add and remove one.",
-        epilog=EXIT_CODES,
     )
-    parser.add_argument("--pid", type=int, help="the launcher's pid (needed only when several run)")
     parser.add_argument("--dp-size", type=int, required=True, metavar="N", help="replicas wanted")
-    parser.add_argument(
-        "--no-wait", action="store_true", help="return once the launcher began the scale"
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="print the scale's events as JSON lines"
-    )
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
     return parser
 
 

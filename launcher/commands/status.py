@@ -8,6 +8,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from launcher.commands.options import add_launcher_options
+
 if TYPE_CHECKING:
     from launcher.supervisor.state import LaunchState
 
@@ -19,9 +21,7 @@ def _parser() -> argparse.ArgumentParser:
         "worker's role, rank, pid, phase, phase timings, platform and exit code.",
         epilog="exit codes: 0 printed; 1 no launcher found or it did not answer; 2 bad options",
     )
-    parser.add_argument("--pid", type=int, help="the launcher's pid (needed only when several run)")
-    parser.add_argument("--json", action="store_true", help="print the snapshot as JSON")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer")
+    add_launcher_options(parser, json_help="print the snapshot as JSON")
     return parser
 
 

@@ -186,3 +186,33 @@ def test_the_cpu_chosen_with_sglang_use_cpu_engine_is_not_called_a_fallback():
         assert "no accelerator and no platform plugin found" not in run.stderr, run
         assert "choose explicitly" not in run.stderr, run
         run.assert_nothing_left()
+
+
+COMMANDS_THAT_ASK = {  # command -> the options it needs besides the shared ones
+    "status": [],
+    "events": [],
+    "reload": [],
+    "scale": ["--dp-size", "2"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS_THAT_ASK))
+def test_the_commands_that_ask_a_launcher_share_pid_and_timeout_and_refuse_a_bad_timeout(
+    command, capsys
+):
+    import importlib
+
+    main = importlib.import_module(f"launcher.commands.{command}").main
+    with pytest.raises(SystemExit) as shown:
+        main(["--help"])
+    assert shown.value.code == 0
+    text = capsys.readouterr().out
+    assert "--pid PID" in text and "the launcher's pid (needed only when several run)" in text
+    assert "--timeout SECONDS" in text and "(default: 5)" in text
+    if command != "events":  # its output is JSON lines always
+        assert "--json" in text
+    for bad in ("-1", "0", "nan", "soon"):
+        with pytest.raises(SystemExit) as refused:
+            main([*COMMANDS_THAT_ASK[command], "--timeout", bad])
+        assert refused.value.code == 2
+        assert f"argument --timeout: {bad}" in capsys.readouterr().err.replace("'", "")

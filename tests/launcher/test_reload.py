@@ -12,11 +12,16 @@ query socket and its event history.
 - ``scale`` and SIGTTIN / SIGTTOU add and remove replicas; the default restart policy follows
   their number and covers the new ones;
 - SIGHUP reloads; the hang-up of a terminal that went away still stops the launcher;
-- the embedded ``Launcher.reload()`` / ``scale()``.
+- the embedded ``Launcher.reload()`` / ``scale()``;
+- a reload to a model of another kind (an embedding model to a causal LM) is refused before
+  anything starts (exit 2, both kinds named, the old replicas serving on), by the command, the
+  query socket and ``Launcher.reload()``, unless forced (``--allow-kind-change``): then the
+  ``reload.*`` events say both kinds and the launcher logs a warning.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -41,10 +46,12 @@ def _seq(events: list[dict], topic: str) -> int:
     return next(e["seq"] for e in events if e["topic"] == topic)
 
 
-def _model(folder: Path) -> str:
-    """A folder that passes for a model directory (the test workers load nothing from it)."""
+def _model(folder: Path, architecture: str | None = None) -> str:
+    """A folder that passes for a model directory (the test workers load nothing from it): an
+    embedding model, or a model of ``architecture`` (``LlamaForCausalLM``: a generation one)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text("{}")
+    config = {"architectures": [architecture]} if architecture else {}
+    (folder / "config.json").write_text(json.dumps(config))
     return str(folder)
 
 
@@ -347,3 +354,74 @@ def test_the_embedded_launcher_reloads_and_scales(tmp_path):
         with pytest.raises(ValueError, match="must be at least 1"):
             launcher.scale(0)
         assert len(_schedulers(launcher.status())) == 2
+
+
+def test_a_reload_to_a_model_of_another_kind_is_refused_unless_forced(tmp_path):
+    from launcher.query import QueryError, QueryRefused
+
+    embedder = _model(tmp_path / "minilm")
+    llama = _model(tmp_path / "llama", "LlamaForCausalLM")
+    with Run([*BASIC, "--dp-size", "2", "--model-path", embedder]) as run:
+        old = _schedulers(run.wait_ready())
+        refused = run.cli("reload", "--model-path", llama)
+        assert refused.returncode == 2, refused.stderr + refused.stdout
+        assert (
+            f"sglang-launch reload: refused: the reload changes what the server serves, from "
+            f"embedding ({embedder}) to generation ({llama})"
+        ) in refused.stderr, refused.stderr
+        assert "pass --allow-kind-change" in refused.stderr, refused.stderr
+        with pytest.raises(QueryRefused, match="from embedding .* to generation"):
+            run.ask({"query": "reload", "model_path": llama})
+        with pytest.raises(QueryError, match='"allow_kind_change" must be true or false'):
+            run.ask({"query": "reload", "model_path": llama, "allow_kind_change": "yes"})
+        # Nothing started: the same processes serve the same model, no reload began.
+        assert _ready_schedulers(run, 2) == old
+        assert run.snapshot()["model_path"] == embedder
+        assert not [e for e in run.history() if e["kind"].startswith("reload.")]
+
+        forced = run.cli("reload", "--model-path", llama, "--allow-kind-change")
+        assert forced.returncode == 0, forced.stderr + forced.stdout
+        events = run.history()
+        started = next(e for e in events if e["kind"] == "reload.started")
+        assert (started["previous_model_kind"], started["model_kind"]) == (
+            "embedding",
+            "generation",
+        )
+        finished = next(e for e in events if e["kind"] == "reload.finished")
+        assert finished["model_kind"] == "generation" and finished["model_path"] == llama
+        new = _ready_schedulers(run, 2)
+        assert not set(new.values()) & set(old.values())
+        wait_for(
+            lambda: "reload 1 changes what the server serves, from embedding" in run.stderr,
+            30,
+            f"the warning in the launcher's log\n{run}",
+        )
+        same = run.cli("reload")  # the same kind again: no flag needed, nothing logged
+        assert same.returncode == 0, same.stderr + same.stdout
+        os.kill(run.pid, signal.SIGTERM)
+        assert run.wait(60) == 0, run
+        assert "reload 2 changes" not in run.stderr  # refusals began no reload: ids 1 and 2
+        run.assert_nothing_left()
+
+
+def test_the_embedded_launcher_refuses_a_change_of_kind_unless_allowed(tmp_path):
+    from support import free_port
+
+    from launcher import Launcher
+
+    embedder = _model(tmp_path / "minilm")
+    llama = _model(tmp_path / "llama", "LlamaForCausalLM")
+    with Launcher(
+        scheduler_target=READY_WAIT,
+        http_target=READY_WAIT,
+        model_path=embedder,
+        port=free_port(),
+        stop_grace_period=5,
+    ) as launcher:
+        (old,) = _schedulers(launcher.status()).values()
+        with pytest.raises(ValueError, match="allow_kind_change=True"):
+            launcher.reload(model_path=llama)
+        assert list(_schedulers(launcher.status()).values()) == [old]
+        finished = launcher.reload(model_path=llama, allow_kind_change=True)
+        assert finished["model_kind"] == "generation"
+        assert launcher.status()["model_path"] == llama
