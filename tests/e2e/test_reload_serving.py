@@ -10,7 +10,10 @@ loopback throughout.
 - SIGHUP with ``--dp-size 1``: the launcher goes on, its scheduler is a new process, no client
   error; ``--reload-surge 0`` with one replica: requests that arrive while no replica serves wait
   for the new one;
-- a diffusion server reloads and scales the same way.
+- a diffusion server reloads and scales the same way;
+- an embedding server asked to reload to a causal LM refuses (exit 2, both kinds named) with no
+  client error and the same replica serving; ``--allow-kind-change`` does it, says so in its
+  ``reload.started`` event and in the launcher's log, and the server then generates.
 """
 
 from __future__ import annotations
@@ -243,6 +246,51 @@ def test_a_diffusion_server_reloads_and_scales(tmp_path, tiny_pipeline):
         for _ in range(3):
             reply = httpx.post(server.url + "/v1/images/generations", json=body, timeout=120)
             assert reply.status_code == 200, reply.text
+    finally:
+        server.stop()
+
+
+def test_a_reload_from_embeddings_to_a_causal_lm_is_refused_unless_forced(tmp_path, llamas, capsys):
+    llama = llamas[0]
+    env = _env()
+    server = start_server([], tmp_path, "kind-change", env=env)  # the embedded MiniLM
+    try:
+        before = _schedulers(server, env)
+        load = Load(run_load, server.url, embedding_body, pause=0.02)
+        _until_served(server, "/v1/embeddings")
+        refused = _cli(server, env, "reload", "--model-path", str(llama))
+        stats = load.finish()
+        report(
+            capsys,
+            f"a refused reload to another kind under an embedding load: {stats['requests']} "
+            f"requests, {len(stats['errors'])} errors",
+        )
+        assert refused.returncode == 2, refused.stderr + refused.stdout
+        assert "the reload changes what the server serves, from embedding (" in refused.stderr
+        assert f"to generation ({llama})" in refused.stderr, refused.stderr
+        assert "--allow-kind-change" in refused.stderr, refused.stderr
+        assert stats["errors"] == [] and stats["requests"] > 0, stats["errors"][:5]
+        assert _schedulers(server, env) == before  # nothing was started or stopped
+        assert _served(server) == ["all-MiniLM-L6-v2"]
+
+        forced = _cli(
+            server, env, "reload", "--model-path", str(llama), "--allow-kind-change", "--json"
+        )
+        assert forced.returncode == 0, forced.stderr + forced.stdout
+        events = [json.loads(line) for line in forced.stdout.splitlines()]
+        started = next(e for e in events if e["kind"] == "reload.started")
+        assert (started["previous_model_kind"], started["model_kind"]) == (
+            "embedding",
+            "generation",
+        )
+        assert "reload 1 changes what the server serves, from embedding" in server.log
+        assert _served(server) == ["llama-a"]
+        reply = httpx.post(
+            server.url + "/generate",
+            json={"text": "a cat", "sampling_params": {"max_new_tokens": 2}},
+            timeout=120,
+        )
+        assert reply.status_code == 200, reply.text
     finally:
         server.stop()
 
