@@ -114,7 +114,7 @@ class Healing:
         in_service: Callable[[], list[int]],
         set_aside: Callable[[int, RootCause, str], asyncio.Future[None]],
     ) -> None:
-        self.restarts = restarts
+        self._restarts = restarts
         self._startup_timeout = startup_timeout
         self._publish = publish
         self._fail = fail
@@ -175,7 +175,7 @@ class Healing:
             d != dp and d not in self._in_progress for d in self._in_service()
         )
         verdict = judge(
-            cause, dp, self.restarts, stop_requested=stop_requested, others_serve=others
+            cause, dp, self._restarts, stop_requested=stop_requested, others_serve=others
         )
         if dp is None or verdict.decision is None:
             return verdict
@@ -278,7 +278,7 @@ class Healing:
 
     async def _respawn(self, restart: ReplicaRestart, cause: RootCause, delay: float) -> None:
         workers = self._ranks(restart.dp_rank)
-        max_restarts = self.restarts.max_restarts
+        max_restarts = self._restarts.max_restarts
         log.debug(
             "%s restarts (attempt %d of %d, in %.1fs): %s",
             restart.name,
