@@ -2,9 +2,10 @@
 engine in-process, side by side in one run.
 
 Two servers of the same model run side by side: the default, batching continuously, and the
-same code with the private switch ``_SGLANG_LAUNCH_STATIC_BATCHING=1`` (the static loop the
-project had before: a batch runs until its longest sequence ends; kept for this comparison
-only). The in-process side is a child process set up as a dp=1 scheduler (its torch threads and
+same server with a policy plugin that batches statically (``STATIC_POLICY``, an ``AROUND`` hook
+on ``Scheduler.get_next_batch_to_run``, written to a dist-info folder on the server's path:
+nothing is admitted while any request runs, so a batch runs until its longest sequence ends,
+then everything waiting is admitted together). The in-process side is a child process set up as a dp=1 scheduler (its torch threads and
 ``OMP_WAIT_POLICY``, a session of its own), driving the same ``GenerationBatch`` with the same
 requests and no HTTP. The three sides take turns, each measurement ``--rounds`` times (the
 medians are printed), so that a drift in the machine's speed falls on all of them.
@@ -43,9 +44,29 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from support import make_dist  # noqa: E402
 from support.serving import Server, server_env, start_server  # noqa: E402
 
-STATIC_SWITCH = "_SGLANG_LAUNCH_STATIC_BATCHING"  # serving.srt.static_batch.STATIC_SWITCH
+# Static batching as a scheduling policy: while requests run, the waiting ones stay waiting.
+STATIC_POLICY = """
+from hooks import HookType, plugin_hook
+
+
+@plugin_hook("serving.srt.scheduler.Scheduler.get_next_batch_to_run", type=HookType.AROUND)
+def static_batches(original_fn, self):
+    if not self.running:
+        return original_fn(self)
+    held = self.waiting_queue[:]
+    self.waiting_queue.clear()
+    try:
+        return original_fn(self)
+    finally:
+        self.waiting_queue[:0] = held
+
+
+def register():
+    pass
+"""
 LONG_TOKENS = 600
 SHORT_TOKENS = 2
 PROMPT = "once upon a time"
@@ -344,7 +365,14 @@ def main() -> int:
     hol: dict[str, tuple[list[float], list[float], list[bool]]] = {}
     servers = {"continuous": server_env()}
     if not args.skip_static:
-        servers["static"] = server_env(**{STATIC_SWITCH: "1"})
+        site = tmp / "static-policy"
+        make_dist(
+            site,
+            "static-batching-policy",
+            {"sglang.srt.plugins": {"static_batches": "static_batching_policy:register"}},
+            {"static_batching_policy.py": STATIC_POLICY},
+        )
+        servers["static"] = server_env(PYTHONPATH=str(site))
     child_env = {**server_env(), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     started: dict[str, Server] = {}
     child: InProcess | None = None
