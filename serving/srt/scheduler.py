@@ -249,14 +249,10 @@ class Scheduler(
         cancel = [rid for rid in self.cancelled if rid in self.running] if self.cancelled else []
         if self.ranks > 1:
             self.broadcast(wire.GenerationStep([r.work() for r in joining], cancel))
-        try:
-            if joining:
-                engine.join([r.seq for r in joining])
-            stopped = engine.cancel(cancel) if cancel else []
-            produced = self.tp_worker.generate(engine)
-        except Exception:
-            self.recover()
-            raise
+        if joining:
+            engine.join([r.seq for r in joining])
+        stopped = engine.cancel(cancel) if cancel else []
+        produced = self.tp_worker.generate(engine)
         return GenerationBatchResult(
             [*stopped, *produced] if stopped else produced,
             engine.last_step_tokens,
