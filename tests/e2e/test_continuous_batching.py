@@ -126,19 +126,27 @@ def test_a_request_that_does_not_fit_the_pool_waits_then_runs(server):
     # 2 x ~405 tokens do not fit the pool of 700: the second waits until the first is done.
     second = new("hello there", max_new_tokens=100, temperature=0)
     second.start()
-    wait_for(
-        lambda: (
-            httpx.get(server.url + "/ready", timeout=10).json()["schedulers"][0]["queue_depth"] == 1
-            or not second.is_alive()
-        ),
-        60,
-        "the second request to wait in the queue",
-        interval=0.05,
-    )
+    seen: list[tuple[int, int]] = []  # (running, waiting), the scheduler's own account
+
+    def one_runs_and_one_waits() -> bool:
+        seen.append(scheduler_counts(server.url))
+        return seen[-1] == (1, 1)
+
+    wait_for(one_runs_and_one_waits, 60, "the second request to wait beside the first")
     first.finish(), second.finish()
     assert first.tokens == 400 and second.tokens == 100
-    # Never both in the running batch: the second's first token came after the first's last.
-    assert first.last < second.first, (first.events[-3:], second.events[:3])
+    assert max(running for running, _ in seen) == 1, seen  # never both in the running batch
+
+
+def scheduler_counts(url: str) -> tuple[int, int]:
+    """The running and waiting requests the scheduler reported in one answer (``/metrics``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        if family.name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
+            counts[family.name] = int(sum(s.value for s in family.samples))
+    return counts["sglang:num_running_reqs"], counts["sglang:num_queue_reqs"]
 
 
 def test_a_request_that_could_never_fit_the_pool_is_a_400_naming_the_option(server):
