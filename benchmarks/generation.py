@@ -2,9 +2,10 @@
 engine in-process, side by side in one run.
 
 Two servers of the same model run side by side: the default, batching continuously, and the
-same code with the private switch ``_SGLANG_LAUNCH_STATIC_BATCHING=1`` (the static loop the
-project had before: a batch runs until its longest sequence ends; kept for this comparison
-only). The in-process side is a child process set up as a dp=1 scheduler (its torch threads and
+same server with a policy plugin that batches statically (``STATIC_POLICY``, an ``AROUND`` hook
+on ``Scheduler.get_next_batch_to_run``, written to a dist-info folder on the server's path:
+nothing is admitted while any request runs, so a batch runs until its longest sequence ends,
+then everything waiting is admitted together). The in-process side is a child process set up as a dp=1 scheduler (its torch threads and
 ``OMP_WAIT_POLICY``, a session of its own), driving the same ``GenerationBatch`` with the same
 requests and no HTTP. The three sides take turns, each measurement ``--rounds`` times (the
 medians are printed), so that a drift in the machine's speed falls on all of them.
@@ -19,10 +20,15 @@ medians are printed), so that a drift in the machine's speed falls on all of the
 3. Time to first token and inter-token latency (a streamed event's gap, split over the tokens
    it carried), p50 and p99, at 16 clients, for each side.
 
+``--baseline CHECKOUT`` adds the same server and the same in-process child run from another
+checkout of this project (another commit, ``git worktree add /tmp/base <commit>``), taking turns
+with the others: a change to the per-step path against the code before it, under the same load.
+
 Loopback only. The default model is a 4-layer tiny Llama with random weights built in a
 temporary directory (``--model-path`` for another causal LM directory).
 
     .venv/bin/python benchmarks/generation.py [--model-path PATH] [--requests-per-client 4]
+        [--skip-static] [--baseline CHECKOUT]
 """
 
 from __future__ import annotations
@@ -43,9 +49,29 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from support import make_dist  # noqa: E402
 from support.serving import Server, server_env, start_server  # noqa: E402
 
-STATIC_SWITCH = "_SGLANG_LAUNCH_STATIC_BATCHING"  # serving.srt.static_batch.STATIC_SWITCH
+# Static batching as a scheduling policy: while requests run, the waiting ones stay waiting.
+STATIC_POLICY = """
+from hooks import HookType, plugin_hook
+
+
+@plugin_hook("serving.srt.scheduler.Scheduler.get_next_batch_to_run", type=HookType.AROUND)
+def static_batches(original_fn, self):
+    if not self.running:
+        return original_fn(self)
+    held = self.waiting_queue[:]
+    self.waiting_queue.clear()
+    try:
+        return original_fn(self)
+    finally:
+        self.waiting_queue[:0] = held
+
+
+def register():
+    pass
+"""
 LONG_TOKENS = 600
 SHORT_TOKENS = 2
 PROMPT = "once upon a time"
@@ -267,11 +293,12 @@ def in_process_child(model_path: str) -> None:
 
 
 class InProcess:
-    """The in-process child, kept running so that its rounds alternate with the server's."""
+    """The in-process child, kept running so that its rounds alternate with the server's
+    (``script``: this benchmark of the checkout whose engine it drives)."""
 
-    def __init__(self, model_path: str, env: dict[str, str]) -> None:
+    def __init__(self, model_path: str, env: dict[str, str], script: str = __file__) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--child", model_path],
+            [sys.executable, script, "--child", model_path],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -332,6 +359,11 @@ def main() -> int:
     parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3, help="repetitions of each measurement")
     parser.add_argument("--skip-static", action="store_true", help="no static-batching server")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of this project: its server and in-process engine take turns too",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-generation-"))
     model = args.model_path or build_model(tmp)
@@ -344,15 +376,30 @@ def main() -> int:
     hol: dict[str, tuple[list[float], list[float], list[bool]]] = {}
     servers = {"continuous": server_env()}
     if not args.skip_static:
-        servers["static"] = server_env(**{STATIC_SWITCH: "1"})
+        site = tmp / "static-policy"
+        make_dist(
+            site,
+            "static-batching-policy",
+            {"sglang.srt.plugins": {"static_batches": "static_batching_policy:register"}},
+            {"static_batching_policy.py": STATIC_POLICY},
+        )
+        servers["static"] = server_env(PYTHONPATH=str(site))
     child_env = {**server_env(), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    base_env: dict[str, str] = {}
+    if args.baseline is not None:
+        base_env = {**server_env(), "PYTHONPATH": str(args.baseline.resolve())}
+        servers["baseline"] = base_env
     started: dict[str, Server] = {}
     child: InProcess | None = None
+    base_child: InProcess | None = None
     try:
         for side, env in servers.items():
             started[side] = start_server(launch, tmp, side, env=env)
             asyncio.run(http_load(started[side].url, request_plan(2, 1)))  # warm the paths
         child = InProcess(model, child_env)
+        if args.baseline is not None:
+            script = str(args.baseline.resolve() / "benchmarks" / "generation.py")
+            base_child = InProcess(model, {**child_env, **base_env}, script)
         for side, server in started.items():
             hol[side] = asyncio.run(short_during_long(server.url, args.rounds))
         for _ in range(args.rounds):  # the sides alternate, so a drift falls on all of them
@@ -364,7 +411,13 @@ def main() -> int:
                         runs.setdefault("in-process", {}).setdefault(name, []).append(
                             child.run(plan)
                         )
+                    if side == "baseline" and base_child is not None:
+                        runs.setdefault("in-process, baseline", {}).setdefault(name, []).append(
+                            base_child.run(plan)
+                        )
     finally:
+        if base_child is not None:
+            base_child.close()
         if child is not None:
             child.close()
         for server in started.values():
@@ -389,6 +442,10 @@ def main() -> int:
         ratio = f"http/in-process {http / rate('in-process', name):5.2f}x"
         if "http, static" in runs:
             ratio += f"  continuous/static {http / rate('http, static', name):5.2f}x"
+        if "http, baseline" in runs:
+            ratio += f"  http/baseline {http / rate('http, baseline', name):5.2f}x"
+            local = rate("in-process", name) / rate("in-process, baseline", name)
+            ratio += f"  in-process/baseline {local:5.2f}x"
         print(f"  {name:<11} {line}   {ratio}")
     print("   (target: http/in-process at least 0.9x at 16 clients)")
     print("3. time to first token and inter-token latency at 16 clients (all rounds)")

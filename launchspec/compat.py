@@ -30,17 +30,23 @@ MODULES = {
     "sglang.srt.server_args": "launchspec.server_args",
     "sglang.srt.managers.scheduler": "serving.srt.scheduler",
     "sglang.srt.managers.tp_worker": "serving.srt.model_runner",
+    "sglang.multimodal_gen.runtime.managers.scheduler": "serving.diffusion.scheduler",
     "sglang.multimodal_gen.runtime.managers.gpu_worker": "serving.diffusion.model_runner",
+    # Out-of-tree model classes (import-light: plugin callbacks call it in the launcher too).
+    "sglang.srt.models.registry": "launchspec.model_registry",
 }
 
 # SGLang names this project spells otherwise, where the meaning matches.
 NAMES = {
-    "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run": (
-        "serving.srt.scheduler.Scheduler.take_batch"
-    ),
     "sglang.srt.managers.tp_worker.TpModelWorker": "serving.srt.model_runner.ModelRunner",
     "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": (
         "serving.srt.model_runner.ModelRunner.generate"
+    ),
+    "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_embedding": (
+        "serving.srt.model_runner.ModelRunner.embed_matrix"
+    ),
+    "sglang.multimodal_gen.runtime.managers.scheduler.Scheduler": (
+        "serving.diffusion.scheduler.DiffusionScheduler"
     ),
     "sglang.multimodal_gen.runtime.managers.gpu_worker.GPUWorker": (
         "serving.diffusion.model_runner.DiffusionModelRunner"
@@ -48,11 +54,7 @@ NAMES = {
 }
 
 # SGLang hook targets with no equivalent here -> the nearest target this project has.
-ABSENT = {
-    "sglang.srt.managers.scheduler.Scheduler.process_batch_result": (
-        "serving.srt.scheduler.Scheduler.run_batch"
-    ),
-}
+ABSENT: dict[str, str] = {}
 
 # This project's documented hook targets (docs/plugins.md and docs/diffusion.md), the
 # candidates when an SGLang target matches nothing.
@@ -63,8 +65,10 @@ TARGETS = (
     "launchspec.server_args.ServerArgs.from_cli_args",
     "serving.srt.scheduler.run_scheduler_process",
     "serving.srt.scheduler.Scheduler.__init__",
-    "serving.srt.scheduler.Scheduler.take_batch",
+    "serving.srt.scheduler.Scheduler.get_next_batch_to_run",
     "serving.srt.scheduler.Scheduler.run_batch",
+    "serving.srt.scheduler.Scheduler.process_batch_result",
+    "serving.srt.model_runner.ModelRunner.__init__",
     "serving.srt.model_runner.ModelRunner.generate",
     "serving.srt.model_runner.ModelRunner.embed_matrix",
     "serving.http.server.run_http_server",
@@ -74,6 +78,10 @@ TARGETS = (
     "serving.diffusion.model_runner.DiffusionModelRunner.denoise",
     "serving.diffusion.model_runner.DiffusionModelRunner.generate",
     "serving.diffusion.scheduler.run_scheduler_process",
+    "serving.diffusion.scheduler.DiffusionScheduler.get_next_batch_to_run",
+    "serving.diffusion.scheduler.DiffusionScheduler.run_batch",
+    "serving.diffusion.scheduler.DiffusionScheduler.process_batch_result",
+    "serving.diffusion.scheduler.DiffusionScheduler.admit",
 )
 
 TABLE = AliasTable(modules=MODULES, names=NAMES, absent=ABSENT, known=TARGETS)

@@ -4,38 +4,44 @@
 launch's private ``ipc://`` path ``ctx.endpoint(scheduler_endpoint_name(dp_rank))``; a replica
 whose rank 0 runs on a node other than 0 binds TCP and announces the address in the launch's
 store), reports ready (``wire.ReplicaReady``), and serves the HTTP child until ``ctx.stopping``
-is set, then tells its followers to stop. Its loop is a step loop: each turn receives what
-arrived (a ``Ping`` is answered with a ``Pong`` and the runtime's ``Stats``, a ``Cancel`` drops a
-queued request or marks a running one, a request of another kind than the model's is refused
-with a 400 naming both kinds, ``param="model"``, and any other request is checked and queued by
-the runtime's ``admit``, an ``InputError`` answered with a 400 at once), then runs one unit of
-work, ``step()``, when one is due.
+is set, then tells its followers to stop.
 
-Batch timing: a batch is due when the queue holds ``--max-batch-size`` requests, when it and the
-running requests are every request the HTTP child has outstanding here (``inflight``: nothing
-more is on the way, so a lone request never waits), or when the oldest has waited
-``--batch-wait-ms``.
+The loop has SGLang's shape. Each turn receives what arrived (a ``Ping`` is answered with a
+``Pong`` and the runtime's ``Stats``, a ``Cancel`` drops a waiting request or marks a running
+one, a request of another kind than the model's is refused with a 400 naming both kinds,
+``param="model"``, and any other request is checked and appended to ``waiting_queue`` by the
+runtime's ``admit``, an ``InputError`` answered with a 400 at once); then, when work is due, one
+step:
+
+1. ``get_next_batch_to_run()`` decides what runs: it admits waiting requests (the runtime's
+   policy) and returns the batch of this step, an object whose ``reqs`` are its requests, or
+   None to run nothing this turn;
+2. ``run_batch(batch)`` runs the step through the model worker and returns its result;
+3. ``process_batch_result(batch, result)`` sends what the step produced and releases what
+   finished.
+
+Work is due when requests are running (``running``), or when requests wait and their batch is
+due: the queue holds ``--max-batch-size`` requests, or it and the running requests are every
+request the HTTP child has outstanding here (``inflight``: nothing more is on the way, so a lone
+request never waits), or the oldest has waited ``--batch-wait-ms``.
 
 Fairness: a step is a bounded slice of work, and the requests under way share the steps, so a big
 request delays a small one by a slice of its own work, not all of it. How a runtime slices is its
-own (the text runtime's embeddings: at most ``--max-batch-size`` texts a step, taken from every
-queued request in turn; images: one denoising step of one pipeline call, the calls under way
-taking turns). A request cancelled (its client left, or its 504 fired) stops at its next step.
+own (text: one step of the running generation batch, or at most ``--max-batch-size`` embedding
+texts; images: one denoising step of one pipeline call, the calls under way taking turns). A
+request cancelled (its client left, or its 504 fired) stops at its next step.
 
 Failure policy, the same for both runtimes: when a step raises in a replica of several ranks
 (tensor- or CFG-parallel), the process ends (the ranks are out of step after it; the supervisor
 restarts or reports the replica, and the HTTP child repeats elsewhere what is safe to repeat);
 in a replica of one rank every request of the failed step (``in_step``) gets a 500
-``RequestFailed``, the platform's cache is emptied, and the scheduler goes on.
+``RequestFailed``, the runtime drops what the step left behind (``recover``), the platform's
+cache is emptied, and the scheduler goes on.
 
 A runtime subclasses ``BatchingScheduler`` and says only what differs: ``admit`` (check one
-request and make its queue entry), ``take_batch`` (which queued requests, or parts of them, form
-the next batch; a request of which only a part was taken stays queued), ``execute`` (run a batch
-and answer its requests) and ``stats``. By default a step is a batch (``step`` runs
-``run_batch``); a runtime that works in other units overrides ``step``, keeps the requests it
-works on in ``running`` (``begin``/``finish``) and says which of them a step works on
-(``in_step``), and the loop takes in requests and cancellations between its steps. Work that
-runs long inside one step calls ``poll()`` between its own iterations for the same.
+request and make its queue entry), the three steps above, and ``stats``. It keeps the requests
+it works on in ``running`` (``begin``/``finish``), so that a cancellation finds them and a
+failure answers them.
 
 ``follow(ctx, run)`` is a rank > 0 of a replica: it reports ready and runs each piece of work
 rank 0 broadcasts until rank 0 says stop.
@@ -47,10 +53,9 @@ import logging
 import os
 import time
 from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
 import msgspec
 import zmq
@@ -58,6 +63,7 @@ import zmq
 from serving import wire
 from serving.devices import visible_devices
 from serving.errors import InputError
+from serving.plugin_metrics import plugin_metrics_page
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -74,11 +80,11 @@ TICK_SECONDS = 1.0
 _IDLE_WAIT_MS = 100
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class Queued:
-    """A request admitted to the queue: the HTTP child's socket ``identity`` to answer, the
-    request, and when it arrived. A runtime's entry narrows ``request`` and adds what it
-    computed on admission."""
+    """A request admitted to the waiting queue: the HTTP child's socket ``identity`` to answer,
+    the request, and when it arrived. A runtime's entry narrows ``request`` and adds what it
+    computed on admission. Entries compare by identity."""
 
     identity: bytes
     request: wire.Request
@@ -97,13 +103,23 @@ class Queued:
 
 R = TypeVar("R", bound=wire.Request)
 Q = TypeVar("Q", bound=Queued)
+B = TypeVar("B", bound="Batch")
+T = TypeVar("T")
 S = TypeVar("S", bound=wire.SchedulerStats)
 
 
-class BatchingScheduler(ABC, Generic[R, Q]):
-    """Rank 0 of a replica: the request socket, the queue, the batch timing, the failure policy
-    and the broadcasts to the replica's other ranks. ``R``: the requests the runtime serves;
-    ``Q``: its queue entries."""
+class Batch(Protocol):
+    """What ``get_next_batch_to_run`` returns: a step's work, ``reqs`` its requests."""
+
+    @property
+    def reqs(self) -> Sequence[Queued]: ...
+
+
+class BatchingScheduler(ABC, Generic[R, Q, B, T]):
+    """Rank 0 of a replica: the request socket, the waiting queue, the batch timing, the step
+    loop, the failure policy and the broadcasts to the replica's other ranks. ``R``: the
+    requests the runtime serves; ``Q``: its queue entries; ``B``: its batches; ``T``: what
+    ``run_batch`` returns."""
 
     def __init__(
         self,
@@ -133,9 +149,11 @@ class BatchingScheduler(ABC, Generic[R, Q]):
         self.store = store
         self.max_batch_size = server_args.max_batch_size
         self.batch_wait = server_args.batch_wait_ms / 1000.0
-        self.queue: deque[Q] = deque()
-        self.running: dict[str, Q] = {}
-        self.cancelled: set[str] = set()
+        self.waiting_queue: list[Q] = []  # oldest first (a policy may reorder it in place)
+        self.running: dict[str, Q] = {}  # rid -> the requests under way
+        self.cancelled: set[str] = set()  # running rids whose client left
+        self.current: B | None = None  # the batch of the step under way
+        self.declined = False  # the last get_next_batch_to_run ran nothing though work was due
         self.batches = 0
         self.aborted = 0  # requests cancelled while they ran
         self.generated_tokens = 0
@@ -155,22 +173,33 @@ class BatchingScheduler(ABC, Generic[R, Q]):
         field to change (a 400 for that client alone)."""
 
     @abstractmethod
-    def take_batch(self) -> list[Q]:
-        """Remove the next batch from the queue (at least one request; the queue is not empty)."""
+    def get_next_batch_to_run(self) -> B | None:
+        """Decide what this step runs (work is due: see the module docstring): admit waiting
+        requests and return the step's batch, or None to run nothing this turn."""
 
     @abstractmethod
-    def execute(self, batch: list[Q]) -> None:
-        """Run ``batch`` and answer each of its requests that is not cancelled."""
+    def run_batch(self, batch: B) -> T:
+        """Run one step of ``batch`` through the model worker and return what it produced."""
+
+    @abstractmethod
+    def process_batch_result(self, batch: B, result: T) -> None:
+        """Send what ``result`` holds to the requests of ``batch`` that wait for it (not the
+        cancelled ones) and release the requests that finished (``finish``)."""
 
     @abstractmethod
     def stats(self) -> wire.Stats:
         """This scheduler's counters (``counted``), its model and its device's memory (for
         ``Pong`` and the ready report)."""
 
+    def recover(self) -> None:
+        """After a failed step (in a replica of one rank, its requests already answered): drop
+        what the step left behind. By default nothing."""
+
     def counted(self, stats: S) -> S:
         """``stats`` with the counters every scheduler keeps filled in."""
         stats.batches, stats.aborted = self.batches, self.aborted
         stats.generated_tokens = self.generated_tokens
+        stats.plugin_metrics = plugin_metrics_page()
         return stats
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -239,73 +268,81 @@ class BatchingScheduler(ABC, Generic[R, Q]):
             self.tick_followers()
 
     def wait_ms(self) -> int:
-        """How long the next turn may wait for messages: not at all while requests are running
-        or a batch is due, until the oldest request's batch is due, or a while when idle."""
+        """How long the next turn may wait for messages: not at all while a step is due, until
+        the oldest request's batch is due, or a while when idle (or when the last step ran
+        nothing: a message, or the wait, brings the next try)."""
+        if self.declined:
+            return _IDLE_WAIT_MS
         if self.running:
             return 0
-        if not self.queue:
+        if not self.waiting_queue:
             return _IDLE_WAIT_MS
         if self.batch_due():
             return 0
-        due = self.queue[0].arrived + self.batch_wait
+        due = self.waiting_queue[0].arrived + self.batch_wait
         return max(0, int((due - time.monotonic()) * 1000))
 
     def work_due(self) -> bool:
-        return bool(self.running) or (bool(self.queue) and self.batch_due())
+        return bool(self.running) or (bool(self.waiting_queue) and self.batch_due())
 
     def batch_due(self) -> bool:
         """Run now when the batch is full, when every request the HTTP child has outstanding
         here is already queued (nothing more is on the way), or when the oldest has waited
         ``batch_wait_ms``."""
+        queue = self.waiting_queue
         return (
-            len(self.queue) >= self.max_batch_size
-            or len(self.queue) + len(self.running) >= self.queue[-1].request.inflight
-            or time.monotonic() >= self.queue[0].arrived + self.batch_wait
+            len(queue) >= self.max_batch_size
+            or len(queue) + len(self.running) >= queue[-1].request.inflight
+            or time.monotonic() >= queue[0].arrived + self.batch_wait
         )
 
     # ---- work --------------------------------------------------------------------------------
 
     def run_step(self) -> None:
-        """``step()`` under the failure policy (the module's docstring)."""
+        """One step, ``get_next_batch_to_run`` -> ``run_batch`` -> ``process_batch_result``,
+        under the failure policy (the module's docstring)."""
         try:
-            self.step()
+            batch = self.get_next_batch_to_run()
+            self.declined = batch is None
+            if batch is None:
+                self.tick_followers()
+                return
+            self.current = batch
+            self.process_batch_result(batch, self.run_batch(batch))
         except Exception as exc:
             if self.ranks > 1:
                 # The failure (often a peer rank gone, seen as a broken collective) leaves the
                 # ranks out of step: the process ends, and the supervisor restarts the replica.
                 raise
-            failed = list(self.in_step())
-            log.exception("a step of %d request(s) failed", len(failed))
-            for item in failed:
-                self.send(
-                    item.identity,
-                    wire.RequestFailed(
-                        item.rid,
-                        500,
-                        f"the model failed on this batch: {type(exc).__name__}: {exc}",
-                    ),
-                )
-            self.finish(failed)
-            gone = {item.rid for item in failed}
-            self.queue = deque(q for q in self.queue if q.rid not in gone)  # no later part runs
-            self.platform.empty_cache()
+            self.fail_step(exc)
+        finally:
+            self.current = None
 
-    def step(self) -> None:
-        """One unit of work: by default the next batch."""
-        self.run_batch()
+    def fail_step(self, exc: Exception) -> None:
+        """Answer every request of the failed step with a 500 and let them go."""
+        failed = list(self.in_step())
+        log.exception("a step of %d request(s) failed", len(failed))
+        for item in failed:
+            self.send(
+                item.identity,
+                wire.RequestFailed(
+                    item.rid,
+                    500,
+                    f"the model failed on this batch: {type(exc).__name__}: {exc}",
+                ),
+            )
+        self.finish(failed)
+        gone = {item.rid for item in failed}
+        self.waiting_queue[:] = [q for q in self.waiting_queue if q.rid not in gone]
+        self.recover()
+        self.platform.empty_cache()
 
     def in_step(self) -> Iterable[Q]:
-        """The requests the step under way works on (a failure answers them): by default every
-        running request."""
+        """The requests the step under way works on (a failure answers them): the batch's, or
+        every running request when no batch was made yet."""
+        if self.current is not None:
+            return cast("Sequence[Q]", self.current.reqs)
         return self.running.values()
-
-    def run_batch(self) -> None:
-        """Take the next batch and run it to the end."""
-        batch = self.take_batch()
-        self.batches += 1
-        self.begin(batch)
-        self.execute(batch)
-        self.finish(batch)
 
     def begin(self, items: Iterable[Q]) -> None:
         """``items`` are running: a cancellation of one is noted, and a failure answers them."""
@@ -316,12 +353,6 @@ class BatchingScheduler(ABC, Generic[R, Q]):
         for item in items:
             self.running.pop(item.rid, None)
             self.cancelled.discard(item.rid)
-
-    def poll(self) -> set[str]:
-        """Inside a step: take in what arrived without waiting (pings answered, requests
-        queued, cancellations noted) and return the rids of the running requests cancelled."""
-        self.drain()
-        return self.cancelled
 
     # ---- receiving ---------------------------------------------------------------------------
 
@@ -353,10 +384,10 @@ class BatchingScheduler(ABC, Generic[R, Q]):
             self.take_in(identity, msg)
 
     def cancel(self, rid: str) -> None:
-        """Drop ``rid`` from the queue, or note it cancelled when it is running."""
-        dropped = [q for q in self.queue if q.rid == rid]
+        """Drop ``rid`` from the waiting queue, or note it cancelled when it is running."""
+        dropped = [q for q in self.waiting_queue if q.rid == rid]
         if dropped:
-            self.queue = deque(q for q in self.queue if q.rid != rid)
+            self.waiting_queue[:] = [q for q in self.waiting_queue if q.rid != rid]
             self.aborted += sum(1 for q in dropped if q.started)
         elif rid in self.running:
             self.cancelled.add(rid)
@@ -373,7 +404,8 @@ class BatchingScheduler(ABC, Generic[R, Q]):
         except InputError as exc:
             self.send(identity, wire.RequestFailed(request.rid, 400, str(exc), exc.param))
             return
-        self.queue.append(item)
+        self.waiting_queue.append(item)
+        self.declined = False
 
     # ---- sending -----------------------------------------------------------------------------
 
@@ -390,7 +422,7 @@ class BatchingScheduler(ABC, Generic[R, Q]):
             os.getpid(),
             self.served_name,
             self.kind,
-            len(self.queue),
+            len(self.waiting_queue),
             self.stats(),
         )
 

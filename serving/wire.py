@@ -237,7 +237,8 @@ class TextModel(msgspec.Struct):
     """A text model as served: embeddings (``pooling`` set) or generation (``kind``).
     ``max_input_tokens``: the longest prompt (or embedding input); ``context_length``: the
     longest prompt + completion of one request; ``max_total_tokens``: the KV pool of all running
-    sequences together (generation; for embeddings the same as ``context_length``)."""
+    sequences together (generation; for embeddings the same as ``context_length``);
+    ``model_class``: the class that runs it (transformers', or one a plugin registered)."""
 
     model_path: str
     served_model_name: str
@@ -254,6 +255,7 @@ class TextModel(msgspec.Struct):
     pooling: Pooling | None
     load_seconds: float
     cpu_threads: CpuThreads
+    model_class: str = ""
 
 
 class TextMemory(msgspec.Struct):
@@ -335,11 +337,13 @@ class ImageMemory(msgspec.Struct):
 
 class SchedulerStats(msgspec.Struct, kw_only=True):
     """The counters every scheduler keeps: batches run, requests cancelled while they ran, and
-    tokens generated (0 where the runtime generates none)."""
+    tokens generated (0 where the runtime generates none); and the metrics plugins defined in
+    its process (``serving.plugin_metrics``: Prometheus' text format, "" when none)."""
 
     batches: int = 0
     aborted: int = 0
     generated_tokens: int = 0
+    plugin_metrics: str = ""
 
 
 class TextStats(SchedulerStats, tag="text", kw_only=True):
@@ -423,13 +427,6 @@ class GenerationStep(msgspec.Struct, tag="generation_step"):
     cancel: list[str]
 
 
-class Batch(msgspec.Struct, tag="batch"):
-    """Generate these sequences together to the end of the longest (static batching, kept for
-    the benchmark's comparison only); every rank runs the same decode loop."""
-
-    seqs: list[SeqWork]
-
-
 class ImageWork(msgspec.Struct):
     """One request's share of an image batch (``n`` images from seed ``seed``)."""
 
@@ -468,7 +465,7 @@ class Stop(msgspec.Struct, tag="stop"):
     """Rank 0 is stopping: leave the loop and the group."""
 
 
-FollowerWork = GenerationStep | Batch | ImageBatch | ImageTurn
+FollowerWork = GenerationStep | ImageBatch | ImageTurn
 ToFollower = FollowerWork | Tick | Stop
 
 Request = EmbedRequest | GenerateRequest | ImageRequest

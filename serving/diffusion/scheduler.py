@@ -4,20 +4,30 @@ One process per data-parallel replica, two with ``--enable-cfg-parallel`` (the d
 has no tensor parallelism; see ``run_scheduler_process``). It sets the device up and loads the
 pipeline through ``DiffusionModelRunner`` (every decision a call of
 ``platforms.diffusion.current_platform``), then serves the HTTP child with ``DiffusionScheduler``,
-the shared ``BatchingScheduler`` of ``serving.scheduler`` (socket, queue, batch timing, failure
-policy). What is the image runtime's own: requests are checked on arrival (a bad one gets a 400
-naming the field and the limit at once, one that asks for more than ``--max-pixel-steps``
-included), and those of the same size, step count and guidance scale that wait together run as
-one pipeline batch of at most ``--max-batch-size`` images.
+the shared ``BatchingScheduler`` of ``serving.scheduler`` (socket, waiting queue, batch timing,
+the step loop, failure policy). What is the image runtime's own: requests are checked on arrival
+(a bad one gets a 400 naming the field and the limit at once, one that asks for more than
+``--max-pixel-steps`` included), and those of the same size, step count and guidance scale that
+wait together run as one pipeline batch (a ``PipelineCall``) of at most ``--max-batch-size``
+images.
 
 Pipeline calls take turns a denoising step at a time (``serving.diffusion.stepping``): up to
 ``MAX_CALLS`` calls are under way at once, and the next step goes to the call that has had the
 least work so far (pixels times images of each step it ran; a call that starts is counted level
 with the least served one). So a small request runs its steps between a big one's steps and waits
-at most one of them at a time. A streamed request (``stream``) hears of each denoising step of
-its batch (``ImageProgress``) before its images. A cancelled request is dropped from the queue,
-or, when every request of a call under way is cancelled, the call ends at its next step and
-frees the worker.
+at most one of them at a time. With SGLang's names, each step:
+
+- ``get_next_batch_to_run()`` starts a pipeline call of the waiting queue's next batch when one
+  is due and there is room, and returns the call that takes this step: one whose every request
+  is cancelled first (it ends at this step, ``stop``), else the least served;
+- ``run_batch(call)`` runs that call to its next denoising step (or its end) and returns whether
+  it ended;
+- ``process_batch_result(call, ended)`` tells the call's streamed requests (``stream``) of the
+  step (``ImageProgress``), or, once it ended, answers its requests with their images and lets
+  them go.
+
+A cancelled request is dropped from the waiting queue, or, when every request of a call under
+way is cancelled, the call ends at its next step and frees the worker.
 """
 
 from __future__ import annotations
@@ -112,7 +122,7 @@ class ImageFollower:
                 raise call.error
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class ImageItem(Queued):
     """A queued image request, its checked ``Shape`` and the seed of its first image."""
 
@@ -121,18 +131,20 @@ class ImageItem(Queued):
     seed: int
 
 
-@dataclass
+@dataclass(eq=False)
 class PipelineCall:
-    """A pipeline batch under way: its number, requests, shape and jobs, whether it runs on both
-    ranks (``split``), the call itself, and the work it has had (``served``, pixel-steps)."""
+    """A pipeline batch under way: its number, requests (``reqs``), shape and jobs, whether it
+    runs on both ranks (``split``), the call itself, the work it has had (``served``,
+    pixel-steps), and whether its next step ends it (``stop``: every request is cancelled)."""
 
     number: int
-    items: list[ImageItem]
+    reqs: list[ImageItem]
     shape: Shape
     jobs: list[ImageJob]
     split: bool
     call: SteppedCall[list[list[bytes]]]
     served: float = 0.0
+    stop: bool = False
     images: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -144,7 +156,7 @@ class PipelineCall:
         return self.shape.width * self.shape.height * self.images
 
 
-class DiffusionScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
+class DiffusionScheduler(BatchingScheduler[wire.ImageRequest, ImageItem, PipelineCall, bool]):
     """Rank 0 of an image replica: pipeline batches on a ``DiffusionModelRunner``, taking turns."""
 
     def __init__(
@@ -162,8 +174,7 @@ class DiffusionScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
         self.worker = worker
         self.images_made = 0
         self.max_pixel_steps = server_args.max_pixel_steps
-        self.calls: list[PipelineCall] = []
-        self.current: PipelineCall | None = None  # the call taking a step
+        self.calls: list[PipelineCall] = []  # under way, taking turns
         self.numbers = itertools.count()
 
     def admit(self, identity: bytes, request: wire.ImageRequest) -> ImageItem:
@@ -199,47 +210,59 @@ class DiffusionScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
         if req.seed is not None and not 0 <= req.seed < 2**63 - req.n:
             raise InputError(f"seed {req.seed} must be between 0 and 2**63 - n", "seed")
 
-    def take_batch(self) -> list[ImageItem]:
-        """The oldest request and the queued ones of its shape, at most ``max_batch_size``
-        images in all; the others keep their places."""
-        first = self.queue.popleft()
-        batch, images, rest = [first], first.request.n, []
-        while self.queue:
-            item = self.queue.popleft()
-            if item.shape == first.shape and images + item.request.n <= self.max_batch_size:
-                batch.append(item)
-                images += item.request.n
-            else:
-                rest.append(item)
-        self.queue.extendleft(reversed(rest))
-        return batch
+    # ---- the step: SGLang's three seams ------------------------------------------------------
 
-    # ---- steps -------------------------------------------------------------------------------
-
-    def step(self) -> None:
-        """Start a pipeline call of the queue's next batch when one is due and there is room,
-        end the calls whose every request is cancelled, then run one step of the call under way
-        that has had the least work."""
-        self.current = None
-        if self.queue and self.batch_due() and len(self.calls) < MAX_CALLS:
-            batch = self.take_batch()
+    def get_next_batch_to_run(self) -> PipelineCall | None:
+        """Start a pipeline call of the waiting queue's next batch when one is due and there is
+        room; return the call that takes this step (the module docstring), None when none is
+        under way."""
+        if self.waiting_queue and self.batch_due() and len(self.calls) < MAX_CALLS:
+            batch = same_shape_batch(self.waiting_queue, self.max_batch_size)
             self.batches += 1
             self.begin(batch)
             self.start(batch)
-        for call in [c for c in self.calls if all(q.rid in self.cancelled for q in c.items)]:
-            self.advance(call, stop=True)
-        if self.calls:
-            self.advance(min(self.calls, key=lambda c: c.served))
+        for call in self.calls:
+            if all(q.rid in self.cancelled for q in call.reqs):
+                call.stop = True
+                return call
+        return min(self.calls, key=lambda c: c.served) if self.calls else None
 
-    def in_step(self) -> list[ImageItem]:
-        return self.current.items if self.current is not None else []
+    def run_batch(self, batch: PipelineCall) -> bool:
+        """Run ``batch`` to its next step (``stop``: end it there); whether it ended. With
+        ``--enable-cfg-parallel`` rank 1 takes the same step of the same call."""
+        call = batch
+        if call.split and (call.call.started or not call.stop):
+            self.broadcast(
+                wire.ImageTurn(call.number)
+                if call.call.started
+                else cfg_batch(call.number, call.shape, call.jobs)
+            )
+        elif not call.split:
+            self.tick_followers()  # rank 1 is idle through this call
+        return call.call.advance(call.stop)
 
-    def execute(self, batch: list[ImageItem]) -> None:
-        """Run ``batch`` (begun) to its end as one pipeline call; the calls under way wait."""
-        self.start(batch)
-        call = self.calls[-1]
-        while call in self.calls:
-            self.advance(call)
+    def process_batch_result(self, batch: PipelineCall, result: bool) -> None:
+        """Tell the call's streamed requests of the step, or, when it ended, answer its
+        requests and let them go. A call that raised leaves with its exception (the failure
+        policy answers its requests)."""
+        call = batch
+        if not result:
+            call.served += call.step_cost
+            for q in call.reqs:
+                if q.request.stream and q.rid not in self.cancelled:
+                    self.send(
+                        q.identity, wire.ImageProgress(q.rid, call.call.done, call.call.total)
+                    )
+            return
+        self.calls.remove(call)
+        error = call.call.error
+        if isinstance(error, DenoiseStopped):
+            self.aborted += len(call.reqs)
+        elif error is not None:
+            raise error
+        else:
+            self.answer(call)
+        self.finish(call.reqs)
 
     def start(self, batch: list[ImageItem]) -> None:
         """``batch`` becomes a pipeline call under way (it takes its first step in its turn)."""
@@ -272,43 +295,9 @@ class DiffusionScheduler(BatchingScheduler[wire.ImageRequest, ImageItem]):
         )
         self.calls.append(call)
 
-    def advance(self, call: PipelineCall, stop: bool = False) -> None:
-        """Run ``call`` to its next step (``stop``: end it there), then tell its streamed
-        requests of the step, or answer its requests when it has ended. A call that raised
-        leaves with its exception (the failure policy answers its requests)."""
-        self.current = call
-        if call.split and (call.call.started or not stop):
-            # rank 1 takes the same step of the same call
-            self.broadcast(
-                wire.ImageTurn(call.number)
-                if call.call.started
-                else cfg_batch(call.number, call.shape, call.jobs)
-            )
-        elif not call.split:
-            self.tick_followers()  # rank 1 is idle through this call
-        ended = call.call.advance(stop)
-        if not ended:
-            call.served += call.step_cost
-            for q in call.items:
-                if q.request.stream and q.rid not in self.cancelled:
-                    self.send(
-                        q.identity, wire.ImageProgress(q.rid, call.call.done, call.call.total)
-                    )
-            return
-        self.calls.remove(call)
-        error = call.call.error
-        if isinstance(error, DenoiseStopped):
-            self.aborted += len(call.items)
-        elif error is not None:
-            raise error
-        else:
-            self.answer(call)
-        self.finish(call.items)
-        self.current = None
-
     def answer(self, call: PipelineCall) -> None:
         encoded = call.call.result or []
-        for item, job, blobs in zip(call.items, call.jobs, encoded, strict=True):
+        for item, job, blobs in zip(call.reqs, call.jobs, encoded, strict=True):
             if job.rid in self.cancelled:
                 self.aborted += 1
                 continue
@@ -344,3 +333,18 @@ def cfg_batch(number: int, shape: Shape, jobs: list[ImageJob]) -> wire.ImageBatc
         shape.guidance_scale,
         [wire.ImageWork(j.rid, j.prompt, j.n, j.negative_prompt, j.seed) for j in jobs],
     )
+
+
+def same_shape_batch(queue: list[ImageItem], max_images: int) -> list[ImageItem]:
+    """Take the oldest request of ``queue`` and the waiting ones of its shape, at most
+    ``max_images`` images in all, out of it (changed in place); the others keep their places."""
+    first = queue[0]
+    batch, images, rest = [first], first.request.n, []
+    for item in queue[1:]:
+        if item.shape == first.shape and images + item.request.n <= max_images:
+            batch.append(item)
+            images += item.request.n
+        else:
+            rest.append(item)
+    queue[:] = rest
+    return batch

@@ -17,7 +17,9 @@ Two families of names share the page:
   not answered yet, by ``dp_rank``) and ``replica_restarts_total`` (by ``dp``, the restarts the
   supervisor announced).
 
-Every series labelled only ``model_name`` is on the page from the start, at zero. The page is
+Every series labelled only ``model_name`` is on the page from the start, at zero. After them
+come the metrics plugins defined in the scheduler processes (``serving.plugin_metrics``), as the
+replicas that answered reported them, each sample labelled with its ``dp_rank``. The page is
 Prometheus' text format.
 """
 
@@ -29,6 +31,8 @@ from collections.abc import Iterable
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from serving import wire
 
@@ -122,6 +126,8 @@ class Metrics:
         self.generation_tokens = Counter(
             "sglang:generation_tokens", "Tokens generated.", label, registry=r
         ).labels(model_name)
+        self.plugins = PluginMetrics()
+        r.register(self.plugins)
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request of ``route`` and its latency."""
@@ -149,6 +155,9 @@ class Metrics:
             return
         running = queued = used = total = 0
         throughput = 0.0
+        self.plugins.pages = {
+            p.dp_rank: p.info.plugin_metrics for p in answered if p.info and p.info.plugin_metrics
+        }
         for pong in answered:
             info = pong.info
             if isinstance(info, wire.TextStats):
@@ -202,3 +211,30 @@ class GenerationTiming:
             self.last, self.tokens = now, reply.completion_tokens
         if reply.finished:
             self.metrics.e2e.observe(now - self.started)
+
+
+class PluginMetrics:
+    """A collector of the metrics plugins defined in the schedulers: ``pages`` holds each
+    replica's page (by ``dp_rank``), merged into one family per name."""
+
+    def __init__(self) -> None:
+        self.pages: dict[int, str] = {}
+
+    def collect(self) -> list[Metric]:
+        merged: dict[str, Metric] = {}
+        for rank, page in sorted(self.pages.items()):
+            try:
+                families = list(text_string_to_metric_families(page))
+            except ValueError:
+                continue  # a page this parser cannot read is left out, not the whole /metrics
+            for family in families:
+                into = merged.get(family.name)
+                if into is None:
+                    into = Metric(family.name, family.documentation, family.type, family.unit)
+                    merged[family.name] = into
+                if into.type != family.type:
+                    continue
+                for sample in family.samples:
+                    labels = {**sample.labels, "dp_rank": str(rank)}
+                    into.add_sample(sample.name, labels, sample.value, sample.timestamp)
+        return list(merged.values())

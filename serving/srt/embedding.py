@@ -5,31 +5,59 @@ in turn, oldest first, one text each round: a request of a few texts is in the n
 is queued before it, and a request of many texts runs over several batches, interleaved with the
 requests that arrive meanwhile, and is answered once its last text is embedded. So a big request
 delays a small one by at most one batch.
+
+An ``EmbedReq`` has SGLang's request names, one entry per text: ``origin_input_text`` (the
+texts), ``origin_input_ids`` (their token ids); ``sampling_params`` generates nothing
+(``max_new_tokens=0``), ``output_ids`` is empty, and ``finished()`` says whether every text is
+embedded.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from serving import wire
 from serving.scheduler import Queued
 
+# What an embedding request samples with: nothing (SGLang's embedding requests say the same).
+NO_SAMPLING = wire.SamplingParams(max_new_tokens=0)
 
-@dataclass(kw_only=True)
-class EmbedItem(Queued):
+
+@dataclass(kw_only=True, eq=False)
+class EmbedReq(Queued):
     """A queued embedding request: one token list per text, and how far it has got.
 
     ``taken``: its texts handed to batches so far; ``part``: its texts in the batch being run;
-    ``vectors``: the rows of the batches it has run (packed, in text order); ``widest``: the most
-    texts of a batch it ran in."""
+    ``vectors``: the rows of the batches it has run (packed, in text order); ``embedded``: its
+    texts embedded so far; ``widest``: the most texts of a batch it ran in."""
 
     request: wire.EmbedRequest
     input_ids: list[list[int]]
     taken: int = 0
     part: range = range(0)
     vectors: list[bytes] = field(default_factory=list)
+    embedded: int = 0
     widest: int = 0
+
+    @property
+    def origin_input_text(self) -> list[str]:
+        return self.request.texts
+
+    @property
+    def origin_input_ids(self) -> list[list[int]]:
+        return self.input_ids
+
+    @property
+    def sampling_params(self) -> wire.SamplingParams:
+        return NO_SAMPLING
+
+    @property
+    def output_ids(self) -> list[int]:
+        return []
+
+    def finished(self) -> bool:
+        """Every text of it is embedded."""
+        return self.embedded >= len(self.input_ids)
 
     @property
     def load(self) -> int:
@@ -52,6 +80,7 @@ class EmbedItem(Queued):
     def add_rows(self, rows: bytes, batch_texts: int) -> None:
         """The packed rows of ``part``, from a batch of ``batch_texts`` texts."""
         self.vectors.append(rows)
+        self.embedded += len(self.part)
         self.widest = max(self.widest, batch_texts)
 
     def answer(self, dim: int) -> wire.Embeddings:
@@ -60,11 +89,11 @@ class EmbedItem(Queued):
         return wire.Embeddings(self.rid, rows, dim, self.prompt_tokens, batch_size=self.widest)
 
 
-def take_texts(queue: deque[EmbedItem], capacity: int) -> list[EmbedItem]:
+def take_texts(queue: list[EmbedReq], capacity: int) -> list[EmbedReq]:
     """The requests of the next batch, at most ``capacity`` texts in all, each with its ``part``
-    set: one text from each queued request in turn, oldest first, until the batch is full or
-    every text is taken. A request whose last text is taken leaves the queue; the others keep
-    their places."""
+    set: one text from each queued request in turn, in queue order, until the batch is full or
+    every text is taken. A request whose last text is taken leaves the queue (changed in place);
+    the others keep their places."""
     share = dict.fromkeys(range(len(queue)), 0)
     room = max(capacity, 1)
     while room:
@@ -78,8 +107,8 @@ def take_texts(queue: deque[EmbedItem], capacity: int) -> list[EmbedItem]:
                 progressed = True
         if not progressed:
             break
-    batch: list[EmbedItem] = []
-    rest: deque[EmbedItem] = deque()
+    batch: list[EmbedReq] = []
+    rest: list[EmbedReq] = []
     for at, item in enumerate(queue):
         if share[at] or not item.input_ids:
             item.part = range(item.taken, item.taken + share[at])
@@ -87,6 +116,5 @@ def take_texts(queue: deque[EmbedItem], capacity: int) -> list[EmbedItem]:
             batch.append(item)
         if not item.complete:
             rest.append(item)
-    queue.clear()
-    queue.extend(rest)
+    queue[:] = rest
     return batch

@@ -22,6 +22,13 @@ Every rank of a tensor-parallel replica holds the same batch: rank 0 decides wha
 what is cancelled before each step (``serving.srt.scheduler``) and broadcasts it, and every
 rank runs the same ``step`` on the same logits with the same per-sequence generators, so they
 pick the same tokens and finish the same sequences without exchanging them.
+
+A model whose KV cache has layers this batch cannot pad, join or trim (``check_cache``: a
+linear-attention layer, say) runs in the same batch without joining (``joins=False``): the
+scheduler admits sequences only into an empty batch, they are prefilled together in one forward
+and decode together, a finished or cancelled row stays in the cache (fed a pad token, its
+logits unread) until every row has finished, and then the batch is empty again. The sampling is
+the same code.
 """
 
 from __future__ import annotations
@@ -60,7 +67,9 @@ class GenerationBatch:
     returns its logits; ``new_cache()`` makes an empty cache for it; ``decode`` turns token ids
     into text, ``token_text`` one token id into its text alone; ``chunk_tokens`` bounds one
     prefill forward (``None``: no bound); ``inference_mode`` is the platform's no-grad context
-    each step runs in; ``answers`` (rank 0) computes what only answers need (logprobs)."""
+    each step runs in; ``answers`` (rank 0) computes what only answers need (logprobs);
+    ``joins``: sequences may join a batch that is running and leave it as they finish (the
+    module docstring says what ``False`` means)."""
 
     def __init__(
         self,
@@ -75,6 +84,7 @@ class GenerationBatch:
         chunk_tokens: int | None,
         inference_mode: Callable[[], Any],
         answers: bool = True,
+        joins: bool = True,
     ) -> None:
         self.forward = forward
         self.new_cache = new_cache
@@ -86,6 +96,7 @@ class GenerationBatch:
         self.chunk_tokens = chunk_tokens
         self.inference_mode = inference_mode
         self.answers = answers
+        self.joins = joins
         self.waiting: deque[Sequence] = deque()  # joined, prefill not started
         self.partial: _Prefill | None = None
         self.rows: list[Sequence] = []  # decoding, in cache row order
@@ -93,7 +104,8 @@ class GenerationBatch:
         self.mask: Any = None  # (rows, width) long: 1 where a row has a token
         self.positions: Any = None  # (rows,) long: the position of each row's next token
         self.steps = 0
-        self.last_step_size = 0
+        self.last_step_size = 0  # decoding rows of the last step
+        self.last_step_tokens = 0  # tokens the last step generated
 
     # ---- what is in it -------------------------------------------------------------------
 
@@ -141,6 +153,7 @@ class GenerationBatch:
         """One unit of work (the module docstring). Returns the sequences that got a token or
         finished in it, each once, in batch order."""
         touched: dict[str, Sequence] = {}
+        self.last_step_tokens = 0
         with self.inference_mode():
             for seq in self._prefill():
                 touched[seq.rid] = seq
@@ -218,11 +231,20 @@ class GenerationBatch:
         import torch
 
         rows = self.rows
-        last = torch.tensor([s.output_ids[-1] for s in rows], dtype=torch.long, device=self.device)
+        if self.joins:
+            tokens = [s.output_ids[-1] for s in rows]
+        else:  # finished rows stay until every row has finished, fed a pad token
+            tokens = [self.pad_id if s.finished else s.output_ids[-1] for s in rows]
+        last = torch.tensor(tokens, dtype=torch.long, device=self.device)
         ones = torch.ones((len(rows), 1), dtype=self.mask.dtype, device=self.device)
         self.mask = torch.cat([self.mask, ones], dim=1)
         logits = self.forward(last[:, None], self.mask, self.positions[:, None], self.cache)
         self.positions = self.positions + 1
+        if not self.joins:
+            live = [i for i, s in enumerate(rows) if not s.finished]
+            if len(live) < len(rows):
+                index = torch.tensor(live, dtype=torch.long, device=logits.device)
+                rows, logits = [rows[i] for i in live], logits.index_select(0, index)
         self._pick(rows, logits)
         self._drop_finished()
         return rows
@@ -248,6 +270,7 @@ class GenerationBatch:
                     seq.note_logprob(row, chosen[i], self.token_text)
         for i, seq in enumerate(seqs):
             seq.advance(chosen[i], self.eos_ids, self.decode)
+        self.last_step_tokens += len(seqs)
 
     # ---- the cache -----------------------------------------------------------------------
 
@@ -256,6 +279,13 @@ class GenerationBatch:
         not those of its sequences that already finished."""
         import torch
 
+        if not self.joins:  # the whole group is the batch; its finished rows stay in it
+            if self.cache is not None:
+                raise UnsupportedCache("this batch cannot join sequences to a running batch")
+            if not all(s.finished for s in group):
+                self.cache, self.mask, self.positions = cache, mask, mask.sum(dim=1)
+                self.rows = group
+            return
         keep = [i for i, s in enumerate(group) if not s.finished]
         if not keep:
             return
@@ -286,6 +316,8 @@ class GenerationBatch:
         keep = [i for i, s in enumerate(self.rows) if not s.finished]
         if len(keep) == len(self.rows):
             return
+        if not self.joins and keep:
+            return  # rows leave together, once every one has finished
         if not keep:
             self.rows, self.cache, self.mask, self.positions = [], None, None, None
             return

@@ -3,7 +3,8 @@
 Encoder models (BERT-like, including the sentence-transformers layout) serve embeddings, pooled
 and normalised as the directory declares (``pooling``); causal LMs serve generation, batched
 continuously over the model's KV cache (``engine``; ``sampling`` picks tokens), within a context
-length per request and a KV pool for all running sequences (``kv_pool``). Every hardware decision
+length per request and a KV pool for all running sequences (``kv_pool``). The model class is
+transformers' auto class, or the one a plugin registered for the architecture (``models``). Every hardware decision
 is a call of the platform contract: the device (``get_device``), the attention implementation
 (``get_default_attention_backend``), the no-grad context (``inference_mode``), seeding
 (``seed_everything``), memory figures (``get_device_total_memory``, ``get_available_memory``,
@@ -29,9 +30,9 @@ from serving.errors import InputError, ModelLoadError
 from serving.srt.engine import GenerationBatch, UnsupportedCache
 from serving.srt.kv_pool import default_pool_tokens, kv_bytes_per_token
 from serving.srt.limits import GenerationLimits
+from serving.srt.models import class_name, load_config, registered_class
 from serving.srt.pooling import PoolingConfig, pool, read_pooling_config
 from serving.srt.sampling import Sequence
-from serving.srt.static_batch import generate_static
 from serving.threads import cpu_threads
 from serving.wire import Pooling, SamplingParams, TextMemory, TextModel
 
@@ -97,7 +98,8 @@ def cannot_run_message(platform: SRTPlatform, exc: BaseException) -> str:
 
 
 class ModelRunner:
-    """One loaded model on one rank. ``kind`` is ``"embedding"`` or ``"generation"``.
+    """One loaded model on one rank (SGLang's ``TpModelWorker``). ``kind`` is ``"embedding"``
+    or ``"generation"``.
 
     With ``tp_size > 1`` the process must already be in its replica's ``torch.distributed``
     group; every rank then runs the same ``generate`` steps on the same batch (rank 0
@@ -147,15 +149,9 @@ class ModelRunner:
             platform_attention = platform.get_default_attention_backend()
         except NotImplementedError as exc:
             raise ModelLoadError(cannot_run_message(platform, exc)) from exc
-        try:
-            config = transformers.AutoConfig.from_pretrained(
-                source.path, local_files_only=True, trust_remote_code=trust_remote_code
-            )
-        except Exception as exc:  # noqa: BLE001 - any config failure is the same user error
-            raise ModelLoadError(
-                f"cannot read the model config in {source.path}: {exc}; pass --model-path a "
-                f"Hugging Face model directory (add --trust-remote-code for custom architectures)"
-            ) from exc
+        # A plugin's class for this architecture (ModelRegistry), else transformers' auto class.
+        self.model_class: type[Any] | None = registered_class(source.path)
+        config = load_config(source.path, trust_remote_code, self.model_class)
         self.architecture = (getattr(config, "architectures", None) or [type(config).__name__])[0]
         self.kind = "generation" if is_causal_lm(self.architecture) else "embedding"
         if tp_size > 1:
@@ -165,7 +161,10 @@ class ModelRunner:
         self.attn_implementation = attention_implementation(platform_attention, attention_backend)
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(
-                source.path, local_files_only=True, trust_remote_code=trust_remote_code
+                source.path,
+                config=config,  # read once, also where only a registered class knows its type
+                local_files_only=True,
+                trust_remote_code=trust_remote_code,
             )
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(
@@ -256,7 +255,7 @@ class ModelRunner:
         return dtype
 
     def _load_model(self, transformers: Any, torch: Any, trust_remote_code: bool) -> Any:
-        auto = (
+        auto = self.model_class or (
             transformers.AutoModelForCausalLM
             if self.kind == "generation"
             else transformers.AutoModel
@@ -382,7 +381,9 @@ class ModelRunner:
 
     def embed_matrix(self, inputs: list[list[int]]) -> torch.Tensor:
         """``embed_ids`` as one float32 tensor on the CPU, a row per input (the scheduler sends its
-        bytes: no Python float per value on the scheduler's side)."""
+        bytes: no Python float per value on the scheduler's side). SGLang's
+        ``TpModelWorker.forward_batch_embedding``: the scheduler calls it once per embedding
+        batch."""
         import torch
 
         pooling = self.pooling
@@ -441,7 +442,8 @@ class ModelRunner:
 
     def new_batch(self, answers: bool = True) -> GenerationBatch:
         """An empty running batch on this model (``answers``: rank 0, which computes what only
-        answers need)."""
+        answers need). A model whose cache cannot be joined (``continuous`` False after the
+        warm-up) gets a batch that does not join (``engine``), prefilled whole."""
         return GenerationBatch(
             forward=self.forward_logits,
             new_cache=self.new_cache,
@@ -450,22 +452,22 @@ class ModelRunner:
             pad_id=self.pad_id,
             decode=self._decode,
             token_text=self.token_text,
-            chunk_tokens=self.chunk_tokens,
+            chunk_tokens=self.chunk_tokens if self.continuous else None,
             inference_mode=self.platform.inference_mode,
             answers=answers,
+            joins=self.continuous,
         )
 
     def generate(self, batch: GenerationBatch) -> list[Sequence]:
         """One step of the running ``batch`` (``GenerationBatch.step``: at most one prefill
         chunk, then one decode of every row); the sequences that got a token or finished in it.
-        Every rank of a tensor-parallel replica calls it with the same batch."""
+        SGLang's ``TpModelWorker.forward_batch_generation``: every rank of a tensor-parallel
+        replica calls it once per step, with the same batch."""
         return batch.step()
 
     def run_to_end(self, seqs: list[Sequence]) -> list[Sequence]:
         """Run ``seqs`` together to their ends, one ``generate`` step after another (all ranks of
         a tensor-parallel replica call it with the same sequences)."""
-        if not self.continuous:
-            return generate_static(self, seqs)
         batch = self.new_batch()
         batch.join(seqs)
         while len(batch):
@@ -536,6 +538,7 @@ class ModelRunner:
             else Pooling(pooling.mode, pooling.normalize, pooling.declared_by),
             load_seconds=round(self.load_seconds, 3),
             cpu_threads=cpu_threads(),
+            model_class=class_name(type(self.model)),
         )
 
 

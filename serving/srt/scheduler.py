@@ -4,22 +4,30 @@ runs this target).
 ``run_scheduler_process(server_args, ctx)``: join the replica's tensor-parallel group when
 ``ctx.tp_size > 1`` (the platform's distributed backend), load the model (``model_runner``), run
 one warm-up batch, then serve: rank 0 runs ``Scheduler`` (the shared ``BatchingScheduler`` of
-``serving.scheduler``: socket, queue, batch timing, failure policy), ranks > 0 ``follow`` rank
-0's broadcasts in lockstep.
+``serving.scheduler``: socket, waiting queue, batch timing, the step loop, failure policy), ranks
+> 0 ``follow`` rank 0's broadcasts in lockstep.
 
 What is the text runtime's own: a request is tokenised on arrival (an embedding request counts
 its texts, a generation request draws its seed unless it gave one; input over the limits, or a
-sequence that could never fit the KV pool, is a 400 at once). Embeddings: a batch holds up to
-``--max-batch-size`` texts, shared between the queued requests (``serving.srt.embedding``: a
-request of many texts runs over several batches, interleaved with the others).
+sequence that could never fit the KV pool, is a 400 at once), and becomes a ``Req`` (generation)
+or an ``EmbedReq`` in ``waiting_queue``. Each step, with SGLang's names:
 
-Generation is batched continuously: each step of the loop first admits waiting sequences into
-the running batch (``serving.srt.engine``) while they fit the KV pool and
-``--max-running-requests``, fairly across HTTP requests (``serving.srt.kv_pool``), drops the
-cancelled ones, then runs one step of the batch and answers what it produced: a streaming
-sequence its increment, a finished one its result, and it leaves the batch at once. In a
-tensor-parallel replica rank 0 broadcasts each step's joining and cancelled sequences
-(``wire.GenerationStep``) and every rank runs the same step.
+- ``get_next_batch_to_run()``: generation admits waiting requests into ``running_batch`` (the
+  ``ScheduleBatch`` of every running request) while they fit the KV pool and
+  ``--max-running-requests``, in ``waiting_queue`` order and fairly across HTTP requests
+  (``serving.srt.kv_pool``), and returns it (None when nothing runs); embeddings return a new
+  batch of at most ``--max-batch-size`` texts shared between the waiting requests
+  (``serving.srt.embedding``: a request of many texts runs over several batches, interleaved
+  with the others);
+- ``run_batch(batch)``: generation joins the newly admitted requests to the engine's batch
+  (``serving.srt.engine``; in a tensor-parallel replica rank 0 first broadcasts them and the
+  cancelled rids, ``wire.GenerationStep``, and every rank runs the same step), stops the
+  cancelled ones and runs one step through the model worker, ``ModelRunner.generate``
+  (``GenerationBatchResult``); embeddings run ``ModelRunner.embed_matrix`` on the batch's texts
+  (``EmbeddingBatchResult``);
+- ``process_batch_result(batch, result)``: a streaming sequence gets its increment, a finished
+  one its result, and it leaves the batch and the KV pool at once; an embedding request whose
+  last texts these were gets its vectors.
 """
 
 from __future__ import annotations
@@ -28,19 +36,23 @@ import logging
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from launchspec.model_source import resolve_model
 from serving import wire
 from serving.errors import InputError
-from serving.scheduler import BatchingScheduler, Queued, follow
-from serving.srt.embedding import EmbedItem, take_texts
+from serving.scheduler import BatchingScheduler, follow
+from serving.srt.embedding import EmbedReq, take_texts
 from serving.srt.engine import GenerationBatch
 from serving.srt.kv_pool import KVPool, admit_fairly
 from serving.srt.model_runner import ModelRunner
 from serving.srt.sampling import Sequence
-from serving.srt.static_batch import generate_static, static_batching_requested
+from serving.srt.schedule_batch import (
+    EmbeddingBatchResult,
+    GenerationBatchResult,
+    Req,
+    ScheduleBatch,
+)
 from serving.threads import share_cpu_threads
 
 if TYPE_CHECKING:
@@ -135,35 +147,9 @@ def load_runner(
     )
 
 
-@dataclass(kw_only=True)
-class GenerateItem(Queued):
-    """A queued generation request: its prompt's tokens and the seed it samples with."""
-
-    request: wire.GenerateRequest
-    prompt_ids: list[int]
-    seed: int
-    load = 1
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
-    def group(self) -> str:
-        """The HTTP request it belongs to (fairness is across these)."""
-        return self.request.group or self.request.rid
-
-    @property
-    def footprint(self) -> int:
-        """The KV tokens it may take: prompt + ``max_new_tokens``."""
-        return len(self.prompt_ids) + self.request.params.max_new_tokens
-
-    def work(self) -> wire.SeqWork:
-        r = self.request
-        return wire.SeqWork(r.rid, self.prompt_ids, r.params, self.seed, r.stream)
-
-
-TextItem = EmbedItem | GenerateItem
+TextReq = EmbedReq | Req
+TextBatch = ScheduleBatch[TextReq]
+TextResult = GenerationBatchResult | EmbeddingBatchResult
 
 
 def sequences(work: list[wire.SeqWork]) -> list[Sequence]:
@@ -171,12 +157,16 @@ def sequences(work: list[wire.SeqWork]) -> list[Sequence]:
     return [Sequence(w.rid, w.prompt_ids, w.params, w.seed, w.stream) for w in work]
 
 
-class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, TextItem]):
-    """Rank 0 of a text replica: embeddings or generation on a ``ModelRunner``."""
+class Scheduler(
+    BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, TextReq, TextBatch, TextResult]
+):
+    """Rank 0 of a text replica: embeddings or generation on a ``ModelRunner`` (SGLang's
+    ``TpModelWorker``, here ``tp_worker``). ``waiting_queue``: the requests not admitted yet,
+    in the order admission takes them; ``running_batch``: the running generation requests."""
 
     def __init__(
         self,
-        runner: ModelRunner,
+        tp_worker: ModelRunner,
         server_args: ServerArgs,
         ctx: WorkerContext,
         store: TCPStore | None = None,
@@ -187,196 +177,207 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
             server_args,
             ctx,
             serves=(wire.EmbedRequest, wire.GenerateRequest),
-            model=runner.source.served_name,
-            kind=runner.kind,
-            ranks=runner.tp_size,
-            platform=runner.platform,
+            model=tp_worker.source.served_name,
+            kind=tp_worker.kind,
+            ranks=tp_worker.tp_size,
+            platform=tp_worker.platform,
             store=store,
         )
-        self.runner = runner
-        # Continuous batching, unless this is the benchmark's static baseline or the model's
-        # cache cannot be batched that way.
-        self.continuous = (
-            runner.kind == "generation" and runner.continuous and not static_batching_requested()
-        )
-        self.batch: GenerationBatch | None = runner.new_batch() if self.continuous else None
-        self.pool = KVPool(runner.max_total_tokens)
+        self.tp_worker = tp_worker
+        self.is_generation = tp_worker.kind == "generation"
+        self.running_batch: ScheduleBatch[Req] = ScheduleBatch()
+        # This rank's decode state of the running batch (every rank holds the same).
+        self.engine: GenerationBatch | None = tp_worker.new_batch() if self.is_generation else None
+        self.pool = KVPool(tp_worker.max_total_tokens)
         self.max_running = server_args.max_running_requests or server_args.max_batch_size
+        self.finished_in_step = False  # a running request finished (it leaves running_batch next)
         self.recent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last steps
 
-    def admit(self, identity: bytes, request: wire.EmbedRequest | wire.GenerateRequest) -> TextItem:
+    def admit(self, identity: bytes, request: wire.EmbedRequest | wire.GenerateRequest) -> TextReq:
         """Tokenise ``request``; ``InputError`` names the text (``input[i]`` of several) or the
         limit it is over."""
         if isinstance(request, wire.EmbedRequest):
-            return EmbedItem(
+            return EmbedReq(
                 identity=identity, request=request, input_ids=self.encode_texts(request.texts)
             )
         params = request.params
-        return GenerateItem(
-            identity=identity,
-            request=request,
-            prompt_ids=self.runner.encode_prompt(
-                request.text, params.max_new_tokens, raw=request.raw
-            ),
-            seed=params.seed if params.seed is not None else random.getrandbits(31),
-        )
+        prompt = self.tp_worker.encode_prompt(request.text, params.max_new_tokens, raw=request.raw)
+        seed = params.seed if params.seed is not None else random.getrandbits(31)
+        seq = Sequence(request.rid, prompt, params, seed, request.stream)
+        return Req(identity=identity, request=request, seq=seq)
 
     def encode_texts(self, texts: list[str]) -> list[list[int]]:
         input_ids = []
         for i, text in enumerate(texts):
             try:
-                input_ids.append(self.runner.encode_embedding_input(text))
+                input_ids.append(self.tp_worker.encode_embedding_input(text))
             except InputError as exc:
                 if len(texts) == 1:
                     raise
                 raise InputError(f"input[{i}]: {exc}", f"input[{i}]") from None
         return input_ids
 
-    # ---- continuous generation ---------------------------------------------------------------
+    # ---- the step: SGLang's three seams ------------------------------------------------------
 
-    def step(self) -> None:
-        """Embeddings (and statically batched generation): the next whole batch. Generation:
-        one step of the running batch (the module's docstring)."""
-        if self.batch is None:
-            self.run_batch()
-            return
-        try:
-            self.generation_step(self.batch)
-        except Exception:
-            self.batch.reset()
-            self.pool.clear()
-            raise
+    def get_next_batch_to_run(self) -> TextBatch | None:
+        """What this step runs (the module docstring): generation, ``running_batch`` after
+        admitting what fits (None when it is empty); embeddings, the next batch of texts."""
+        if not self.is_generation:
+            if not self.waiting_queue:
+                return None
+            return ScheduleBatch(take_texts(self.waiting_queue, self.max_batch_size))  # type: ignore[arg-type]
+        batch = self.running_batch
+        if self.finished_in_step:  # those that finished in the last step leave
+            batch.filter_batch()
+            self.finished_in_step = False
+        if self.waiting_queue:
+            batch.reqs.extend(self.admit_waiting())
+        return batch if batch.reqs else None  # type: ignore[return-value]
 
-    def generation_step(self, batch: GenerationBatch) -> None:
-        joining = self.admit_waiting(batch)
-        cancel = [rid for rid in self.cancelled if rid in self.running]
+    def run_batch(self, batch: TextBatch) -> TextResult:
+        """One step of ``batch`` through the model worker (the module docstring)."""
+        if self.engine is None:
+            return self.run_embeddings(batch.reqs)  # type: ignore[arg-type]
+        engine = self.engine
+        joining: list[Req] = []
+        if len(batch.reqs) > len(self.running):  # admitted since the last step
+            joining = [r for r in batch.reqs if isinstance(r, Req) and not r.joined]
+            for req in joining:
+                req.joined = True
+                self.pool.reserve(req.rid, req.footprint)
+            self.begin(joining)
+        cancel = [rid for rid in self.cancelled if rid in self.running] if self.cancelled else []
         if self.ranks > 1:
-            self.broadcast(wire.GenerationStep([q.work() for q in joining], cancel))
-        batch.join(sequences([q.work() for q in joining]))
-        stopped = batch.cancel(cancel)
-        before = sum(len(seq.output_ids) for seq in batch.sequences())
-        produced = self.runner.generate(batch)
-        after = sum(len(seq.output_ids) for seq in batch.sequences())
-        tokens = after - before + sum(len(seq.output_ids) for seq in produced if seq.finished)
-        self.batches += 1
-        self.generated_tokens += tokens
-        now = time.monotonic()
-        self.recent.append((now, tokens))
-        while self.recent[0][0] < now - _RATE_WINDOW_S:
-            self.recent.popleft()
-        for seq in [*stopped, *produced]:
-            self.answer(seq, batch.last_step_size)
+            self.broadcast(wire.GenerationStep([r.work() for r in joining], cancel))
+        if joining:
+            engine.join([r.seq for r in joining])
+        stopped = engine.cancel(cancel) if cancel else []
+        produced = self.tp_worker.generate(engine)
+        return GenerationBatchResult(
+            [*stopped, *produced] if stopped else produced,
+            engine.last_step_tokens,
+            engine.last_step_size,
+        )
 
-    def admit_waiting(self, batch: GenerationBatch) -> list[GenerateItem]:
-        """Move the queued sequences that are admitted now (``kv_pool.admit_fairly``) from the
-        queue to ``running``, their KV room reserved."""
-        room = self.max_running - len(batch)
-        if room <= 0 or not self.queue:
+    def process_batch_result(self, batch: TextBatch, result: TextResult) -> None:
+        """Send what the step produced and release what finished (the module docstring)."""
+        self.batches += 1
+        if isinstance(result, EmbeddingBatchResult):
+            self.answer_embeddings(batch.reqs, result)  # type: ignore[arg-type]
+            return
+        self.count_tokens(result.tokens)
+        for seq in result.sequences:
+            self.answer(seq, result.batch_size)
+
+    def recover(self) -> None:
+        """After a failed generation step: the engine's batch, the pool and the running batch
+        start empty (the failure policy answered every running request)."""
+        if self.engine is not None:
+            self.engine.reset()
+            self.pool.clear()
+            self.running_batch.reqs.clear()
+
+    def in_step(self) -> list[TextReq]:
+        """A failed generation step loses every running request (they share one cache)."""
+        if self.engine is not None:
+            return list(self.running.values())
+        return list(super().in_step())
+
+    # ---- generation --------------------------------------------------------------------------
+
+    def admit_waiting(self) -> list[Req]:
+        """Take the waiting requests admitted now (``kv_pool.admit_fairly``) out of the waiting
+        queue, their KV room reserved. A batch that cannot join (``engine``) admits only when
+        it is empty."""
+        engine = self.engine
+        assert engine is not None
+        room = self.max_running - len(self.running_batch.reqs)
+        if room <= 0 or (not engine.joins and len(engine)):
             return []
         pool = self.pool
 
-        def reserve(item: GenerateItem) -> bool:
+        def reserve(item: Req) -> bool:
             if not pool.fits(item.footprint):
                 return False
             pool.reserve(item.rid, item.footprint)
             return True
 
-        waiting = [q for q in self.queue if isinstance(q, GenerateItem)]
-        running = [q.group for q in self.running.values() if isinstance(q, GenerateItem)]
+        waiting = [q for q in self.waiting_queue if isinstance(q, Req)]
+        running = [q.group for q in self.running_batch.reqs]
         chosen = admit_fairly(waiting, running, room=room, reserve=reserve)
         if chosen:
             taken = {id(q) for q in chosen}
-            self.queue = deque(q for q in self.queue if id(q) not in taken)
-            self.begin(chosen)
+            self.waiting_queue[:] = [q for q in self.waiting_queue if id(q) not in taken]
         return chosen
 
-    def answer(self, seq: Sequence, batch_size: int) -> None:
+    def answer(self, seq: Sequence, batch_size: int) -> bool:
         """Send what ``seq`` produced (a streaming increment, or its result once finished), and
-        let it go when finished."""
+        let it go when finished; whether it finished."""
         item = self.running.get(seq.rid)
-        if not isinstance(item, GenerateItem):
-            return
-        if seq.finished:
+        if item is None:
+            return False
+        finished = seq.finish_reason is not None
+        if finished:
+            self.finished_in_step = True
             self.aborted += seq.finish_reason == "abort"
             gone = seq.rid in self.cancelled
             self.finish([item])
             self.pool.release(seq.rid)
             if gone:
-                return
+                return True
         text = seq.take_increment() if seq.stream else seq.text
-        if not seq.finished and (not seq.stream or not text):
-            return
+        if not finished and (not seq.stream or not text):
+            return False
         self.send(
             item.identity,
             wire.Generated(
                 seq.rid,
                 text,
-                item.prompt_tokens,
+                len(seq.prompt_ids),
                 len(seq.output_ids),
-                finished=seq.finished,
+                finished=finished,
                 finish_reason=seq.finish_reason,
                 seed=seq.seed,
                 batch_size=max(batch_size, 1),
                 logprobs=seq.take_logprobs(),
             ),
         )
+        return finished
 
-    # ---- whole batches: embeddings, and static generation ----------------------------------
+    def count_tokens(self, tokens: int) -> None:
+        self.generated_tokens += tokens
+        now = time.monotonic()
+        recent = self.recent
+        recent.append((now, tokens))
+        while recent[0][0] < now - _RATE_WINDOW_S:
+            recent.popleft()
 
-    def take_batch(self) -> list[TextItem]:
-        """Up to ``max_batch_size`` requests, oldest first, at least one; for embeddings that
-        many texts, shared between the queued requests (``take_texts``)."""
-        if isinstance(self.queue[0], EmbedItem):
-            return [*take_texts(cast("deque[EmbedItem]", self.queue), self.max_batch_size)]
-        batch = [self.queue.popleft()]
-        load = batch[0].load
-        while self.queue:
-            size = self.queue[0].load
-            if len(batch) >= self.max_batch_size or load + size > self.max_batch_size:
-                break
-            batch.append(self.queue.popleft())
-            load += size
-        return batch
+    # ---- embeddings --------------------------------------------------------------------------
 
-    def execute(self, batch: list[TextItem]) -> None:
-        embeds = [item for item in batch if isinstance(item, EmbedItem)]
-        if embeds:
-            self.run_embeddings(embeds)
-        generations = [item for item in batch if isinstance(item, GenerateItem)]
-        if generations:
-            self.run_static_generation(generations)
-
-    def run_embeddings(self, batch: list[EmbedItem]) -> None:
-        """Embed each request's ``part``; answer the requests whose last texts these were."""
+    def run_embeddings(self, batch: list[EmbedReq]) -> EmbeddingBatchResult:
+        """Embed each request's ``part`` (``ModelRunner.embed_matrix``)."""
+        self.begin(batch)
         inputs = [ids for item in batch for ids in item.input_ids[item.part.start : item.part.stop]]
-        matrix = self.runner.embed_matrix(inputs)
-        dim = int(matrix.shape[1])
-        packed, row = wire.pack_vectors(matrix), dim * 4
+        matrix = self.tp_worker.embed_matrix(inputs)
+        return EmbeddingBatchResult(wire.pack_vectors(matrix), int(matrix.shape[1]), len(inputs))
+
+    def answer_embeddings(self, batch: list[EmbedReq], result: EmbeddingBatchResult) -> None:
+        """Give each request its rows; answer those whose last texts these were."""
+        packed, dim = result.rows, result.dim
+        row = dim * 4
         at = 0
         for item in batch:
             n = len(item.part)
-            item.add_rows(packed[at * row : (at + n) * row], len(inputs))
+            item.add_rows(packed[at * row : (at + n) * row], result.texts)
             at += n
-            if item.complete and item.rid not in self.cancelled:
+            if item.finished() and item.rid not in self.cancelled:
                 self.send(item.identity, item.answer(dim))
-
-    def run_static_generation(self, batch: list[GenerateItem]) -> None:
-        """A generation batch decoded to the end of its longest sequence (``static_batch``)."""
-        work = [q.work() for q in batch]
-        if self.ranks > 1:
-            self.broadcast(wire.Batch(work))
-        seqs = sequences(work)
-
-        def emit(seq: Sequence) -> None:
-            self.answer(seq, len(seqs))
-
-        generate_static(self.runner, seqs, emit=emit, cancelled=self.poll)
-        self.generated_tokens += sum(len(s.output_ids) for s in seqs)
+        self.finish(batch)
 
     # ---- figures -----------------------------------------------------------------------------
 
     def stats(self) -> wire.TextStats:
-        runner = self.runner
+        worker = self.tp_worker
         now = time.monotonic()
         while self.recent and self.recent[0][0] < now - _RATE_WINDOW_S:
             self.recent.popleft()
@@ -384,12 +385,12 @@ class Scheduler(BatchingScheduler[wire.EmbedRequest | wire.GenerateRequest, Text
         rate = sum(n for _, n in self.recent) / max(span, 1.0) if self.recent else 0.0
         return self.counted(
             wire.TextStats(
-                model=runner.describe(),
-                memory=runner.memory_info(),
-                running=len(self.batch) if self.batch is not None else len(self.running),
-                queued=len(self.queue),
+                model=worker.describe(),
+                memory=worker.memory_info(),
+                running=len(self.running),
+                queued=len(self.waiting_queue),
                 kv_tokens_used=self.pool.used,
-                kv_tokens_total=self.pool.total if runner.kind == "generation" else 0,
+                kv_tokens_total=self.pool.total if self.is_generation else 0,
                 generation_tokens_per_s=round(rate, 3),
             )
         )
@@ -400,11 +401,9 @@ _RATE_WINDOW_S = 5.0
 
 
 def follow_text_step(runner: ModelRunner, batch: GenerationBatch, work: wire.FollowerWork) -> None:
-    """A tensor-parallel rank > 0: run rank 0's generation step (or static batch) in lockstep
-    with it (no answers)."""
+    """A tensor-parallel rank > 0: run rank 0's generation step in lockstep with it (no
+    answers)."""
     if isinstance(work, wire.GenerationStep):
         batch.join(sequences(work.join))
         batch.cancel(work.cancel)
         runner.generate(batch)
-    elif isinstance(work, wire.Batch):
-        generate_static(runner, sequences(work.seqs))

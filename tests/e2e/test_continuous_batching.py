@@ -118,55 +118,35 @@ def test_a_short_request_sent_while_a_long_one_streams_finishes_first(server):
     assert short.last < long.last  # the short one ended while the long one still streamed
 
 
-class RunningGauge(threading.Thread):
-    """Reads the server's ``sglang:num_running_reqs`` (what the scheduler says it runs) until
-    stopped and keeps the most it saw: the server's own account of which requests overlapped,
-    which a client's reading order cannot give on a busy machine."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self.url, self.most, self.reads = url, 0, 0
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        while not self.done.is_set():
-            page = httpx.get(self.url + "/metrics", timeout=10).text
-            for family in text_string_to_metric_families(page):
-                if family.name == "sglang:num_running_reqs":
-                    self.most = max([self.most, *(int(s.value) for s in family.samples)])
-            self.reads += 1
-            self.done.wait(0.05)
-
-    def stop(self) -> int:
-        self.done.set()
-        self.join(timeout=30)
-        return self.most
-
-
 def test_a_request_that_does_not_fit_the_pool_waits_then_runs(server):
     new = streams(server.url)
     first = new("once upon a time", max_new_tokens=400, temperature=0)
     first.start()
     assert first.started_streaming.wait(120) and first.error is None, first.error
-    gauge = RunningGauge(server.url)
-    gauge.start()
     # 2 x ~405 tokens do not fit the pool of 700: the second waits until the first is done.
     second = new("hello there", max_new_tokens=100, temperature=0)
     second.start()
-    wait_for(
-        lambda: (
-            httpx.get(server.url + "/ready", timeout=10).json()["schedulers"][0]["queue_depth"] == 1
-            or not second.is_alive()
-        ),
-        60,
-        "the second request to wait in the queue",
-        interval=0.05,
-    )
+    seen: list[tuple[int, int]] = []  # (running, waiting), the scheduler's own account
+
+    def one_runs_and_one_waits() -> bool:
+        seen.append(scheduler_counts(server.url))
+        return seen[-1] == (1, 1)
+
+    wait_for(one_runs_and_one_waits, 60, "the second request to wait beside the first")
     first.finish(), second.finish()
-    assert gauge.stop() == 1 and gauge.reads > 0  # never both in the running batch
     assert first.tokens == 400 and second.tokens == 100
+    assert max(running for running, _ in seen) == 1, seen  # never both in the running batch
+
+
+def scheduler_counts(url: str) -> tuple[int, int]:
+    """The running and waiting requests the scheduler reported in one answer (``/metrics``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        if family.name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
+            counts[family.name] = int(sum(s.value for s in family.samples))
+    return counts["sglang:num_running_reqs"], counts["sglang:num_queue_reqs"]
 
 
 def test_a_request_that_could_never_fit_the_pool_is_a_400_naming_the_option(server):

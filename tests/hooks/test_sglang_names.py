@@ -23,13 +23,14 @@ for target in (
     "sglang.srt.server_args.ServerArgs.__post_init__",
     "sglang.srt.server_args:ServerArgs.check_server_args",
     "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run",
+    "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
     "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",
     "sglang.multimodal_gen.runtime.managers.gpu_worker.GPUWorker.init_device_and_model",
+    "sglang.multimodal_gen.runtime.managers.scheduler.Scheduler.run_batch",
     "launchspec.server_args.ServerArgs.__post_init__",
 ):
     out["targets"][target] = translate_target(target)
 for target in (
-    "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
     "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode",
 ):
     try:
@@ -63,15 +64,14 @@ def test_targets_translate_to_this_projects_and_unmatched_ones_name_the_nearest(
     assert data["targets"] == {
         "sglang.srt.server_args.ServerArgs.__post_init__": "launchspec.server_args.ServerArgs.__post_init__",
         "sglang.srt.server_args:ServerArgs.check_server_args": "launchspec.server_args.ServerArgs.check_server_args",
-        "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run": "serving.srt.scheduler.Scheduler.take_batch",
+        "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run": "serving.srt.scheduler.Scheduler.get_next_batch_to_run",
+        "sglang.srt.managers.scheduler.Scheduler.process_batch_result": "serving.srt.scheduler.Scheduler.process_batch_result",
         "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": "serving.srt.model_runner.ModelRunner.generate",
         "sglang.multimodal_gen.runtime.managers.gpu_worker.GPUWorker.init_device_and_model": "serving.diffusion.model_runner.DiffusionModelRunner.init_device_and_model",
+        "sglang.multimodal_gen.runtime.managers.scheduler.Scheduler.run_batch": "serving.diffusion.scheduler.DiffusionScheduler.run_batch",
         "launchspec.server_args.ServerArgs.__post_init__": "launchspec.server_args.ServerArgs.__post_init__",
     }
     errors = data["errors"]
-    absent = errors["sglang.srt.managers.scheduler.Scheduler.process_batch_result"]
-    assert "has no equivalent in sglang-launch" in absent
-    assert "'serving.srt.scheduler.Scheduler.run_batch'" in absent
     internal = errors["sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"]
     assert "names SGLang internals that sglang-launch does not have" in internal
     assert "the nearest target here is 'serving.srt.scheduler." in internal

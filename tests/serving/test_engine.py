@@ -247,3 +247,38 @@ def test_a_sliding_window_model_batches_continuously_with_transformers_tokens(tm
     batch.join(seqs[1:])
     run_to_end(batch)
     assert [s.output_ids for s in seqs] == [reference(text, n) for text, n in asked]
+
+
+def test_a_batch_that_does_not_join_gives_the_same_tokens_and_ends_together(runner):
+    """The mode for a model whose cache cannot be joined: sequences of different lengths, one
+    cancelled, prefilled together and decoded together until the last one ends; each gets the
+    tokens it gets alone, and the cancelled one stops at once."""
+    asked = [("hello world", 12, GREEDY), ("the quick brown fox", 4, GREEDY), ("seeded", 9, HOT)]
+    want = [
+        alone(runner, f"a{i}", text, seed=3, max_new_tokens=n, **p)
+        for i, (text, n, p) in enumerate(asked)
+    ]
+    runner.continuous = False
+    try:
+        batch = runner.new_batch()
+    finally:
+        runner.continuous = True
+    assert not batch.joins and batch.chunk_tokens is None
+    seqs = [
+        seq(runner, f"s{i}", text, seed=3, max_new_tokens=n, **p)
+        for i, (text, n, p) in enumerate(asked)
+    ]
+    extra = seq(runner, "gone", "to be cancelled", max_new_tokens=50, **GREEDY)
+    batch.join([*seqs, extra])
+    batch.step()
+    assert len(batch) == 4  # one prefill of all four, and a decode of every row
+    assert [s.rid for s in batch.cancel(["gone"])] == ["gone"]
+    assert extra.finish_reason == "abort" and len(extra.output_ids) == 2
+    steps = 1
+    while len(batch):
+        touched = batch.step()
+        steps += 1
+        assert "gone" not in {s.rid for s in touched}
+        assert len(batch) in (0, 4)  # rows leave together, once the last one has finished
+    assert [s.output_ids for s in seqs] == want
+    assert steps == 12 - 1  # the first step gave two tokens (prefill, then a decode)

@@ -5,6 +5,7 @@ tokenizer from the embedded default package), and the start-up errors a user can
 from __future__ import annotations
 
 import shutil
+import sys
 
 import msgspec
 import pytest
@@ -198,3 +199,98 @@ class _TwoRanksOnOneCudaNode(CpuSRTPlatform):
 def test_a_rank_beyond_the_visible_devices_is_refused_with_the_fix():
     with pytest.raises(ModelLoadError, match=r"cuda:1.*sees 0 cuda device.*--dp-size x --tp-size"):
         ModelRunner(resolve_model(None), platform=_TwoRanksOnOneCudaNode(), local_rank=1)
+
+
+# ---- out-of-tree model classes (ModelRegistry) ----------------------------------------------
+
+REGISTERED = '''
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class NovelConfig(LlamaConfig):
+    model_type = "novel"  # transformers does not know it
+
+
+class NovelForCausalLM(LlamaForCausalLM):
+    config_class = NovelConfig
+
+
+class SglStyleForCausalLM:
+    """A class as SGLang's own model runner drives it."""
+
+    def forward(self, input_ids, positions, forward_batch):
+        raise AssertionError("never called")
+
+
+class PlainForCausalLM:
+    def forward(self, input_ids, attention_mask=None):
+        raise AssertionError("never called")
+
+
+EntryClass = [NovelForCausalLM, SglStyleForCausalLM, PlainForCausalLM]
+'''
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    """A fresh registry in the runtime's place, with ``novel_models.arch`` registered."""
+    import serving.srt.models as models
+    from launchspec.model_registry import _ModelRegistry
+
+    package = tmp_path / "novel_models"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "arch.py").write_text(REGISTERED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fresh = _ModelRegistry()
+    fresh.register("novel_models")
+    monkeypatch.setattr(models, "ModelRegistry", fresh)
+    yield fresh
+    for name in [m for m in sys.modules if m.startswith("novel_models")]:
+        del sys.modules[name]
+
+
+def _as_architecture(tiny, tmp_path, architecture: str, model_type: str | None = None):
+    import json
+
+    path = tmp_path / architecture
+    shutil.copytree(tiny.source.path, path)
+    config = json.loads((path / "config.json").read_text())
+    config["architectures"] = [architecture]
+    if model_type:
+        config["model_type"] = model_type
+    (path / "config.json").write_text(json.dumps(config))
+    return resolve_model(path)
+
+
+def test_a_registered_class_serves_its_architecture_with_a_config_transformers_lacks(
+    tiny, registry, tmp_path
+):
+    runner = ModelRunner(
+        _as_architecture(tiny, tmp_path, "NovelForCausalLM", "novel"), platform=CpuSRTPlatform()
+    )
+    runner.warm_up()
+    info = runner.describe()
+    assert (info.architecture, info.kind) == ("NovelForCausalLM", "generation")
+    assert info.model_class == "novel_models.arch.NovelForCausalLM"
+    assert type(runner.model.config).__name__ == "NovelConfig"
+    params = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+    mine = Sequence("n", runner.encode_prompt("hello there", 6), params, seed=0)
+    base = Sequence("b", tiny.encode_prompt("hello there", 6), params, seed=0)
+    runner.run_to_end([mine]), tiny.run_to_end([base])
+    assert mine.output_ids == base.output_ids  # the same weights through the subclass
+
+
+def test_a_class_written_for_sglangs_model_runner_is_refused(tiny, registry, tmp_path):
+    with pytest.raises(ModelLoadError) as err:
+        ModelRunner(
+            _as_architecture(tiny, tmp_path, "SglStyleForCausalLM"), platform=CpuSRTPlatform()
+        )
+    message = str(err.value)
+    assert "novel_models.arch.SglStyleForCausalLM" in message
+    assert "is written for SGLang's model runner" in message and "forward_batch" in message
+
+
+def test_a_class_that_is_not_a_pretrained_model_is_refused(tiny, registry, tmp_path):
+    with pytest.raises(ModelLoadError, match="is not a transformers PreTrainedModel"):
+        ModelRunner(_as_architecture(tiny, tmp_path, "PlainForCausalLM"), platform=CpuSRTPlatform())

@@ -5,13 +5,12 @@ a stop or an error leaves, and which texts go into each batch."""
 from __future__ import annotations
 
 import threading
-from collections import deque
 
 import pytest
 
 from serving import wire
 from serving.diffusion.stepping import DenoiseStopped, SteppedCall
-from serving.srt.embedding import EmbedItem, take_texts
+from serving.srt.embedding import EmbedReq, take_texts
 
 
 def counting_call(steps: int, log: list[tuple[str, int]], name: str):
@@ -62,8 +61,8 @@ def test_an_error_of_the_call_is_handed_to_the_caller():
     assert call.advance() and isinstance(call.error, RuntimeError)
 
 
-def item(rid: str, texts: int) -> EmbedItem:
-    return EmbedItem(
+def item(rid: str, texts: int) -> EmbedReq:
+    return EmbedReq(
         identity=b"client",
         request=wire.EmbedRequest(rid, ["x"] * texts),
         input_ids=[[i] for i in range(texts)],
@@ -72,7 +71,7 @@ def item(rid: str, texts: int) -> EmbedItem:
 
 def test_a_batch_takes_texts_from_every_queued_request_in_turn():
     big, small, mid = item("big", 10), item("small", 1), item("mid", 3)
-    queue = deque([big, small, mid])
+    queue = [big, small, mid]
     first = take_texts(queue, 4)
     assert [(i.rid, i.part) for i in first] == [
         ("big", range(0, 2)),
@@ -92,7 +91,7 @@ def test_a_batch_takes_texts_from_every_queued_request_in_turn():
 @pytest.mark.parametrize("capacity", [1, 3, 32])
 def test_every_text_is_taken_once_and_in_order(capacity):
     items = [item(f"r{k}", k) for k in (5, 1, 7, 2)]
-    queue = deque(items)
+    queue = list(items)
     taken: dict[str, list[int]] = {i.rid: [] for i in items}
     while queue:
         batch = take_texts(queue, capacity)
