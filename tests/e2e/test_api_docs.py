@@ -39,10 +39,10 @@ COMMANDS = [(page.relative_to(REPO).as_posix(), c) for page in PAGES for c in cu
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
     tmp = tmp_path_factory.mktemp("docs")
-    model = give_chat_template(build_tiny_llama(tmp / "my-llama", default_model_dir()))
+    model = give_chat_template(build_tiny_llama(tmp / "my-llama", embedding_model_dir()))
     started = []
     try:
         started.append(start_server([], tmp, "embed"))

