@@ -201,4 +201,6 @@ class _TwoRanksOnOneCudaNode(CpuSRTPlatform):
 
 def test_a_rank_beyond_the_visible_devices_is_refused_with_the_fix():
     with pytest.raises(ModelLoadError, match=r"cuda:1.*sees 0 cuda device.*--dp-size x --tp-size"):
-        ModelRunner(resolve_model("all-MiniLM-L6-v2"), platform=_TwoRanksOnOneCudaNode(), local_rank=1)
+        ModelRunner(
+            resolve_model("all-MiniLM-L6-v2"), platform=_TwoRanksOnOneCudaNode(), local_rank=1
+        )

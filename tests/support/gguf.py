@@ -133,7 +133,8 @@ def build_tiny_gguf(
         put(f"blk.{i}.attn_norm.weight", weights[hf + "input_layernorm.weight"])
         put(f"blk.{i}.attn_q.weight", _rotary_rows(weights[hf + "self_attn.q_proj.weight"], heads))
         put(
-            f"blk.{i}.attn_k.weight", _rotary_rows(weights[hf + "self_attn.k_proj.weight"], kv_heads)
+            f"blk.{i}.attn_k.weight",
+            _rotary_rows(weights[hf + "self_attn.k_proj.weight"], kv_heads),
         )
         put(f"blk.{i}.attn_v.weight", weights[hf + "self_attn.v_proj.weight"])
         put(f"blk.{i}.attn_output.weight", weights[hf + "self_attn.o_proj.weight"])
