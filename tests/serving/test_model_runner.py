@@ -204,3 +204,37 @@ def test_a_rank_beyond_the_visible_devices_is_refused_with_the_fix():
         ModelRunner(
             resolve_model("all-MiniLM-L6-v2"), platform=_TwoRanksOnOneCudaNode(), local_rank=1
         )
+
+
+def test_a_model_with_its_own_code_is_a_causal_lm_when_its_auto_map_says_so(tmp_path):
+    """Its class name (``BusyLlama``) ends in neither ForCausalLM nor LMHeadModel: the
+    ``auto_map`` entry that names it, ``AutoModelForCausalLM``, decides, as in transformers."""
+    import json
+
+    path = build_tiny_llama(tmp_path / "busy", embedding_model_dir())
+    (path / "modeling_busy.py").write_text(
+        "from transformers import LlamaForCausalLM\n\n\nclass BusyLlama(LlamaForCausalLM):\n    pass\n"
+    )
+    config = json.loads((path / "config.json").read_text())
+    config["architectures"] = ["BusyLlama"]
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_busy.BusyLlama"}
+    (path / "config.json").write_text(json.dumps(config))
+    runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform(), trust_remote_code=True)
+    assert (runner.kind, runner.architecture) == ("generation", "BusyLlama")
+    assert type(runner.model).__name__ == "BusyLlama"
+    ids = runner.encode_prompt("hello there", 3)
+    params = SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True)
+    (done,) = runner.run_to_end([Sequence("busy", ids, params, seed=0)])
+    assert len(done.output_ids) == 3
+
+
+def test_the_tokenizer_comes_from_tokenizer_path_when_given(tmp_path):
+    path = build_tiny_llama(tmp_path / "bare", embedding_model_dir())
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (path / name).unlink(missing_ok=True)
+    with pytest.raises(ModelLoadError, match="or pass --tokenizer-path DIR"):
+        ModelRunner(resolve_model(path), platform=CpuSRTPlatform())
+    runner = ModelRunner(
+        resolve_model(path), platform=CpuSRTPlatform(), tokenizer_path=str(embedding_model_dir())
+    )
+    assert runner.encode_prompt("a cat sits on the mat", 1)[0] == runner.tokenizer.cls_token_id
