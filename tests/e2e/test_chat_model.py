@@ -68,7 +68,9 @@ def test_the_openai_client_chats_streams_and_reads_logprobs(server):
     assert [m.id for m in client.models.list().data] == [MODEL]
     chat = client.chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": "What is the capital of France? Answer in one word."}],
+        messages=[
+            {"role": "user", "content": "What is the capital of France? Answer in one word."}
+        ],
         max_tokens=16,
         temperature=0,
     )

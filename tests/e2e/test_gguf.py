@@ -224,3 +224,11 @@ def test_a_missing_tokenizer_path_and_a_gguf_load_format_on_a_directory_are_refu
     ).stderr
     assert "--load-format gguf needs --model-path a GGUF file" in err, err
     assert "drop --load-format gguf, or pass the .gguf file" in err
+
+
+def test_a_model_cache_that_cannot_be_written_is_refused_with_the_fix(tiny, tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the cache would go")
+    err = refused(["--model-path", str(tiny[0])], blocker / "cache").stderr
+    assert f"the model cache {blocker / 'cache' / 'models'} cannot be written" in err, err
+    assert f"point {CACHE_ENV} (or XDG_CACHE_HOME) at a writable directory" in err, err
