@@ -28,6 +28,7 @@ Standard library only.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import hashlib
 import json
@@ -169,6 +170,20 @@ def read_origin(directory: Path) -> dict[str, Any] | None:
 
 # -- preparing: the conversion in a child process ------------------------------------------------
 _reported: set[Path] = set()
+# Why ``prepare`` may not convert now (None: it may): ``conversions_refused``.
+_refusal: contextvars.ContextVar[str | None] = contextvars.ContextVar("gguf_refusal", default=None)
+
+
+@contextlib.contextmanager
+def conversions_refused(why: str) -> Iterator[None]:
+    """Within the block, ``prepare`` refuses a file that is not converted yet (``GgufError``
+    saying ``why``) instead of converting it: for a caller that must not wait a minute, such as
+    a running launcher checking a reload's arguments on its event loop."""
+    token = _refusal.set(why)
+    try:
+        yield
+    finally:
+        _refusal.reset(token)
 
 
 def prepare(gguf: GgufFile) -> dict[str, Any]:
@@ -187,6 +202,14 @@ def prepare(gguf: GgufFile) -> dict[str, Any]:
                 origin.get("converted_at", "before"),
             )
         return origin
+    why = _refusal.get()
+    if why is not None:
+        raise GgufError(
+            [
+                f"{gguf.file} is not converted yet, and {why}; convert it first (python -m "
+                f"launchspec.gguf_cache {gguf.file}), then try again"
+            ]
+        )
     models = gguf.directory.parent
     try:
         models.mkdir(parents=True, exist_ok=True)

@@ -80,6 +80,7 @@ def next_generation(
     ``model_path`` / ``served_model_name``: None keeps the current value; ``""`` goes back to
     the default (the embedded model; the directory's name). Refused (``ChangeRefused``) when the
     arguments do not pass the start's checks, or the platform distributions changed."""
+    from launchspec.gguf_cache import conversions_refused
     from launchspec.server_args import ServerArgsError, encode_server_args
 
     args = copy.copy(current.args)  # the platform's defaults were applied once already
@@ -88,7 +89,9 @@ def next_generation(
     if served_model_name is not None:
         args.served_model_name = served_model_name or None
     try:
-        args.check_server_args()
+        # On the supervisor's event loop: a GGUF file's minute-long conversion would stall it.
+        with conversions_refused("a reload does not convert one while the server runs"):
+            args.check_server_args()
     except ServerArgsError as exc:
         raise ChangeRefused(
             "the reload's server arguments are invalid:\n"

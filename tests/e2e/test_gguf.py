@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 from support import free_port, wait_for
 from support.gguf import build_tiny_gguf, train_tokenizer, write_gguf
 from support.serving import Server, cli_command, post, server_env, start_server
+from support.supervisor import short_runtime_dir
 
 from launchspec.gguf_cache import CACHE_ENV, open_gguf, prepare
 
@@ -49,9 +51,11 @@ GREEDY = {
 def test_a_gguf_file_is_converted_on_the_first_start_and_served_from_the_cache_after(
     tiny, tmp_path
 ):
+    """Then a reload to another GGUF file: refused while that file is unconverted (converting on
+    the running launcher's loop would stall it), served once it is converted."""
     file, _ = tiny
     cache = tmp_path / "cache"
-    env = server_env(**{CACHE_ENV: str(cache)})
+    env = server_env(**{CACHE_ENV: str(cache), "XDG_RUNTIME_DIR": short_runtime_dir()})
     first = start_server(["--model-path", str(file)], tmp_path, "first", env=env)
     try:
         log = first.log
@@ -85,6 +89,37 @@ def test_a_gguf_file_is_converted_on_the_first_start_and_served_from_the_cache_a
         assert again.json()["text"] == answer.json()["text"]  # the same weights, greedy
         info = httpx.get(second.url + "/get_model_info", timeout=30).json()
         assert info["weights"]["cache_dir"] == str(converted)
+        other, _ = build_tiny_gguf(tmp_path / "other", quantisation="F32", name="other")
+
+        def reload() -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [*cli_command(), "reload", "--model-path", str(other)]
+                + ["--pid", str(second.proc.pid)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+
+        early = reload()
+        assert early.returncode == 2, early.stderr + early.stdout
+        assert "is not converted yet, and a reload does not convert one while the server runs" in (
+            early.stderr
+        )
+        assert f"convert it first (python -m launchspec.gguf_cache {other})" in early.stderr
+        convert = subprocess.run(
+            [sys.executable, "-m", "launchspec.gguf_cache", str(other)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert convert.returncode == 0, convert.stderr
+        done = reload()
+        assert done.returncode == 0, done.stderr + done.stdout
+        info = httpx.get(second.url + "/get_model_info", timeout=30).json()
+        assert info["weights"]["gguf_file"] == str(other.resolve()), info
+        assert post(second.url + "/generate", GREEDY).status_code == 200
     finally:
         second.stop()
 
