@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from launchspec.model_config import is_causal_lm, is_causal_model, read_model_facts, tp_problems
 
 
@@ -72,6 +74,7 @@ def test_auto_map_decides_by_the_entry_naming_the_architecture(tmp_path):
     assert not read_model_facts(tmp_path).causal
 
 
+@pytest.mark.e2e  # imports transformers' model tables: seconds, too slow for the fast loop
 def test_class_names_are_judged_as_transformers_maps_them():
     """Every class of transformers' causal-LM mapping is a causal LM here, and no class of its
     base-model or masked-LM mappings that is not also in the causal one."""
