@@ -181,10 +181,10 @@ class Lab:
         return self.deadline - time.monotonic()
 
     def llama(self) -> Path:
-        from launchspec.model_source import default_model_dir
+        from launchspec.model_source import embedding_model_dir
 
         if self._llama is None:
-            self._llama = build_tiny_llama(self.root / "llama", default_model_dir())
+            self._llama = build_tiny_llama(self.root / "llama", embedding_model_dir())
         return self._llama
 
     def server(self, args: list[str], name: str, **extra: str):
@@ -278,7 +278,7 @@ def changes_ended(server, kind: str) -> int:
 # -- the cases --------------------------------------------------------------------------------------
 def embedding_cases(lab: Lab, cases: set[str], reloads: int) -> None:
     """``reloads``, ``bad-reloads`` and ``sighup``, on one embedding server."""
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
     server = lab.server(["--dp-size", "2"], "embed")
     load = Embeddings(server.url)
@@ -286,7 +286,7 @@ def embedding_cases(lab: Lab, cases: set[str], reloads: int) -> None:
         until(lambda: load.ok > 20, 60, "the load to run")
         load.take()
         if "reloads" in cases:
-            copy = Path(shutil.copytree(default_model_dir(), lab.root / "minilm-copy"))
+            copy = Path(shutil.copytree(embedding_model_dir(), lab.root / "minilm-copy"))
             codes = []
             for n in range(reloads):
                 target = [] if n % 2 == 0 else ["--model-path", str(copy)]
@@ -303,7 +303,7 @@ def embedding_cases(lab: Lab, cases: set[str], reloads: int) -> None:
             not_a_model = lab.root / "not-a-model"
             not_a_model.mkdir()
             (not_a_model / "README.md").write_text("no model here\n")
-            corrupt = Path(shutil.copytree(default_model_dir(), lab.root / "corrupt"))
+            corrupt = Path(shutil.copytree(embedding_model_dir(), lab.root / "corrupt"))
             for weights in list(corrupt.glob("*.safetensors")) + list(corrupt.glob("*.bin")):
                 weights.write_bytes(weights.read_bytes()[:1000])  # cut short
             targets = {

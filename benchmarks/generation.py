@@ -345,9 +345,9 @@ def latency_line(name: str, result: LoadResult) -> str:
 def build_model(tmp: Path) -> str:
     from support.serving import build_tiny_llama
 
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    return str(build_tiny_llama(tmp / "tiny-llama-4", default_model_dir(), layers=4))
+    return str(build_tiny_llama(tmp / "tiny-llama-4", embedding_model_dir(), layers=4))
 
 
 def main() -> int:

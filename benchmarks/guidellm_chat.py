@@ -96,9 +96,9 @@ def main() -> int:
         if args.model_path:
             model = Path(args.model_path)
         else:
-            from launchspec.model_source import default_model_dir
+            from launchspec.model_source import embedding_model_dir
 
-            model = give_chat_template(build_tiny_llama(tmp / "tiny-chat", default_model_dir()))
+            model = give_chat_template(build_tiny_llama(tmp / "tiny-chat", embedding_model_dir()))
         server = start_server(["--model-path", str(model)], tmp, "server")
         try:
             report = tmp / "report.json"

@@ -13,8 +13,8 @@
    client threads (4) post embeddings throughout; the completions are counted in the window of
    the reload, and in a window of the same length right after it (a second past its end).
 
-The server runs the embedded default model (``--model-path`` another) on the CPU platform unless
-``--platform auto``; loopback only.
+The server runs the embedded embedding model, all-MiniLM-L6-v2 (``--model-path`` another), on
+the CPU platform unless ``--platform auto``; loopback only.
 
     .venv/bin/python benchmarks/reload.py [--dp-size 2] [--clients 4] [--pause 0.02] [--reloads 2]
 """

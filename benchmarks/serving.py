@@ -1,6 +1,6 @@
 """Serving benchmark: HTTP overhead at batch 1, and data-parallel throughput, side by side.
 
-1. An embedding request through HTTP (``sglang-launch`` with the embedded default model, one
+1. An embedding request through HTTP (``sglang-launch`` with the embedded embedding model, one
    client, one request at a time) against the same model call made in-process
    (``ModelRunner.embed`` on one text: tokenising and the model, as the scheduler does), with
    torch's thread count set the way a dp=1 scheduler sets it (``share_cpu_threads``) and the
@@ -196,7 +196,9 @@ def main() -> int:
         help="measure batch 1 only (a node with one accelerator cannot run dp=2)",
     )
     parser.add_argument(
-        "--model-path", help="an embedding model directory (default: the embedded one)"
+        "--model-path",
+        default="all-MiniLM-L6-v2",
+        help="an embedding model directory (default: the embedded one, all-MiniLM-L6-v2)",
     )
     parser.add_argument(
         "--platform",
@@ -214,7 +216,7 @@ def main() -> int:
         os.environ["SGLANG_USE_CPU_ENGINE"] = (
             engine  # the in-process side selects as the server does
         )
-    model = ["--model-path", opts.model_path] if opts.model_path else []
+    model = ["--model-path", opts.model_path]
 
     server = start_server(model, tmp, "dp1", env=env)
     try:

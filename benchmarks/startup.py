@@ -16,7 +16,7 @@
 3. Teardown: ``Launcher.stop()`` of a ready launch whose workers obey SIGTERM, until every process
    is gone. p50 (target: under 100 ms).
 4. Failure paths, from the command to its exit (``sglang-launch`` as a fresh process, median):
-   a busy HTTP port, and an encoder model with ``--tp-size 2`` (the embedded default model); both
+   a busy HTTP port, and an encoder model with ``--tp-size 2`` (the embedded all-MiniLM-L6-v2); both
    exit 2 before any worker is spawned (target: under 2 s). Beside them ``sglang-launch --help``
    (no torch, no platform selection) and a bare interpreter, the floors they are compared with.
 
@@ -207,7 +207,8 @@ def failure_paths(reps: int) -> dict[str, list[float]]:
             "sglang-launch --help": (["-m", "launcher", "--help"], 0),
             "busy port (exit 2)": (["-m", "launcher", "--port", busy], 2),
             "encoder + --tp-size 2 (exit 2)": (
-                ["-m", "launcher", "--tp-size", "2", "--port", str(_free_port())],
+                ["-m", "launcher", "--model-path", "all-MiniLM-L6-v2", "--tp-size", "2"]
+                + ["--port", str(_free_port())],
                 2,
             ),
         }

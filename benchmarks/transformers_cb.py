@@ -176,10 +176,10 @@ def main() -> int:
     if model is None:
         from support.serving import build_tiny_llama
 
-        from launchspec.model_source import default_model_dir
+        from launchspec.model_source import embedding_model_dir
 
         tmp = Path(tempfile.mkdtemp(prefix="bench-tcb-"))
-        model = str(build_tiny_llama(tmp / "tiny-llama-4", default_model_dir(), layers=4))
+        model = str(build_tiny_llama(tmp / "tiny-llama-4", embedding_model_dir(), layers=4))
     env = {**server_env(), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     results: dict[str, list[dict]] = {side: [] for side in SIDES}
     for _ in range(args.rounds):

@@ -29,8 +29,8 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=30000)
     opts = parser.parse_args()
     try:
-        # No model_path: the embedded default sentence-embedding model.
-        with Launcher(port=opts.port) as launcher:
+        # The embedded sentence-embedding model, by its name (no model_path: the chat model).
+        with Launcher(model_path="all-MiniLM-L6-v2", port=opts.port) as launcher:
             url = f"http://127.0.0.1:{opts.port}"
             workers = launcher.status()["workers"]
             print(f"ready at {url} with {len(workers)} workers")

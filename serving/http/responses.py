@@ -325,11 +325,24 @@ class WorkerManifest(msgspec.Struct, kw_only=True):
     differs: list[str]
 
 
+class WeightsSource(msgspec.Struct, kw_only=True):
+    """Where the served weights came from: ``format`` ``directory`` (a model directory, loaded
+    as it is) or ``gguf`` (``gguf_file``, converted once into the model cache directory
+    ``cache_dir``, keyed by the file's ``sha256``, at ``converted_at``)."""
+
+    format: Literal["directory", "gguf"]
+    gguf_file: str | UnsetType = UNSET
+    sha256: str | UnsetType = UNSET
+    cache_dir: str | UnsetType = UNSET
+    converted_at: str | UnsetType = UNSET
+
+
 class ModelInfo(msgspec.Struct, kw_only=True):
     """``GET /get_model_info`` (SGLang's fields, then this server's): the model directory and
     whether it generates text; ``kind`` is ``generation``, ``embedding`` or ``image`` (null when
     the directory does not say); ``chat_template`` names where the chat template comes from
-    (``model``, ``--chat-template PATH``; null: the model has none)."""
+    (``model``, ``--chat-template PATH``; null: the model has none); ``weights``: where the
+    weights came from (a GGUF file's, with its converted copy)."""
 
     model_path: str
     tokenizer_path: str
@@ -340,6 +353,7 @@ class ModelInfo(msgspec.Struct, kw_only=True):
     served_model_name: str
     kind: str | None
     chat_template: str | None
+    weights: WeightsSource
 
 
 class ServerInfo(msgspec.Struct, kw_only=True):

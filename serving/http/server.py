@@ -199,7 +199,8 @@ def chat_template(path: Path, kind: str | None, server_args: ServerArgs) -> Chat
         return None
     from serving.http.chat_template import ChatTemplate
 
-    return ChatTemplate.load(str(path), server_args.chat_template, server_args.trust_remote_code)
+    tokenizer = server_args.tokenizer_path or str(path)  # the template is the tokenizer's
+    return ChatTemplate.load(tokenizer, server_args.chat_template, server_args.trust_remote_code)
 
 
 def _wait_for_replica_s(server_args: ServerArgs) -> float:
@@ -216,13 +217,11 @@ def model_kind(path: Path) -> str | None:
     """What the model directory at ``path`` serves, from its files: ``generation`` (a causal LM's
     config.json), ``embedding`` (any other config.json), ``image`` (a diffusers pipeline's
     model_index.json); None when it says neither."""
-    from launchspec.model_config import is_causal_lm, read_model_facts
+    from launchspec.model_config import read_model_facts
 
     facts = read_model_facts(path)
     if facts is not None:
-        return (
-            "generation" if facts.architecture and is_causal_lm(facts.architecture) else "embedding"
-        )
+        return "generation" if facts.causal else "embedding"
     if (path / "model_index.json").is_file():
         return "image"
     return None

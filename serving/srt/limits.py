@@ -6,6 +6,10 @@ and cap the model's ``max_position_embeddings``), and the KV pool that all runni
 share (``--max-total-tokens``, ``serving.srt.kv_pool``): a request that could not fit the pool
 even alone is refused too. Each message names what really set the bound it is over: the option,
 or the model's positions.
+
+By default the prompt may be as long as the model allows, as in SGLang: one token less than the
+smaller of the context length and the pool, so that a prompt of that length still has room for
+one completion token. ``--max-input-tokens`` lowers it (never raises it past that).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ log = logging.getLogger("sglang_launch.model_runner")
 
 # The context length of a model whose config names no max_position_embeddings (nor the option).
 FALLBACK_CONTEXT = 2048
+# The input limit of an embedding model that declares none (no positions, no max_seq_length).
+FALLBACK_INPUT_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -37,14 +43,15 @@ class GenerationLimits:
         cls,
         positions: int | None,
         *,
-        max_input_tokens: int,
+        max_input_tokens: int | None,
         context_length: int | None,
         pool_tokens: int,
         pool_given: bool,
     ) -> GenerationLimits:
         """The limits of a model with ``positions`` (its ``max_position_embeddings``) under the
         options (``context_length=None``: the model's positions; ``pool_given``: the pool size
-        came from ``--max-total-tokens`` rather than its default)."""
+        came from ``--max-total-tokens`` rather than its default; ``max_input_tokens=None``: the
+        longest prompt the context and the pool leave room for)."""
         by_positions = f"the model's max_position_embeddings ({positions})"
         if context_length and (positions is None or context_length <= positions):
             context, context_by = context_length, "--context-length"
@@ -60,11 +67,19 @@ class GenerationLimits:
         else:
             context = FALLBACK_CONTEXT
             context_by = "--context-length (its default: the model's config names no positions)"
-        if max_input_tokens <= context - 1:
+        pool_by = "--max-total-tokens" + ("" if pool_given else " (its default, from the memory)")
+        # The longest prompt the model leaves room for: one completion token within the
+        # context length and within the pool.
+        room, room_by = context - 1, context_by
+        if pool_tokens - 1 < room:
+            room, room_by = (
+                max(pool_tokens - 1, 1),
+                f"the KV pool of {pool_tokens} tokens, {pool_by}",
+            )
+        if max_input_tokens is not None and max_input_tokens <= room:
             prompt, prompt_by = max_input_tokens, "--max-input-tokens"
         else:
-            prompt, prompt_by = context - 1, context_by
-        pool_by = "--max-total-tokens" + ("" if pool_given else " (its default, from the memory)")
+            prompt, prompt_by = room, room_by
         return cls(prompt, prompt_by, context, context_by, pool_tokens, pool_by)
 
     def check(self, prompt_tokens: int, max_new_tokens: int) -> None:

@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from launchspec.model_config import is_causal_lm
+from launchspec.model_config import is_causal_model
 from launchspec.model_source import ModelSource
 from serving.devices import check_device_visible
 from serving.errors import InputError, ModelLoadError
 from serving.srt.engine import GenerationBatch, UnsupportedCache
 from serving.srt.kv_pool import default_pool_tokens, kv_bytes_per_token
-from serving.srt.limits import GenerationLimits
+from serving.srt.limits import FALLBACK_INPUT_TOKENS, GenerationLimits
 from serving.srt.models import class_name, load_config, registered_class
 from serving.srt.pooling import PoolingConfig, pool, read_pooling_config
 from serving.srt.sampling import Sequence
@@ -117,19 +117,22 @@ class ModelRunner:
         dtype: str = "auto",
         attention_backend: str | None = None,
         seed: int = 0,
-        max_input_tokens: int = 512,
+        max_input_tokens: int | None = None,
         context_length: int | None = None,
         max_total_tokens: int | None = None,
         chunked_prefill_size: int | None = None,
         max_batch_size: int = 32,
         trust_remote_code: bool = False,
         ranks_sharing: int = 1,
+        tokenizer_path: str | None = None,
     ) -> None:
-        """``max_input_tokens``: the longest prompt; ``context_length``: the longest prompt +
-        completion (default and cap: the model's positions); ``max_total_tokens``: the KV pool
-        of all running sequences (default: from the platform's memory figures, the memory shared
-        by ``ranks_sharing`` ranks on the CPU); ``chunked_prefill_size``: tokens of one prefill
-        forward (default: 2048 on an accelerator, 256 on the CPU; -1: no bound)."""
+        """``max_input_tokens``: the longest prompt (default: what the model allows, ``limits``);
+        ``context_length``: the longest prompt + completion (default and cap: the model's
+        positions); ``max_total_tokens``: the KV pool of all running sequences (default: from
+        the platform's memory figures, the memory shared by ``ranks_sharing`` ranks on the CPU);
+        ``chunked_prefill_size``: tokens of one prefill forward (default: 2048 on an
+        accelerator, 256 on the CPU; -1: no bound); ``tokenizer_path``: a tokenizer directory
+        to use instead of the model's own (``--tokenizer-path``)."""
         import torch
         import transformers
 
@@ -149,27 +152,38 @@ class ModelRunner:
             platform_attention = platform.get_default_attention_backend()
         except NotImplementedError as exc:
             raise ModelLoadError(cannot_run_message(platform, exc)) from exc
+        if source.gguf is not None and not source.gguf.prepared:
+            raise ModelLoadError(
+                f"the GGUF file {source.gguf.file} has no converted copy in the model cache "
+                f"({source.path} is missing); start sglang-launch with it again, which converts "
+                f"it before any worker starts, or run python -m launchspec.gguf_cache "
+                f"{source.gguf.file}"
+            )
         # A plugin's class for this architecture (ModelRegistry), else transformers' auto class.
         self.model_class: type[Any] | None = registered_class(source.path)
         config = load_config(source.path, trust_remote_code, self.model_class)
         self.architecture = (getattr(config, "architectures", None) or [type(config).__name__])[0]
-        self.kind = "generation" if is_causal_lm(self.architecture) else "embedding"
+        causal = is_causal_model(self.architecture, getattr(config, "auto_map", None))
+        self.kind = "generation" if causal else "embedding"
         if tp_size > 1:
             self._check_tp_plan(config)
 
         self.dtype = self._resolve_dtype(dtype, config)
         self.attn_implementation = attention_implementation(platform_attention, attention_backend)
+        tokenizer_dir = tokenizer_path or source.path
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(
-                source.path,
+                tokenizer_dir,
                 config=config,  # read once, also where only a registered class knows its type
                 local_files_only=True,
                 trust_remote_code=trust_remote_code,
             )
         except Exception as exc:  # noqa: BLE001
+            where = "--tokenizer-path" if tokenizer_path else "the model directory"
             raise ModelLoadError(
-                f"cannot load the tokenizer in {source.path}: {exc}; the directory needs its "
-                f"tokenizer files (tokenizer.json or vocab files) beside config.json"
+                f"cannot load the tokenizer in {tokenizer_dir}: {exc}; {where} needs the "
+                f"tokenizer's files (tokenizer.json or vocab files)"
+                + ("" if tokenizer_path else ", or pass --tokenizer-path DIR")
             ) from exc
 
         self.max_token_chars = _longest_token(self.tokenizer)
@@ -180,7 +194,7 @@ class ModelRunner:
         if self.kind == "embedding":
             self.pooling: PoolingConfig | None = read_pooling_config(source.path)
             caps = [max_input_tokens, positions, self.pooling.max_seq_length]
-            self.max_input_tokens = min(c for c in caps if c)
+            self.max_input_tokens = min((c for c in caps if c), default=FALLBACK_INPUT_TOKENS)
             self.context_length = self.max_total_tokens = self.max_input_tokens
             self.dimensions = int(getattr(config, "hidden_size", 0))
         else:

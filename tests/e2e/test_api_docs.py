@@ -1,9 +1,9 @@
 """The ``curl`` lines of README.md and docs/api.md work as written: each is run with bash against
 a live server (only ``http://127.0.0.1:30000`` is replaced by the test server's address), the
-embedding ones against the default model, the others against a tiny causal LM given a chat
-template, and each must succeed: a JSON answer without an ``error``, a stream of ``data:`` events
-ending in ``[DONE]``, or the lines it greps for. If a page changes, the test runs what it then
-says."""
+embedding ones against the embedded embedding model, the others against a tiny causal LM given a
+chat template, and each must succeed: a JSON answer without an ``error``, a stream of ``data:``
+events ending in ``[DONE]``, or the lines it greps for. If a page changes, the test runs what it
+then says. (tests/e2e/test_chat_model.py runs the README's first chat against the real model.)"""
 
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ COMMANDS = [(page.relative_to(REPO).as_posix(), c) for page in PAGES for c in cu
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
     tmp = tmp_path_factory.mktemp("docs")
-    model = give_chat_template(build_tiny_llama(tmp / "my-llama", default_model_dir()))
+    model = give_chat_template(build_tiny_llama(tmp / "my-llama", embedding_model_dir()))
     started = []
     try:
         started.append(start_server([], tmp, "embed"))

@@ -30,9 +30,9 @@ MESSAGES = [
 @pytest.fixture(scope="module")
 def plain_model(tmp_path_factory):
     """A tiny Llama whose tokenizer has no chat template."""
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    return build_tiny_llama(tmp_path_factory.mktemp("plain") / "tiny-plain", default_model_dir())
+    return build_tiny_llama(tmp_path_factory.mktemp("plain") / "tiny-plain", embedding_model_dir())
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def plugin_site(tmp_path_factory):
 def toy_server(plugin_site, tmp_path_factory):
     """A server of a toy model (the toy-model example's build command, as its docstring says),
     with all four example plugins, one running request at a time."""
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
     tmp = tmp_path_factory.mktemp("toy")
     model = tmp / "toy"
@@ -78,7 +78,7 @@ def toy_server(plugin_site, tmp_path_factory):
             "toy_model.build",
             str(model),
             "--tokenizer-from",
-            str(default_model_dir()),
+            str(embedding_model_dir()),
         ],
         capture_output=True,
         text=True,
@@ -215,9 +215,9 @@ def test_a_model_class_written_for_sglangs_model_runner_is_refused_at_load(tmp_p
 
     from support.serving import build_tiny_llama, cli_command
 
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    model = build_tiny_llama(tmp_path / "sgl-style", default_model_dir())
+    model = build_tiny_llama(tmp_path / "sgl-style", embedding_model_dir())
     config = json.loads((model / "config.json").read_text())
     config["architectures"] = ["SglStyleForCausalLM"]
     (model / "config.json").write_text(json.dumps(config))

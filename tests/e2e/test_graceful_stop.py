@@ -146,9 +146,9 @@ def test_sigterm_ends_what_outlasts_the_grace_period_in_words(tiny_pipeline, tmp
 def test_sigterm_ends_a_text_stream_with_an_error_event(tmp_path):
     """The same for text: a completion stream still decoding when the grace period runs out gets
     ``data: {"error": ...}`` and ``data: [DONE]``."""
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    model = build_tiny_llama(tmp_path / "tiny-llama", default_model_dir())
+    model = build_tiny_llama(tmp_path / "tiny-llama", embedding_model_dir())
     srv = start_server(["--model-path", str(model), "--stop-grace-period", "1"], tmp_path, "text")
     try:
         body = {"prompt": "go on", "max_tokens": 1000, "ignore_eos": True, "stream": True}

@@ -214,10 +214,10 @@ def embedding(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def generation(tmp_path_factory):
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
     tmp = tmp_path_factory.mktemp("targets-gen")
-    model = build_tiny_llama(tmp / "tiny-llama", default_model_dir())
+    model = build_tiny_llama(tmp / "tiny-llama", embedding_model_dir())
     observed = _start(tmp, "gen", ["--model-path", str(model), "--tp-size", "2"], SRT)
     yield observed
     observed.server.stop()

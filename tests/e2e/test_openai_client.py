@@ -33,10 +33,10 @@ def embedder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def generator(tmp_path_factory):
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
     tmp = tmp_path_factory.mktemp("openai-tiny")
-    path = build_tiny_llama(tmp / "tiny-llama", default_model_dir())
+    path = build_tiny_llama(tmp / "tiny-llama", embedding_model_dir())
     srv = start_server(
         ["--model-path", str(path), "--api-key", KEY],
         tmp,

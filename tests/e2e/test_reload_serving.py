@@ -108,9 +108,9 @@ def _until_served(server, route: str) -> None:
 def test_a_reload_under_an_embedding_load_serves_the_new_model_with_no_client_error(
     tmp_path, capsys
 ):
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    copy = Path(shutil.copytree(default_model_dir(), tmp_path / "minilm-copy"))
+    copy = Path(shutil.copytree(embedding_model_dir(), tmp_path / "minilm-copy"))
     env = _env()
     server = start_server(["--dp-size", "2"], tmp_path, "embed-reload", env=env)
     try:
@@ -143,12 +143,12 @@ def test_a_reload_under_an_embedding_load_serves_the_new_model_with_no_client_er
 
 @pytest.fixture(scope="module")
 def llamas(tmp_path_factory) -> tuple[Path, Path]:
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
     root = tmp_path_factory.mktemp("llamas")
     return (
-        build_tiny_llama(root / "llama-a", default_model_dir()),
-        build_tiny_llama(root / "llama-b", default_model_dir()),
+        build_tiny_llama(root / "llama-a", embedding_model_dir()),
+        build_tiny_llama(root / "llama-b", embedding_model_dir()),
     )
 
 

@@ -335,9 +335,9 @@ def _status(srv) -> dict[str, dict]:
 def test_tp2_dp2_restarts_the_tp_group_of_a_killed_rank_as_a_unit(tmp_path, capsys):
     """Killing tensor-parallel rank 1 of replica dp=1 (a rank the HTTP child never talks to)
     restarts both of that replica's ranks; generation under load sees no error."""
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    tiny = build_tiny_llama(tmp_path / "tiny-llama", default_model_dir())
+    tiny = build_tiny_llama(tmp_path / "tiny-llama", embedding_model_dir())
     srv = start_server(
         ["--model-path", str(tiny), "--tp-size", "2", "--dp-size", "2"], tmp_path, "tp2dp2-heal"
     )

@@ -65,7 +65,7 @@ def test_served_vectors_are_the_models_own(server):
 
     texts = ["a cat sits on the mat", "stock prices fell sharply", "x"]
     served = [d["embedding"] for d in embed(server, texts)["data"]]
-    local = ModelRunner(resolve_model(None), platform=CpuSRTPlatform()).embed(texts)
+    local = ModelRunner(resolve_model("all-MiniLM-L6-v2"), platform=CpuSRTPlatform()).embed(texts)
     assert [len(v) for v in served] == [384, 384, 384]
     for got, want in zip(served, local, strict=True):
         assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
@@ -88,7 +88,10 @@ def test_read_only_routes(server):
     assert threads["intra_op"] >= 1
     memory = info["schedulers"][0]["memory"]
     assert memory["total_bytes"] > memory["available_bytes"] > 0
-    assert info["server_args"]["host"] == "127.0.0.1" and info["server_args"]["model_path"] is None
+    assert (
+        info["server_args"]["host"] == "127.0.0.1"
+        and info["server_args"]["model_path"] == "all-MiniLM-L6-v2"
+    )
     version = importlib.metadata.version("sglang-launch")  # pyproject.toml, the one source
     assert info["version"] == version and get("/openapi.json").json()["info"]["version"] == version
     embed(server, "count me")

@@ -28,9 +28,9 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", default_model_dir())
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedding_model_dir())
 
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,9 @@ def embedder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def generator(tmp_path_factory):
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    tiny = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", default_model_dir())
+    tiny = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedding_model_dir())
     give_chat_template(tiny)
     srv = start_server(
         ["--model-path", str(tiny)], tmp_path_factory.mktemp("responses-gen"), "generate"

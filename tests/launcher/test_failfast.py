@@ -65,9 +65,10 @@ def test_address_of_another_machine_exits_2_naming_the_host():
 
 
 def test_encoder_with_tp_size_2_exits_2_from_its_config_before_any_worker():
-    # No --model-path: the embedded default model, a BERT encoder installed by the serve extra.
+    # The embedded embedding model, a BERT encoder installed by the serve extra.
     with Run(
-        [*FAST, "--tp-size", "2", "--port", str(free_port())], env={"SGLANG_USE_CPU_ENGINE": "1"}
+        [*FAST, "--model-path", "all-MiniLM-L6-v2", "--tp-size", "2", "--port", str(free_port())],
+        env={"SGLANG_USE_CPU_ENGINE": "1"},
     ) as run:
         assert run.wait(60) == 2, run
         err = run.stderr
@@ -315,7 +316,7 @@ def test_embedded_launcher_errors_name_keyword_arguments(monkeypatch):
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
     data = {
         "missing": _launch_error(model_path="/no/such/model/dir"),
-        "encoder": _launch_error(tp_size=2, port=free_port()),
+        "encoder": _launch_error(model_path="all-MiniLM-L6-v2", tp_size=2, port=free_port()),
     }
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

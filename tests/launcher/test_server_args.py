@@ -84,7 +84,7 @@ def _problems(**fields) -> dict | None:
 @pytest.mark.usefixtures("cpu_only")
 def test_check_server_args_lists_every_problem_with_what_to_change():
     ServerArgs().check_server_args()  # the defaults are valid
-    # (another engine's scheduler: the default model, an encoder, cannot take --tp-size 2)
+    # (another engine's scheduler: the model is not checked against --tp-size 2)
     ServerArgs(
         nnodes=2,
         tp_size=2,
@@ -98,6 +98,7 @@ def test_check_server_args_lists_every_problem_with_what_to_change():
         tp_size=0,
         nnodes=2,
         node_rank=3,
+        max_input_tokens=512,
         max_total_tokens=10,
         stop_grace_period=-1,
         scheduler_target="not a path",
@@ -125,7 +126,8 @@ def test_check_server_args_lists_every_problem_with_what_to_change():
     assert types is not None
     assert "--port must be an int, got '8000' (str)" in types["text"]
     assert "--trust-remote-code must be a bool" in types["text"]
-    encoder_problems = _problems(tp_size=2, dp_size=3)  # the default model is a BERT encoder
+    # The embedded embedding model is a BERT encoder.
+    encoder_problems = _problems(model_path="all-MiniLM-L6-v2", tp_size=2, dp_size=3)
     assert encoder_problems is not None
     encoder = encoder_problems["problems"]
     assert len(encoder) == 1 and "--tp-size 2 needs a causal LM" in encoder[0], encoder

@@ -145,9 +145,9 @@ def test_a_stop_during_start_up_exits_0_without_a_traceback(tmp_path, sig, momen
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", default_model_dir())
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedding_model_dir())
 
 
 def _in_flight(url: str) -> int:

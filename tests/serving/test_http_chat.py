@@ -34,9 +34,9 @@ CHAT = "/v1/chat/completions"
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    tok = AutoTokenizer.from_pretrained(default_model_dir(), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(embedding_model_dir(), local_files_only=True)
     tok.bos_token = "[CLS]"
     return tok
 

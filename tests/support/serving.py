@@ -45,16 +45,43 @@ def server_env(**extra: str | None) -> dict[str, str]:
     return env
 
 
-class Server:
-    """``sglang-launch ARGS --port <free>`` with its output in ``log_path``."""
+# The model a test server serves when its arguments name none: the embedded embedding model, the
+# suite's cheapest real model to start. ``default_model=True`` serves what a bare
+# ``sglang-launch`` serves instead (the embedded chat model, slower to start).
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+
+def with_model(args: list[str], default_model: bool = False) -> list[str]:
+    """``args``, plus ``--model-path all-MiniLM-L6-v2`` when they name no model (and no other
+    runtime) and ``default_model`` is False."""
+    named = any(a == "--model-path" or a.startswith("--model-path=") for a in args)
+    other_runtime = any(
+        a == "--runtime=diffusion" or (a == "--runtime" and args[i + 1 : i + 2] == ["diffusion"])
+        for i, a in enumerate(args)
+    )
+    if default_model or named or other_runtime:
+        return list(args)
+    return ["--model-path", EMBEDDING_MODEL, *args]
+
+
+class Server:
+    """``sglang-launch ARGS --port <free>`` with its output in ``log_path`` (``with_model``: the
+    embedding model unless ARGS name a model or ``default_model`` is True)."""
+
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        *,
+        default_model: bool = False,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(
-            [*cli_command(), *args, "--port", str(self.port)],
+            [*cli_command(), *with_model(args, default_model), "--port", str(self.port)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env or server_env(),
@@ -118,9 +145,11 @@ def start_server(
     name: str,
     headers: dict | None = None,
     env: dict[str, str] | None = None,
+    *,
+    default_model: bool = False,
 ) -> Server:
     """A ready ``Server`` (stopped again if it never becomes ready)."""
-    server = Server(args, tmp / f"{name}.log", env=env)
+    server = Server(args, tmp / f"{name}.log", env=env, default_model=default_model)
     try:
         server.wait_ready()
     except BaseException:

@@ -23,6 +23,7 @@ import msgspec
 from msgspec import UNSET
 from starlette.responses import Response
 
+from launchspec.gguf_cache import read_origin
 from launchspec.server_args import ServerArgs
 from serving import wire as messages
 from serving.http.app import VERSION, App, AppState, json_response
@@ -38,6 +39,7 @@ from serving.http.responses import (
     SchedulerLoad,
     SchedulerState,
     ServerInfo,
+    WeightsSource,
     WorkerManifest,
 )
 
@@ -101,7 +103,7 @@ async def model_info(state: AppState, body: None, receive: Receive) -> Response:
     return json_response(
         ModelInfo(
             model_path=state.model_path,
-            tokenizer_path=state.model_path,
+            tokenizer_path=state.server_args.tokenizer_path or state.model_path,
             is_generation=state.kind == "generation",
             model_type=model_type if isinstance(model_type, str) else None,
             architectures=[a for a in architectures if isinstance(a, str)]
@@ -110,7 +112,23 @@ async def model_info(state: AppState, body: None, receive: Receive) -> Response:
             served_model_name=state.served_name,
             kind=state.kind,
             chat_template=chat.source if chat is not None else None,
+            weights=weights_source(Path(state.model_path)),
         )
+    )
+
+
+def weights_source(directory: Path) -> WeightsSource:
+    """Where the weights in ``directory`` came from: a GGUF file it is the converted copy of
+    (what the conversion recorded in it), or the directory itself."""
+    origin = read_origin(directory)
+    if origin is None:
+        return WeightsSource(format="directory")
+    return WeightsSource(
+        format="gguf",
+        gguf_file=str(origin.get("gguf_file", "")),
+        sha256=str(origin.get("sha256", "")),
+        cache_dir=str(directory),
+        converted_at=str(origin.get("converted_at", "")),
     )
 
 
