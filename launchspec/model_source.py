@@ -52,14 +52,28 @@ def default_model_dir() -> Path:
     )
 
 
+def default_model_path() -> str | None:
+    """The embedded default model's folder as a path string, None when its package is missing
+    (``ServerArgs`` fills ``model_path`` with it, so platform and plugin code always reads a
+    path, as in SGLang)."""
+    try:
+        return str(default_model_dir())
+    except ModelSourceError:
+        return None
+
+
 def resolve_model(
     model_path: str | os.PathLike[str] | None, served_model_name: str | None = None
 ) -> ModelSource:
-    """Resolve ``--model-path`` (None = the embedded default) to a checked model directory."""
+    """Resolve ``--model-path`` (None = the embedded default) to a checked model directory; the
+    embedded default's own folder given as a path is the embedded default too."""
     if model_path is None or str(model_path) == "":
         path = default_model_dir()
         return ModelSource(path, served_model_name or DEFAULT_MODEL_NAME, True)
     path = Path(model_path).expanduser()
+    default = default_model_path()
+    if default is not None and path.resolve() == Path(default).resolve():
+        return ModelSource(Path(default), served_model_name or DEFAULT_MODEL_NAME, True)
     if not path.exists():
         raise ModelSourceError(
             f"--model-path {str(model_path)!r} does not exist; pass a local Hugging Face model "

@@ -190,6 +190,16 @@ def _render(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _verdict(finding: dict[str, Any]) -> str:
+    """A finding's verdict column: INCOMPATIBLE where the plugin would run, the verdict with the
+    note where it would not (a skipped plugin's problems never run)."""
+    if not finding["incompatible"]:
+        return str(finding["verdict"])
+    if finding["verdict"] in ("selected", "candidate", "loaded"):
+        return "INCOMPATIBLE"
+    return f"{finding['verdict']} (incompatible)"
+
+
 def _render_check(report: dict[str, Any], runtimes: tuple[str, ...]) -> list[str]:
     lines = []
     for block in report["runtimes"]:
@@ -201,7 +211,7 @@ def _render_check(report: dict[str, Any], runtimes: tuple[str, ...]) -> list[str
                 f["kind"],
                 f["name"],
                 f"{f['distribution']} {f['version'] or ''}".strip(),
-                "INCOMPATIBLE" if f["incompatible"] else f["verdict"],
+                _verdict(f),
                 f["why"],
             ]
             for f in block["findings"]

@@ -201,6 +201,15 @@ class LacksGetDevice(SRTPlatform):  # what a plugin written from the bare base c
         return "torch_native"
 
 
+class UnknownDeviceType(SRTPlatform):  # tt-sglang-plugin's shape: a device torch does not know
+    _enum = PlatformEnum.OOT
+    device_name = "tenstorrent-like"
+    device_type = "tt"
+
+    def get_default_attention_backend(self):
+        return "torch_native"
+
+
 class WrongRuntimeEnum(Base):
     _enum = DiffusionPlatformEnum.OOT  # the diffusion runtime's enum on an SRT class
 
@@ -211,7 +220,7 @@ class BadDefaults(Base):
 """
 
 BROKEN = ("Broken", "ExitsInInit", "HangsInInit", "DiesInCheck", "WrongRuntimeEnum")
-REGISTERED = BROKEN + ("BadDefaults", "PosesAsCuda", "LacksGetDevice")
+REGISTERED = BROKEN + ("BadDefaults", "PosesAsCuda", "LacksGetDevice", "UnknownDeviceType")
 
 
 @pytest.fixture
@@ -416,33 +425,47 @@ def test_server_args_row_blames_the_platform_not_the_installation(broken_site, t
 
 
 @pytest.mark.e2e
-def test_a_plugin_lacking_a_method_a_launch_calls_fails_naming_it(broken_site):
-    """Written from the bare base class, as the plugin tutorial once did: every contract method
-    a launch calls is required, so a missing one fails its row and the summary names it; a
-    plugin that poses as a built-in is refused at construction, saying how to fix it."""
-    (lacking, table, poses), result = check_platform(
+def test_a_plugin_lacking_what_sglang_defaults_conforms_and_one_a_launch_cannot_place_fails(
+    broken_site,
+):
+    """Written from the bare base class, as the plugin tutorial once did: SGLang gives it a
+    distributed backend (its device type's) and never calls get_device (planned), so a launch
+    places the model on torch.device(device_type, local_rank): it conforms, get_device shown as
+    missing. With a device type torch does not know (tt-sglang-plugin's 'tt') nothing can place
+    the model: get_device fails and the summary names it. A plugin that poses as a built-in is
+    refused at construction, saying how to fix it."""
+    (lacking, unknown, table, poses), result = check_platform(
         [
             (["--json"], {"SGLANG_PLATFORM": "lacksgetdevice"}),
-            ([], {"SGLANG_PLATFORM": "lacksgetdevice"}),
+            (["--json"], {"SGLANG_PLATFORM": "unknowndevicetype"}),
+            ([], {"SGLANG_PLATFORM": "unknowndevicetype"}),
             (["--json"], {"SGLANG_PLATFORM": "posesascuda"}),
         ],
         sites=[broken_site],
     )
     report = lacking["report"]
-    assert lacking["rc"] == 1 and report["ok"] is False, result
-    assert {"device.get_device", "distributed.backend"} <= rows_by_status(report, "fail")
+    assert lacking["rc"] == 0 and report["ok"] is True, result
+    got = row(report, "device.get_device")
+    assert got["status"] == "missing" and "torch.device('cpu', local_rank)" in got["detail"], got
+    backend = row(report, "distributed.backend")
+    assert backend["status"] == "pass" and "'gloo' (not overridden" in backend["detail"], backend
+    assert row(report, "distributed.process_group")["status"] == "pass"
+    assert row(report, "workload.srt_forward")["status"] == "pass", result
+    assert report["missing_required"] == []
+
+    report = unknown["report"]
+    assert unknown["rc"] == 1 and report["ok"] is False, result
+    assert rows_by_status(report, "fail") == {"device.get_device"}, result
     got = row(report, "device.get_device")
     assert got["missing"] == "get_device" and "a launch needs get_device()" in got["detail"]
-    assert report["missing_required"] == ["get_device", "get_torch_distributed_backend_str"]
+    assert "device_type 'tt' is not a torch device type" in got["detail"], got
+    assert report["missing_required"] == ["get_device"]
     assert row(report, "workload.srt_forward")["status"] == "skipped"
     # Optional methods stay missing, never failed.
     assert row(report, "subsystems.get_mha_kv_pool_cls")["status"] == "missing"
     summary = table["text"].strip().splitlines()[-1]
     assert table["rc"] == 1 and "conforms" not in summary
-    assert (
-        "a launch needs, and the platform lacks: get_device(), get_torch_distributed_backend_str()"
-        in summary
-    )
+    assert "a launch needs, and the platform lacks: get_device()" in summary
 
     report = poses["report"]
     assert poses["rc"] == 1 and rows_by_status(report, "fail") == {"selection.construct"}, result
