@@ -78,11 +78,15 @@ def _resolve(runtime: PluginRuntime, probe: bool, timeout: float | None) -> _Res
         return _Resolved({"error": stuck.text}, stuck=stuck.text)
     except Exception as exc:  # noqa: BLE001 - a launch stops here (exit 5): so does the report
         return _Resolved({"error": _error_text(exc)}, distribution=(sel.distribution,))
+    import importlib
+
     entry = {
         "key": sel.key,
         "qualname": sel.qualname,
         "distribution": sel.distribution,
         "reason": sel.reason,
+        # What print(current_platform) shows in a process that selects as a launch does.
+        "current_platform": str(importlib.import_module(runtime.selection_module).current_platform),
     }
     return _Resolved(entry, sel, (sel.distribution,))
 

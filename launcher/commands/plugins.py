@@ -129,6 +129,7 @@ def _render(report: dict[str, Any]) -> list[str]:
         origin = f" from {sel['distribution']}" if sel["distribution"] else ""
         lines.append(f"  platform: {sel['key']} -> {sel['qualname']}{origin}")
         lines.append(f"            why: {sel['reason']}")
+        lines.append(f"  current_platform: {sel['current_platform']}")
     allow = report["allowlist"]
     lines.append(
         "  SGLANG_PLUGINS: "

@@ -473,3 +473,56 @@ def test_a_plugin_lacking_what_sglang_defaults_conforms_and_one_a_launch_cannot_
     assert (
         "broken_platforms.platform.PosesAsCuda" in detail and "_enum = PlatformEnum.OOT" in detail
     )
+
+
+@pytest.mark.e2e
+def test_a_failing_plugin_of_the_platform_still_shows_the_selection_that_worked(site):
+    """tt-sglang-plugin's shape: its platform selects and constructs, and its general plugin's
+    register() imports an SGLang internal sglang-launch does not provide, which stops start-up.
+    The report names the platform in its header and summary and shows the selection rows (from
+    a second check process that loads no plugin), lifecycle.plugins failing with the plugin's
+    error and a hint that keeps the platform."""
+    make_dist(
+        site,
+        "tile-platform",
+        entry_points={
+            "sglang.srt.platforms": {"tile": "tile_platform:activate"},
+            "sglang.srt.plugins": {"tile": "tile_platform:register"},
+        },
+        modules={
+            "tile_platform/__init__.py": (
+                "def activate():\n    return 'tile_platform.platform.TilePlatform'\n\n"
+                "def register():\n    from sglang.srt.models.registry import ModelRegistry\n"
+            ),
+            "tile_platform/platform.py": (
+                "from sglang.srt.platforms.interface import SRTPlatform\n"
+                "from sglang.srt.platforms.device_mixin import PlatformEnum\n"
+                "from platforms.builtin.cpu import CpuDevice\n\n"
+                "class TilePlatform(SRTPlatform, CpuDevice):\n"
+                "    _enum = PlatformEnum.OOT\n    device_name = 'tile'\n    device_type = 'cpu'\n"
+            ),
+        },
+    )
+    (report_json, table), result = check_platform(
+        [(["--json"], {}), ([], {})],
+        sites=[site],  # automatic: the only plugin that activates
+    )
+    report = report_json["report"]
+    assert report_json["rc"] == 1, result
+    assert report["platform"]["key"] == "plugin:tile", report["platform"]
+    assert report["platform"]["qualname"] == "tile_platform.platform.TilePlatform"
+    selection = [r for r in report["rows"] if r["group"] == "selection"]
+    assert {r["status"] for r in selection} == {"pass"}, selection
+    plugins = row(report, "lifecycle.plugins")
+    assert (
+        plugins["status"] == "fail" and "No module named 'sglang.srt.models'" in plugins["detail"]
+    )
+    assert "SGLANG_PLATFORM=tile SGLANG_PLUGINS=," in plugins["detail"], plugins["detail"]
+    assert "selection checks ran again in a process that loads no general plugin" in report["note"]
+    assert row(report, "device.get_device")["status"] == "skipped"
+    text = table["text"]
+    assert text.startswith(
+        "check-platform: srt runtime, platform plugin:tile (tile_platform.platform.TilePlatform, "
+        "tile-platform)"
+    ), text
+    assert "check-platform srt on plugin:tile:" in text.strip().splitlines()[-1]
