@@ -48,8 +48,8 @@ def get_device(probe: Probe) -> str:
             fallback = placement(probe.platform, 0)
         except NotImplementedError:  # a failure: a launch cannot place the model
             raise NotImplementedError(
-                f"and device_type {probe.platform.device_type!r} is not a torch device type, so "
-                f"there is no torch.device(device_type, local_rank) to use instead"
+                f"device_type {probe.platform.device_type!r} is not a torch device type either "
+                f"(no torch.device(device_type, local_rank) to use instead)"
             ) from None
         probe.values["device"] = fallback
         raise Missing(
