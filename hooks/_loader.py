@@ -28,6 +28,7 @@ INFO.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -120,19 +121,11 @@ LOADED, FAILED, NOT_ALLOWED, SKIPPED, NOT_RUN = (
 STATUSES = (LOADED, FAILED, NOT_ALLOWED, SKIPPED, NOT_RUN)
 
 
-@dataclass
-class PluginOutcome:
-    """What happened to one installed plugin entry point in this process."""
-
-    status: str  # one of STATUSES but NOT_RUN (which is the absence of an outcome)
-    detail: str = ""
-
-
 @dataclass(frozen=True)
 class PluginRecord:
     """One installed general plugin entry point of a runtime and what happened to it in this
-    process: ``status`` is one of ``STATUSES`` (``not run``: registration never reached it;
-    ``detail`` says why), ``detail`` the reason."""
+    process, the one record ``outcomes``, ``manifest()`` and ``describe()`` hold: ``status`` is one
+    of ``STATUSES`` (``not run``: registration never reached it), ``detail`` the reason."""
 
     name: str
     group: str
@@ -140,7 +133,12 @@ class PluginRecord:
     distribution: str | None
     version: str | None
     status: str
-    detail: str
+    detail: str = ""
+
+    @classmethod
+    def of(cls, ep: EntryPoint | PluginSource, status: str, detail: str = "") -> PluginRecord:
+        """``ep``'s record with ``status`` (its version is read when it is reported)."""
+        return cls(ep.name, ep.group, ep.value, ep.distribution, None, status, detail)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -173,7 +171,7 @@ class PluginRuntime:
         self.registry = registry
         registry.required_policy = self.is_required
         registry.without_hint = self.without
-        self.outcomes: dict[tuple[str, str | None], PluginOutcome] = {}
+        self.outcomes: dict[tuple[str, str | None], PluginRecord] = {}
         self._phases: dict[str, ProcessOnce] | None = None
         self._phases_lock = threading.Lock()
         self._inside = threading.local()
@@ -250,7 +248,7 @@ class PluginRuntime:
                 except Exception as exc:  # noqa: BLE001 - a plugin's failure is judged below
                     self._failed(source, "run its callback", exc)
                     continue
-            self.outcomes[(source.name, source.distribution)] = PluginOutcome(LOADED)
+            self.outcomes[(source.name, source.distribution)] = PluginRecord.of(source, LOADED)
 
     # -- discovery and filtering --------------------------------------------------------------
     def entry_points(self, group: str | None = None) -> list[EntryPoint]:
@@ -328,14 +326,14 @@ class PluginRuntime:
         for ep in self.entry_points():
             key = (ep.name, ep.distribution)
             if allowed is not None and ep.name not in allowed:
-                self.outcomes[key] = PluginOutcome(NOT_ALLOWED, "not named in SGLANG_PLUGINS")
+                self.outcomes[key] = PluginRecord.of(ep, NOT_ALLOWED, "not named in SGLANG_PLUGINS")
                 logger.debug(
                     "plugin %r (%s) is not in SGLANG_PLUGINS; skipped", ep.name, ep.distribution
                 )
                 continue
             if _norm(ep.distribution) in excluded:
-                self.outcomes[key] = PluginOutcome(
-                    SKIPPED, "its distribution ships a platform that is not selected"
+                self.outcomes[key] = PluginRecord.of(
+                    ep, SKIPPED, "its distribution ships a platform that is not selected"
                 )
                 logger.info(
                     "plugin %r skipped: %s ships a %s platform that is not the selected one",
@@ -377,7 +375,8 @@ class PluginRuntime:
             return
         for eps in clashes.values():
             for ep in eps:
-                self.outcomes[(ep.name, ep.distribution)] = PluginOutcome(
+                self.outcomes[(ep.name, ep.distribution)] = PluginRecord.of(
+                    ep,
                     FAILED,
                     "another installed distribution uses the same plugin name; none of them loaded",
                 )
@@ -429,8 +428,8 @@ class PluginRuntime:
         self.registry.discard(
             source, because=f"its plugin failed to {stage}: {type(error).__name__}: {error}"
         )
-        self.outcomes[(source.name, source.distribution)] = PluginOutcome(
-            FAILED, f"failed to {stage}: {type(error).__name__}: {error}"
+        self.outcomes[(source.name, source.distribution)] = PluginRecord.of(
+            source, FAILED, f"failed to {stage}: {type(error).__name__}: {error}"
         )
         if self.is_required(source):
             raise PluginError(
@@ -510,18 +509,10 @@ class PluginRuntime:
             not_run = "plugin registration has not run in this process"
         records = []
         for ep in self.entry_points():
-            outcome = self.outcomes.get((ep.name, ep.distribution))
-            records.append(
-                PluginRecord(
-                    ep.name,
-                    ep.group,
-                    ep.value,
-                    ep.distribution,
-                    _version(ep.distribution),
-                    outcome.status if outcome else NOT_RUN,
-                    outcome.detail if outcome else not_run,
-                )
+            record = self.outcomes.get((ep.name, ep.distribution)) or PluginRecord.of(
+                ep, NOT_RUN, not_run
             )
+            records.append(dataclasses.replace(record, version=_version(ep.distribution)))
         return records
 
     def manifest(self) -> dict[str, Any]:
