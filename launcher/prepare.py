@@ -63,7 +63,16 @@ def load_plugins(runtime: str, select: bool = True) -> None:
     try:
         hooks.runtime(runtime).apply_plugin_hooks()
     except Exception as exc:  # noqa: BLE001 - any plugin failure is reported the same way
-        raise _setup_error("a required plugin failed to load in the launcher process", exc) from exc
+        hint = None
+        plugin = getattr(exc, "plugin", None)
+        if isinstance(exc, hooks.PluginError) and plugin:
+            hint = (
+                f"fix or reinstall {exc.distribution}, or start without the plugin on the same "
+                f"platform: {hooks.runtime(runtime).without(plugin)}"
+            )
+        raise _setup_error(
+            "a required plugin failed to load in the launcher process", exc, hint=hint
+        ) from exc
     if select:
         select_platform(runtime)
 

@@ -322,6 +322,10 @@ def test_a_vendor_platform_written_for_sglang_stops_honestly_then_serves_without
     assert "sglang-launch provides SGLang 0.5.23's plugin surface only" in stopped.stderr
     hint = stopped.stderr.partition("start without this plugin: ")[2].split()
     assert hint[:2] == ["SGLANG_PLATFORM=tile", "SGLANG_PLUGINS=,"], stopped.stderr
+    assert (
+        "what to do: fix or reinstall tile-vendor-plugin, or start without the plugin on the "
+        "same platform: SGLANG_PLATFORM=tile SGLANG_PLUGINS=," in stopped.stderr
+    ), stopped.stderr
 
     for word in hint[:2]:  # follow the hint: the same platform, without the plugin
         name, _, value = word.partition("=")
