@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from launchspec.server_args import ServerArgs
 
 
-def run_checks(server_args: ServerArgs, ctx: WorkerContext) -> None:
-    """Run the conformance checks of ``server_args.runtime`` into ``ctx.runtime_dir``'s journal."""
+def run_checks(server_args: ServerArgs, ctx: WorkerContext, group: str | None = None) -> None:
+    """Run the conformance checks of ``server_args.runtime`` (those of ``group`` only, when
+    given) into ``ctx.runtime_dir``'s journal."""
     runtime = server_args.runtime
     journal = Journal(ctx.runtime_dir)
     try:
@@ -38,7 +39,7 @@ def run_checks(server_args: ServerArgs, ctx: WorkerContext) -> None:
             device_name=str(getattr(platform, "device_name", "")),
             device_type=str(getattr(platform, "device_type", "")),
         )
-        checks = checks_for(runtime)
+        checks = [c for c in checks_for(runtime) if group is None or c.group == group]
         for check in checks:
             journal.begin(check.id)
             journal.row(evaluate(check, probe))
@@ -46,3 +47,9 @@ def run_checks(server_args: ServerArgs, ctx: WorkerContext) -> None:
         journal.close()
     ctx.ready(checks=len(checks))
     ctx.stopping.wait()
+
+
+def run_selection_checks(server_args: ServerArgs, ctx: WorkerContext) -> None:
+    """The selection checks alone (the parent runs them in a process without general plugins
+    where the first check process stopped after selecting its platform)."""
+    run_checks(server_args, ctx, group="selection")

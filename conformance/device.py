@@ -6,7 +6,7 @@ import numbers
 from typing import TYPE_CHECKING, Any
 
 from .catalog import check
-from .rows import CheckFailed, Skip
+from .rows import CheckFailed, Missing, Skip
 
 if TYPE_CHECKING:
     from .probe import Probe
@@ -29,11 +29,33 @@ def _is_number(value: Any) -> bool:
     "device.get_device",
     "get_device(0) is a torch.device of device_type",
     "get_device(local_rank) returns a torch.device whose .type is the platform's device_type",
-    required=("get_device", "every scheduler worker loads the model onto get_device(local_rank)"),
+    required=(
+        "get_device",
+        "every scheduler worker loads the model onto get_device(local_rank) (SRT, where it is "
+        "not implemented: onto torch.device(device_type, local_rank))",
+    ),
 )
 def get_device(probe: Probe) -> str:
     torch = probe.torch
-    device = probe.platform.get_device(0)
+    try:
+        device = probe.platform.get_device(0)
+    except NotImplementedError:
+        if probe.runtime != "srt":
+            raise  # the diffusion worker binds get_device(local_rank) itself
+        from platforms.device_mixin import placement
+
+        try:
+            fallback = placement(probe.platform, 0)
+        except NotImplementedError:  # a failure: a launch cannot place the model
+            raise NotImplementedError(
+                f"device_type {probe.platform.device_type!r} is not a torch device type either "
+                f"(no torch.device(device_type, local_rank) to use instead)"
+            ) from None
+        probe.values["device"] = fallback
+        raise Missing(
+            f"not implemented (SGLang marks it planned); an SRT worker places the model on "
+            f"torch.device({probe.platform.device_type!r}, local_rank) instead: {fallback!r}"
+        ) from None
     if not isinstance(device, torch.device):
         raise CheckFailed(
             f"get_device(0) returned {type(device).__name__} {device!r}, not a torch.device"

@@ -53,6 +53,11 @@ def backend(probe: Probe) -> str:
     if problems:
         raise CheckFailed(f"returned {value!r}: " + "; ".join(problems))
     probe.values["backend"] = value
+    from platforms.device_mixin import DeviceMixin
+
+    own = type(probe.platform).get_torch_distributed_backend_str
+    if own is DeviceMixin.get_torch_distributed_backend_str:
+        return f"{value!r} (not overridden: the default for device_type {probe.platform.device_type!r}, as in SGLang)"
     return repr(value)
 
 

@@ -27,16 +27,6 @@ def plugins(probe: Probe) -> str:
     return "the bootstrap registered this runtime's general plugins and applied their hooks"
 
 
-def _field_defaults(cls: type) -> dict:
-    values = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            values[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            values[f.name] = f.default_factory()
-    return values
-
-
 def _problems(args: ServerArgs) -> list[str]:
     """What ``check_server_args()`` refuses in ``args`` (empty when it passes)."""
     try:
@@ -44,6 +34,10 @@ def _problems(args: ServerArgs) -> list[str]:
     except ValueError as exc:
         return list(getattr(exc, "problems", None) or [str(exc)])
     return []
+
+
+def _fields(args: ServerArgs) -> dict[str, object]:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
 
 
 @check(
@@ -55,24 +49,34 @@ def _problems(args: ServerArgs) -> list[str]:
 def server_args_defaults(probe: Probe) -> str:
     # Looked up now, after the bootstrap applied hooks: a REPLACE of the class applies.
     cls = importlib.import_module("launchspec.server_args").ServerArgs
-    defaults = _field_defaults(cls)
-    args = cls(runtime=probe.runtime)  # __post_init__ calls apply_server_args_defaults()
-    # The same defaults without the platform's hand (no __post_init__): what this installation
-    # refuses either way (the embedded model's package missing, say) is not the platform's doing.
-    bare = cls.__new__(cls)
-    for name, value in {**defaults, "runtime": probe.runtime}.items():
-        object.__setattr__(bare, name, value)
+    platform = probe.platform
+    # The same construction without the platform's hand (its method shadowed on this instance):
+    # what ServerArgs fills itself (the worker target, the embedded model's path), what plugins'
+    # hooks change, and what this installation refuses either way are not the platform's doing.
+    platform.apply_server_args_defaults = lambda server_args: None
+    try:
+        bare = cls(runtime=probe.runtime)
+    finally:
+        del platform.apply_server_args_defaults
+    try:
+        args = cls(runtime=probe.runtime)  # __post_init__ calls apply_server_args_defaults()
+    except Exception as exc:  # noqa: BLE001 - the platform's failure is this row's
+        from platforms.vendor import plugin_code
+
+        vendor = plugin_code(exc)
+        where = f" ({vendor.describe()})" if vendor is not None else ""
+        raise CheckFailed(
+            f"ServerArgs() with model_path={bare.model_path!r} raised {type(exc).__name__}: {exc}"
+            f"{where}; a launch stops there (exit 5)"
+        ) from exc
     before = _problems(bare)
     own = [p for p in _problems(args) if p not in before]
     if own:
         raise CheckFailed(
             "the defaulted arguments no longer pass check_server_args(): " + "; ".join(own)
         )
-    changed = [
-        f"{name}: {defaults[name]!r} -> {getattr(args, name)!r}"
-        for name in defaults
-        if name != "runtime" and getattr(args, name) != defaults[name]
-    ]
+    was, now = _fields(bare), _fields(args)
+    changed = [f"{name}: {was[name]!r} -> {now[name]!r}" for name in was if now[name] != was[name]]
     result = (
         "set " + ", ".join(changed) if changed else "changed nothing"
     ) + "; check_server_args() passes"

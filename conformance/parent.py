@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from bootstrap.children import Child
 
 TARGET = "conformance.child:run_checks"
+# Run where the first check process stopped after selecting its platform (a required plugin
+# failed to load, say): the selection checks alone, in a process that loads no general plugin.
+SELECTION_TARGET = "conformance.child:run_selection_checks"
 _STOP_GRACE_S = 10.0  # for the child to wind down after SIGTERM (once ready) before it is killed
 _FAILED_GRACE_S = 2.0  # for a child that timed out before ready
 
@@ -45,7 +48,10 @@ class _CheckArgs:
 class ChildResult(NamedTuple):
     """How the check process went: its journal, the last bootstrap phase it reported
     (``"starting"`` if none), its ``failed`` report (``bootstrap.messages`` as a dict) if any,
-    its exit code (negative: killed by that signal), and whether it finished or timed out."""
+    its exit code (negative: killed by that signal), and whether it finished or timed out.
+    ``selection``: where the process stopped after it had selected its platform and before the
+    checks ran, the journal of a second process that ran the selection checks without general
+    plugins (None otherwise)."""
 
     journal: journal.Reading
     reached: str
@@ -54,6 +60,7 @@ class ChildResult(NamedTuple):
     ready: bool
     timed_out: bool
     timeout: float
+    selection: journal.Reading | None = None
 
 
 class _Status:
@@ -118,7 +125,50 @@ async def _watch(
 
 
 def run_child(runtime: str, timeout: float) -> ChildResult:
-    """Run the checks of ``runtime`` in a spawned bootstrap child; never leaves it running."""
+    """Run the checks of ``runtime`` in a spawned bootstrap child; never leaves it running.
+
+    Where that child stopped after selecting its platform but before any check ran (a plugin
+    of the platform's distribution failed to load or apply, say), the selection checks run again
+    in a second child that loads no general plugin, so the report still says what was selected.
+    """
+    import time
+
+    started = time.monotonic()
+    result = _run(runtime, timeout, TARGET)
+    if _selected_then_stopped(result):
+        left = timeout - (time.monotonic() - started)
+        if left > 0:
+            again = _run(runtime, left, SELECTION_TARGET, _without_plugins())
+            if again.journal.platform is not None:
+                result = result._replace(selection=again.journal)
+    return result
+
+
+def _selected_then_stopped(result: ChildResult) -> bool:
+    from bootstrap.phases import PHASES, PLATFORM_INITIALIZED
+
+    return (
+        not result.ready
+        and result.journal.platform is None
+        and result.reached in PHASES
+        and PHASES.index(result.reached) >= PHASES.index(PLATFORM_INITIALIZED)
+    )
+
+
+def _without_plugins() -> tuple[tuple[str, str, str, str | None], ...]:
+    """This process's entry-point table without the general plugins' groups (the platform
+    groups unchanged, so the second child selects exactly as the first did)."""
+    from platforms import entrypoints
+
+    return tuple(row for row in entrypoints.snapshot() if not row[0].endswith(".plugins"))
+
+
+def _run(
+    runtime: str,
+    timeout: float,
+    target: str,
+    entry_points: tuple[tuple[str, str, str, str | None], ...] | None = None,
+) -> ChildResult:
     import bootstrap
     from launchspec.compat import TABLE
     from launchspec.server_args import ARGS_CLASS
@@ -135,7 +185,7 @@ def run_child(runtime: str, timeout: float) -> ChildResult:
         endpoint = f"ipc://{workdir}/status"
         spec = bootstrap.ProcessSpec(
             role="check",
-            target=TARGET,
+            target=target,
             payload=bootstrap.encode_payload(_CheckArgs(runtime)),
             args_class=ARGS_CLASS,
             aliases=TABLE.to_dict(),
@@ -145,6 +195,7 @@ def run_child(runtime: str, timeout: float) -> ChildResult:
             serving_fallback=True,  # and by the same rule a launch follows
             runtime_dir=workdir,
             log_level="warning",
+            entry_points=entry_points,
         )
         child, timed_out = asyncio.run(_watch(spec, endpoint, timeout, status))
         reading = journal.read(workdir)

@@ -44,6 +44,8 @@ class Report(NamedTuple):
     runtime: str
     platform: dict | None
     rows: list[Row]
+    # Where the selection rows come from a second check process (see parent.run_child).
+    note: str | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -90,6 +92,7 @@ class Report(NamedTuple):
             "counts": self.counts,
             "missing_required": self.missing_required,
             "summary": self.summary(),
+            "note": self.note,
             "rows": [row.to_dict() for row in self.rows],
         }
 
@@ -170,8 +173,23 @@ def blame(result: ChildResult) -> Blame | None:
 def build(runtime: str, result: ChildResult, checks: list[Check] | None = None) -> Report:
     """Every check's row for ``runtime``, from the child's journal and how it ended."""
     checks = checks_for(runtime) if checks is None else checks
-    finished = result.journal.rows
+    finished = dict(result.journal.rows)
     culprit = blame(result)
+    platform, note = result.journal.platform, None
+    if result.selection is not None and culprit is not None:
+        # The first process selected its platform and stopped before the checks ran: the
+        # selection rows are a second process's, which loaded no general plugin.
+        platform = platform or result.selection.platform
+        rerun = {
+            row_id: row
+            for row_id, row in result.selection.rows.items()
+            if row_id.partition(".")[0] == "selection"
+        }
+        finished = {**rerun, **finished}
+        note = (
+            f"the check process stopped at {culprit.id} after it selected the platform; the "
+            f"selection checks ran again in a process that loads no general plugin"
+        )
     rows: list[Row] = []
     if culprit is not None and culprit.id == PROCESS_ROW[0]:
         rows.append(
@@ -191,7 +209,7 @@ def build(runtime: str, result: ChildResult, checks: list[Check] | None = None) 
                 else "not reported by the check process"
             )
             rows.append(Row(check.id, check.group, check.title, SKIPPED, why))
-    return Report(runtime, result.journal.platform, rows)
+    return Report(runtime, platform, rows, note)
 
 
 # -- the terminal table ------------------------------------------------------------------------
@@ -224,6 +242,8 @@ def render_table(report: Report, colour: bool = False) -> str:
             f"({platform['qualname']}, {source})"
         )
         lines.append(f"  selected by {platform['reason']}")
+        if report.note:
+            lines.append(f"  ({report.note})")
     else:
         lines.append(
             f"check-platform: {report.runtime} runtime, platform not reported by the check process"

@@ -2,7 +2,9 @@
 
 A factory whose contract default raises ``NotImplementedError`` shows as missing when the
 platform does not override it, except ``get_default_attention_backend``, which every launch
-calls (required: missing fails). A flag must answer a bool.
+calls (required: missing fails). A factory that returns SGLang's own class (it imports an SGLang
+module outside the plugin surface, which is not here) shows as missing too: no launch here
+builds those subsystems. A flag must answer a bool.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .catalog import check
-from .rows import CheckFailed
+from .rows import CheckFailed, Missing
 
 if TYPE_CHECKING:
     from .probe import Probe
@@ -19,7 +21,16 @@ SRT = ("srt",)
 
 
 def _class_row(probe: Probe, method: str) -> str:
-    value = getattr(probe.platform, method)()
+    from hooks.compat import NotProvidedError
+
+    try:
+        value = getattr(probe.platform, method)()
+    except NotProvidedError as exc:
+        # SGLang's own subsystem class, which no launch here builds: not this platform's fault.
+        raise Missing(
+            f"returns a class from SGLang's {exc.name}, which sglang-launch does not provide (it "
+            f"provides SGLang's plugin surface only); no launch here calls {method}()"
+        ) from None
     if not isinstance(value, type):
         raise CheckFailed(f"{method}() returned {type(value).__name__} {value!r}, not a class")
     return f"{value.__module__}.{value.__qualname__}"

@@ -98,6 +98,10 @@ def _not_required(source: PluginSource) -> bool:
     return False
 
 
+def _leave_out(name: str) -> str:
+    return f"leave {name!r} out of SGLANG_PLUGINS"
+
+
 _registries: weakref.WeakSet[Registry] = weakref.WeakSet()
 
 
@@ -109,6 +113,8 @@ class Registry:
         # Decides whether a failing plugin aborts (True) or is logged and dropped; the plugin
         # loader installs the selected-platform rule here.
         self.required_policy: Callable[[PluginSource], bool] = _not_required
+        # How to start without a plugin (the loader's keeps the selected platform).
+        self.without_hint: Callable[[str], str] = _leave_out
         self._lock = threading.RLock()
         self._hooks: list[Hook] = []
         self._patches: dict[tuple, _Patch] = {}
@@ -333,7 +339,8 @@ class Registry:
         elif self.required_policy(source):
             exc = PluginError(
                 f"{message}. {source} ships in the selected platform's distribution, so this "
-                "aborts start-up; fix the hook's target, or disable the plugin with SGLANG_PLUGINS",
+                f"aborts start-up; fix the hook's target, or start without the plugin: "
+                f"{self.without_hint(source.name)}",
                 plugin=source.name,
                 distribution=source.distribution,
             )

@@ -28,6 +28,7 @@ INFO.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import os
@@ -108,12 +109,47 @@ class DuplicatePluginError(HookError):
         self.names = names
 
 
-@dataclass
-class PluginOutcome:
-    """What happened to one installed plugin entry point in this process."""
+# What can happen to an installed plugin entry point in a process: the one set of statuses
+# that ``manifest()``, ``describe()`` and the workers' manifests report.
+LOADED, FAILED, NOT_ALLOWED, SKIPPED, NOT_RUN = (
+    "loaded",
+    "failed",
+    "not allowed",
+    "skipped",
+    "not run",
+)
+STATUSES = (LOADED, FAILED, NOT_ALLOWED, SKIPPED, NOT_RUN)
 
-    status: str  # "loaded", "failed", "not allowed", "skipped"
+
+@dataclass(frozen=True)
+class PluginRecord:
+    """One installed general plugin entry point of a runtime and what happened to it in this
+    process, the one record ``outcomes``, ``manifest()`` and ``describe()`` hold: ``status`` is one
+    of ``STATUSES`` (``not run``: registration never reached it), ``detail`` the reason."""
+
+    name: str
+    group: str
+    value: str
+    distribution: str | None
+    version: str | None
+    status: str
     detail: str = ""
+
+    @classmethod
+    def of(cls, ep: EntryPoint | PluginSource, status: str, detail: str = "") -> PluginRecord:
+        """``ep``'s record with ``status`` (its version is read when it is reported)."""
+        return cls(ep.name, ep.group, ep.value, ep.distribution, None, status, detail)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "group": self.group,
+            "value": self.value,
+            "distribution": self.distribution,
+            "version": self.version,
+            "status": self.status,
+            "detail": self.detail,
+        }
 
 
 class PluginRuntime:
@@ -134,12 +170,14 @@ class PluginRuntime:
         self.exclusion_selector = spec.plugin_exclusion_env
         self.registry = registry
         registry.required_policy = self.is_required
-        self.outcomes: dict[tuple[str, str | None], PluginOutcome] = {}
+        registry.without_hint = self.without
+        self.outcomes: dict[tuple[str, str | None], PluginRecord] = {}
         self._phases: dict[str, ProcessOnce] | None = None
         self._phases_lock = threading.Lock()
         self._inside = threading.local()
         self._assumed_selection: tuple[str | None] | None = None  # (distribution,) while assumed
         self._callback_marks: dict[PluginSource, int] = {}  # registry.last_seq before each callback
+        self._stopped: BaseException | None = None  # what ended this process's registration
 
     # -- phases -------------------------------------------------------------------------------
     def register_plugins(self) -> None:
@@ -190,6 +228,14 @@ class PluginRuntime:
             self.registry.apply_hooks()
 
     def _register(self) -> None:
+        self._stopped = None  # a forked child registers afresh
+        try:
+            self._run_callbacks()
+        except BaseException as exc:
+            self._stopped = exc
+            raise
+
+    def _run_callbacks(self) -> None:
         for source, callback in self._load(self.excluded_distributions()):
             if (
                 source in self._callback_marks
@@ -202,7 +248,7 @@ class PluginRuntime:
                 except Exception as exc:  # noqa: BLE001 - a plugin's failure is judged below
                     self._failed(source, "run its callback", exc)
                     continue
-            self.outcomes[(source.name, source.distribution)] = PluginOutcome("loaded")
+            self.outcomes[(source.name, source.distribution)] = PluginRecord.of(source, LOADED)
 
     # -- discovery and filtering --------------------------------------------------------------
     def entry_points(self, group: str | None = None) -> list[EntryPoint]:
@@ -280,14 +326,14 @@ class PluginRuntime:
         for ep in self.entry_points():
             key = (ep.name, ep.distribution)
             if allowed is not None and ep.name not in allowed:
-                self.outcomes[key] = PluginOutcome("not allowed", "not named in SGLANG_PLUGINS")
+                self.outcomes[key] = PluginRecord.of(ep, NOT_ALLOWED, "not named in SGLANG_PLUGINS")
                 logger.debug(
                     "plugin %r (%s) is not in SGLANG_PLUGINS; skipped", ep.name, ep.distribution
                 )
                 continue
             if _norm(ep.distribution) in excluded:
-                self.outcomes[key] = PluginOutcome(
-                    "skipped", "its distribution ships a platform that is not selected"
+                self.outcomes[key] = PluginRecord.of(
+                    ep, SKIPPED, "its distribution ships a platform that is not selected"
                 )
                 logger.info(
                     "plugin %r skipped: %s ships a %s platform that is not the selected one",
@@ -329,8 +375,9 @@ class PluginRuntime:
             return
         for eps in clashes.values():
             for ep in eps:
-                self.outcomes[(ep.name, ep.distribution)] = PluginOutcome(
-                    "failed",
+                self.outcomes[(ep.name, ep.distribution)] = PluginRecord.of(
+                    ep,
+                    FAILED,
                     "another installed distribution uses the same plugin name; none of them loaded",
                 )
         parts = [
@@ -381,14 +428,14 @@ class PluginRuntime:
         self.registry.discard(
             source, because=f"its plugin failed to {stage}: {type(error).__name__}: {error}"
         )
-        self.outcomes[(source.name, source.distribution)] = PluginOutcome(
-            "failed", f"failed to {stage}: {type(error).__name__}: {error}"
+        self.outcomes[(source.name, source.distribution)] = PluginRecord.of(
+            source, FAILED, f"failed to {stage}: {type(error).__name__}: {error}"
         )
         if self.is_required(source):
             raise PluginError(
                 f"{source} failed to {stage}: {type(error).__name__}: {error}. It ships in the selected "
                 f"{self.name} platform's distribution, so start-up stops; fix or reinstall "
-                f"{source.distribution}, or leave {source.name!r} out of SGLANG_PLUGINS",
+                f"{source.distribution}, or start without this plugin: {self.without(source.name)}",
                 plugin=source.name,
                 distribution=source.distribution,
             ) from error
@@ -399,28 +446,85 @@ class PluginRuntime:
             exc_info=error,
         )
 
+    def without(self, name: str) -> str:
+        """The variables that start without general plugin ``name`` and keep the selected
+        platform, as ``VAR=value`` words with a reason: ``SGLANG_PLUGINS`` naming every other
+        plugin it admits now (of both hook groups; ``,`` admits none), and, where that variable
+        also narrows automatic platform selection and nothing selects explicitly, the selector
+        naming the selected platform, which the list would otherwise leave out of discovery."""
+        from platforms import entrypoints
+
+        allowed = self.allowlist()
+        others = sorted(
+            {
+                ep.name
+                for group in entrypoints.GROUPS
+                if group.endswith(".plugins")
+                for ep in entrypoints.entry_points(group)
+                if ep.name != name and (allowed is None or ep.name in allowed)
+            }
+        )
+        words = [f"SGLANG_PLUGINS={','.join(others) or ','}"]
+        why = "" if others else " (',' admits no plugin)"
+        spec = self.spec
+        if spec.auto_allowlist_env and not os.environ.get(spec.selector_env, "").strip():
+            platform = self._selected_entry_point_name()
+            if platform is not None:
+                words.insert(0, f"{spec.selector_env}={platform}")
+                why += (
+                    f"; {spec.selector_env} keeps the platform, which {spec.auto_allowlist_env} "
+                    f"alone would leave out of automatic selection"
+                )
+        return " ".join(words) + why
+
+    def _selected_entry_point_name(self) -> str | None:
+        """The entry-point name of the selected platform plugin (None: a built-in, or unknown)."""
+        try:
+            distribution = self.selected_distribution()
+        except Exception:  # noqa: BLE001 - a hint only; selection reports its own error
+            return None
+        if self._assumed_selection is None:
+            try:
+                ep = self.selection().entry_point
+            except Exception:  # noqa: BLE001
+                ep = None
+            if ep is not None:
+                return ep.name
+        names = sorted(
+            ep.name
+            for ep in self.entry_points(self.platform_group)
+            if distribution and _norm(ep.distribution) == _norm(distribution)
+        )
+        return names[0] if names else None
+
     # -- what this process has -------------------------------------------------------------------
+    def records(self) -> list[PluginRecord]:
+        """Each installed entry point of this runtime's hook group and what happened to it
+        here, in loading order; one without an outcome is ``not run``, saying why."""
+        if self._stopped is not None:
+            plugin = getattr(self._stopped, "plugin", None)
+            at = f" at plugin {plugin!r}" if plugin else ""
+            not_run = f"plugin registration stopped before it{at} ({type(self._stopped).__name__})"
+        else:
+            not_run = "plugin registration has not run in this process"
+        records = []
+        for ep in self.entry_points():
+            record = self.outcomes.get((ep.name, ep.distribution)) or PluginRecord.of(
+                ep, NOT_RUN, not_run
+            )
+            records.append(dataclasses.replace(record, version=_version(ep.distribution)))
+        return records
+
     def manifest(self) -> dict[str, Any]:
         """What this process really has of this runtime's general plugins, as plain data:
-        ``plugins`` (each installed entry point of the hook group: ``name``, ``group``,
-        ``distribution``, ``version``, ``status`` — loaded, failed, not allowed, skipped or not
-        run, when the registration phase has not run here — and ``detail``, the reason) and
-        ``hooks`` (``registry.records()``: each hook's target, type, plugin, state and error)."""
-        plugins = []
-        for ep in self.entry_points():
-            outcome = self.outcomes.get((ep.name, ep.distribution))
-            plugins.append(
-                {
-                    "name": ep.name,
-                    "group": ep.group,
-                    "value": ep.value,
-                    "distribution": ep.distribution,
-                    "version": _version(ep.distribution),
-                    "status": outcome.status if outcome else "not run",
-                    "detail": outcome.detail if outcome else "",
-                }
-            )
-        return {"runtime": self.name, "plugins": plugins, "hooks": self.registry.records()}
+        ``plugins`` (``records()``: each installed entry point of the hook group, its
+        ``status`` and its ``detail``) and ``hooks`` (``registry.records()``: each hook's target,
+        type, plugin, state and error)."""
+        return {
+            "runtime": self.name,
+            "plugins": [record.to_dict() for record in self.records()],
+            "hooks": self.registry.records(),
+        }
 
     # -- the public load_plugins_by_group -----------------------------------------------------
     def load_group(self, excluded_dists: Iterable[str] | None = None) -> dict[str, object]:

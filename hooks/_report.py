@@ -78,11 +78,15 @@ def _resolve(runtime: PluginRuntime, probe: bool, timeout: float | None) -> _Res
         return _Resolved({"error": stuck.text}, stuck=stuck.text)
     except Exception as exc:  # noqa: BLE001 - a launch stops here (exit 5): so does the report
         return _Resolved({"error": _error_text(exc)}, distribution=(sel.distribution,))
+    import importlib
+
     entry = {
         "key": sel.key,
         "qualname": sel.qualname,
         "distribution": sel.distribution,
         "reason": sel.reason,
+        # What print(current_platform) shows in a process that selects as a launch does.
+        "current_platform": str(importlib.import_module(runtime.selection_module).current_platform),
     }
     return _Resolved(entry, sel, (sel.distribution,))
 
@@ -248,21 +252,15 @@ def describe(runtime: PluginRuntime, probe: bool = False, timeout: float | None 
                 "applied": hook.location is not None,
             }
         )
-    plugins = []
-    for ep in runtime.entry_points():
-        outcome = runtime.outcomes.get((ep.name, ep.distribution))
-        plugins.append(
-            {
-                "name": ep.name,
-                "value": ep.value,
-                "distribution": ep.distribution,
-                "allowed": allowed is None or ep.name in allowed,
-                "skipped_unselected_platform": _norm(ep.distribution) in excluded,
-                "status": outcome.status if outcome else "not loaded",
-                "detail": outcome.detail if outcome else "",
-                "hooks": hooks_by_plugin.get((ep.name, ep.distribution), []),
-            }
-        )
+    plugins = [
+        record.to_dict()
+        | {
+            "allowed": allowed is None or record.name in allowed,
+            "skipped_unselected_platform": _norm(record.distribution) in excluded,
+            "hooks": hooks_by_plugin.get((record.name, record.distribution), []),
+        }
+        for record in runtime.records()
+    ]
     startup_error = selection.get("error") or registration_error or exclusion_error
     # Hooks of no plugin are applied too: say where they come from.
     unattributed = [

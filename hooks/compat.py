@@ -15,6 +15,15 @@ get it in their ``ProcessSpec``):
   module import sees the SGLang name as an attribute, and a hook target is translated.
 - ``absent``: SGLang targets without an equivalent here -> the nearest target of this project,
   named in the error a hook on them gets.
+- ``version``: the SGLang release whose plugin surface the table provides; the aliased ``sglang``
+  package carries it as ``__version__``, so a plugin that checks the host's version reads it.
+
+Any other module under ``sglang`` (SGLang's internals: layers, the memory cache, distributed,
+the model registry, ...) is not provided: importing it raises ``ModuleNotFoundError`` (its
+``name`` the module asked for) saying that sglang-launch provides SGLang's plugin surface only,
+and listing that surface. ``importlib.util.find_spec`` of such a name raises the same error,
+where it would return None for a module that is simply absent: a plugin probing for SGLang's
+internals with ``try``/``except ImportError`` finds them missing either way.
 
 A hook target under an aliased module is translated at registration (``translate_target``), so
 hooks on ``sglang.srt.server_args.ServerArgs.__post_init__`` and on its own path share one patch;
@@ -51,6 +60,7 @@ class AliasTable:
     names: Mapping[str, str] = field(default_factory=dict)
     absent: Mapping[str, str] = field(default_factory=dict)
     known: Sequence[str] = ()
+    version: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """Standard-library data for a ``ProcessSpec``."""
@@ -59,6 +69,7 @@ class AliasTable:
             "names": dict(self.names),
             "absent": dict(self.absent),
             "known": list(self.known),
+            "version": self.version,
         }
 
     @classmethod
@@ -68,7 +79,28 @@ class AliasTable:
             dict(data.get("names", {})),
             dict(data.get("absent", {})),
             tuple(data.get("known", ())),
+            str(data.get("version", "")),
         )
+
+    def surface(self) -> str:
+        """The SGLang modules this table provides, for messages: ``"sglang.srt.platforms, ..."``."""
+        return ", ".join(sorted(self.modules))
+
+
+class NotProvidedError(ModuleNotFoundError):
+    """An SGLang module outside the plugin surface this project provides (``name``: the module
+    asked for); the message lists the surface."""
+
+
+def not_provided(name: str, table: AliasTable) -> NotProvidedError:
+    """The error an import of SGLang's module ``name`` gets where the table does not provide it."""
+    release = f"SGLang {table.version}'s" if table.version else "SGLang's"
+    return NotProvidedError(
+        f"No module named {name!r}: sglang-launch provides {release} plugin surface only "
+        f"({table.surface()}), not the rest of SGLang; a plugin that imports {name} needs SGLang "
+        f"itself (docs/plugins.md, Porting an SGLang plugin)",
+        name=name,
+    )
 
 
 class NoEquivalentError(ValueError):
@@ -156,7 +188,7 @@ def translate_target(target: str) -> str:
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Resolves every module name under ``sglang`` from the alias table: an aliased module (the
-    project's own module object), an empty package between, or nothing (ModuleNotFoundError)."""
+    project's own module object), an empty package between, or ``NotProvidedError``."""
 
     def __init__(self, table: AliasTable) -> None:
         self.table = table
@@ -182,15 +214,17 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             real = ours + fullname[len(alias) :]
             try:
                 found = importlib.util.find_spec(real)
-            except ModuleNotFoundError:
-                return None
+            except ModuleNotFoundError as exc:
+                if exc.name and not (real == exc.name or real.startswith(exc.name + ".")):
+                    raise  # a package of this project lacks a dependency: that is the error
+                found = None
             if found is None:
-                return None
+                raise not_provided(fullname, self.table)
             package = found.submodule_search_locations is not None
             return importlib.machinery.ModuleSpec(fullname, self, origin=real, is_package=package)
         if fullname in self.parents:
             return importlib.machinery.ModuleSpec(fullname, self, origin=None, is_package=True)
-        return None
+        raise not_provided(fullname, self.table)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         if spec.origin is None:
@@ -198,6 +232,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 spec.name, "an SGLang package path, aliased by sglang-launch"
             )
             package.__path__ = []
+            if spec.name == ROOT and self.table.version:
+                package.__dict__["__version__"] = self.table.version
             return package
         module = importlib.import_module(spec.origin)
         renames = {

@@ -75,9 +75,11 @@ def _clear(runtime: PluginRuntime) -> Callable[[], None]:
         runtime.outcomes,
         dict(runtime._callback_marks),
         runtime._assumed_selection,
+        runtime._stopped,
     )
     runtime._phases = None
     runtime.outcomes = {}
+    runtime._stopped = None
     # The callbacks' marks stay: a callback that ran before the block and runs again in it has
     # its earlier hooks replaced, not doubled (the rule of a forked child).
 
@@ -97,6 +99,7 @@ def _clear(runtime: PluginRuntime) -> Callable[[], None]:
             runtime.outcomes,
             runtime._callback_marks,
             runtime._assumed_selection,
+            runtime._stopped,
         ) = saved
 
     return restore

@@ -8,11 +8,15 @@ every platform and general plugin of both runtimes the report says:
   ``activate()`` can decide), a general plugin that would load, or what skips it
   (``SGLANG_PLUGINS``, a platform distribution that is not the selected one, a name another
   distribution also uses, a name reserved for a built-in platform);
-- what makes it incompatible here: a ``Requires-Dist`` this environment does not satisfy (a
-  pinned ``sglang`` that is not installed, say); an import of a module that neither this
-  project, its alias table of SGLang's names (``launchspec.compat``), nor any installed package
-  provides (an import guarded by ``try``/``except ImportError`` is the plugin's own fallback and
-  is not counted); a ``.pth`` file it installs that runs code at every interpreter start.
+- what makes it incompatible here: a ``Requires-Dist`` this environment does not satisfy (an
+  ``sglang`` pin that the aliased plugin surface's version does not meet, say); an import that
+  running the entry point reaches (``launcher.plugin_imports``: its module and the packages
+  above it, what they import, its callback's body and what that calls, and for a platform the
+  class its ``activate()`` names) of a module that neither this project, its alias table of
+  SGLang's names (``launchspec.compat``), nor any installed package provides (an import guarded
+  by ``try``/``except ImportError`` is the plugin's own fallback and is not counted); a ``.pth``
+  file it installs that runs code at every interpreter start. An entry point is blamed only for
+  what its own code reaches, never for another entry point's package of its distribution.
 
 ``check(environ)`` returns the report as plain data; ``main`` of ``launcher.commands.plugins``
 prints it.
@@ -20,21 +24,19 @@ prints it.
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata as metadata
 import importlib.util
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher import plugin_imports
 from platforms import entrypoints
 from platforms.entrypoints import EntryPoint
 from platforms.runtimes import RUNTIMES, RuntimeSpec
-
-_GUARDS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
 
 @dataclass
@@ -89,44 +91,6 @@ def module_exists(name: str) -> bool:
     return True
 
 
-def _guarded(node: ast.Try) -> bool:
-    for handler in node.handlers:
-        if handler.type is None:
-            return True
-        types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-        if any(isinstance(t, ast.Name) and t.id in _GUARDS for t in types):
-            return True
-    return False
-
-
-def imports_in(source: str) -> Iterator[tuple[str, int]]:
-    """``(module, line)`` of every absolute import in ``source`` that is not guarded by a
-    ``try`` catching ``ImportError`` and not under ``if TYPE_CHECKING:``."""
-    tree = ast.parse(source)
-
-    def walk(node: ast.AST, skip: bool) -> Iterator[tuple[str, int]]:
-        if isinstance(node, ast.Try) and _guarded(node):
-            for statement in node.body:
-                yield from walk(statement, True)
-            for part in (*node.handlers, *node.orelse, *node.finalbody):
-                yield from walk(part, skip)
-            return
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for part in node.orelse:
-                yield from walk(part, skip)
-            return
-        if not skip:
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    yield alias.name, node.lineno
-            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                yield node.module, node.lineno
-        for inner in ast.iter_child_nodes(node):
-            yield from walk(inner, skip)
-
-    yield from walk(tree, False)
-
-
 # -- one distribution --------------------------------------------------------------------------
 def _distribution(name: str | None) -> metadata.Distribution | None:
     if not name:
@@ -138,6 +102,8 @@ def _distribution(name: str | None) -> metadata.Distribution | None:
 
 
 def _top_packages(dist: metadata.Distribution, eps: Iterable[EntryPoint]) -> set[str]:
+    """The distribution's top-level package and module names (its ``RECORD``, and its entry
+    points' modules for a distribution installed without one)."""
     tops = {ep.module.split(".")[0] for ep in eps}
     for path in dist.files or ():
         first = path.parts[0] if path.parts else ""
@@ -146,26 +112,17 @@ def _top_packages(dist: metadata.Distribution, eps: Iterable[EntryPoint]) -> set
     return {t for t in tops if t.isidentifier()}
 
 
-def _sources(tops: set[str]) -> Iterator[Path]:
-    """The ``.py`` files of the distribution's top-level packages (editable installs too)."""
-    for top in sorted(tops):
-        try:
-            spec = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
-            continue
-        if spec is None:
-            continue
-        if spec.submodule_search_locations:
-            for location in spec.submodule_search_locations:
-                yield from sorted(Path(location).rglob("*.py"))
-        elif spec.origin and spec.origin.endswith(".py"):
-            yield Path(spec.origin)
-
-
-def _requirement_problems(dist: metadata.Distribution) -> list[str]:
+def _requirement_problems(
+    dist: metadata.Distribution, aliases_active: bool
+) -> tuple[list[str], list[str]]:
+    """What the distribution's ``Requires-Dist`` asks that this environment lacks, and notes. A
+    requirement on ``sglang`` where SGLang's names are aliased is held against the SGLang
+    version whose plugin surface the aliases provide (``launchspec.compat.SGLANG_VERSION``)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
-    problems = []
+    from launchspec.compat import SGLANG_VERSION
+
+    problems, notes = [], []
     for text in dist.requires or ():
         try:
             req = Requirement(text)
@@ -174,20 +131,21 @@ def _requirement_problems(dist: metadata.Distribution) -> list[str]:
             continue
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue
+        if aliases_active and req.name.lower() == "sglang":
+            surface = f"sglang-launch provides SGLang {SGLANG_VERSION}'s plugin surface, not SGLang itself"
+            if req.specifier.contains(SGLANG_VERSION, prereleases=True):
+                notes.append(f"it requires {text}: {surface}")
+            else:
+                problems.append(f"it requires {text}, and {surface}")
+            continue
         try:
             installed = metadata.version(req.name)
         except metadata.PackageNotFoundError:
-            extra = (
-                " (sglang-launch answers to SGLang's plugin module names, but it is not the "
-                "sglang distribution)"
-                if req.name.lower() == "sglang"
-                else ""
-            )
-            problems.append(f"it requires {text}, which is not installed{extra}")
+            problems.append(f"it requires {text}, which is not installed")
             continue
         if req.specifier and not req.specifier.contains(installed, prereleases=True):
             problems.append(f"it requires {text}, and {req.name} {installed} is installed")
-    return problems
+    return problems, notes
 
 
 def _aliased(module: str) -> bool:
@@ -202,26 +160,31 @@ def _aliased(module: str) -> bool:
     return any(alias == module or alias.startswith(module + ".") for alias in TABLE.modules)
 
 
-def _import_problems(tops: set[str], aliases_active: bool) -> list[str]:
-    problems, seen = [], set()
-    for path in _sources(tops):
-        try:
-            found = list(imports_in(path.read_text(encoding="utf-8")))
-        except (OSError, SyntaxError, UnicodeDecodeError) as exc:
-            problems.append(f"{path.name} cannot be read as Python source ({exc})")
+def _import_problems(
+    ep: EntryPoint, package: plugin_imports.Package, platform: bool, aliases_active: bool
+) -> list[str]:
+    """What running ``ep`` imports that nothing here provides (``launcher.plugin_imports``)."""
+
+    def provided(module: str) -> bool:
+        if aliases_active and (module == "sglang" or module.startswith("sglang.")):
+            return _aliased(module)
+        return package.owns(module) or module_exists(module)
+
+    found, unreadable = plugin_imports.reached(ep, package, platform)
+    problems, seen = list(unreadable), set()
+    for imp in found:
+        if imp.module in seen or provided(imp.module):
             continue
-        for module, line in found:
-            if module in seen or module.split(".")[0] in tops:
-                continue
-            seen.add(module)
-            if aliases_active and (module == "sglang" or module.startswith("sglang.")):
-                if not _aliased(module):
-                    problems.append(
-                        f"{path.name}:{line} imports {module}, which neither sglang-launch nor "
-                        f"its aliases of SGLang's names provide (SGLang's internals are not here)"
-                    )
-            elif not module_exists(module):
-                problems.append(f"{path.name}:{line} imports {module}, which is not installed")
+        if imp.alternatives and all(provided(alt) for alt in imp.alternatives):
+            continue  # the fallback of an import that works here: never runs
+        seen.add(imp.module)
+        if aliases_active and (imp.module == "sglang" or imp.module.startswith("sglang.")):
+            problems.append(
+                f"{imp.where} imports {imp.module}, which sglang-launch does not provide: it "
+                f"provides SGLang's plugin surface only, not SGLang's internals"
+            )
+        else:
+            problems.append(f"{imp.where} imports {imp.module}, which is not installed")
     return problems
 
 
@@ -248,7 +211,12 @@ def _pth_findings(dist: metadata.Distribution) -> tuple[list[str], list[str]]:
 
 
 class _Inspector:
-    """Per-distribution findings, each distribution read once."""
+    """Findings: what each distribution brings along (read once per distribution) and what each
+    entry point's own code imports (``_import_problems``)."""
+
+    def __init__(self, aliases_active: bool) -> None:
+        self.aliases_active = aliases_active
+        self.cache: dict[str | None, _Shipped] = {}
 
     def finding(
         self,
@@ -259,43 +227,58 @@ class _Inspector:
         why: str,
         all_eps: list[EntryPoint],
     ) -> Finding:
-        """The ``Finding`` of ``ep`` with ``verdict`` and what its distribution brings along."""
-        version, problems, notes = self.inspect(ep, all_eps)
+        """The ``Finding`` of ``ep`` with ``verdict``: its distribution's problems and notes, and
+        the imports its own code reaches."""
+        shipped = self.shipped(ep, all_eps)
+        problems = list(shipped.problems)
+        if shipped.package is not None:
+            problems += _import_problems(
+                ep, shipped.package, kind == "platform", self.aliases_active
+            )
         return Finding(
             runtime,
             kind,
             ep.name,
             ep.value,
             ep.distribution,
-            version,
+            shipped.version,
             verdict,
             why,
-            list(problems),
-            list(notes),
+            problems,
+            list(shipped.notes),
         )
 
-    def __init__(self, aliases_active: bool) -> None:
-        self.aliases_active = aliases_active
-        self.cache: dict[str | None, tuple[str | None, list[str], list[str]]] = {}
-
-    def inspect(
-        self, ep: EntryPoint, all_eps: list[EntryPoint]
-    ) -> tuple[str | None, list[str], list[str]]:
+    def shipped(self, ep: EntryPoint, all_eps: list[EntryPoint]) -> _Shipped:
         if ep.distribution not in self.cache:
             dist = _distribution(ep.distribution)
             if dist is None:
-                self.cache[ep.distribution] = (None, [], ["its distribution's metadata is gone"])
+                self.cache[ep.distribution] = _Shipped(
+                    None, [], ["its distribution's metadata is gone"], None
+                )
             else:
                 mine = [e for e in all_eps if e.distribution == ep.distribution]
                 tops = _top_packages(dist, mine)
-                pth_problems, notes = _pth_findings(dist)
-                problems = (
-                    _requirement_problems(dist)
-                    + _import_problems(tops, self.aliases_active)
-                    + pth_problems
+                pth_problems, pth_notes = _pth_findings(dist)
+                requirement_problems, requirement_notes = _requirement_problems(
+                    dist, self.aliases_active
                 )
-                self.cache[ep.distribution] = (dist.version, problems, notes)
+                self.cache[ep.distribution] = _Shipped(
+                    dist.version,
+                    requirement_problems + pth_problems,
+                    requirement_notes + pth_notes,
+                    plugin_imports.Package(tops),
+                )
         return self.cache[ep.distribution]
+
+
+@dataclass
+class _Shipped:
+    """What one distribution brings along, whichever of its entry points runs."""
+
+    version: str | None
+    problems: list[str]
+    notes: list[str]
+    package: plugin_imports.Package | None
 
 
 # -- verdicts ------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from platforms.runtimes import RUNTIMES, runtime_spec
 if TYPE_CHECKING:
     from launchspec.server_args import ServerArgs
     from platforms import Selection
+    from platforms.vendor import PluginCode
 
 _TRUE = ("1", "true", "yes", "on")  # how platforms reads a boolean variable as set
 
@@ -62,7 +63,16 @@ def load_plugins(runtime: str, select: bool = True) -> None:
     try:
         hooks.runtime(runtime).apply_plugin_hooks()
     except Exception as exc:  # noqa: BLE001 - any plugin failure is reported the same way
-        raise _setup_error("a required plugin failed to load in the launcher process", exc) from exc
+        hint = None
+        plugin = getattr(exc, "plugin", None)
+        if isinstance(exc, hooks.PluginError) and plugin:
+            hint = (
+                f"fix or reinstall {exc.distribution}, or start without the plugin on the same "
+                f"platform: {hooks.runtime(runtime).without(plugin)}"
+            )
+        raise _setup_error(
+            "a required plugin failed to load in the launcher process", exc, hint=hint
+        ) from exc
     if select:
         select_platform(runtime)
 
@@ -78,14 +88,52 @@ def install_aliases() -> bool:
 
 
 def build_args(make: Callable[[], ServerArgs]) -> ServerArgs:
-    """``make()`` a ``ServerArgs``: a complaint about a value is a usage error (exit 2); anything
-    else it raises (a platform's ``apply_server_args_defaults``, a plugin's hook) a set-up error."""
+    """``make()`` a ``ServerArgs``. Whatever a platform's or a plugin's code raises on the way
+    (``apply_server_args_defaults``, a hook on ``__post_init__`` or ``from_cli_args``) is a set-up
+    error (exit 5) naming the vendor's class or plugin, with its traceback, whatever its type;
+    otherwise a complaint about a value is a usage error (exit 2), anything else a set-up error."""
+    from platforms.vendor import plugin_code
+
     try:
         return make()
-    except (TypeError, ValueError) as exc:
-        raise usage_error(exc) from exc
     except Exception as exc:  # noqa: BLE001 - reported with its traceback, never raised raw
+        vendor = plugin_code(exc)
+        if vendor is not None:
+            raise _setup_error(
+                f"the server arguments could not be built: {vendor.describe()} raised "
+                f"{type(exc).__name__}",
+                exc,
+                hint=_vendor_hint(vendor),
+            ) from exc
+        if isinstance(exc, (TypeError, ValueError)):
+            raise usage_error(exc) from exc
         raise _setup_error("the server arguments could not be built", exc) from exc
+
+
+def _vendor_hint(vendor: PluginCode) -> str:
+    """What to do about a vendor's code that raised: report it, or start without it."""
+    ep = vendor.entry_point
+    dist = vendor.distribution or "that package"
+    report = f"report it to the maintainers of {dist} (the traceback shows where)"
+    spec = next(
+        (
+            s
+            for s in RUNTIMES.values()
+            if ep is not None and ep.group in (s.platform_group, s.plugin_group)
+        ),
+        None,
+    )
+    if ep is None or spec is None:
+        return f"this is a plugin's code, not a bad command line: {report}"
+    if vendor.platform_class or ep.group == spec.platform_group:
+        return (
+            f"this is the platform's code, not a bad command line: {report}, or select another "
+            f"platform with {spec.selector_env}"
+        )
+    return (
+        f"this is plugin {ep.name!r}'s code, not a bad command line: {report}, or start without "
+        f"it: {hooks.runtime(spec.name).without(ep.name)}"
+    )
 
 
 def prefer_cpu_over_base(runtime: str) -> None:
@@ -243,7 +291,9 @@ def is_cpu_fallback(selection: Selection) -> bool:
     return not (flag and os.environ.get(flag, "").strip().lower() in _TRUE)
 
 
-def _setup_error(summary: str, exc: BaseException, plain: bool = False) -> LaunchError:
+def _setup_error(
+    summary: str, exc: BaseException, plain: bool = False, hint: str | None = None
+) -> LaunchError:
     """A set-up failure (exit code 5). ``plain``: the message is the whole story (a selection
     error that already names what was found and what to set), so no traceback and no hint."""
     import traceback
@@ -257,7 +307,8 @@ def _setup_error(summary: str, exc: BaseException, plain: bool = False) -> Launc
             traceback=None if plain else "".join(traceback.format_exception(exc)),
             hint=None
             if plain
-            else (
+            else hint
+            or (
                 "fix or uninstall the plugin named above, or select another with SGLANG_PLATFORM / SGLANG_PLUGINS"
             ),
         )

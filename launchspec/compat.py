@@ -84,4 +84,10 @@ TARGETS = (
     "serving.diffusion.scheduler.DiffusionScheduler.admit",
 )
 
-TABLE = AliasTable(modules=MODULES, names=NAMES, absent=ABSENT, known=TARGETS)
+# The SGLang release whose plugin surface (plugin-system.mdx) these tables provide: the aliased
+# ``sglang`` package's ``__version__``.
+SGLANG_VERSION = "0.5.23"
+
+TABLE = AliasTable(
+    modules=MODULES, names=NAMES, absent=ABSENT, known=TARGETS, version=SGLANG_VERSION
+)

@@ -106,15 +106,29 @@ def chat_model_dir() -> Path:
     return gguf.directory
 
 
+def default_model_path() -> str | None:
+    """Where the embedded default model is, as a path string (its GGUF file inside its package),
+    None when its package is missing: ``ServerArgs`` fills ``model_path`` with it, so platform and
+    plugin code always reads a path, as in SGLang."""
+    try:
+        return str(embedded_file(DEFAULT_MODEL))
+    except ModelSourceError:
+        return None
+
+
 def resolve_model(
     model_path: str | os.PathLike[str] | None, served_model_name: str | None = None
 ) -> ModelSource:
     """Resolve ``--model-path`` (None = the embedded default) to a model directory: a directory
     with config.json, or a GGUF file's converted copy in the cache (which ``prepare`` makes:
-    ``ModelSource.gguf.prepared`` says whether it exists yet), or an embedded model's."""
+    ``ModelSource.gguf.prepared`` says whether it exists yet), or an embedded model's; the embedded
+    default's own location given as a path is the embedded default too."""
     if model_path is None or str(model_path) == "":
         return _embedded(DEFAULT_MODEL, served_model_name, default=True)
     path = Path(model_path).expanduser()
+    default = default_model_path()
+    if default is not None and path.resolve() == Path(default).resolve():
+        return _embedded(DEFAULT_MODEL, served_model_name, default=True)
     if not path.exists():
         if str(model_path) in EMBEDDED:
             return _embedded(EMBEDDED[str(model_path)], served_model_name, default=False)

@@ -440,18 +440,8 @@ def instantiate(spec: RuntimeSpec, selection: Selection) -> Any:
             f"of {base.__module__}.{base.__qualname__}; every {spec.name} platform class must derive "
             f"from it (SRT: platforms.SRTPlatform, diffusion: platforms.diffusion.Platform)"
         )
-    enum_type = entrypoints.import_object(spec.enum_class)
-    identity = getattr(cls, "_enum", None)
-    if not isinstance(identity, enum_type):
-        raise PlatformTypeError(
-            f"{spec.name} platform class {selection.qualname!r} sets _enum = {identity!r}, which is "
-            f"not a {enum_type.__module__}.{enum_type.__qualname__} member; use that runtime's own "
-            f"PlatformEnum (OOT for a plugin)"
-        )
-    if selection.is_plugin:
-        _check_plugin_identity(spec, cls, enum_type, source)
     try:
-        return cls()
+        platform = cls()
     except Exception as exc:
         raise selection_error(
             f"cannot construct {spec.name} platform {selection.qualname}() from {source}: "
@@ -459,15 +449,31 @@ def instantiate(spec: RuntimeSpec, selection: Selection) -> Any:
             f"and without touching the device (put device set-up in init_backend()); {fix}",
             exc,
         ) from exc
+    # Identity is checked on the instance, as SGLang reads it: a class may set it in __init__.
+    enum_type = entrypoints.import_object(spec.enum_class)
+    identity = getattr(platform, "_enum", None)
+    if not isinstance(identity, enum_type):
+        raise PlatformTypeError(
+            f"{spec.name} platform class {selection.qualname!r} sets _enum = {identity!r}, which is "
+            f"not a {enum_type.__module__}.{enum_type.__qualname__} member; use that runtime's own "
+            f"PlatformEnum (OOT for a plugin)"
+        )
+    if selection.is_plugin:
+        _check_plugin_identity(spec, platform, enum_type, source)
+    return platform
 
 
 _PLACEHOLDER = "unspecified"  # DeviceMixin's value for a class that never set its identity
 
 
-def _check_plugin_identity(spec: RuntimeSpec, cls: type, enum_type: Any, source: str) -> None:
-    """A plugin's class must say it is out of tree and name its device; raise naming the fix."""
+def _check_plugin_identity(
+    spec: RuntimeSpec, platform: object, enum_type: Any, source: str
+) -> None:
+    """A plugin's platform must say it is out of tree and name its device, once constructed (a
+    class attribute, or set by its ``__init__``); raise naming the fix."""
+    cls = type(platform)
     name = f"{cls.__module__}.{cls.__qualname__}"
-    enum = getattr(cls, "_enum", None)
+    enum = getattr(platform, "_enum", None)
     if enum is not enum_type.OOT:
         raise PlatformTypeError(
             f"{spec.name} platform {source} selected {name}, whose _enum is {enum!r}, not "
@@ -476,13 +482,14 @@ def _check_plugin_identity(spec: RuntimeSpec, cls: type, enum_type: Any, source:
             f"(to use a built-in, unset {spec.selector_env} and uninstall or disable the plugin)"
         )
     for attr in ("device_name", "device_type"):
-        value = getattr(cls, attr, None)
+        value = getattr(platform, attr, None)
         if not isinstance(value, str) or not value.strip() or value == _PLACEHOLDER:
             what = "is not set" if value == _PLACEHOLDER else f"is {value!r}"
             example = (
                 "'my_device'" if attr == "device_name" else "the torch device type, e.g. 'cuda'"
             )
             raise PlatformTypeError(
-                f"{spec.name} platform {source} selected {name}, whose {attr} {what}; set the class "
-                f"attribute {attr} to a non-blank string ({example})"
+                f"{spec.name} platform {source} selected {name}, whose {attr} {what} once "
+                f"constructed; set {attr} to a non-blank string ({example}), as a class attribute "
+                f"or in __init__"
             )

@@ -58,6 +58,55 @@ class DeviceCapability(NamedTuple):
         return self.major * 10 + self.minor
 
 
+# The torch.distributed backend of each torch device type, as SGLang's DeviceMixin answers
+# get_torch_distributed_backend_str() for a platform that does not override it ("gloo" for any
+# other type). NPU uses "zbal" instead while SGLANG_ZBAL_LOCAL_MEM_SIZE is above 0.
+DISTRIBUTED_BACKENDS = {
+    "cuda": "nccl",
+    "xpu": "xccl",
+    "hpu": "hccl",
+    "cpu": "gloo",
+    "npu": "hccl",
+    "musa": "mccl",
+}
+DEFAULT_DISTRIBUTED_BACKEND = "gloo"
+
+
+def default_distributed_backend(device_type: str) -> str:
+    """The ``torch.distributed`` backend SGLang gives a platform of ``device_type`` that names
+    none: ``DISTRIBUTED_BACKENDS``, else gloo; an NPU's is "zbal" where
+    ``SGLANG_ZBAL_LOCAL_MEM_SIZE`` is a number above 0."""
+    if device_type == "npu":
+        try:
+            zbal = int(os.environ.get("SGLANG_ZBAL_LOCAL_MEM_SIZE", "0") or 0)
+        except ValueError:
+            zbal = 0
+        if zbal > 0:
+            return "zbal"
+    return DISTRIBUTED_BACKENDS.get(device_type, DEFAULT_DISTRIBUTED_BACKEND)
+
+
+def placement(platform: Any, local_rank: int = 0) -> torch.device:
+    """The ``torch.device`` a worker of ``local_rank`` puts the model on: ``get_device(local_rank)``,
+    or, where the platform does not implement it (SGLang marks it planned and never calls it),
+    ``torch.device(device_type, local_rank)``. ``NotImplementedError`` says so when neither
+    works (no ``get_device`` and a ``device_type`` torch does not know)."""
+    import torch
+
+    try:
+        return torch.device(platform.get_device(local_rank))
+    except NotImplementedError as missing:
+        device_type = str(getattr(platform, "device_type", ""))
+        try:
+            return torch.device(device_type, local_rank)
+        except (RuntimeError, TypeError, ValueError):
+            raise NotImplementedError(
+                f"{missing}; without get_device() a worker places the model on "
+                f"torch.device(device_type, local_rank), but device_type {device_type!r} is not "
+                f"a torch device type"
+            ) from missing
+
+
 _X86_MACHINES = {"x86_64", "amd64", "i386", "i686", "x86"}
 _ARM_MACHINES = {"aarch64", "arm64", "armv7l", "armv8l", "arm"}
 
@@ -187,8 +236,10 @@ class DeviceMixin:
         return False
 
     def get_torch_distributed_backend_str(self) -> str:
-        """The ``torch.distributed`` backend name for this device ("nccl", "gloo", ...)."""
-        raise self._missing("get_torch_distributed_backend_str")
+        """The ``torch.distributed`` backend name for this device ("nccl", "gloo", ...); by
+        default, as in SGLang, the backend of ``device_type`` (``DISTRIBUTED_BACKENDS``), else
+        "gloo"."""
+        return default_distributed_backend(self.device_type)
 
     def get_communicator_class(self) -> type | None:
         """A platform-specific communicator class, or None for the default (default None)."""

@@ -117,6 +117,7 @@ def _render(report: dict[str, Any]) -> list[str]:
         origin = f" from {sel['distribution']}" if sel["distribution"] else ""
         lines.append(f"  platform: {sel['key']} -> {sel['qualname']}{origin}")
         lines.append(f"            why: {sel['reason']}")
+        lines.append(f"  current_platform: {sel['current_platform']}")
     allow = report["allowlist"]
     lines.append(
         "  SGLANG_PLUGINS: "
@@ -178,6 +179,16 @@ def _render(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _verdict(finding: dict[str, Any]) -> str:
+    """A finding's verdict column: INCOMPATIBLE where the plugin would run, the verdict with the
+    note where it would not (a skipped plugin's problems never run)."""
+    if not finding["incompatible"]:
+        return str(finding["verdict"])
+    if finding["verdict"] in ("selected", "candidate", "loaded"):
+        return "INCOMPATIBLE"
+    return f"{finding['verdict']} (incompatible)"
+
+
 def _render_check(report: dict[str, Any], runtimes: tuple[str, ...]) -> list[str]:
     lines = []
     for block in report["runtimes"]:
@@ -189,7 +200,7 @@ def _render_check(report: dict[str, Any], runtimes: tuple[str, ...]) -> list[str
                 f["kind"],
                 f["name"],
                 f"{f['distribution']} {f['version'] or ''}".strip(),
-                "INCOMPATIBLE" if f["incompatible"] else f["verdict"],
+                _verdict(f),
                 f["why"],
             ]
             for f in block["findings"]

@@ -226,7 +226,7 @@ class DiffusionModelRunner:
             platform.verify_model_arch(self.pipeline_class)
         except Exception as exc:
             raise ModelLoadError(
-                f"the platform {type(platform).__qualname__} refuses the pipeline {self.pipeline_class} "
+                f"the platform {platform.__class__.__qualname__} refuses the pipeline {self.pipeline_class} "
                 f"of {self.source.path}: {exc}; serve another pipeline or select another platform "
                 f"(SGLANG_DIFFUSION_PLATFORM_OVERRIDE)"
             ) from exc

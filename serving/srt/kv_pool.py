@@ -69,7 +69,7 @@ def default_pool_tokens(
             available = int(platform.get_device_total_memory(index))
         except failures as exc:
             raise ModelLoadError(
-                f"cannot size the KV pool: platform {type(platform).__name__} reports no memory "
+                f"cannot size the KV pool: platform {platform.__class__.__name__} reports no memory "
                 f"figures ({type(exc).__name__}: {exc}); pass --max-total-tokens N (the tokens of "
                 f"KV cache all running sequences may hold together)"
             ) from exc

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from launchspec.model_config import is_causal_model
 from launchspec.model_source import ModelSource
+from platforms.device_mixin import placement
 from serving.devices import check_device_visible
 from serving.errors import InputError, ModelLoadError
 from serving.srt.engine import GenerationBatch, UnsupportedCache
@@ -82,7 +83,8 @@ def cannot_run_message(platform: SRTPlatform, exc: BaseException) -> str:
     fix. A plugin platform won selection over the built-ins, so the fix is in the plugin: no
     variable that selection ignores while a plugin activates (``SGLANG_USE_CPU_ENGINE``) is
     suggested for it."""
-    name = type(platform).__name__
+    cls = platform.__class__  # the vendor's class, also through the current_platform proxy
+    name = f"{cls.__module__}.{cls.__qualname__}"
     if platform.is_out_of_tree():
         return (
             f"the selected platform plugin {name} cannot run a model ({exc}); implement that method in "
@@ -145,9 +147,7 @@ class ModelRunner:
         transformers.utils.logging.disable_progress_bar()
         try:
             platform.seed_everything(seed)
-            self.device = (
-                torch.device(device) if device else torch.device(platform.get_device(local_rank))
-            )
+            self.device = torch.device(device) if device else placement(platform, local_rank)
             check_device_visible(self.device)
             platform_attention = platform.get_default_attention_backend()
         except NotImplementedError as exc:

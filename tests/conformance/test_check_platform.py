@@ -201,6 +201,15 @@ class LacksGetDevice(SRTPlatform):  # what a plugin written from the bare base c
         return "torch_native"
 
 
+class UnknownDeviceType(SRTPlatform):  # tt-sglang-plugin's shape: a device torch does not know
+    _enum = PlatformEnum.OOT
+    device_name = "tenstorrent-like"
+    device_type = "tt"
+
+    def get_default_attention_backend(self):
+        return "torch_native"
+
+
 class WrongRuntimeEnum(Base):
     _enum = DiffusionPlatformEnum.OOT  # the diffusion runtime's enum on an SRT class
 
@@ -211,7 +220,7 @@ class BadDefaults(Base):
 """
 
 BROKEN = ("Broken", "ExitsInInit", "HangsInInit", "DiesInCheck", "WrongRuntimeEnum")
-REGISTERED = BROKEN + ("BadDefaults", "PosesAsCuda", "LacksGetDevice")
+REGISTERED = BROKEN + ("BadDefaults", "PosesAsCuda", "LacksGetDevice", "UnknownDeviceType")
 
 
 @pytest.fixture
@@ -416,33 +425,47 @@ def test_server_args_row_blames_the_platform_not_the_installation(broken_site, t
 
 
 @pytest.mark.e2e
-def test_a_plugin_lacking_a_method_a_launch_calls_fails_naming_it(broken_site):
-    """Written from the bare base class, as the plugin tutorial once did: every contract method
-    a launch calls is required, so a missing one fails its row and the summary names it; a
-    plugin that poses as a built-in is refused at construction, saying how to fix it."""
-    (lacking, table, poses), result = check_platform(
+def test_a_plugin_lacking_what_sglang_defaults_conforms_and_one_a_launch_cannot_place_fails(
+    broken_site,
+):
+    """Written from the bare base class, as the plugin tutorial once did: SGLang gives it a
+    distributed backend (its device type's) and never calls get_device (planned), so a launch
+    places the model on torch.device(device_type, local_rank): it conforms, get_device shown as
+    missing. With a device type torch does not know (tt-sglang-plugin's 'tt') nothing can place
+    the model: get_device fails and the summary names it. A plugin that poses as a built-in is
+    refused at construction, saying how to fix it."""
+    (lacking, unknown, table, poses), result = check_platform(
         [
             (["--json"], {"SGLANG_PLATFORM": "lacksgetdevice"}),
-            ([], {"SGLANG_PLATFORM": "lacksgetdevice"}),
+            (["--json"], {"SGLANG_PLATFORM": "unknowndevicetype"}),
+            ([], {"SGLANG_PLATFORM": "unknowndevicetype"}),
             (["--json"], {"SGLANG_PLATFORM": "posesascuda"}),
         ],
         sites=[broken_site],
     )
     report = lacking["report"]
-    assert lacking["rc"] == 1 and report["ok"] is False, result
-    assert {"device.get_device", "distributed.backend"} <= rows_by_status(report, "fail")
+    assert lacking["rc"] == 0 and report["ok"] is True, result
+    got = row(report, "device.get_device")
+    assert got["status"] == "missing" and "torch.device('cpu', local_rank)" in got["detail"], got
+    backend = row(report, "distributed.backend")
+    assert backend["status"] == "pass" and "'gloo' (not overridden" in backend["detail"], backend
+    assert row(report, "distributed.process_group")["status"] == "pass"
+    assert row(report, "workload.srt_forward")["status"] == "pass", result
+    assert report["missing_required"] == []
+
+    report = unknown["report"]
+    assert unknown["rc"] == 1 and report["ok"] is False, result
+    assert rows_by_status(report, "fail") == {"device.get_device"}, result
     got = row(report, "device.get_device")
     assert got["missing"] == "get_device" and "a launch needs get_device()" in got["detail"]
-    assert report["missing_required"] == ["get_device", "get_torch_distributed_backend_str"]
+    assert "device_type 'tt' is not a torch device type" in got["detail"], got
+    assert report["missing_required"] == ["get_device"]
     assert row(report, "workload.srt_forward")["status"] == "skipped"
     # Optional methods stay missing, never failed.
     assert row(report, "subsystems.get_mha_kv_pool_cls")["status"] == "missing"
     summary = table["text"].strip().splitlines()[-1]
     assert table["rc"] == 1 and "conforms" not in summary
-    assert (
-        "a launch needs, and the platform lacks: get_device(), get_torch_distributed_backend_str()"
-        in summary
-    )
+    assert "a launch needs, and the platform lacks: get_device()" in summary
 
     report = poses["report"]
     assert poses["rc"] == 1 and rows_by_status(report, "fail") == {"selection.construct"}, result
@@ -450,3 +473,56 @@ def test_a_plugin_lacking_a_method_a_launch_calls_fails_naming_it(broken_site):
     assert (
         "broken_platforms.platform.PosesAsCuda" in detail and "_enum = PlatformEnum.OOT" in detail
     )
+
+
+@pytest.mark.e2e
+def test_a_failing_plugin_of_the_platform_still_shows_the_selection_that_worked(site):
+    """tt-sglang-plugin's shape: its platform selects and constructs, and its general plugin's
+    register() imports an SGLang internal sglang-launch does not provide, which stops start-up.
+    The report names the platform in its header and summary and shows the selection rows (from
+    a second check process that loads no plugin), lifecycle.plugins failing with the plugin's
+    error and a hint that keeps the platform."""
+    make_dist(
+        site,
+        "tile-platform",
+        entry_points={
+            "sglang.srt.platforms": {"tile": "tile_platform:activate"},
+            "sglang.srt.plugins": {"tile": "tile_platform:register"},
+        },
+        modules={
+            "tile_platform/__init__.py": (
+                "def activate():\n    return 'tile_platform.platform.TilePlatform'\n\n"
+                "def register():\n    from sglang.srt.models.registry import ModelRegistry\n"
+            ),
+            "tile_platform/platform.py": (
+                "from sglang.srt.platforms.interface import SRTPlatform\n"
+                "from sglang.srt.platforms.device_mixin import PlatformEnum\n"
+                "from platforms.builtin.cpu import CpuDevice\n\n"
+                "class TilePlatform(SRTPlatform, CpuDevice):\n"
+                "    _enum = PlatformEnum.OOT\n    device_name = 'tile'\n    device_type = 'cpu'\n"
+            ),
+        },
+    )
+    (report_json, table), result = check_platform(
+        [(["--json"], {}), ([], {})],
+        sites=[site],  # automatic: the only plugin that activates
+    )
+    report = report_json["report"]
+    assert report_json["rc"] == 1, result
+    assert report["platform"]["key"] == "plugin:tile", report["platform"]
+    assert report["platform"]["qualname"] == "tile_platform.platform.TilePlatform"
+    selection = [r for r in report["rows"] if r["group"] == "selection"]
+    assert {r["status"] for r in selection} == {"pass"}, selection
+    plugins = row(report, "lifecycle.plugins")
+    assert (
+        plugins["status"] == "fail" and "No module named 'sglang.srt.models'" in plugins["detail"]
+    )
+    assert "SGLANG_PLATFORM=tile SGLANG_PLUGINS=," in plugins["detail"], plugins["detail"]
+    assert "selection checks ran again in a process that loads no general plugin" in report["note"]
+    assert row(report, "device.get_device")["status"] == "skipped"
+    text = table["text"]
+    assert text.startswith(
+        "check-platform: srt runtime, platform plugin:tile (tile_platform.platform.TilePlatform, "
+        "tile-platform)"
+    ), text
+    assert "check-platform srt on plugin:tile:" in text.strip().splitlines()[-1]

@@ -224,3 +224,120 @@ def test_check_platform_conforms_and_a_launch_serves_with_the_hooks(site, tmp_pa
         assert str(server.proc.pid) in pids, pids  # the launcher built ServerArgs with it
     finally:
         server.stop()
+
+
+# A platform package shaped as tt-sglang-plugin and sglang-plugin-FL ship: written against
+# SGLang's names, its device mixin with no get_device() and no distributed backend (SGLang gives
+# the latter by device type and never calls the former), its identity set in __init__ (FL),
+# apply_server_args_defaults reading the model path as a path (tt), and a general plugin of the
+# same name in the same distribution whose register() imports an SGLang internal (both).
+VENDOR_PLUGIN = {
+    "pyproject.toml": """
+        [build-system]
+        requires = ["setuptools"]
+        build-backend = "setuptools.build_meta"
+
+        [project]
+        name = "tile-vendor-plugin"
+        version = "0.1.0"
+        dependencies = ["sglang>=0.5.11"]
+
+        [project.entry-points."sglang.srt.platforms"]
+        tile = "tile_vendor:activate"
+
+        [project.entry-points."sglang.srt.plugins"]
+        tile = "tile_vendor:register"
+    """,
+    "tile_vendor/__init__.py": """
+        import os
+
+
+        def activate():
+            if os.getenv("TILE_PRESENT") != "1":
+                return None
+            return "tile_vendor.platform.TilePlatform"
+
+
+        def register():
+            from sglang.srt.models.registry import ModelRegistry
+
+            ModelRegistry.register("tile_vendor.models", overwrite=True)
+    """,
+    "tile_vendor/platform.py": """
+        import os
+
+        from sglang.srt.platforms.device_mixin import PlatformEnum
+        from sglang.srt.platforms.interface import SRTPlatform
+
+
+        class TilePlatform(SRTPlatform):
+            _enum = PlatformEnum.OOT
+
+            def __init__(self):
+                super().__init__()
+                detected = "cpu"  # what the vendor's device detector reports here
+                self.device_name = "tile"
+                self.device_type = detected
+
+            def apply_server_args_defaults(self, server_args):
+                with open(os.environ["TILE_SEEN"], "a") as seen:
+                    seen.write(os.path.abspath(server_args.model_path) + "\\n")
+
+            def get_default_attention_backend(self):
+                return "torch_native"
+
+            def get_device_total_memory(self, device_id=0):
+                return 8 << 30
+
+            def get_current_memory_usage(self, device=None):
+                return 0.0
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def vendor_site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tile-vendor")
+    _write(root / "source", VENDOR_PLUGIN)
+    proc = pip_install_into(root / "source", root / "site")
+    assert proc.returncode == 0, proc.stderr
+    return root / "site"
+
+
+def test_a_vendor_platform_written_for_sglang_stops_honestly_then_serves_without_its_plugin(
+    vendor_site, tmp_path
+):
+    seen = tmp_path / "seen"
+    server_environ = server_env(SGLANG_USE_CPU_ENGINE=None, TILE_PRESENT="1", TILE_SEEN=str(seen))
+    server_environ["PYTHONPATH"] = f"{vendor_site}:{server_environ['PYTHONPATH']}"
+    stopped = subprocess.run(
+        [*cli_command(), "--port", "1"],
+        capture_output=True,
+        text=True,
+        env=server_environ,
+        timeout=120,
+    )
+    assert stopped.returncode == 5, stopped.stderr
+    assert "No module named 'sglang.srt.models'" in stopped.stderr
+    assert "sglang-launch provides SGLang 0.5.23's plugin surface only" in stopped.stderr
+    hint = stopped.stderr.partition("start without this plugin: ")[2].split()
+    assert hint[:2] == ["SGLANG_PLATFORM=tile", "SGLANG_PLUGINS=,"], stopped.stderr
+    assert (
+        "what to do: fix or reinstall tile-vendor-plugin, or start without the plugin on the "
+        "same platform: SGLANG_PLATFORM=tile SGLANG_PLUGINS=," in stopped.stderr
+    ), stopped.stderr
+
+    for word in hint[:2]:  # follow the hint: the same platform, without the plugin
+        name, _, value = word.partition("=")
+        server_environ[name] = value
+    server = start_server([], tmp_path, "tile-vendor", env=server_environ)
+    try:
+        reply = post(f"{server.url}/v1/embeddings", {"input": "a cat sits on the mat"})
+        assert reply.status_code == 200, reply.text
+        info = httpx.get(f"{server.url}/get_server_info", timeout=30).json()
+        assert info["platform"]["key"] == "plugin:tile", info["platform"]
+    finally:
+        server.stop()
+    from launchspec.model_source import default_model_dir
+
+    assert str(default_model_dir()) in seen.read_text().splitlines(), seen.read_text()

@@ -338,6 +338,69 @@ def test_selected_platform_plugin_failure_aborts_and_stays_failed(
     assert "vendor" not in tgt.f(1)
 
 
+@pytest.mark.parametrize("stage", ["callback", "apply"])
+@pytest.mark.parametrize("platform_env", [None, "vendor"])
+def test_a_required_plugins_failure_suggests_starting_without_it_on_the_same_platform(
+    site, monkeypatch, stage, platform_env
+):
+    """sglang-plugin-FL's shape: the platform and its plugin share a distribution. Under
+    automatic selection SGLANG_PLUGINS also narrows platform discovery, so leaving the plugin
+    out of it alone would drop the platform too: the hint names the platform as well, and
+    following it starts on that platform without the plugin."""
+    _vendor_site(site)
+    _set_env(monkeypatch, SGLANG_PLATFORM=platform_env, VENDOR_FAIL=stage)
+    with pytest.raises(hooks.PluginError) as caught:
+        hooks.load_plugins()
+    message = str(caught.value)
+    hint = message.rpartition("start without ")[2].partition(": ")[2]
+    if platform_env is None:
+        assert hint.startswith("SGLANG_PLATFORM=vendor SGLANG_PLUGINS=other_extra,plain"), hint
+        assert "SGLANG_PLATFORM keeps the platform" in hint, hint
+    else:
+        assert hint.startswith("SGLANG_PLUGINS=other_extra,plain"), hint
+    for word in hint.split(" (")[0].split(";")[0].split():
+        name, _, value = word.partition("=")
+        monkeypatch.setenv(name, value)
+    with fresh_plugins():
+        hooks.load_plugins()
+        assert hooks.runtime("srt").selection().key == "plugin:vendor"
+        assert importlib.import_module("tgt").f(1) == [1, "plain"]
+
+
+def test_a_plugin_registration_never_reached_is_not_run_in_the_report_and_the_manifest(
+    site, monkeypatch
+):
+    """``sglang-launch plugins`` and the workers' manifests say the same of a plugin that the
+    registration never reached (it stopped at a required plugin before): ``not run``, and why."""
+    _vendor_site(site)
+    make_dist(
+        site,
+        "zeta-plugin",
+        {SRT_PLUGINS: {"zeta": "zeta_mod:register"}},
+        {"zeta_mod.py": "def register():\n    pass\n"},
+    )
+    _set_env(monkeypatch, SGLANG_PLATFORM="vendor", VENDOR_FAIL="callback")
+    report = hooks.describe("srt")
+    assert "PluginError" in report["registration_error"]
+    described = {p["name"]: p for p in report["groups"][SRT_PLUGINS]}
+    manifest = {p["name"]: p for p in hooks.manifest("srt")["plugins"]}
+    for name, status in (("other_extra", "skipped"), ("plain", "loaded"), ("vendor", "failed")):
+        assert described[name]["status"] == manifest[name]["status"] == status
+    zeta = described["zeta"]
+    assert zeta["status"] == "not run", zeta
+    assert (
+        zeta["detail"] == "plugin registration stopped before it at plugin 'vendor' (PluginError)"
+    )
+    assert {k: v for k, v in zeta.items() if k in manifest["zeta"]} == manifest["zeta"]
+
+
+def test_in_a_process_that_loaded_no_plugin_every_plugin_is_not_run(site):
+    _vendor_site(site)
+    plugins = hooks.manifest("srt")["plugins"]
+    assert {p["status"] for p in plugins} == {"not run"}
+    assert {p["detail"] for p in plugins} == {"plugin registration has not run in this process"}
+
+
 def test_allowlist_can_leave_out_the_selected_platforms_plugin(site, monkeypatch):
     _vendor_site(site)
     _set_env(monkeypatch, SGLANG_PLATFORM="vendor", VENDOR_FAIL="callback", SGLANG_PLUGINS="plain")

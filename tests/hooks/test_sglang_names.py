@@ -116,3 +116,56 @@ def test_a_real_sglang_on_the_path_is_left_alone(site):
         "target": "sglang.srt.server_args.ServerArgs.__post_init__",
         "interface": "sglang.srt.platforms.interface",
     }, result
+
+
+SURFACE = """
+import importlib.util, json
+from launcher.prepare import install_aliases
+install_aliases()
+import sglang
+out = {"version": sglang.__version__, "found": importlib.util.find_spec("sglang") is not None}
+try:
+    from sglang.srt.configs.qwen3_5 import Qwen3_5MoeTextConfig
+except ImportError as exc:
+    out["import"] = [type(exc).__name__, exc.name, str(exc)]
+try:
+    importlib.util.find_spec("sglang.srt.layers.logits_processor")
+except ImportError as exc:
+    out["find_spec"] = [type(exc).__name__, exc.name]
+import voicing_like
+out["registered"] = voicing_like.register()
+print("RESULT:" + json.dumps(out))
+"""
+
+# vtext-editor's shape: a plugin that takes its SGLang branch when find_spec("sglang") finds it,
+# guarding the internals it needs.
+VOICING_LIKE = """
+import importlib.util
+
+
+def register():
+    if importlib.util.find_spec("sglang") is None:
+        return "no sglang"
+    try:
+        from sglang.srt.models.registry import ModelRegistry
+    except ImportError as exc:
+        return f"fallback: {exc.name}"
+    return "registered"
+"""
+
+
+def test_the_aliases_name_the_sglang_version_they_provide_and_refuse_its_internals_by_name(site):
+    from launchspec.compat import MODULES, SGLANG_VERSION
+
+    make_dist(site, "voicing-like", modules={"voicing_like.py": VOICING_LIKE})
+    result = run_python(SURFACE, sites=[site], timeout=120)
+    data = result.data
+    assert data is not None, result
+    assert data["version"] == SGLANG_VERSION == "0.5.23" and data["found"] is True
+    kind, name, message = data["import"]
+    assert (kind, name) == ("NotProvidedError", "sglang.srt.configs"), data
+    assert "sglang-launch provides SGLang 0.5.23's plugin surface only" in message
+    assert all(module in message for module in MODULES), message
+    assert "a plugin that imports sglang.srt.configs needs SGLang itself" in message
+    assert data["find_spec"] == ["NotProvidedError", "sglang.srt.layers"]
+    assert data["registered"] == "fallback: sglang.srt.models"

@@ -115,13 +115,17 @@ def test_a_plugin_class_posing_as_a_builtin_is_refused_before_any_worker_starts(
 
 
 @pytest.mark.e2e
-def test_a_launch_on_a_plugin_lacking_get_device_names_the_fix_in_the_plugin(site):
-    """Selection ignores SGLANG_USE_CPU_ENGINE while a plugin activates, so the failure must not
-    suggest it: it names the missing method and check-platform."""
+def test_a_launch_on_a_plugin_that_cannot_place_the_model_names_its_class_and_the_fix(site):
+    """tt-sglang-plugin's shape: no get_device() and a device type torch does not know, so no
+    worker can place the model. Selection ignores SGLANG_USE_CPU_ENGINE while a plugin
+    activates, so the failure must not suggest it: it names the vendor's class (not the
+    current_platform proxy), the missing method and check-platform."""
     from support.plugins import platform_plugin
 
-    platform_plugin(
-        site, "lacking", class_body="def get_default_attention_backend(self):\n    return 'sdpa'"
+    package = platform_plugin(
+        site,
+        "lacking",
+        class_body="device_type = 'tt'\ndef get_default_attention_backend(self):\n    return 'sdpa'",
     )
     run = _run(
         ["--port", str(free_port()), "--startup-timeout", "120"],
@@ -129,9 +133,91 @@ def test_a_launch_on_a_plugin_lacking_get_device_names_the_fix_in_the_plugin(sit
         PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
     )
     assert run.returncode != 0, run.stderr
+    assert f"the selected platform plugin {package}.platform.Plat cannot run" in run.stderr
+    assert "LazyPlatform" not in run.stderr, run.stderr
     assert "does not implement get_device()" in run.stderr, run.stderr
+    assert "device_type 'tt' is not a torch device type" in run.stderr, run.stderr
     assert "sglang-launch check-platform" in run.stderr
     assert "SGLANG_USE_CPU_ENGINE" not in run.stderr + run.stdout
+
+
+# tt-sglang-plugin's apply_server_args_defaults: it compares the model path with its mock's.
+READS_MODEL_PATH = """
+def apply_server_args_defaults(self, server_args):
+    import os
+    with open(os.environ["SEEN_MODEL_PATH"], "w") as seen:
+        seen.write(os.path.abspath(server_args.model_path))
+"""
+
+
+@pytest.mark.e2e
+def test_platform_code_reads_the_embedded_default_model_as_a_path(site, tmp_path):
+    from support.plugins import platform_plugin
+
+    platform_plugin(site, "reader", class_body=READS_MODEL_PATH)
+    seen = tmp_path / "seen"
+    # --max-batch-size 0 stops the launch at check_server_args, after the platform's defaults.
+    run = _run(
+        ["--port", str(free_port()), "--max-batch-size", "0"],
+        SGLANG_PLATFORM="reader",
+        SEEN_MODEL_PATH=str(seen),
+        PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
+    )
+    assert run.returncode == 2 and "--max-batch-size 0" in run.stderr, run.stderr
+    from launchspec.model_source import default_model_dir
+
+    assert seen.read_text() == str(default_model_dir()), run.stderr
+
+
+@pytest.mark.e2e
+def test_an_error_in_platform_or_plugin_code_is_a_setup_error_naming_it_not_a_bad_command_line(
+    site,
+):
+    from support import make_dist
+    from support.plugins import platform_plugin
+
+    package = platform_plugin(
+        site,
+        "fussy",
+        distribution="fussy-vendor",
+        class_body=(
+            "def apply_server_args_defaults(self, server_args):\n"
+            "    raise TypeError('expected str, bytes or os.PathLike object, not NoneType')"
+        ),
+    )
+    make_dist(
+        site,
+        "picky-plugin",
+        entry_points={"sglang.srt.plugins": {"picky": "picky_plugin:register"}},
+        modules={
+            "picky_plugin/__init__.py": (
+                "from sglang.srt.plugins.hook_registry import HookRegistry, HookType\n\n"
+                "def register():\n"
+                "    HookRegistry.register(\n"
+                "        'sglang.srt.server_args.ServerArgs.__post_init__', check, HookType.AFTER\n"
+                "    )\n\n"
+                "def check(result, server_args):\n"
+                "    raise ValueError('picky cannot read this model')\n"
+            )
+        },
+    )
+    path = os.pathsep.join([str(site), str(REPO)])
+    platform = _run(["--port", str(free_port())], SGLANG_PLATFORM="fussy", PYTHONPATH=path)
+    assert platform.returncode == 5, platform.stderr
+    assert "invalid server arguments" not in platform.stderr, platform.stderr
+    assert (
+        f"the platform class {package}.platform.Plat (from fussy-vendor), in "
+        "apply_server_args_defaults() at " in platform.stderr
+    ), platform.stderr
+    assert f"{package}/platform.py:" in platform.stderr and "Traceback" in platform.stderr
+    assert "select another platform with SGLANG_PLATFORM" in platform.stderr
+
+    # The plugin alone (SGLANG_PLUGINS also leaves the platform out of automatic selection).
+    plugin = _run(["--port", str(free_port())], SGLANG_PLUGINS="picky", PYTHONPATH=path)
+    assert plugin.returncode == 5, plugin.stderr
+    assert "plugin 'picky' (from picky-plugin), at picky_plugin/__init__.py:" in plugin.stderr
+    assert "raised ValueError" in plugin.stderr and "Traceback" in plugin.stderr
+    assert "start without it: SGLANG_PLUGINS=," in plugin.stderr, plugin.stderr
 
 
 def _can_mount() -> bool:

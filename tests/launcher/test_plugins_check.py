@@ -110,10 +110,13 @@ def test_a_plugin_pinning_sglang_and_importing_its_internals_is_incompatible(ins
     code, text = run_check(capsys)
     assert code == 1, text
     assert "INCOMPATIBLE" in text
-    assert "it requires sglang==0.5.22, which is not installed" in text
     assert (
-        "hooks.py:1 imports sglang.srt.managers.schedule_batch, which neither sglang-launch nor "
-        "its aliases of SGLang's names provide" in text
+        "it requires sglang==0.5.22, and sglang-launch provides SGLang 0.5.23's plugin surface, "
+        "not SGLang itself" in text
+    )
+    assert (
+        "plugin vendor: incompatible: vendor_platform/hooks.py:1 imports "
+        "sglang.srt.managers.schedule_batch, which sglang-launch does not provide" in text
     )
     assert "it installs vendor-platform.pth, which runs code at every interpreter start" in text
     assert "vendor_runtime_that_is_absent" not in text and "torch" not in text.split("WHY")[1]
@@ -121,8 +124,112 @@ def test_a_plugin_pinning_sglang_and_importing_its_internals_is_incompatible(ins
 
     code, report = run_check(capsys, "--json", "--runtime", "srt")
     assert code == 1 and report["ok"] is False
-    problems = finding(report, "srt", "vendor")["problems"]
-    assert len(problems) == 3, problems
+    platform = next(f for f in report["runtimes"][0]["findings"] if f["kind"] == "platform")[
+        "problems"
+    ]
+    plugin = next(f for f in report["runtimes"][0]["findings"] if f["kind"] == "plugin")["problems"]
+    # The distribution's requirement and .pth count for both; hooks.py's import for the plugin
+    # alone, whose entry point runs it.
+    assert len(platform) == 2 and not any("hooks.py" in p for p in platform), platform
+    assert len(plugin) == 3 and any("hooks.py:1" in p for p in plugin), plugin
+
+
+def test_each_entry_point_is_blamed_only_for_the_imports_its_own_code_reaches(
+    installed, capsys, monkeypatch
+):
+    # kern-llm's shape: one distribution, an SGLang plugin package and a vLLM one beside it.
+    installed(
+        "twin-engines",
+        {
+            "sglang.srt.plugins": {"twin": "twin_sglang:register"},
+            "vllm.general_plugins": {"twin": "twin_vllm:register"},
+        },
+        {
+            "twin_sglang/__init__.py": "import os\n\ndef register():\n    import twin_sglang.model\n",
+            "twin_sglang/model.py": "import json\n",
+            "twin_vllm/__init__.py": "import vllm_engine_that_is_absent\n\ndef register():\n    pass\n",
+        },
+    )
+    code, report = run_check(capsys, "--json", "--runtime", "srt")
+    plugin = finding(report, "srt", "twin")
+    assert plugin["problems"] == [] and plugin["verdict"] == "loaded", plugin
+    assert code == 0 and report["ok"] is True
+
+
+def test_imports_are_followed_from_the_entry_point_and_named_by_their_path_in_the_distribution(
+    installed, capsys, monkeypatch
+):
+    # tt-sglang-plugin's shape: the platform entry point's module imports nothing of SGLang's
+    # internals; its class does not either; the general plugin's register() does, through a
+    # module of a subpackage; a module of the same name elsewhere in the package is not reached.
+    installed(
+        "tile-vendor",
+        {
+            "sglang.srt.platforms": {"tile": "tile_vendor:activate"},
+            "sglang.srt.plugins": {"tile": "tile_vendor:register"},
+        },
+        {
+            "tile_vendor/__init__.py": (
+                "import os\n\n"
+                "def activate():\n    return 'tile_vendor.platform.TilePlatform'\n\n"
+                "def register():\n"
+                "    from sglang.srt.plugins.hook_registry import HookRegistry\n"
+                "    _helper()\n\n"
+                "def _helper():\n    from tile_vendor.models import mock\n"
+            ),
+            "tile_vendor/platform.py": (
+                "from sglang.srt.platforms.interface import SRTPlatform\n\n"
+                "class TilePlatform(SRTPlatform):\n"
+                "    def get_mha_kv_pool_cls(self):\n"
+                "        from sglang.srt.mem_cache.memory_pool import Pool\n"  # never called here
+                "        return Pool\n"
+            ),
+            "tile_vendor/mock.py": "from sglang.srt.layers.sampler import Sampler\n",
+            "tile_vendor/models/__init__.py": "",
+            "tile_vendor/models/mock.py": (
+                "import os\n\n\nfrom sglang.srt.layers.logits_processor import LogitsProcessorOutput\n"
+            ),
+        },
+    )
+    monkeypatch.setenv("SGLANG_PLATFORM", "tile")
+    code, text = run_check(capsys)
+    assert code == 1, text  # the platform's own plugin would fail: start-up stops
+    assert (
+        "plugin tile: incompatible: tile_vendor/models/mock.py:4 imports "
+        "sglang.srt.layers.logits_processor" in text
+    ), text
+    assert "platform tile: incompatible" not in text, text
+    assert "sampler" not in text and "mem_cache" not in text, text
+
+    # The platform without its plugin: nothing of the plugin's is held against it.
+    monkeypatch.setenv("SGLANG_PLUGINS", "some_other_plugin")
+    code, report = run_check(capsys, "--json", "--runtime", "srt")
+    assert finding(report, "srt", "tile")["problems"] == []  # the platform finding comes first
+    assert code == 0 and report["ok"] is True, report
+
+
+def test_a_fallback_import_counts_only_where_the_import_it_replaces_is_missing(
+    installed, capsys, monkeypatch
+):
+    # sglang-plugin-FL's shape: the detector moved between two releases of its library.
+    installed(
+        "moved-detector",
+        {"sglang.srt.plugins": {"moved": "moved_detector:register"}},
+        {
+            "moved_detector/__init__.py": (
+                "def register():\n"
+                "    try:\n        import json.decoder as detector\n"
+                "    except ImportError:\n        import json.detector_that_moved as detector\n"
+                "    try:\n        import absent_sdk_release_one\n"
+                "    except ImportError:\n        import absent_sdk_release_two\n"
+            ),
+        },
+    )
+    code, report = run_check(capsys, "--json", "--runtime", "srt")
+    problems = finding(report, "srt", "moved")["problems"]
+    assert problems == [
+        "moved_detector/__init__.py:9 imports absent_sdk_release_two, which is not installed"
+    ], problems
 
 
 def test_an_incompatible_plugin_of_another_platform_does_not_fail_the_check(

@@ -430,3 +430,42 @@ def test_an_activate_that_hangs_is_reported_as_stuck_after_the_timeout(site):
     assert "activate() of platform plugin sleepy = plg_sleepy_" in run.stdout, run.stdout
     assert "did not return within 1s" in run.stdout and "--timeout SECONDS" in run.stdout
     assert "Traceback" not in run.stderr, run.stderr
+
+
+@pytest.mark.usefixtures("fresh_process")
+def test_the_report_prints_current_platform_as_the_spec_quick_start_checks_it(site, monkeypatch):
+    """Step 6 of the spec's quick start prints ``current_platform`` to verify an install; for a
+    plugin written against SGLang's module names (which resolve only where sglang-launch
+    installs its aliases) ``sglang-launch plugins`` prints that same line."""
+    make_dist(
+        site,
+        "sglang-written",
+        {SRT_PLATFORMS: {"written": "written_pkg:activate"}},
+        {
+            "written_pkg/__init__.py": (
+                "def activate():\n    return 'written_pkg.platform.WrittenPlatform'\n"
+            ),
+            "written_pkg/device.py": (
+                "from sglang.srt.platforms.device_mixin import DeviceMixin, PlatformEnum\n\n"
+                "class WrittenDevice(DeviceMixin):\n    _enum = PlatformEnum.OOT\n"
+                "    device_name = 'written'\n    device_type = 'cpu'\n"
+            ),
+            "written_pkg/platform.py": (
+                "from sglang.srt.platforms.interface import SRTPlatform\n"
+                "from written_pkg.device import WrittenDevice\n\n"
+                "class WrittenPlatform(SRTPlatform, WrittenDevice):\n"
+                "    def get_default_attention_backend(self):\n        return 'torch_native'\n"
+            ),
+        },
+    )
+    monkeypatch.setenv("SGLANG_PLATFORM", "written")
+    code, text = _run("plugins", "--runtime", "srt")
+    assert code == 0, text
+    line = next(ln for ln in text.splitlines() if ln.startswith("  current_platform: "))
+    from platforms import current_platform
+
+    assert line == f"  current_platform: {current_platform}"
+    assert line.startswith(
+        "  current_platform: WrittenPlatform (written_pkg.platform) on device 'cpu' [written]: "
+        "srt plugin:written from sglang-written, selected by SGLANG_PLATFORM=written"
+    ), line

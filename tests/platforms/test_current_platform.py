@@ -37,6 +37,27 @@ def test_print_current_platform_is_one_readable_line(monkeypatch, capsys):
     assert "builtin:cpu" in line and "SGLANG_USE_CPU_ENGINE is set" in line
 
 
+def test_messages_about_current_platform_name_the_vendors_class_not_the_proxy(site, monkeypatch):
+    from serving.srt.model_runner import cannot_run_message
+
+    package = platform_plugin(site, "tiled", class_body="device_type = 'tt'")
+    monkeypatch.setenv("SGLANG_PLATFORM", "tiled")
+    proxy = platforms.current_platform
+    try:
+        platforms.device_mixin.placement(proxy, 0)
+    except NotImplementedError as exc:
+        message = cannot_run_message(proxy, exc)
+    assert f"the selected platform plugin {package}.platform.Plat cannot run a model" in message
+    assert "LazyPlatform" not in message
+    assert "device_type 'tt' is not a torch device type" in message
+
+
+def test_a_platform_without_get_device_is_placed_by_its_device_type(site, monkeypatch):
+    platform_plugin(site, "placed")  # device_type 'cpu', no get_device
+    monkeypatch.setenv("SGLANG_PLATFORM", "placed")
+    assert platforms.device_mixin.placement(platforms.current_platform, 1) == torch.device("cpu", 1)
+
+
 def test_explicit_selection_imports_only_the_named_plugin(site, monkeypatch):
     alpha, beta, gamma = (platform_plugin(site, name) for name in ("alpha", "beta", "gamma"))
     diffusion = platform_plugin(site, "vendor", runtime="diffusion")

@@ -168,10 +168,35 @@ def test_srt_platform_defaults():
         ("get_device_total_memory", ()),
         ("get_available_memory", ()),
         ("get_current_memory_usage", ()),
-        ("get_torch_distributed_backend_str", ()),
     ]:
         with pytest.raises(NotImplementedError, match=f"SRTPlatform does not implement {method}"):
             getattr(p, method)(*args)
+
+
+@pytest.mark.parametrize(
+    "device_type, backend",
+    [("cuda", "nccl"), ("xpu", "xccl"), ("hpu", "hccl"), ("cpu", "gloo"), ("npu", "hccl")]
+    + [("musa", "mccl"), ("tt", "gloo"), ("unspecified", "gloo")],
+)
+def test_an_srt_platform_without_a_backend_gets_sglangs_default_for_its_device_type(
+    device_type, backend
+):
+    # tt-sglang-plugin's shape: a device mixin that names its device and no backend.
+    platform = type("Plat", (SRTPlatform,), {"device_type": device_type})()
+    assert platform.get_torch_distributed_backend_str() == backend
+
+
+def test_an_npu_platform_gets_zbal_while_its_local_memory_size_is_set(monkeypatch):
+    platform = type("Plat", (SRTPlatform,), {"device_type": "npu"})()
+    monkeypatch.setenv("SGLANG_ZBAL_LOCAL_MEM_SIZE", "1024")
+    assert platform.get_torch_distributed_backend_str() == "zbal"
+    monkeypatch.setenv("SGLANG_ZBAL_LOCAL_MEM_SIZE", "0")
+    assert platform.get_torch_distributed_backend_str() == "hccl"
+
+
+def test_a_diffusion_platform_gets_the_same_default():
+    platform = type("Plat", (Platform,), {"device_type": "cuda"})()
+    assert platform.get_torch_distributed_backend_str() == "nccl"
 
 
 def test_diffusion_platform_defaults(monkeypatch):

@@ -509,7 +509,34 @@ def test_activation_returning_a_class_without_a_device_identity_is_refused(
         instantiate(spec, sel)
     message = str(err.value)
     assert f"{package}.platform.Plat" in message and fragment in message
-    assert f"set the class attribute {attr} to a non-blank string" in message
+    assert f"set {attr} to a non-blank string" in message and "or in __init__" in message
+
+
+@pytest.mark.parametrize("runtime", ["srt", "diffusion"])
+def test_a_class_that_names_its_device_in_init_is_accepted_as_sglang_accepts_it(plugins, runtime):
+    # sglang-plugin-FL's shape: no class attribute, the identity set by __init__ from a detector.
+    body = (
+        "del device_name, device_type\n"
+        "def __init__(self):\n"
+        "    super().__init__()\n"
+        "    detected = 'cpu'  # what the vendor's device detector reports\n"
+        "    self.device_name = detected\n"
+        "    self.device_type = detected\n"
+    )
+    spec = runtime_spec(runtime)
+    package = plugins("detected", runtime=runtime, class_body=body)
+    platform = instantiate(spec, resolve(spec, {spec.selector_env: "detected"}))
+    assert type(platform).__module__ == f"{package}.platform"
+    assert (platform.device_name, platform.device_type) == ("cpu", "cpu")
+
+
+def test_a_class_whose_init_leaves_its_device_unnamed_is_still_refused_after_construction(
+    plugins,
+):
+    body = "del device_type\ndef __init__(self):\n    self.device_name = 'mine'\n"
+    plugins("halfnamed", class_body=body)
+    with pytest.raises(PlatformSelectionError, match="device_type is not set once constructed"):
+        instantiate(SRT, resolve(SRT, {"SGLANG_PLATFORM": "halfnamed"}))
 
 
 def test_a_plugin_class_with_a_builtin_enum_member_is_refused(plugins):
