@@ -1,8 +1,10 @@
 """How the HTTP child turns a chat's messages into the prompt text a generation model continues.
 
 ``ChatTemplate.load(model_path, override)`` loads the model directory's tokenizer once, at the
-HTTP child's start-up (``transformers.AutoTokenizer``, local files only), and takes its chat
-template, or the Jinja template in the file ``--chat-template`` names instead. ``render(messages)``
+HTTP child's start-up or in a thread after a reload (``transformers.AutoTokenizer``, local files
+only), takes its chat template, or the Jinja template in the file ``--chat-template`` names
+instead, and renders one conversation with it (``warm``) so that the template is compiled before
+the first request. ``render(messages)``
 is the model's prompt for the conversation with the assistant's turn opened (the template's
 generation prompt). The rendered text holds the special tokens the template writes (a BOS token,
 turn markers), so it goes to the scheduler with ``GenerateRequest.raw``: tokenised as it is, with
@@ -76,7 +78,19 @@ class ChatTemplate:
             if template
             else "it has no chat template (tokenizer_config.json or chat_template.jinja)"
         )
-        return cls(tokenizer, template, source, reason)
+        chat = cls(tokenizer, template, source, reason)
+        chat.warm()
+        return chat
+
+    def warm(self) -> None:
+        """Render one conversation now, so that the first chat request finds the template
+        compiled and the tokenizer's Jinja support imported (nothing to load on the event loop)."""
+        if self.template is None:
+            return
+        try:
+            self.render([ChatMessage(role="user", content="hello")], "")
+        except BodyError:  # a template may refuse this conversation: it is compiled anyway
+            pass
 
     def render(self, messages: list[ChatMessage], served_name: str) -> str:
         """The prompt text of ``messages`` with the assistant's turn opened; ``BodyError`` when

@@ -23,6 +23,7 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import msgspec
+import zmq
 
 from serving import wire
 from serving.http.pool import RETRY_AFTER_S, ReplicaPool
@@ -184,8 +185,6 @@ class Dispatcher:
                 pass
 
     def _send(self, rep: Replica, frame: bytes) -> None:
-        import zmq
-
         try:
             rep.io.send(frame, zmq.NOBLOCK)
         except zmq.Again:

@@ -38,13 +38,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
 
 from serving import wire
 from serving.http.replica import Deliver, Replica, ReplicaGone, SchedulerError, poll_addresses
 
 if TYPE_CHECKING:
-    import zmq.asyncio
-
     from serving.http.metrics import Metrics
 
 log = logging.getLogger("sglang_launch.http")
@@ -120,8 +121,6 @@ class ReplicaPool:
         await asyncio.gather(*watchers, return_exceptions=True)
 
     def _connect(self, rep: Replica, endpoint: str) -> None:
-        import zmq
-
         if self._closing or self._zctx is None or self.loop is None:
             return
         sock = self._zctx.socket(zmq.DEALER)
@@ -152,9 +151,6 @@ class ReplicaPool:
         rep.connected = False
 
     async def _watch(self, rep: Replica, monitor: zmq.asyncio.Socket) -> None:
-        import zmq
-        from zmq.utils.monitor import recv_monitor_message
-
         try:
             while True:
                 event = await recv_monitor_message(monitor)
@@ -397,8 +393,6 @@ class ReplicaPool:
 
     def read(self, rep: Replica) -> None:
         """The reader callback of ``rep``'s socket: hand every waiting reply to its request."""
-        import zmq
-
         io = rep.io
         if io is None or io.closed:
             return

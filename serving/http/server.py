@@ -209,7 +209,7 @@ async def connected(
 ) -> AsyncIterator[None]:
     """The schedulers' sockets and the supervisor's, on one ZeroMQ context, for as long as the
     app runs (its ASGI lifespan)."""
-    import zmq.asyncio
+    import zmq.asyncio  # loaded with the pool's module already: nothing to import on the loop
 
     zctx = zmq.asyncio.Context()
     try:

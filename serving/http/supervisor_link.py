@@ -33,13 +33,14 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+import zmq
+import zmq.asyncio
+
 from launchspec import events
 from serving.http.probes import PROBED_KINDS, probe_problem, probe_request
 from serving.http.replica import Replica, SchedulerError
 
 if TYPE_CHECKING:
-    import zmq.asyncio
-
     from serving.http.dispatcher import Dispatcher
     from serving.http.metrics import Metrics
     from serving.http.pool import ReplicaPool
@@ -87,8 +88,6 @@ class SupervisorLink:
 
     def start(self, zctx: zmq.asyncio.Context) -> None:
         """Subscribe and start listening (on the event loop); ``close`` ends it."""
-        import zmq
-
         if self.ops_endpoint:
             sub = zctx.socket(zmq.SUB)
             sub.setsockopt(zmq.LINGER, 0)
@@ -273,8 +272,6 @@ class QuerySocket:
         """The supervisor's answer to ``request`` on its query socket (``{"query": "snapshot"}``,
         ``{"query": "events", "after": N}``); ``LookupError`` when it did not answer within
         ``timeout``, could not be asked or refused."""
-        import zmq
-
         if not self.endpoint or self._zctx is None:
             raise LookupError("this HTTP child knows no supervisor query socket")
         sock = self._zctx.socket(zmq.REQ)
