@@ -2,8 +2,9 @@
 during a reload, side by side with the same load and no reload.
 
 An embedding server (the embedded default model, ``--dp-size 2``) serves ``--clients`` clients
-posting embeddings back to back, while one more client asks ``GET /health`` every
-``--interval`` seconds and keeps each answer's latency. It is reloaded to a tiny Llama built
+posting embeddings back to back, while one more client sends ``GET /health`` every
+``--interval`` seconds, whether or not the last one was answered (so a stalled event loop delays
+every probe sent meanwhile), and keeps each answer's latency. It is reloaded to a tiny Llama built
 here (embeddings to generation: the HTTP child reads a causal LM's tokenizer and chat template
 for the first time, which imports transformers), then to a copy of it (generation to
 generation). For each reload the window runs from the reload's start to a second after the routes
@@ -22,6 +23,7 @@ Target: ``/health`` under 100 ms at the 99th percentile during any reload.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shlex
@@ -65,18 +67,31 @@ class Watch:
             t.start()
 
     def _probe(self) -> None:
+        """A probe every ``interval`` seconds whether or not the last one was answered (a
+        stalled event loop delays every probe sent meanwhile, not only one)."""
+        asyncio.run(self._probes())
+
+    async def _probes(self) -> None:
         import httpx
 
-        with httpx.Client(timeout=60) as c:
+        async def one(c: httpx.AsyncClient) -> None:
+            sent = time.monotonic()
+            try:
+                await c.get(self.url + "/health")
+            except httpx.HTTPError:
+                pass
+            with self.lock:
+                self.health.append((sent, time.monotonic() - sent))
+
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as c:
+            pending: set[asyncio.Task[None]] = set()
             while not self.stop.is_set():
-                sent = time.monotonic()
-                try:
-                    c.get(self.url + "/health")
-                except httpx.HTTPError:
-                    pass
-                with self.lock:
-                    self.health.append((sent, time.monotonic() - sent))
-                self.stop.wait(self.interval)
+                task = asyncio.ensure_future(one(c))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                await asyncio.sleep(self.interval)
+            await asyncio.gather(*pending, return_exceptions=True)
 
     def _embed(self, k: int) -> None:
         import httpx

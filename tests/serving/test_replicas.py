@@ -128,6 +128,8 @@ def test_in_flight_requests_on_a_dying_replica_are_answered_by_another_then_it_i
             c.link.apply(ready_again(0))
             assert c.pool.restarting == [] and c.pool.healthy
             await until(lambda: c.pool.replicas[0].connected, "dp=0 connected again")
+            # Its kind is asked again (a ping): once known, the ping holds it no more.
+            await until(lambda: c.pool.replicas[0].kind is not None, "dp=0's kind")
             pongs = await c.dispatcher.ping_all(timeout=5)
             assert [p.dp_rank for p in pongs if p] == [0, 1]
             await c.dispatcher.one(lambda rid: wire.EmbedRequest(rid, ["y"]), None)
@@ -172,6 +174,8 @@ def test_a_stream_that_sent_output_fails_when_its_replica_dies_one_that_sent_non
             c.link.apply(ready_again(0))
             # Ties go to a connected replica: once dp=0's fresh connection is up it is the pick.
             await until(lambda: c.pool.replicas[0].connected, "dp=0 connected again")
+            # Its kind is asked again (a ping): once known, the ping holds it no more.
+            await until(lambda: c.pool.replicas[0].kind is not None, "dp=0's kind")
             filler = asyncio.ensure_future(c.dispatcher.one(stream))  # keeps dp=0 the busier one
             await until(lambda: len(reborn.received) == 1, "a request at dp=0")
             waiting = c.dispatcher.call(stream, None)
@@ -253,6 +257,8 @@ def test_a_lost_ready_event_is_fetched_from_the_supervisor(tmp_path):
             sup.emit(ready_again(0), publish=False)  # lost on the way
             await until(lambda: c.pool.restarting == [], "dp=0 back through a catch-up")
             await until(lambda: c.pool.replicas[0].connected, "dp=0 connected again")
+            # Its kind is asked again (a ping): once known, the ping holds it no more.
+            await until(lambda: c.pool.replicas[0].kind is not None, "dp=0's kind")
             await c.dispatcher.one(lambda rid: wire.EmbedRequest(rid, ["x"]), None)
             assert len(reborn.received) == 1 and sup.queries >= 1
 
