@@ -1,5 +1,5 @@
-"""The ASGI layer of the HTTP child: the route table, dispatch, the API key, the body limit, errors
-and ``/openapi.json``.
+"""The ASGI layer of the HTTP child: the route table, request handling, the API key, the body
+limit, errors and ``/openapi.json``.
 
 ``create_app(state)`` serves the built-in routes (``serving.http.routes``: ``/health``, ``/ping``,
 ``/health_generate``, ``/ready``, ``/v1/models``, ``/v1/embeddings``, ``/v1/completions``,
@@ -14,7 +14,7 @@ from this table. With an API key, every route but the probes (``public`` routes:
 ``/ping``, ``/health_generate``, ``/ready``) needs ``Authorization: Bearer <key>``. A client that
 disconnects cancels its request at the scheduler.
 
-A request is dispatched once, here: the route is looked up by path and method, a JSON body is
+A request is handled once, here: the route is looked up by path and method, a JSON body is
 decoded straight into the route's msgspec struct (``schemas.decode_body``), and the handler
 answers ``handler(body, receive)``. ``/openapi.json`` is built from the same table: request bodies
 from ``Route.body``, answers from ``Route.response`` (the struct the handler sends), errors from
@@ -23,6 +23,7 @@ from ``Route.body``, answers from ``Route.response`` (the struct the handler sen
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -40,11 +41,14 @@ import launchspec
 from launchspec.server_args import ServerArgs
 from serving.http.asgi import Message, Receive, Scope, Send
 from serving.http.chat_template import ChatTemplate
-from serving.http.client import SchedulerClient, SchedulerError
+from serving.http.dispatcher import Dispatcher
 from serving.http.metrics import Metrics
+from serving.http.pool import ReplicaPool
+from serving.http.replica import SchedulerError
 from serving.http.responses import ErrorBody, PlatformSummary, error_body
 from serving.http.schemas import Body, BodyError, decode_body
 from serving.http.streaming import event_stream, sse, unless_disconnected
+from serving.http.supervisor_link import QuerySocket
 
 __all__ = [  # the names plugins and the runtimes' route functions import from here
     "App",
@@ -71,6 +75,8 @@ _json = msgspec.json.Encoder()
 B = TypeVar("B")
 T = TypeVar("T")
 Handler = Callable[[B, Receive], Awaitable[Response]]
+# What runs for the app's ASGI lifespan (the sockets to the schedulers and the supervisor).
+Lifespan = Callable[[], contextlib.AbstractAsyncContextManager[None]]
 
 
 def json_response(obj: object, status: int = 200) -> Response:
@@ -130,16 +136,20 @@ class Route(Generic[B]):
 
 @dataclasses.dataclass
 class AppState:
-    """What the routes need: the scheduler client, the metrics and the facts of the launch.
-    ``served_name``, ``model_path`` and the model fields of ``server_args`` are the one place
-    the routes read the served model from; ``serve_model`` changes them when a reload finished."""
+    """What the routes need: the scheduler replicas (``pool``: their health; ``dispatcher``: a
+    request to one of them), the supervisor's query socket, the metrics and the facts of the
+    launch. ``served_name``, ``model_path`` and the model fields of ``server_args`` are the one
+    place the routes read the served model from; ``serve_model`` changes them when a reload
+    finished."""
 
-    client: SchedulerClient
+    pool: ReplicaPool
+    dispatcher: Dispatcher
     metrics: Metrics
     served_name: str
     model_path: str
     server_args: ServerArgs
     platform: PlatformSummary
+    queries: QuerySocket = dataclasses.field(default_factory=lambda: QuerySocket(None))
     api_key: str | None = None
     max_request_bytes: int = 1 << 20
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))
@@ -191,7 +201,7 @@ class UnlessDisconnected(Protocol):
 @dataclasses.dataclass(frozen=True)
 class RouteKit:
     """What a runtime's route function gets from ``create_app`` to build its ``Route``s:
-    ``state`` (the client, the metrics, the served name), ``wrong_model(name)`` (the 404 response
+    ``state`` (the dispatcher, the metrics, the served name), ``wrong_model(name)`` (the 404 response
     for a ``model`` that is not the served one, else None) and ``unless_disconnected(receive,
     awaitable)`` (None when the client went away, which cancels the request at the worker)."""
 
@@ -205,12 +215,15 @@ _KIND_REFUSAL = re.compile(r"\bserves (?P<served>[\w-]+), not [\w-]+")
 
 
 class App:
-    """The ASGI app: dispatches each request to its ``Route``, after the API key and the body
-    limit; counts every answer in the metrics; starts and closes ``state.client`` in the ASGI
+    """The ASGI app: hands each request to its ``Route``, after the API key and the body
+    limit; counts every answer in the metrics; runs ``lifespan`` (when given) for the ASGI
     lifespan. A request body is always parsed as JSON, whatever ``Content-Type`` it carries."""
 
-    def __init__(self, state: AppState, routes: list[Route[Any]]) -> None:
+    def __init__(
+        self, state: AppState, routes: list[Route[Any]], lifespan: Lifespan | None = None
+    ) -> None:
         self.state = state
+        self.lifespan = lifespan
         self.routes: dict[str, dict[str, Route[Any]]] = {}
         for route in routes:
             self.add_route(route)
@@ -249,13 +262,13 @@ class App:
             await send(message)
 
         try:
-            await self._dispatch(scope, receive, send_counted, path)
+            await self._handle(scope, receive, send_counted, path)
         finally:
             route = path if path in self.routes else "other"
             self.state.metrics.observe_request(route, status_box[0], time.monotonic() - started)
         return None
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         state = self.state
         by_method = self.routes.get(path)
         public = by_method is not None and any(r.public for r in by_method.values())
@@ -340,27 +353,24 @@ class App:
         return False
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        client = self.state.client
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await client.start()
-                except Exception as exc:  # noqa: BLE001 - reported to the server, which stops
-                    await send(
-                        {
-                            "type": "lifespan.startup.failed",
-                            "message": f"{type(exc).__name__}: {exc}",
-                        }
-                    )
+        async with contextlib.AsyncExitStack() as running:
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    try:
+                        if self.lifespan is not None:
+                            await running.enter_async_context(self.lifespan())
+                    except Exception as exc:  # noqa: BLE001 - reported to the server, which stops
+                        failed = f"{type(exc).__name__}: {exc}"
+                        await send({"type": "lifespan.startup.failed", "message": failed})
+                        return
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    try:
+                        await running.aclose()
+                    finally:
+                        await send({"type": "lifespan.shutdown.complete"})
                     return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                try:
-                    await client.close()
-                finally:
-                    await send({"type": "lifespan.shutdown.complete"})
-                return
 
     def openapi(self) -> dict[str, object]:
         """The OpenAPI 3.1 document of the route table: request bodies, answers and errors from
@@ -468,12 +478,12 @@ async def _send_error(
     await send({"type": "http.response.body", "body": body})
 
 
-def create_app(state: AppState) -> App:
-    """The app of the built-in routes and the runtime's; ``state.client`` is started and closed
-    by the ASGI lifespan."""
+def create_app(state: AppState, lifespan: Lifespan | None = None) -> App:
+    """The app of the built-in routes and the runtime's; ``lifespan`` (``server.connected``) runs
+    for its ASGI lifespan."""
     from serving.http.routes import builtin_routes  # they build on this module
 
-    app = App(state, [])
+    app = App(state, [], lifespan)
     for route in builtin_routes(app):
         app.add_route(route)
     if state.api_routes is not None:

@@ -1,8 +1,10 @@
 """How the HTTP child turns a chat's messages into the prompt text a generation model continues.
 
 ``ChatTemplate.load(model_path, override)`` loads the model directory's tokenizer once, at the
-HTTP child's start-up (``transformers.AutoTokenizer``, local files only), and takes its chat
-template, or the Jinja template in the file ``--chat-template`` names instead. ``render(messages)``
+HTTP child's start-up or in a thread after a reload (``load_tokenizer``: local files only, and no
+torch for a model with a ``tokenizer.json``), takes its chat template, or the Jinja template in the file ``--chat-template`` names
+instead, and renders one conversation with it (``warm``) so that the template is compiled before
+the first request. ``render(messages)``
 is the model's prompt for the conversation with the assistant's turn opened (the template's
 generation prompt). The rendered text holds the special tokens the template writes (a BOS token,
 turn markers), so it goes to the scheduler with ``GenerateRequest.raw``: tokenised as it is, with
@@ -57,11 +59,7 @@ class ChatTemplate:
             template = read_template(override)
             source = f"--chat-template {override}"
         try:
-            import transformers
-
-            tokenizer = transformers.AutoTokenizer.from_pretrained(
-                model_path, local_files_only=True, trust_remote_code=trust_remote_code
-            )
+            tokenizer = load_tokenizer(model_path, trust_remote_code)
         except Exception as exc:  # noqa: BLE001 - chat is refused with the reason; others serve
             log.warning("no chat template: cannot load the tokenizer in %s: %s", model_path, exc)
             return cls(None, None, None, f"its tokenizer could not be loaded ({exc})")
@@ -76,7 +74,19 @@ class ChatTemplate:
             if template
             else "it has no chat template (tokenizer_config.json or chat_template.jinja)"
         )
-        return cls(tokenizer, template, source, reason)
+        chat = cls(tokenizer, template, source, reason)
+        chat.warm()
+        return chat
+
+    def warm(self) -> None:
+        """Render one conversation now, so that the first chat request finds the template
+        compiled and the tokenizer's Jinja support imported (nothing to load on the event loop)."""
+        if self.template is None:
+            return
+        try:
+            self.render([ChatMessage(role="user", content="hello")], "")
+        except BodyError:  # a template may refuse this conversation: it is compiled anyway
+            pass
 
     def render(self, messages: list[ChatMessage], served_name: str) -> str:
         """The prompt text of ``messages`` with the assistant's turn opened; ``BodyError`` when
@@ -109,6 +119,28 @@ class ChatTemplate:
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` as the scheduler counts a ``raw`` prompt."""
         return len(self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def load_tokenizer(model_path: str, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of the model in ``model_path`` (local files only): its ``tokenizer.json``
+    through transformers' fast tokenizer class, which needs no torch, else (no such file, or
+    ``trust_remote_code``: the model may bring a class of its own) ``AutoTokenizer``, which
+    imports torch. The HTTP child only renders and counts with it, which the fast class does as
+    the model's own class does."""
+    if not trust_remote_code and (Path(model_path) / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        try:
+            return PreTrainedTokenizerFast.from_pretrained(model_path, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - the model's own class may still load it
+            log.debug(
+                "the fast tokenizer of %s did not load (%s): trying AutoTokenizer", model_path, exc
+            )
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(
+        model_path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
 
 
 def read_template(path: str) -> str:

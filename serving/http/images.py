@@ -36,10 +36,9 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Annotated, Any
 
-import msgspec
 from starlette.responses import Response
 
-from serving import wire as m
+from serving import wire
 from serving.http.app import Route, RouteKit, error_response, json_response
 from serving.http.asgi import Receive
 from serving.http.responses import (
@@ -50,7 +49,7 @@ from serving.http.responses import (
     ImageProgressEvent,
     ImagesResponse,
 )
-from serving.http.schemas import Body, BodyError
+from serving.http.schemas import Body, BodyError, bound, doc
 from serving.http.streaming import event_stream, sse
 
 MAX_IMAGES = 10
@@ -62,62 +61,37 @@ OUTPUT_FORMATS = ("png", "jpeg", "webp")
 _SIZE = re.compile(r"^\s*([0-9]+)\s*[xX]\s*([0-9]+)\s*$", re.ASCII)  # ASCII digits only
 
 
-def _doc(description: str, **constraints: Any) -> msgspec.Meta:
-    return msgspec.Meta(description=description, extra_json_schema=constraints or None)
-
-
-def _text(value: str | None, param: str) -> None:
-    """``value`` must be text the workers can carry: no unpaired surrogate."""
-    if value is None:
-        return
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BodyError(
-            f"{param} must be valid Unicode text (it holds an unpaired surrogate)", param
-        ) from None
-
-
-def _bound(value: float, param: str, low: float, high: float) -> None:
-    if not low <= value <= high:
-        raise BodyError(f"{param} must be between {low} and {high}, not {value}", param)
-
-
 class ImageGenerationRequest(Body, kw_only=True):
     """OpenAI ``POST /v1/images/generations`` plus the diffusion knobs SGLang accepts."""
 
-    prompt: Annotated[str, _doc("what to draw", minLength=1)]
-    negative_prompt: Annotated[str | None, _doc("what to steer away from")] = None
-    model: Annotated[str | None, _doc("must name the served model when given")] = None
-    n: Annotated[int, _doc("how many images", minimum=1, maximum=MAX_IMAGES)] = 1
-    size: Annotated[str | None, _doc("WIDTHxHEIGHT, e.g. 512x512 (or width and height)")] = None
-    width: Annotated[int | None, _doc("image width in pixels", minimum=1, maximum=MAX_SIDE)] = None
-    height: Annotated[int | None, _doc("image height in pixels", minimum=1, maximum=MAX_SIDE)] = (
-        None
-    )
+    prompt: Annotated[str, doc("what to draw", minLength=1)]
+    negative_prompt: Annotated[str | None, doc("what to steer away from")] = None
+    model: Annotated[str | None, doc("must name the served model when given")] = None
+    n: Annotated[int, doc("how many images", minimum=1, maximum=MAX_IMAGES)] = 1
+    size: Annotated[str | None, doc("WIDTHxHEIGHT, e.g. 512x512 (or width and height)")] = None
+    width: Annotated[int | None, doc("image width in pixels", minimum=1, maximum=MAX_SIDE)] = None
+    height: Annotated[int | None, doc("image height in pixels", minimum=1, maximum=MAX_SIDE)] = None
     num_inference_steps: Annotated[
-        int | None, _doc("denoising steps", minimum=1, maximum=MAX_STEPS)
+        int | None, doc("denoising steps", minimum=1, maximum=MAX_STEPS)
     ] = None
     guidance_scale: Annotated[
-        float | None, _doc("classifier-free guidance", minimum=0, maximum=MAX_GUIDANCE)
+        float | None, doc("classifier-free guidance", minimum=0, maximum=MAX_GUIDANCE)
     ] = None
     seed: Annotated[
-        int | None, _doc("image i starts from the noise of seed + i", minimum=0, maximum=MAX_SEED)
+        int | None, doc("image i starts from the noise of seed + i", minimum=0, maximum=MAX_SEED)
     ] = None
-    response_format: Annotated[str, _doc("only b64_json", enum=["b64_json"])] = "b64_json"
-    output_format: Annotated[str, _doc("image encoding", enum=list(OUTPUT_FORMATS))] = "png"
+    response_format: Annotated[str, doc("only b64_json", enum=["b64_json"])] = "b64_json"
+    output_format: Annotated[str, doc("image encoding", enum=list(OUTPUT_FORMATS))] = "png"
     stream: Annotated[
         bool,
-        _doc(
+        doc(
             "answer with server-sent events: image_generation.progress after each denoising "
             "step, image_generation.completed for each image, then [DONE]"
         ),
     ] = False
-    user: Annotated[str | None, _doc("accepted and ignored")] = None
+    user: Annotated[str | None, doc("accepted and ignored")] = None
 
     def check(self, prefix: str = "") -> None:
-        _text(self.prompt, "prompt")
-        _text(self.negative_prompt, "negative_prompt")
         if not self.prompt.strip():
             raise BodyError("prompt must not be empty; send the text to draw", "prompt")
         if self.response_format != "b64_json":
@@ -132,17 +106,17 @@ class ImageGenerationRequest(Body, kw_only=True):
                 f"{self.output_format!r}",
                 "output_format",
             )
-        _bound(self.n, "n", 1, MAX_IMAGES)
+        bound(self.n, "n", 1, MAX_IMAGES)
         if self.num_inference_steps is not None:
-            _bound(self.num_inference_steps, "num_inference_steps", 1, MAX_STEPS)
+            bound(self.num_inference_steps, "num_inference_steps", 1, MAX_STEPS)
         if self.guidance_scale is not None:
-            _bound(self.guidance_scale, "guidance_scale", 0.0, MAX_GUIDANCE)
+            bound(self.guidance_scale, "guidance_scale", 0.0, MAX_GUIDANCE)
         if self.seed is not None:
-            _bound(self.seed, "seed", 0, MAX_SEED)
+            bound(self.seed, "seed", 0, MAX_SEED)
         for name in ("width", "height"):
             value = getattr(self, name)
             if value is not None:
-                _bound(value, name, 1, MAX_SIDE)
+                bound(value, name, 1, MAX_SIDE)
         if self.size is not None:
             match = _SIZE.match(self.size)
             if not match:
@@ -162,10 +136,10 @@ class ImageGenerationRequest(Body, kw_only=True):
                 setattr(self, name, value)
 
 
-def image_events(reply: m.ImageProgress | m.Images, output_format: str) -> Iterator[bytes]:
+def image_events(reply: wire.ImageProgress | wire.Images, output_format: str) -> Iterator[bytes]:
     """The server-sent events of one answer to a streamed request (see the module docstring)."""
     created = int(time.time())
-    if isinstance(reply, m.ImageProgress):
+    if isinstance(reply, wire.ImageProgress):
         progress = ImageProgressEvent(
             step=reply.step, total_steps=reply.total_steps, created_at=created
         )
@@ -192,10 +166,10 @@ async def generate_images(
     refused = kit.wrong_model(body.model)
     if refused:
         return refused
-    client, metrics = kit.state.client, kit.state.metrics
+    dispatcher, metrics = kit.state.dispatcher, kit.state.metrics
 
-    def request(rid: str) -> m.ImageRequest:
-        return m.ImageRequest(
+    def request(rid: str) -> wire.ImageRequest:
+        return wire.ImageRequest(
             rid,
             body.prompt,
             n=body.n,
@@ -211,13 +185,13 @@ async def generate_images(
 
     if body.stream:
 
-        def render(reply: m.ImageProgress | m.Images) -> Iterator[bytes]:
-            if isinstance(reply, m.Images):
+        def render(reply: wire.ImageProgress | wire.Images) -> Iterator[bytes]:
+            if isinstance(reply, wire.Images):
                 metrics.observe_result(reply.batch_size, 0)
             return image_events(reply, body.output_format)
 
-        return await event_stream(client.call(request), render, receive, "error")
-    reply: m.Images | None = await kit.unless_disconnected(receive, client.one(request))
+        return await event_stream(dispatcher.call(request), render, receive, "error")
+    reply: wire.Images | None = await kit.unless_disconnected(receive, dispatcher.one(request))
     if reply is None:
         return error_response(499, "the client went away")
     metrics.observe_result(reply.batch_size, 0)

@@ -1,5 +1,5 @@
-"""One scheduler replica as the HTTP child's ``SchedulerClient`` sees it, the errors a request
-through it ends with, and how the address of a replica on another node is learned."""
+"""One scheduler replica as the HTTP child sees it (``pool.ReplicaPool`` keeps them), the errors a
+request through it ends with, and how the address of a replica on another node is learned."""
 
 from __future__ import annotations
 
@@ -34,24 +34,42 @@ class SchedulerError(Exception):
         self.retry_after = retry_after  # seconds, for a Retry-After header
 
 
+# Where the replies to one request go (a request's own queue or future).
+Deliver = Callable[[object], None]
+
+
 class Replica:
-    """One scheduler replica as the client sees it. ``serving``: requests are routed to it (a
+    """One scheduler replica as the HTTP child sees it. ``serving``: requests are routed to it (a
     replica a change adds serves once it answered its probe); ``draining``: it takes no new
-    request and is forgotten once it holds none."""
+    request and is forgotten once it holds none (``emptied`` is then done). ``inflight``: the
+    requests it holds, each with where its replies go. ``kind`` and ``model``: what it said it
+    serves in its last ``Pong`` (None until it answered one)."""
 
     def __init__(self, dp_rank: int, endpoint: str | None, serving: bool = True) -> None:
         self.dp_rank = dp_rank
         self.endpoint = endpoint
         self.serving = serving
         self.draining = False
+        self.emptied: asyncio.Future[None] | None = None  # set while it drains
         self.sock: Any = None  # the asyncio socket (its monitor is awaited)
         self.io: Any = None  # a plain shadow of it: requests are sent and replies read through this
-        self.inflight: set[str] = set()
+        self.inflight: dict[str, Deliver] = {}
+        self.kind: str | None = None
+        self.model: str | None = None
         self.connected = False
         self.watcher: asyncio.Task[None] | None = None  # its socket monitor
         self.dead_reason: str | None = None
         self.unreachable: str | None = None  # why its address could not be learned
         self.last_reply = float("-inf")  # time.monotonic() of its last answer to anything
+
+    @property
+    def live(self) -> bool:
+        """Requests may go to it: it serves, is not dead, and has a connection."""
+        return self.serving and not self.dead_reason and self.io is not None
+
+    def may_serve(self, kind: str | None) -> bool:
+        """It serves requests of ``kind`` (None: any request), or has not said what it serves."""
+        return kind is None or self.kind is None or self.kind == kind
 
     @property
     def where(self) -> str:

@@ -4,7 +4,9 @@ OpenAI shapes for ``/v1/embeddings``, ``/v1/completions`` and ``/v1/chat/complet
 SGLang's native shape for ``/generate``. ``decode_body(data, type)`` turns a request body into one
 of these structs or raises ``BodyError`` naming the offending field (``param``, a dotted path such
 as ``sampling_params.temperature``, ``input[2]`` or ``messages[1].content``) in the project's
-words. Every bound a client can break is checked here, so a bad value is a 400 before anything
+words, whatever the bytes: a body that is not JSON, a value of the wrong type, a text or a key
+that holds an unpaired surrogate (``"\ud800"``: valid JSON, not Unicode text) are each a
+``BodyError``. Every bound a client can break is checked here, so a bad value is a 400 before anything
 reaches a scheduler; limits that need the tokenizer (tokens per input, prompt + completion length)
 are checked by the scheduler, also as 400s naming the field.
 
@@ -42,24 +44,20 @@ class BodyError(Exception):
         self.param = param
 
 
-def _schema(description: str, **constraints: Any) -> msgspec.Meta:
+def doc(description: str, **constraints: Any) -> msgspec.Meta:
     """Documentation (and JSON Schema bounds checked by ``check()``, not by msgspec) for a field."""
     return msgspec.Meta(description=description, extra_json_schema=constraints or None)
+
+
+def bound(value: float, param: str, low: float, high: float) -> None:
+    """``BodyError`` unless ``low <= value <= high`` (a NaN is never within)."""
+    if not low <= value <= high:
+        raise BodyError(f"{param} must be between {low} and {high}, not {value}", param)
 
 
 def _check_text(value: str, param: str) -> None:
     if not value:
         raise BodyError(f"{param} must not be empty; send some text", param)
-    _check_unicode(value, param)
-
-
-def _check_unicode(value: str, param: str) -> None:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BodyError(
-            f"{param} must be valid Unicode text (it holds an unpaired surrogate)", param
-        ) from None
 
 
 def _check_texts(value: str | list[str], param: str) -> None:
@@ -92,7 +90,7 @@ Texts = Annotated[
 ]
 Stop = Annotated[
     str | list[str] | None,
-    _schema(f"up to {MAX_STOP} strings that end the completion (not included in it)"),
+    doc(f"up to {MAX_STOP} strings that end the completion (not included in it)"),
 ]
 
 
@@ -107,22 +105,22 @@ class EmbeddingRequest(Body, kw_only=True):
     """OpenAI ``POST /v1/embeddings``."""
 
     input: Texts
-    model: Annotated[str | None, _schema("must name the served model when given")] = None
+    model: Annotated[str | None, doc("must name the served model when given")] = None
     encoding_format: Annotated[
         str,
-        _schema(
+        doc(
             "float: a list of numbers; base64: the little-endian float32 bytes, base64-encoded",
             enum=list(ENCODING_FORMATS),
         ),
     ] = "float"
     dimensions: Annotated[
         int | None,
-        _schema(
+        doc(
             "not supported: the model returns its native size, and a request that sets this is "
             "refused (400)"
         ),
     ] = None
-    user: Annotated[str | None, _schema("accepted and ignored")] = None
+    user: Annotated[str | None, doc("accepted and ignored")] = None
 
     def check(self, prefix: str = "") -> None:
         _check_texts(self.input, "input")
@@ -136,15 +134,15 @@ class EmbeddingRequest(Body, kw_only=True):
 class SamplingFields(Body, kw_only=True):
     """Sampling options shared by ``/v1/completions`` and ``/generate``'s ``sampling_params``."""
 
-    temperature: Annotated[float, _schema("0 is greedy", minimum=0, maximum=2)] = 1.0
-    top_p: Annotated[float, _schema("nucleus sampling", exclusiveMinimum=0, maximum=1)] = 1.0
-    top_k: Annotated[int, _schema("-1 or 0: no top-k cut", minimum=-1, maximum=1 << 30)] = -1
+    temperature: Annotated[float, doc("0 is greedy", minimum=0, maximum=2)] = 1.0
+    top_p: Annotated[float, doc("nucleus sampling", exclusiveMinimum=0, maximum=1)] = 1.0
+    top_k: Annotated[int, doc("-1 or 0: no top-k cut", minimum=-1, maximum=1 << 30)] = -1
     stop: Stop = None
-    seed: Annotated[int | None, _schema("repeatable sampling", minimum=0, maximum=MAX_SEED)] = None
+    seed: Annotated[int | None, doc("repeatable sampling", minimum=0, maximum=MAX_SEED)] = None
     ignore_eos: bool = False
     presence_penalty: Annotated[
         float,
-        _schema(
+        doc(
             "subtracted from the logit of every token already generated",
             minimum=-MAX_PENALTY,
             maximum=MAX_PENALTY,
@@ -152,7 +150,7 @@ class SamplingFields(Body, kw_only=True):
     ] = 0.0
     frequency_penalty: Annotated[
         float,
-        _schema(
+        doc(
             "subtracted from a token's logit once per time it was generated",
             minimum=-MAX_PENALTY,
             maximum=MAX_PENALTY,
@@ -160,17 +158,17 @@ class SamplingFields(Body, kw_only=True):
     ] = 0.0
 
     def check(self, prefix: str = "") -> None:
-        _bound(self.temperature, prefix + "temperature", 0.0, 2.0)
-        _bound(self.presence_penalty, prefix + "presence_penalty", -MAX_PENALTY, MAX_PENALTY)
-        _bound(self.frequency_penalty, prefix + "frequency_penalty", -MAX_PENALTY, MAX_PENALTY)
+        bound(self.temperature, prefix + "temperature", 0.0, 2.0)
+        bound(self.presence_penalty, prefix + "presence_penalty", -MAX_PENALTY, MAX_PENALTY)
+        bound(self.frequency_penalty, prefix + "frequency_penalty", -MAX_PENALTY, MAX_PENALTY)
         if not 0.0 < self.top_p <= 1.0:
             raise BodyError(
                 f"{prefix}top_p must be more than 0 and at most 1, not {self.top_p}",
                 prefix + "top_p",
             )
-        _bound(self.top_k, prefix + "top_k", -1, 1 << 30)
+        bound(self.top_k, prefix + "top_k", -1, 1 << 30)
         if self.seed is not None:
-            _bound(self.seed, prefix + "seed", 0, MAX_SEED)
+            bound(self.seed, prefix + "seed", 0, MAX_SEED)
         stops = (
             [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else self.stop
         )
@@ -192,43 +190,36 @@ class SamplingFields(Body, kw_only=True):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
-def _bound(value: float, param: str, low: float, high: float) -> None:
-    if not low <= value <= high:
-        raise BodyError(f"{param} must be between {low} and {high}, not {value}", param)
-
-
 class StreamOptions(Body, kw_only=True):
-    include_usage: Annotated[bool, _schema("a last chunk with the token counts")] = False
+    include_usage: Annotated[bool, doc("a last chunk with the token counts")] = False
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
     """OpenAI ``POST /v1/completions`` (plus SGLang's ``top_k`` and ``ignore_eos``)."""
 
     prompt: Texts
-    model: Annotated[str | None, _schema("must name the served model when given")] = None
-    max_tokens: Annotated[int, _schema("tokens to generate", minimum=1, maximum=MAX_NEW_TOKENS)] = (
-        16
-    )
-    n: Annotated[int, _schema("only 1 is supported", minimum=1, maximum=1)] = 1
+    model: Annotated[str | None, doc("must name the served model when given")] = None
+    max_tokens: Annotated[int, doc("tokens to generate", minimum=1, maximum=MAX_NEW_TOKENS)] = 16
+    n: Annotated[int, doc("only 1 is supported", minimum=1, maximum=1)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: Annotated[str | None, _schema("accepted and ignored")] = None
-    echo: Annotated[bool, _schema("only false is supported")] = False
-    suffix: Annotated[str | None, _schema("not supported")] = None
+    user: Annotated[str | None, doc("accepted and ignored")] = None
+    echo: Annotated[bool, doc("only false is supported")] = False
+    suffix: Annotated[str | None, doc("not supported")] = None
     logprobs: Annotated[
         int | None,
-        _schema(
+        doc(
             "each token's log-probability, and the N most likely tokens at each step",
             minimum=0,
             maximum=MAX_TOP_LOGPROBS,
         ),
     ] = None
-    best_of: Annotated[int | None, _schema("only 1 is supported")] = None
-    logit_bias: Annotated[dict[str, float] | None, _schema("not supported")] = None
+    best_of: Annotated[int | None, doc("only 1 is supported")] = None
+    logit_bias: Annotated[dict[str, float] | None, doc("not supported")] = None
 
     def check(self, prefix: str = "") -> None:
         _check_texts(self.prompt, "prompt")
-        _bound(self.max_tokens, "max_tokens", 1, MAX_NEW_TOKENS)
+        bound(self.max_tokens, "max_tokens", 1, MAX_NEW_TOKENS)
         if self.n != 1:
             _refuse("n", "one completion per prompt; send n: 1 or leave n out")
         if self.echo:
@@ -236,7 +227,7 @@ class CompletionRequest(SamplingFields, kw_only=True):
         if self.suffix:
             _refuse("suffix", "leave suffix out")
         if self.logprobs is not None:
-            _bound(self.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
+            bound(self.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
         if self.best_of not in (None, 1):
             _refuse("best_of", "one sample per prompt; leave best_of out")
         if self.logit_bias:
@@ -251,12 +242,12 @@ class CompletionRequest(SamplingFields, kw_only=True):
 class NativeSamplingParams(SamplingFields, kw_only=True):
     """SGLang's ``sampling_params``."""
 
-    max_new_tokens: Annotated[
-        int, _schema("tokens to generate", minimum=1, maximum=MAX_NEW_TOKENS)
-    ] = 128
+    max_new_tokens: Annotated[int, doc("tokens to generate", minimum=1, maximum=MAX_NEW_TOKENS)] = (
+        128
+    )
 
     def check(self, prefix: str = "") -> None:
-        _bound(self.max_new_tokens, prefix + "max_new_tokens", 1, MAX_NEW_TOKENS)
+        bound(self.max_new_tokens, prefix + "max_new_tokens", 1, MAX_NEW_TOKENS)
         super().check(prefix)
 
 
@@ -268,27 +259,27 @@ class GenerateRequest(Body, kw_only=True):
     sampling_params: NativeSamplingParams = msgspec.field(default_factory=NativeSamplingParams)
     stream: bool = False
     return_logprob: Annotated[
-        bool, _schema("meta_info gets output_token_logprobs: [logprob, token_id, text]")
+        bool, doc("meta_info gets output_token_logprobs: [logprob, token_id, text]")
     ] = False
     top_logprobs_num: Annotated[
         int,
-        _schema(
+        doc(
             "with return_logprob: output_top_logprobs, the N most likely tokens at each step",
             minimum=0,
             maximum=MAX_TOP_LOGPROBS,
         ),
     ] = 0
     return_text_in_logprobs: Annotated[
-        bool, _schema("the token's text in output_token_logprobs (else null)")
+        bool, doc("the token's text in output_token_logprobs (else null)")
     ] = False
     logprob_start_len: Annotated[
-        int, _schema("only -1: log-probabilities of the prompt are not computed")
+        int, doc("only -1: log-probabilities of the prompt are not computed")
     ] = -1
 
     def check(self, prefix: str = "") -> None:
         _check_text(self.text, "text")
         self.sampling_params.check("sampling_params.")
-        _bound(self.top_logprobs_num, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
+        bound(self.top_logprobs_num, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
         if self.logprob_start_len != -1:
             _refuse(
                 "logprob_start_len",
@@ -304,7 +295,7 @@ CHAT_ROLES = ("system", "developer", "user", "assistant")
 class ContentPart(Body, kw_only=True):
     """One part of a message's ``content``: only ``{"type": "text", "text": ...}``."""
 
-    type: Annotated[str, _schema("only text", enum=["text"])]
+    type: Annotated[str, doc("only text", enum=["text"])]
     text: str | None = None
 
 
@@ -312,9 +303,9 @@ class ChatMessage(Body, kw_only=True):
     """One message of a conversation: ``content`` a text or a list of text parts (joined with
     a newline); ``developer`` is OpenAI's newer name for ``system``."""
 
-    role: Annotated[str, _schema("who speaks", enum=list(CHAT_ROLES))]
+    role: Annotated[str, doc("who speaks", enum=list(CHAT_ROLES))]
     content: str | list[ContentPart] | None = None
-    name: Annotated[str | None, _schema("accepted and ignored")] = None
+    name: Annotated[str | None, doc("accepted and ignored")] = None
 
     def check(self, prefix: str = "") -> None:
         if self.role not in CHAT_ROLES:
@@ -329,7 +320,6 @@ class ChatMessage(Body, kw_only=True):
                 f"{prefix}content is required; send the message's text", prefix + "content"
             )
         if isinstance(self.content, str):
-            _check_unicode(self.content, prefix + "content")
             return
         for i, part in enumerate(self.content):
             where = f"{prefix}content[{i}]"
@@ -341,7 +331,6 @@ class ChatMessage(Body, kw_only=True):
                 )
             if part.text is None:
                 raise BodyError(f"{where}.text is required", where + ".text")
-            _check_unicode(part.text, where + ".text")
 
     @property
     def text(self) -> str:
@@ -355,10 +344,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     """OpenAI ``POST /v1/chat/completions`` (plus SGLang's ``top_k`` and ``ignore_eos``)."""
 
     messages: Annotated[list[ChatMessage], msgspec.Meta(extra_json_schema={"minItems": 1})]
-    model: Annotated[str | None, _schema("must name the served model when given")] = None
+    model: Annotated[str | None, doc("must name the served model when given")] = None
     max_tokens: Annotated[
         int | None,
-        _schema(
+        doc(
             "tokens to generate (default: as many as the context leaves)",
             minimum=1,
             maximum=MAX_NEW_TOKENS,
@@ -366,27 +355,27 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     ] = None
     max_completion_tokens: Annotated[
         int | None,
-        _schema("OpenAI's newer name for max_tokens", minimum=1, maximum=MAX_NEW_TOKENS),
+        doc("OpenAI's newer name for max_tokens", minimum=1, maximum=MAX_NEW_TOKENS),
     ] = None
-    n: Annotated[int, _schema("choices to generate", minimum=1, maximum=MAX_CHOICES)] = 1
+    n: Annotated[int, doc("choices to generate", minimum=1, maximum=MAX_CHOICES)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: Annotated[bool, _schema("each generated token's log-probability")] = False
+    logprobs: Annotated[bool, doc("each generated token's log-probability")] = False
     top_logprobs: Annotated[
         int | None,
-        _schema(
+        doc(
             "with logprobs: the N most likely tokens at each step",
             minimum=0,
             maximum=MAX_TOP_LOGPROBS,
         ),
     ] = None
-    user: Annotated[str | None, _schema("accepted and ignored")] = None
-    response_format: Annotated[
-        dict[str, Any] | None, _schema('only {"type": "text"} is supported')
-    ] = None
-    tools: Annotated[list[Any] | None, _schema("not supported")] = None
-    tool_choice: Annotated[Any, _schema("not supported")] = None
-    logit_bias: Annotated[dict[str, float] | None, _schema("not supported")] = None
+    user: Annotated[str | None, doc("accepted and ignored")] = None
+    response_format: Annotated[dict[str, Any] | None, doc('only {"type": "text"} is supported')] = (
+        None
+    )
+    tools: Annotated[list[Any] | None, doc("not supported")] = None
+    tool_choice: Annotated[Any, doc("not supported")] = None
+    logit_bias: Annotated[dict[str, float] | None, doc("not supported")] = None
 
     def check(self, prefix: str = "") -> None:
         if not self.messages:
@@ -396,10 +385,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
         for name in ("max_tokens", "max_completion_tokens"):
             value = getattr(self, name)
             if value is not None:
-                _bound(value, name, 1, MAX_NEW_TOKENS)
-        _bound(self.n, "n", 1, MAX_CHOICES)
+                bound(value, name, 1, MAX_NEW_TOKENS)
+        bound(self.n, "n", 1, MAX_CHOICES)
         if self.top_logprobs is not None:
-            _bound(self.top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+            bound(self.top_logprobs, "top_logprobs", 0, MAX_TOP_LOGPROBS)
             if self.top_logprobs and not self.logprobs:
                 raise BodyError(
                     "top_logprobs needs logprobs: true; send both or leave top_logprobs out",
@@ -458,6 +447,9 @@ def decode_body(data: bytes, kind: type[B]) -> B:
 
 
 def _decode_slowly(data: bytes, kind: type[B]) -> B:
+    """What msgspec's decoder refused: not JSON (the standard parser says where), or JSON that
+    holds an unpaired surrogate (``"\ud800"``, which msgspec refuses and the standard parser
+    accepts). A value of the wrong type is named first, then the first surrogate."""
     try:
         value = json.loads(data)
     except json.JSONDecodeError as exc:
@@ -469,10 +461,62 @@ def _decode_slowly(data: bytes, kind: type[B]) -> B:
         raise BodyError(not_json_message("it is nested too deeply")) from None
     except ValueError as exc:
         raise BodyError(not_json_message(str(exc))) from None
+    surrogate: list[BodyError] = []
     try:
-        return msgspec.convert(value, kind)
+        value = _without_surrogates(value, "", surrogate)
+        body = msgspec.convert(value, kind)
     except msgspec.ValidationError as exc:
         raise _validation_error(str(exc)) from None
+    except RecursionError:
+        raise BodyError(not_json_message("it is nested too deeply")) from None
+    if surrogate:
+        raise surrogate[0]
+    return body
+
+
+def _without_surrogates(value: Any, path: str, found: list[BodyError]) -> Any:
+    """``value`` (parsed JSON at ``path``) with every text and key that holds an unpaired
+    surrogate made valid; ``found`` gets the error naming the first of them."""
+    if isinstance(value, str):
+        if not _is_unicode(value):
+            if not found:
+                found.append(
+                    BodyError(
+                        f"{path or 'the request body'} must be valid Unicode text (it holds an "
+                        f"unpaired surrogate); send UTF-8 text",
+                        path or None,
+                    )
+                )
+            return value.encode("utf-8", "replace").decode("utf-8")
+        return value
+    if isinstance(value, list):
+        return [_without_surrogates(item, f"{path}[{i}]", found) for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        clean = {}
+        for key, item in value.items():
+            if not _is_unicode(key):
+                shown = key.encode("ascii", "backslashreplace").decode("ascii")
+                if not found:
+                    found.append(
+                        BodyError(
+                            f"{path or 'the request body'} holds the key '{shown}', which is not "
+                            f"valid Unicode text (an unpaired surrogate); send keys as UTF-8 text",
+                            f"{path}.{shown}" if path else shown,
+                        )
+                    )
+                key = key.encode("utf-8", "replace").decode("utf-8")
+            name = f"{path}.{key}" if path else key
+            clean[key] = _without_surrogates(item, name, found)
+        return clean
+    return value
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def not_json_message(problem: str) -> str:

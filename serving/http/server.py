@@ -9,32 +9,42 @@ replica the HTTP child cannot reach; it then waits for ``ctx.stopping`` (SIGTERM
 On several nodes a replica whose rank 0 runs on another node is found through the launch's
 rendezvous store (``distributed.EndpointDirectory``).
 
+``build_app`` makes the child's parts and joins them, each owned once: the ``pool.ReplicaPool`` of
+scheduler replicas, the ``dispatcher.Dispatcher`` that sends requests over it, the supervisor's
+``supervisor_link.QuerySocket``, and the ``supervisor_link.SupervisorLink`` that applies the
+supervisor's events to the pool; ``connected`` opens their sockets for the app's lifespan.
+
 For a generation model (``model_kind``) the app gets the model's chat template, loaded once here
 (``chat_template.ChatTemplate``; ``--chat-template FILE`` replaces it, and a file that is not a
 usable Jinja template fails the start naming it).
 
 The drain: on SIGTERM uvicorn stops accepting connections and the requests in flight have the
 whole ``--stop-grace-period`` but the last ``drain_margin`` of it (the supervisor kills the
-process at its end) to finish. Those still running then are ended (``SchedulerClient.end_all``):
+process at its end) to finish. Those still running then are ended (``Dispatcher.end_all``):
 each gets a 503, a stream its error event and ``[DONE]``, and each is cancelled at its scheduler;
 how many is the ``requests_cut`` of this worker's ``stopped`` report, which the launcher's last
 line and its ``server.stopped`` event repeat.
 
-The child takes part in reloads and scales (its ready report says ``probes_replicas``): its
-client probes each replica they start before routing to it, drains each they retire, and the
-app's model (``AppState.serve_model``: name, path, kind, chat template) follows a finished
-reload.
+The child takes part in reloads and scales (its ready report says ``probes_replicas``): it
+probes each replica they start before routing to it, drains each they retire, and the app's
+model (``AppState.serve_model``: name, path, kind, chat template) changes once a reload
+finished: ``change_model`` reads the new model's files and loads its tokenizer in a thread, and
+swaps it in when that is done, so nothing that loads or imports runs on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import functools
 import importlib
 import logging
 import resource
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,11 +58,13 @@ if TYPE_CHECKING:
 
     from bootstrap import WorkerContext
     from launchspec.server_args import ServerArgs
-    from serving.http.app import App
+    from serving.http.app import App, AppState
     from serving.http.chat_template import ChatTemplate
-    from serving.http.client import SchedulerClient
+    from serving.http.dispatcher import Dispatcher
     from serving.http.metrics import Metrics
+    from serving.http.pool import ReplicaPool
     from serving.http.responses import PlatformSummary
+    from serving.http.supervisor_link import QuerySocket, SupervisorLink
 
 log = logging.getLogger("sglang_launch.http")
 
@@ -129,17 +141,19 @@ def platform_summary(ctx: WorkerContext, platform_module: str = "platforms") -> 
 
 
 def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | None = None) -> App:
-    """The ASGI app for ``server_args`` talking to the schedulers of ``ctx``'s launch."""
+    """The ASGI app for ``server_args`` talking to the schedulers of ``ctx``'s launch: the one
+    place the HTTP child's parts are made and joined (the pool of replicas, the dispatcher
+    over it, the supervisor's query socket, the link that applies the supervisor's events)."""
     from serving.http.app import AppState, create_app
-    from serving.http.client import SchedulerClient
+    from serving.http.dispatcher import Dispatcher
     from serving.http.metrics import Metrics
+    from serving.http.pool import ReplicaPool
+    from serving.http.supervisor_link import QuerySocket, SupervisorLink
 
     spec = serving_spec(server_args.runtime)
-    source = spec.model_check(server_args.model_path, server_args.served_model_name)
+    model = served_model(server_args, server_args.model_path, server_args.served_model_name)
     dp_size, tp_size = ctx.dp_size, ctx.tp_size
-    metrics = metrics or Metrics(source.served_name)
-    kind = model_kind(source.path)
-    chat = chat_template(source.path, kind, server_args)
+    metrics = metrics or Metrics(model.served_name)
     nnodes = server_args.nnodes
     # A replica whose rank 0 runs on node 0 (this node) has its private ipc:// socket; one on
     # another node announces a TCP address in the launch's store.
@@ -152,44 +166,113 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
     directory = None
     if None in endpoints:
         directory = EndpointDirectory(server_args, timeout_s=server_args.startup_timeout)
-    client = SchedulerClient(
+    pool = ReplicaPool(
         endpoints,
-        ops_endpoint=ctx.ops_endpoint or None,
-        tp_size=tp_size,
         metrics=metrics,
         resolve=directory.lookup if directory else None,
         heals=_heals(server_args),
-        query_endpoint=ctx.query_endpoint or None,
         endpoint_of=(lambda dp: ctx.endpoint(scheduler_endpoint_name(dp))) if nnodes == 1 else None,
-        probe_timeout_s=server_args.startup_timeout,
-        wait_s=_wait_for_replica_s(server_args),
     )
+    dispatcher = Dispatcher(pool, wait_s=_wait_for_replica_s(server_args))
+    queries = QuerySocket(ctx.query_endpoint)
     state = AppState(
-        client=client,
+        pool=pool,
+        dispatcher=dispatcher,
+        queries=queries,
         metrics=metrics,
-        served_name=source.served_name,
-        model_path=str(source.path),
+        served_name=model.served_name,
+        model_path=str(model.path),
         server_args=server_args,
         platform=platform_summary(ctx, spec.platform.platform_module),
         api_key=server_args.api_key or None,
         max_request_bytes=server_args.max_request_bytes,
         api_routes=resolve(spec.api_routes) if spec.api_routes else None,
-        kind=kind,
-        chat=chat,
+        kind=model.kind,
+        chat=model.chat,
     )
+    link = SupervisorLink(
+        pool,
+        dispatcher,
+        queries,
+        ctx.ops_endpoint,
+        tp_size=tp_size,
+        metrics=metrics,
+        probe_timeout_s=server_args.startup_timeout,
+        on_model_change=functools.partial(change_model, state),
+    )
+    return create_app(state, functools.partial(connected, pool, queries, link))
 
-    def on_model_change(model_path: str | None, served_name: str | None) -> None:
-        new = spec.model_check(model_path, served_name)
-        new_kind = model_kind(new.path)
-        try:
-            new_chat = chat_template(new.path, new_kind, server_args)
-        except Exception as exc:  # noqa: BLE001 - the model serves; chat says why it cannot
-            log.error("the reloaded model's chat template cannot be used: %s", exc)
-            new_chat = None
-        state.serve_model(str(new.path), new.served_name, kind=new_kind, chat=new_chat)
 
-    client.link.on_model_change = on_model_change
-    return create_app(state)
+@contextlib.asynccontextmanager
+async def connected(
+    pool: ReplicaPool, queries: QuerySocket, link: SupervisorLink
+) -> AsyncIterator[None]:
+    """The schedulers' sockets and the supervisor's, on one ZeroMQ context, for as long as the
+    app runs (its ASGI lifespan)."""
+    import zmq.asyncio  # loaded with the pool's module already: nothing to import on the loop
+
+    zctx = zmq.asyncio.Context()
+    try:
+        pool.start(zctx)
+        queries.start(zctx)
+        link.start(zctx)
+        yield
+    finally:
+        await link.close()
+        await pool.close()
+        zctx.destroy(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedModel:
+    """What the HTTP child knows of the model it serves: its directory, its name, its kind
+    (``model_kind``) and, for a generation model, its chat template."""
+
+    path: Path
+    served_name: str
+    kind: str | None
+    chat: ChatTemplate | None
+
+
+def served_model(
+    server_args: ServerArgs,
+    model_path: str | None,
+    served_name: str | None,
+    *,
+    reloaded: bool = False,
+) -> ServedModel:
+    """The model at ``model_path`` served as ``served_name``: the runtime's check of it, its kind
+    and its chat template (one that cannot be used fails the start, and leaves a ``reloaded``
+    model without chat). It reads files and may import transformers: never on the event loop
+    once the server runs (``change_model``)."""
+    from serving.http.chat_template import ChatTemplateError
+
+    spec = serving_spec(server_args.runtime)
+    source = spec.model_check(model_path, served_name)
+    kind = model_kind(source.path)
+    try:
+        chat = chat_template(source.path, kind, server_args)
+    except ChatTemplateError as exc:
+        if not reloaded:
+            raise
+        log.error("the reloaded model's chat template cannot be used: %s", exc)
+        chat = None
+    return ServedModel(source.path, source.served_name, kind, chat)
+
+
+async def change_model(state: AppState, model_path: str | None, served_name: str | None) -> None:
+    """A reload finished: learn what the routes need of the new model in a thread (the event loop
+    goes on serving meanwhile), then swap it in; the routes go on with the model they had when
+    that fails (logged)."""
+    try:
+        new = await asyncio.to_thread(
+            served_model, state.server_args, model_path, served_name, reloaded=True
+        )
+    except Exception:  # noqa: BLE001 - the schedulers serve it; the routes keep what they know
+        log.exception("cannot read the reloaded model %s (%s)", served_name, model_path)
+        return
+    state.serve_model(str(new.path), new.served_name, kind=new.kind, chat=new.chat)
+    log.info("the routes serve %s (%s, %s) from now on", new.served_name, new.path, new.kind)
 
 
 def chat_template(path: Path, kind: str | None, server_args: ServerArgs) -> ChatTemplate | None:
@@ -284,7 +367,7 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
     url = f"http://{url_host}:{port}"
     log.info("HTTP server listening on %s", url)
     deadline = started + server_args.startup_timeout
-    if not wait_for_schedulers(app.state.client, ctx, thread, deadline):
+    if not wait_for_schedulers(app.state, ctx, thread, deadline):
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
@@ -293,7 +376,7 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
     while not ctx.stopping.is_set() and thread.is_alive():
         ctx.stopping.wait(timeout=0.2)
     if ctx.stopping.is_set():
-        ctx.stopped(requests_cut=drain(server, thread, app.state.client, grace))
+        ctx.stopped(requests_cut=drain(server, thread, app.state, grace))
     else:
         server.should_exit = True
         thread.join(timeout=grace)
@@ -305,23 +388,22 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
         )
 
 
-def drain(
-    server: uvicorn.Server, thread: threading.Thread, client: SchedulerClient, grace: float
-) -> int:
+def drain(server: uvicorn.Server, thread: threading.Thread, state: AppState, grace: float) -> int:
     """Stop uvicorn and give the requests in flight the grace period but its ``drain_margin``;
     end the ones still running then (a 503, a stream's error event), and return how many."""
     began = time.monotonic()
     margin = drain_margin(grace)
     server.should_exit = True  # no new connections; idle ones close
     thread.join(timeout=max(0.0, grace - margin))
-    if not thread.is_alive() or client.loop is None:
+    loop = state.pool.loop
+    if not thread.is_alive() or loop is None:
         return 0
     message = (
         f"the server stopped before this request was answered: the --stop-grace-period of "
         f"{grace:g}s ran out; send it again"
     )
     try:
-        cut = asyncio.run_coroutine_threadsafe(_end_all(client, message), client.loop).result(
+        cut = asyncio.run_coroutine_threadsafe(_end_all(state.dispatcher, message), loop).result(
             timeout=margin / 2
         )
     except Exception as exc:  # noqa: BLE001 - the loop is gone or stuck: uvicorn cancels the rest
@@ -333,12 +415,12 @@ def drain(
     return cut
 
 
-async def _end_all(client: SchedulerClient, message: str) -> int:
-    return client.end_all(message)
+async def _end_all(dispatcher: Dispatcher, message: str) -> int:
+    return dispatcher.end_all(message)
 
 
 def wait_for_schedulers(
-    client: SchedulerClient, ctx: WorkerContext, thread: threading.Thread, deadline: float
+    state: AppState, ctx: WorkerContext, thread: threading.Thread, deadline: float
 ) -> bool:
     """Wait until every replica answers a ping (True), or the stop request (False); raise when
     ``deadline`` passes or uvicorn stops first, naming the replicas that never answered."""
@@ -346,11 +428,12 @@ def wait_for_schedulers(
     while not ctx.stopping.is_set():
         if not thread.is_alive():
             raise RuntimeError("the HTTP server stopped while waiting for the schedulers")
-        missing = [r.dp_rank for r in client.replicas]
-        if client.loop is not None:
+        pool = state.pool
+        missing = [r.dp_rank for r in pool.replicas]
+        if pool.loop is not None:
             try:
                 pongs = asyncio.run_coroutine_threadsafe(
-                    client.ping_serving(timeout=1.0), client.loop
+                    state.dispatcher.ping_serving(timeout=1.0), pool.loop
                 ).result(timeout=10)
                 missing = [rep.dp_rank for rep, pong in pongs if pong is None]
             except Exception as exc:  # noqa: BLE001 - the loop is stopping; seen above next time
@@ -361,11 +444,11 @@ def wait_for_schedulers(
         if now >= deadline:
             raise RuntimeError(
                 f"scheduler replica(s) did not answer the HTTP child before the start-up "
-                f"timeout: {client.unanswered_reason(missing)}; check that node 0 can "
+                f"timeout: {pool.unanswered_reason(missing)}; check that node 0 can "
                 f"reach every node (--dist-init-addr, firewalls) and the nodes' logs"
             )
         if now - last_log > 15:
             last_log = now
-            log.info("waiting for scheduler(s) to answer: %s", client.unanswered_reason(missing))
+            log.info("waiting for scheduler(s) to answer: %s", pool.unanswered_reason(missing))
         ctx.stopping.wait(timeout=0.2)
     return False

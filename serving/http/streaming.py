@@ -19,7 +19,7 @@ import msgspec
 from starlette.responses import Response, StreamingResponse
 
 from serving.http.asgi import Receive
-from serving.http.client import SchedulerError
+from serving.http.replica import SchedulerError
 from serving.http.responses import error_body
 
 T = TypeVar("T")

@@ -139,6 +139,14 @@ BAD = [  # (name, body, status, words in the message, param)
     ("empty list", b'{"input": []}', 400, "at least one", "input"),
     ("list of non-strings", b'{"input": [1, 2]}', 400, "input[0] must be a string", "input[0]"),
     ("unpaired surrogate", b'{"input": "\\ud800"}', 400, "Unicode", "input"),
+    ("unpaired surrogate as a key", b'{"input": "x", "\\ud800": 1}', 400, "key", "\\ud800"),
+    (
+        "unpaired surrogate of the wrong type",
+        b'{"input": "x", "dimensions": "\\ud800"}',
+        400,
+        "dimensions must be an integer or null, not a string",
+        "dimensions",
+    ),
     (
         "unsupported encoding",
         b'{"input": "x", "encoding_format": "int8"}',

@@ -167,6 +167,40 @@ def test_generation_bad_input_is_4xx(server):
     assert r.status_code == 400 and "serves generation" in r.json()["error"]["message"]
 
 
+# Bodies a fault-injection run once saw answered with a plain-text 500: (route, body, param).
+SURROGATES = [
+    ("/v1/chat/completions", b'{"messages": "\\ud800"}', "messages"),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "\\ud800"}',
+        "max_tokens",
+    ),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "hi"}], "\\ud800": 1}',
+        "\\ud800",
+    ),
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": "\\ud800"}', "max_tokens"),
+    ("/generate", b'{"text": "x", "sampling_params": "\\ud800"}', "sampling_params"),
+    (
+        "/generate",
+        b'{"text": "x", "sampling_params": {"max_new_tokens": "\\ud800"}}',
+        "sampling_params.max_new_tokens",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "route, body, param", SURROGATES, ids=[b.decode() for _, b, _ in SURROGATES]
+)
+def test_an_unpaired_surrogate_of_the_wrong_type_or_as_a_key_is_a_400_naming_it(
+    server, route, body, param
+):
+    r = post(server.url + route, body, AUTH)
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json", r.text
+    assert r.json()["error"]["param"] == param, r.text
+
+
 def _scheduler_counts(server) -> dict:
     info = httpx.get(server.url + "/get_server_info", headers=AUTH, timeout=30).json()
     return info["schedulers"][0]

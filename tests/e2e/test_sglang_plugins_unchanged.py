@@ -338,6 +338,6 @@ def test_a_vendor_platform_written_for_sglang_stops_honestly_then_serves_without
         assert info["platform"]["key"] == "plugin:tile", info["platform"]
     finally:
         server.stop()
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    assert str(default_model_dir()) in seen.read_text().splitlines(), seen.read_text()
+    assert str(embedding_model_dir()) in seen.read_text().splitlines(), seen.read_text()

@@ -164,9 +164,9 @@ def test_platform_code_reads_the_embedded_default_model_as_a_path(site, tmp_path
         PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
     )
     assert run.returncode == 2 and "--max-batch-size 0" in run.stderr, run.stderr
-    from launchspec.model_source import default_model_dir
+    from launchspec.model_source import embedding_model_dir
 
-    assert seen.read_text() == str(default_model_dir()), run.stderr
+    assert seen.read_text() == str(embedding_model_dir()), run.stderr
 
 
 @pytest.mark.e2e

@@ -1,5 +1,5 @@
 """The HTTP child's ASGI app in-process (httpx's ASGI transport, no server, no scheduler): the one
-route table drives both dispatch and /openapi.json, and every refusal made before a scheduler is
+route table drives both the routing of requests and /openapi.json, and every refusal made before a scheduler is
 asked names its field (``param``) in the project's words."""
 
 from __future__ import annotations
@@ -12,15 +12,18 @@ import pytest
 
 from launchspec.server_args import ServerArgs
 from serving.http.app import AppState, create_app
-from serving.http.client import SchedulerClient
+from serving.http.dispatcher import Dispatcher
 from serving.http.metrics import Metrics
+from serving.http.pool import ReplicaPool
 from serving.http.responses import PlatformSummary
 
 
 def make_app(**state):
+    pool = ReplicaPool([])
     return create_app(
         AppState(
-            client=SchedulerClient([]),
+            pool=pool,
+            dispatcher=Dispatcher(pool),
             metrics=Metrics("tiny"),
             server_args=ServerArgs(),
             served_name="tiny",
@@ -42,7 +45,7 @@ def call(
     return asyncio.run(go())
 
 
-def test_openapi_is_built_from_the_route_table_that_dispatches():
+def test_openapi_is_built_from_the_route_table_that_serves():
     app = make_app()
     doc = call(app, "GET", "/openapi.json").json()
     assert doc["openapi"].startswith("3.1")

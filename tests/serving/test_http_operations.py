@@ -49,7 +49,7 @@ def test_health_generate_is_503_when_the_probe_fails_or_times_out(tmp_path):
             failed = await s.http.get("/health_generate")
             s.scheduler.fail, s.scheduler.hold = None, True
             silent = await s.http.get("/health_generate")
-            s.app.state.client.server_failure = "the supervisor reported server.failed"
+            s.app.state.pool.fail("the supervisor reported server.failed")
             gone = await s.http.get("/health_generate")
             return failed, silent, gone
 
@@ -74,7 +74,7 @@ def test_health_generate_skips_the_probe_while_the_replica_answers_others(tmp_pa
             )
             while not s.scheduler.received:
                 await asyncio.sleep(0.01)
-            await s.app.state.client.ping_all(timeout=5)  # the replica answers: it turns
+            await s.app.state.dispatcher.ping_all(timeout=5)  # the replica answers: it turns
             r = await s.http.get("/health_generate")
             sent = list(s.scheduler.received)
             waiting.cancel()

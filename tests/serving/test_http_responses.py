@@ -18,18 +18,22 @@ import pytest
 from launchspec.server_args import ServerArgs
 from serving.http import responses
 from serving.http.app import AppState, Route, create_app
-from serving.http.client import SchedulerClient, SchedulerError
+from serving.http.dispatcher import Dispatcher
 from serving.http.images import add_image_routes
 from serving.http.metrics import Metrics
+from serving.http.pool import ReplicaPool
+from serving.http.replica import SchedulerError
 from serving.http.responses import PlatformSummary
 
 REF = "#/components/schemas/{name}"
 
 
 def make_app(**state):
+    pool = ReplicaPool([])
     return create_app(
         AppState(
-            client=SchedulerClient([]),
+            pool=pool,
+            dispatcher=Dispatcher(pool),
             metrics=Metrics(),
             server_args=ServerArgs(api_key="k"),
             served_name="tiny",

@@ -13,7 +13,8 @@ they were sampled with, so a test sees exactly what the HTTP child did with each
   ``RequestFailed`` of that status and message.
 
 ``serve_app(tmp_path, **state)`` runs a test body against the app (httpx's ASGI transport) with
-its ``SchedulerClient`` connected to a ``FakeScheduler``.
+its replica pool connected to a ``FakeScheduler`` (``connected``, as the server joins them).
+``make_state(pool)`` is the ``AppState`` of a pool (a ``Dispatcher`` over it).
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ import zmq.asyncio
 from launchspec.server_args import ServerArgs
 from serving import wire
 from serving.http.app import App, AppState, create_app
-from serving.http.client import SchedulerClient
+from serving.http.dispatcher import Dispatcher
 from serving.http.metrics import Metrics
+from serving.http.pool import ReplicaPool
 from serving.http.responses import PlatformSummary
+from serving.http.server import connected
+from serving.http.supervisor_link import SupervisorLink
 
 MODEL = wire.TextModel(
     model_path="/models/tiny",
@@ -63,7 +67,8 @@ def token_text(seed: int | None, i: int) -> str:
 class FakeScheduler:
     """See the module docstring. ``received``: every request, in order."""
 
-    def __init__(self, zctx: zmq.asyncio.Context, endpoint: str) -> None:
+    def __init__(self, zctx: zmq.asyncio.Context, endpoint: str, kind: str = "generation") -> None:
+        self.kind = kind  # what its Pong says it serves
         self.sock = zctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(endpoint)
@@ -104,7 +109,7 @@ class FakeScheduler:
             generation_tokens_per_s=THROUGHPUT,
             **STATS,
         )
-        return wire.Pong(rid, 0, os.getpid(), "tiny", "generation", 0, stats)
+        return wire.Pong(rid, 0, os.getpid(), "tiny", self.kind, 0, stats)
 
     def _generate(self, msg: wire.GenerateRequest) -> list[wire.Generated]:
         params = msg.params
@@ -156,10 +161,12 @@ class Served:
     scheduler: FakeScheduler
 
 
-def make_state(client: SchedulerClient, **state: object) -> AppState:
-    """The ``AppState`` of a generation model served as ``tiny`` (``state`` overrides)."""
+def make_state(pool: ReplicaPool, **state: object) -> AppState:
+    """The ``AppState`` of a generation model served as ``tiny`` by ``pool`` (``state``
+    overrides)."""
     fields: dict = dict(
-        client=client,
+        pool=pool,
+        dispatcher=Dispatcher(pool),
         metrics=Metrics("tiny"),
         server_args=ServerArgs(),
         served_name="tiny",
@@ -173,23 +180,25 @@ def make_state(client: SchedulerClient, **state: object) -> AppState:
 
 @contextlib.asynccontextmanager
 async def serve_app(tmp_path, **state: object) -> AsyncIterator[Served]:
-    """The app with its client connected to a ``FakeScheduler`` (see the module docstring)."""
+    """The app with its pool connected to a ``FakeScheduler`` (see the module docstring)."""
     endpoint = f"ipc://{tmp_path}/fake-scheduler.sock"
     zctx = zmq.asyncio.Context()
-    scheduler = FakeScheduler(zctx, endpoint)
-    client = SchedulerClient([endpoint], metrics=None)
-    app = create_app(make_state(client, **state))
-    client.metrics = app.state.metrics
-    await client.start()
+    kind = state.get("kind", "generation")
+    scheduler = FakeScheduler(zctx, endpoint, kind if isinstance(kind, str) else "generation")
+    metrics = Metrics("tiny")
+    pool = ReplicaPool([endpoint], metrics=metrics)
+    app = create_app(make_state(pool, metrics=metrics, **state))
+    queries = app.state.queries
+    link = SupervisorLink(pool, app.state.dispatcher, queries)
     try:
-        deadline = asyncio.get_running_loop().time() + 10
-        while not client.replicas[0].connected:
-            assert asyncio.get_running_loop().time() < deadline, "the client never connected"
-            await asyncio.sleep(0.01)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
-            yield Served(app, http, scheduler)
+        async with connected(pool, queries, link):
+            deadline = asyncio.get_running_loop().time() + 10
+            while not pool.replicas[0].connected:
+                assert asyncio.get_running_loop().time() < deadline, "the pool never connected"
+                await asyncio.sleep(0.01)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+                yield Served(app, http, scheduler)
     finally:
-        await client.close()
         await scheduler.stop()
         zctx.destroy(0)

@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterator
 
 from starlette.responses import Response
 
-from serving import wire as messages
+from serving import wire
 from serving.http.app import AppState, json_response
 from serving.http.asgi import Receive
 from serving.http.chat_template import ChatTemplate
-from serving.http.client import SchedulerError
 from serving.http.logprobs import chat_logprobs
+from serving.http.replica import SchedulerError
 from serving.http.responses import (
     AssistantMessage,
     ChatChoice,
@@ -80,8 +80,8 @@ async def chat_completions(
     if body.stream:
         return await _stream_chat(state, body, makers, cid, created, top, receive)
     timings = [state.metrics.generation(streamed=False) for _ in makers]
-    replies: list[messages.Generated] | None = await unless_disconnected(
-        receive, asyncio.gather(*(state.client.one(make) for make in makers))
+    replies: list[wire.Generated] | None = await unless_disconnected(
+        receive, asyncio.gather(*(state.dispatcher.one(make) for make in makers))
     )
     if replies is None:
         return Response(status_code=499)
@@ -113,11 +113,11 @@ async def _room(state: AppState, template: ChatTemplate, prompt: str) -> int:
     (the smaller of ``TextModel.context_length`` and the KV pool ``max_total_tokens``, as the
     schedulers report them) leaves after the prompt."""
     if state.context_length is None:
-        pongs = await state.client.ping_all(timeout=5.0)
+        pongs = await state.dispatcher.ping_all(timeout=5.0)
         limits = [
             min(p.info.model.context_length, p.info.model.max_total_tokens)
             for p in pongs
-            if p is not None and isinstance(p.info, messages.TextStats)
+            if p is not None and isinstance(p.info, wire.TextStats)
         ]
         if not limits:
             raise SchedulerError(
@@ -130,7 +130,7 @@ async def _room(state: AppState, template: ChatTemplate, prompt: str) -> int:
 async def _stream_chat(
     state: AppState,
     body: ChatCompletionRequest,
-    makers: list[Callable[[str], messages.GenerateRequest]],
+    makers: list[Callable[[str], wire.GenerateRequest]],
     cid: str,
     created: int,
     top: int,
@@ -140,7 +140,7 @@ async def _stream_chat(
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     timings = [state.metrics.generation(streamed=True) for _ in makers]
     started: set[int] = set()
-    finals: dict[int, messages.Generated] = {}
+    finals: dict[int, wire.Generated] = {}
 
     def chunk(
         index: int,
@@ -155,7 +155,7 @@ async def _stream_chat(
             ChatCompletionChunk(id=cid, created=created, model=state.served_name, choices=[choice])
         )
 
-    def render(item: tuple[int, messages.Generated]) -> Iterator[bytes]:
+    def render(item: tuple[int, wire.Generated]) -> Iterator[bytes]:
         index, reply = item
         timings[index].answered(reply)
         if index not in started:
@@ -180,5 +180,5 @@ async def _stream_chat(
                 )
             )
 
-    streams = [state.client.call(make) for make in makers]
+    streams = [state.dispatcher.call(make) for make in makers]
     return await event_stream(merged(streams), render, receive)

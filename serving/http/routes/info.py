@@ -3,7 +3,7 @@
 ``/docs``, each ``handler(state, body, receive)`` (the document's routes take the ``App``
 instead).
 
-``/health`` answers from what the scheduler client knows (a dead replica, the supervisor's
+``/health`` answers from what the replica pool knows (a dead replica, the supervisor's
 failure); ``/health_generate`` also runs the model (``health_generate``); ``/ready``,
 ``/get_server_info`` and ``/metrics`` ping every scheduler replica that serves (``read_pong`` is
 the one reader of what a replica reports; replicas a reload or a scale is starting or retiring
@@ -25,11 +25,11 @@ from starlette.responses import Response
 
 from launchspec.gguf_cache import read_origin
 from launchspec.server_args import ServerArgs
-from serving import wire as messages
+from serving import wire
 from serving.http.app import VERSION, App, AppState, json_response
 from serving.http.asgi import Receive
-from serving.http.client import Replica, SchedulerError
-from serving.http.follow import probe_request
+from serving.http.probes import probe_request
+from serving.http.replica import Replica, SchedulerError
 from serving.http.responses import (
     Health,
     ModelCard,
@@ -46,7 +46,7 @@ from serving.http.responses import (
 
 async def health(state: AppState, body: None, receive: Receive) -> Response:
     """``GET /health``: ``Health``, a 503 with the reason once a scheduler is gone."""
-    reason = state.client.unhealthy_reason
+    reason = state.pool.unhealthy_reason
     if reason:
         return json_response(Health(healthy=False, reason=reason), 503)
     return json_response(Health(healthy=True))
@@ -58,16 +58,16 @@ async def health_generate(state: AppState, body: None, receive: Receive) -> Resp
 
     A replica that is busy (requests in flight, and an answer to one of them within the
     timeout) is not probed: that answer proves it serves. The probe is the smallest request
-    of the model's kind: one greedy token, one embedded text, one denoising step (a ping when
-    the kind is unknown)."""
-    client = state.client
-    reason = client.unhealthy_reason
+    of the kind the replica says it serves: one greedy token, one embedded text, one denoising
+    step (a ping when the kind is unknown)."""
+    pool = state.pool
+    reason = pool.unhealthy_reason
     if reason:
         return json_response(Health(healthy=False, reason=reason), 503)
-    live = [r for r in client.replicas if r.serving and not r.dead_reason and r.io is not None]
+    live = [r for r in pool.replicas if r.live]
     if not live:
-        why = "no scheduler is reachable yet: " + client.unanswered_reason(
-            [r.dp_rank for r in client.replicas]
+        why = "no scheduler is reachable yet: " + pool.unanswered_reason(
+            [r.dp_rank for r in pool.replicas]
         )
         return json_response(Health(healthy=False, reason=why), 503)
     failures = [f for f in await asyncio.gather(*(_probe(state, r) for r in live)) if f]
@@ -84,7 +84,8 @@ async def _probe(state: AppState, rep: Replica) -> str | None:
     if rep.inflight and started - rep.last_reply < timeout:
         return None
     try:
-        await asyncio.wait_for(state.client.one(probe_request(state.kind, "health"), rep), timeout)
+        probe = probe_request(rep.kind or state.kind, "health")
+        await asyncio.wait_for(state.dispatcher.one(probe, rep), timeout)
     except TimeoutError:
         if rep.last_reply > started:  # it answered others meanwhile: busy, not stuck
             return None
@@ -96,7 +97,7 @@ async def _probe(state: AppState, rep: Replica) -> str | None:
 
 async def model_info(state: AppState, body: None, receive: Receive) -> Response:
     """``GET /get_model_info``: ``ModelInfo``, from the model directory's files."""
-    config = _read_config(Path(state.model_path))
+    config = await asyncio.to_thread(_read_config, Path(state.model_path))
     architectures = config.get("architectures")
     model_type = config.get("model_type")
     chat = state.chat
@@ -143,18 +144,18 @@ def _read_config(folder: Path) -> dict[str, object]:
 
 async def ready(state: AppState, body: None, receive: Receive) -> Response:
     """``GET /ready``: ``Ready``, a 503 naming the replicas that are gone or not answering."""
-    client = state.client
-    reason = client.unhealthy_reason
+    pool = state.pool
+    reason = pool.unhealthy_reason
     if reason:
         return json_response(Ready(ready=False, reason=reason), 503)
-    restarting = client.restarting
-    answers = await client.ping_serving(timeout=1.0)
-    if not answers and client.link.changing:
+    restarting = pool.restarting
+    answers = await state.dispatcher.ping_serving(timeout=1.0)
+    if not answers and pool.changing:
         why = "no scheduler replica serves: a reload is replacing it"
         return json_response(Ready(ready=False, reason=why), 503)
     missing = [rep.dp_rank for rep, p in answers if p is None and rep.dp_rank not in restarting]
     if missing:
-        why = f"scheduler(s) dp={missing} not answering yet: {client.unanswered_reason(missing)}"
+        why = f"scheduler(s) dp={missing} not answering yet: {pool.unanswered_reason(missing)}"
         return json_response(Ready(ready=False, reason=why), 503)
     loads = [read_pong(p)[0] for _, p in answers if p]
     differ = [
@@ -183,7 +184,7 @@ async def models(state: AppState, body: None, receive: Receive) -> Response:
 
 async def server_info(state: AppState, body: None, receive: Receive) -> Response:
     """``GET /get_server_info``: ``ServerInfo``."""
-    answers = await state.client.ping_serving(timeout=2.0)
+    answers = await state.dispatcher.ping_serving(timeout=2.0)
     read = [None if p is None else read_pong(p) for _, p in answers]
     live = [r for r in read if r is not None]
     model = live[0][1] if live else None
@@ -196,7 +197,7 @@ async def server_info(state: AppState, body: None, receive: Receive) -> Response
             model=model,
             schedulers=[None if r is None else r[0] for r in read],
             server_args=_args_dict(state.server_args),
-            healthy=state.client.healthy,
+            healthy=state.pool.healthy,
             workers=await worker_manifests(state, timeout=2.0) or UNSET,
         )
     )
@@ -205,7 +206,7 @@ async def server_info(state: AppState, body: None, receive: Receive) -> Response
 async def worker_manifests(state: AppState, timeout: float) -> list[WorkerManifest] | None:
     """Every worker's manifest, from the supervisor's snapshot (None when it does not answer)."""
     try:
-        reply = await state.client.query({"query": "snapshot"}, timeout=timeout)
+        reply = await state.queries.query({"query": "snapshot"}, timeout=timeout)
         workers = reply["snapshot"]["workers"]
     except (LookupError, KeyError, TypeError):
         return None
@@ -220,7 +221,7 @@ async def worker_manifests(state: AppState, timeout: float) -> list[WorkerManife
     ]
 
 
-def read_pong(pong: messages.Pong) -> tuple[SchedulerState, dict[str, object] | None]:
+def read_pong(pong: wire.Pong) -> tuple[SchedulerState, dict[str, object] | None]:
     """What the routes report of one replica's answer to a ping: its state, and its model as it
     describes it (None: it did not)."""
     info = pong.info
@@ -250,7 +251,7 @@ def _args_dict(server_args: ServerArgs) -> dict[str, object]:
 async def prometheus(state: AppState, body: None, receive: Receive) -> Response:
     """``GET /metrics``: the Prometheus page, its scheduler gauges from the replicas' answers
     to a ping now (a replica that does not answer within a second is left out)."""
-    pongs = await state.client.ping_all(timeout=1.0)
+    pongs = await state.dispatcher.ping_all(timeout=1.0)
     state.metrics.observe_schedulers(p for p in pongs if p is not None)
     page, media_type = state.metrics.render()
     return Response(page, media_type=media_type)

@@ -2,7 +2,7 @@
 ``POST /generate`` (SGLang's native shape), each ``handler(state, body, receive)``; the chat
 route (``routes.chat``) builds on the helpers here.
 
-Each sends its request to a scheduler through ``state.client`` and answers the struct of
+Each sends its request to a scheduler through ``state.dispatcher`` and answers the struct of
 ``serving.http.responses`` its route names; a streamed completion or generation is
 ``streaming.event_stream`` of ``CompletionChunk`` / ``GenerateChunk`` events. Every sequence of
 one HTTP request carries that request's id as its ``group`` (the scheduler shares its room fairly
@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 import msgspec
 from starlette.responses import Response
 
-from serving import wire as messages
+from serving import wire
 from serving.http.app import AppState, error_response, json_response
 from serving.http.asgi import Receive
 from serving.http.logprobs import completion_logprobs, native_logprobs, next_offset
@@ -60,8 +60,8 @@ async def embeddings(state: AppState, body: EmbeddingRequest, receive: Receive) 
             "dimensions",
         )
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
-    reply: messages.Embeddings | None = await unless_disconnected(
-        receive, state.client.one(lambda rid: messages.EmbedRequest(rid, texts))
+    reply: wire.Embeddings | None = await unless_disconnected(
+        receive, state.dispatcher.one(lambda rid: wire.EmbedRequest(rid, texts))
     )
     if reply is None:
         return Response(status_code=499)
@@ -78,7 +78,7 @@ async def embeddings(state: AppState, body: EmbeddingRequest, receive: Receive) 
     )
 
 
-def _embedding_rows(reply: messages.Embeddings, encoding: str) -> list[list[float] | str]:
+def _embedding_rows(reply: wire.Embeddings, encoding: str) -> list[list[float] | str]:
     """Each vector of ``reply``: a list of floats, or (``base64``) the base64 of its
     little-endian float32 bytes, as OpenAI defines ``encoding_format``."""
     if encoding == "base64":
@@ -87,7 +87,7 @@ def _embedding_rows(reply: messages.Embeddings, encoding: str) -> list[list[floa
         return [
             base64.b64encode(data[at : at + row]).decode("ascii") for at in range(0, len(data), row)
         ]
-    return [*messages.unpack_vectors(reply.vectors, reply.dim)]
+    return [*wire.unpack_vectors(reply.vectors, reply.dim)]
 
 
 async def completions(state: AppState, body: CompletionRequest, receive: Receive) -> Response:
@@ -102,8 +102,8 @@ async def completions(state: AppState, body: CompletionRequest, receive: Receive
     if body.stream:
         return await _stream_completion(state, body, prompts[0], params, cid, created, receive)
     timings = [state.metrics.generation(streamed=False) for _ in prompts]
-    calls = [state.client.one(generate_for(p, params, cid)) for p in prompts]
-    replies: list[messages.Generated] | None = await unless_disconnected(
+    calls = [state.dispatcher.one(generate_for(p, params, cid)) for p in prompts]
+    replies: list[wire.Generated] | None = await unless_disconnected(
         receive, asyncio.gather(*calls)
     )
     if replies is None:
@@ -138,7 +138,7 @@ async def _stream_completion(
     state: AppState,
     body: CompletionRequest,
     prompt: str,
-    params: messages.SamplingParams,
+    params: wire.SamplingParams,
     cid: str,
     created: int,
     receive: Receive,
@@ -147,7 +147,7 @@ async def _stream_completion(
     usage = body.stream_options is not None and body.stream_options.include_usage
     offset = [0]  # where the next chunk's tokens start in the completion's text
 
-    def chunk(reply: messages.Generated) -> CompletionChunk:
+    def chunk(reply: wire.Generated) -> CompletionChunk:
         finish = reply.finish_reason if reply.finished else None
         shaped = None
         if body.logprobs is not None:
@@ -162,7 +162,7 @@ async def _stream_completion(
             ],
         )
 
-    def last(reply: messages.Generated) -> CompletionChunk | None:
+    def last(reply: wire.Generated) -> CompletionChunk | None:
         if not usage:
             return None
         return CompletionChunk(
@@ -173,7 +173,7 @@ async def _stream_completion(
             usage=Usage.of(reply.prompt_tokens, reply.completion_tokens),
         )
 
-    replies = state.client.call(generate_for(prompt, params, cid, stream=True))
+    replies = state.dispatcher.call(generate_for(prompt, params, cid, stream=True))
     timing = state.metrics.generation(streamed=True)
     return await text_stream(replies, chunk, state.metrics, receive, timing, last)
 
@@ -186,19 +186,19 @@ async def generate(state: AppState, body: GenerateRequest, receive: Receive) -> 
     group = f"generate-{uuid.uuid4().hex}"
     if body.stream:
         text = [""]
-        tokens: list[messages.TokenLogprob] = []
+        tokens: list[wire.TokenLogprob] = []
 
-        def chunk(reply: messages.Generated) -> GenerateChunk:
+        def chunk(reply: wire.Generated) -> GenerateChunk:
             text[0] += reply.text  # the native stream carries the text so far
             tokens.extend(reply.logprobs or [])
             return GenerateChunk(text=text[0], meta_info=_meta(reply, body, tokens))
 
-        replies = state.client.call(generate_for(body.text, params, group, stream=True))
+        replies = state.dispatcher.call(generate_for(body.text, params, group, stream=True))
         timing = state.metrics.generation(streamed=True)
         return await text_stream(replies, chunk, state.metrics, receive, timing)
     timing = state.metrics.generation(streamed=False)
-    reply: messages.Generated | None = await unless_disconnected(
-        receive, state.client.one(generate_for(body.text, params, group))
+    reply: wire.Generated | None = await unless_disconnected(
+        receive, state.dispatcher.one(generate_for(body.text, params, group))
     )
     if reply is None:
         return Response(status_code=499)
@@ -209,7 +209,7 @@ async def generate(state: AppState, body: GenerateRequest, receive: Receive) -> 
 
 
 def _meta(
-    reply: messages.Generated, body: GenerateRequest, tokens: list[messages.TokenLogprob]
+    reply: wire.Generated, body: GenerateRequest, tokens: list[wire.TokenLogprob]
 ) -> GenerateMeta:
     """The ``meta_info`` of ``reply``; with ``return_logprob``, the logprobs of ``tokens``."""
     meta = GenerateMeta(
@@ -228,17 +228,17 @@ def _meta(
 
 
 async def text_stream(
-    replies: AsyncGenerator[messages.Generated, None],
-    chunk: Callable[[messages.Generated], msgspec.Struct],
+    replies: AsyncGenerator[wire.Generated, None],
+    chunk: Callable[[wire.Generated], msgspec.Struct],
     metrics: Metrics,
     receive: Receive,
     timing: GenerationTiming,
-    last: Callable[[messages.Generated], msgspec.Struct | None] | None = None,
+    last: Callable[[wire.Generated], msgspec.Struct | None] | None = None,
 ) -> Response:
     """A streamed generation (``event_stream``): ``chunk(reply)`` for each increment, and
     ``last(final reply)`` after the final one when it gives one; ``timing`` sees each reply."""
 
-    def render(reply: messages.Generated) -> Iterator[bytes]:
+    def render(reply: wire.Generated) -> Iterator[bytes]:
         timing.answered(reply)
         yield sse(chunk(reply))
         if reply.finished:
@@ -257,10 +257,10 @@ def sampling(
     logprobs: bool = False,
     top: int = 0,
     seed: int | None = None,
-) -> messages.SamplingParams:
+) -> wire.SamplingParams:
     """The scheduler's sampling parameters of a request's fields (``seed`` replaces the
     request's own when given)."""
-    return messages.SamplingParams(
+    return wire.SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
@@ -277,13 +277,11 @@ def sampling(
 
 def generate_for(
     text: str,
-    params: messages.SamplingParams,
+    params: wire.SamplingParams,
     group: str,
     stream: bool = False,
     raw: bool = False,
-) -> Callable[[str], messages.GenerateRequest]:
+) -> Callable[[str], wire.GenerateRequest]:
     """What makes the scheduler request for one sequence of HTTP request ``group``: a request id
     in, its request out."""
-    return lambda rid: messages.GenerateRequest(
-        rid, text, params, stream=stream, group=group, raw=raw
-    )
+    return lambda rid: wire.GenerateRequest(rid, text, params, stream=stream, group=group, raw=raw)

@@ -1,4 +1,6 @@
-"""The HTTP child's scheduler client on real ZeroMQ sockets, without a model behind them."""
+"""The HTTP child's side of its schedulers on real ZeroMQ sockets, without a model behind them:
+the replica pool, the dispatcher over it and the supervisor link, joined as the server joins them
+(``server.connected``)."""
 
 from __future__ import annotations
 
@@ -9,37 +11,25 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from support.replicas import (
+    FakeReplica,
+    ReportingSupervisor,
+    draining,
+    joined,
+    joining,
+    ready_again,
+    reload_finished,
+    reload_started,
+    restarting,
+    server_ready,
+    until,
+)
 
 from launchspec import events
-from launchspec.causes import RootCause
-from serving import wire as messages
-from serving.http.client import SchedulerClient, SchedulerError
+from serving import wire
+from serving.http.replica import SchedulerError
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-# The supervisor's events, as it builds them.
-def _restarting(dp: int, cause: str = "killed") -> events.ReplicaRestarting:
-    return events.ReplicaRestarting(
-        replica=f"scheduler dp={dp}",
-        dp_rank=dp,
-        workers=[f"scheduler.{dp}"],
-        attempt=1,
-        max_restarts=3,
-        backoff_s=0.0,
-        cause=cause,
-        root_cause=RootCause(cause, worker=f"scheduler.{dp}"),
-    )
-
-
-def _ready_again(dp: int) -> events.ReplicaReady:
-    return events.ReplicaReady(
-        replica=f"scheduler dp={dp}", dp_rank=dp, attempt=1, down_s=0.1, pids=[None]
-    )
-
-
-def _server_ready() -> events.ServerReady:
-    return events.ServerReady(url=None, node_rank=0, worker_count=2, startup_s=0.1)
 
 
 def test_a_replica_that_stops_reading_gets_a_503_once_its_queue_is_full(tmp_path):
@@ -56,13 +46,12 @@ def test_a_replica_that_stops_reading_gets_a_503_once_its_queue_is_full(tmp_path
     stuck.bind(endpoint)
 
     async def scenario():
-        client = SchedulerClient([endpoint])
-        await client.start()
+        c = await joined([endpoint])
         waiting = []
         try:
             for _ in range(100_000):
                 task = asyncio.ensure_future(
-                    client.one(lambda rid: messages.EmbedRequest(rid, ["x"]))
+                    c.dispatcher.one(lambda rid: wire.EmbedRequest(rid, ["x"]))
                 )
                 waiting.append(task)
                 await asyncio.sleep(0)  # let it send
@@ -74,13 +63,13 @@ def test_a_replica_that_stops_reading_gets_a_503_once_its_queue_is_full(tmp_path
             assert info.value.status == 503 and "dp=0" in info.value.message, info.value.message
             assert "retry" in info.value.message
             assert all(not t.done() for t in waiting) and len(waiting) >= 100
-            assert len(client.replicas[0].inflight) == len(waiting)
+            assert len(c.pool.replicas[0].inflight) == len(waiting)
         finally:
             for task in waiting:
                 task.cancel()
             await asyncio.gather(*waiting, return_exceptions=True)
-            assert client.replicas[0].inflight == set()
-            await client.close()
+            assert c.pool.replicas[0].inflight == {}
+            await c.close()
 
     try:
         asyncio.run(scenario())
@@ -90,54 +79,6 @@ def test_a_replica_that_stops_reading_gets_a_503_once_its_queue_is_full(tmp_path
 
 
 # -- a replica that dies and comes back ----------------------------------------------------------
-class FakeReplica:
-    """A scheduler stand-in on a real ROUTER socket: answers pings and embeddings at once; a
-    generation stream gets one chunk and then nothing; ``hold=True``: keeps requests unanswered
-    (the process is busy when it dies). ``die()`` closes the socket the way a killed process does."""
-
-    def __init__(self, zctx, endpoint: str, dp_rank: int, hold: bool = False) -> None:
-        import zmq
-
-        self.sock = zctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
-        self.dp_rank, self.hold = dp_rank, hold
-        self.received: list = []
-        self.task = asyncio.ensure_future(self._serve())
-
-    async def _serve(self) -> None:
-        while True:
-            identity, frame = await self.sock.recv_multipart()
-            msg = messages.decode_to_scheduler(frame)
-            if isinstance(msg, messages.Ping):
-                reply = messages.Pong(msg.rid, self.dp_rank, 1, "fake", "embedding", 0)
-            elif isinstance(msg, messages.Cancel):
-                continue
-            else:
-                self.received.append(msg)
-                if self.hold:
-                    continue
-                if isinstance(msg, messages.GenerateRequest) and msg.stream:
-                    reply = messages.Generated(msg.rid, f"dp={self.dp_rank}", 1, 1, finished=False)
-                elif isinstance(msg, messages.GenerateRequest):
-                    reply = messages.Generated(msg.rid, f"from dp={self.dp_rank}", 1, 1)
-                else:
-                    reply = messages.Embeddings(msg.rid, b"\0\0\0\0", 1, 1)
-            await self.sock.send_multipart([identity, messages.encode(reply)])
-
-    async def die(self) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-        self.sock.close(0)
-
-
-async def _until(condition, what: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 def test_in_flight_requests_on_a_dying_replica_are_answered_by_another_then_it_is_routed_to_again(
     tmp_path,
 ):
@@ -155,47 +96,48 @@ def test_in_flight_requests_on_a_dying_replica_are_answered_by_another_then_it_i
         dying = FakeReplica(zctx, eps[0], 0, hold=True)
         other = FakeReplica(zctx, eps[1], 1, hold=True)
         metrics = Metrics()
-        client = SchedulerClient(eps, heals=True, metrics=metrics)
-        await client.start()
+        c = await joined(eps, heals=True, metrics=metrics)
         try:
-            await _until(lambda: all(r.connected for r in client.replicas), "both connections")
+            await until(lambda: all(r.connected for r in c.pool.replicas), "both connections")
 
             def embed(text):
                 return asyncio.ensure_future(
-                    client.one(lambda rid: messages.EmbedRequest(rid, [text]), None)
+                    c.dispatcher.one(lambda rid: wire.EmbedRequest(rid, [text]), None)
                 )
 
             first, held = embed("a"), embed("b")  # one each: dp=0, then dp=1
-            await _until(lambda: len(other.received) == 1, "one request at replica 1")
-            params = messages.SamplingParams()
+            await until(lambda: len(other.received) == 1, "one request at replica 1")
+            params = wire.SamplingParams()
             gen = asyncio.ensure_future(
-                client.one(lambda rid: messages.GenerateRequest(rid, "hi", params), None)
+                c.dispatcher.one(lambda rid: wire.GenerateRequest(rid, "hi", params), None)
             )
-            await _until(lambda: len(dying.received) == 2, "two requests at replica 0")
+            await until(lambda: len(dying.received) == 2, "two requests at replica 0")
             other.hold = False
             await dying.die()
-            assert isinstance(await first, messages.Embeddings)
+            assert isinstance(await first, wire.Embeddings)
             assert (await gen).text == "from dp=1"
-            assert client.healthy and client.restarting == [0]
+            assert c.pool.healthy and c.pool.restarting == [0]
             assert len(other.received) == 3
             held.cancel()
 
-            client.link.apply(_restarting(0, "killed"))  # the supervisor's
+            c.link.apply(restarting(0, "killed"))  # the supervisor's
             assert (
                 'sglang_launch_replica_restarts_total{dp="0"} 1.0' in metrics.render()[0].decode()
             )
             reborn = FakeReplica(zctx, eps[0], 0)
-            client.link.apply(_ready_again(0))
-            assert client.restarting == [] and client.healthy
-            await _until(lambda: client.replicas[0].connected, "dp=0 connected again")
-            pongs = await client.ping_all(timeout=5)
+            c.link.apply(ready_again(0))
+            assert c.pool.restarting == [] and c.pool.healthy
+            await until(lambda: c.pool.replicas[0].connected, "dp=0 connected again")
+            # Its kind is asked again (a ping): once known, the ping holds it no more.
+            await until(lambda: c.pool.replicas[0].kind is not None, "dp=0's kind")
+            pongs = await c.dispatcher.ping_all(timeout=5)
             assert [p.dp_rank for p in pongs if p] == [0, 1]
-            await client.one(lambda rid: messages.EmbedRequest(rid, ["y"]), None)
+            await c.dispatcher.one(lambda rid: wire.EmbedRequest(rid, ["y"]), None)
             assert len(reborn.received) == 1  # least loaded, lowest rank: the restarted one
             await reborn.die()
             await other.die()
         finally:
-            await client.close()
+            await c.close()
             zctx.destroy(0)
 
     asyncio.run(scenario())
@@ -205,20 +147,19 @@ def test_a_stream_that_sent_output_fails_when_its_replica_dies_one_that_sent_non
     import zmq.asyncio
 
     eps = [f"ipc://{tmp_path}/s0.sock", f"ipc://{tmp_path}/s1.sock"]
-    params = messages.SamplingParams()
+    params = wire.SamplingParams()
 
     def stream(rid):
-        return messages.GenerateRequest(rid, "hi", params, True)
+        return wire.GenerateRequest(rid, "hi", params, True)
 
     async def scenario():
         zctx = zmq.asyncio.Context()
-        dying = FakeReplica(zctx, eps[0], 0)
-        quiet = FakeReplica(zctx, eps[1], 1, hold=True)
-        client = SchedulerClient(eps, heals=True)
-        await client.start()
+        dying = FakeReplica(zctx, eps[0], 0, kind="generation")
+        quiet = FakeReplica(zctx, eps[1], 1, hold=True, kind="generation")
+        c = await joined(eps, heals=True)
         try:
-            await _until(lambda: all(r.connected for r in client.replicas), "both connections")
-            started = client.call(stream)
+            await until(lambda: all(r.connected for r in c.pool.replicas), "both connections")
+            started = c.dispatcher.call(stream)
             first = await started.__anext__()  # one chunk reached the client from replica 0
             assert first.text == "dp=0"
             await dying.die()
@@ -229,22 +170,24 @@ def test_a_stream_that_sent_output_fails_when_its_replica_dies_one_that_sent_non
 
             # Replica 1 dies before its stream produced anything: the stream moves to dp=0's
             # successor, and the client sees only that one's output.
-            reborn = FakeReplica(zctx, eps[0], 0, hold=True)
-            client.link.apply(_ready_again(0))
+            reborn = FakeReplica(zctx, eps[0], 0, hold=True, kind="generation")
+            c.link.apply(ready_again(0))
             # Ties go to a connected replica: once dp=0's fresh connection is up it is the pick.
-            await _until(lambda: client.replicas[0].connected, "dp=0 connected again")
-            filler = asyncio.ensure_future(client.one(stream))  # keeps dp=0 the busier one
-            await _until(lambda: len(reborn.received) == 1, "a request at dp=0")
-            waiting = client.call(stream, None)
+            await until(lambda: c.pool.replicas[0].connected, "dp=0 connected again")
+            # Its kind is asked again (a ping): once known, the ping holds it no more.
+            await until(lambda: c.pool.replicas[0].kind is not None, "dp=0's kind")
+            filler = asyncio.ensure_future(c.dispatcher.one(stream))  # keeps dp=0 the busier one
+            await until(lambda: len(reborn.received) == 1, "a request at dp=0")
+            waiting = c.dispatcher.call(stream, None)
             moving = asyncio.ensure_future(waiting.__anext__())
-            await _until(lambda: len(quiet.received) == 1, "the stream at replica 1")
+            await until(lambda: len(quiet.received) == 1, "the stream at replica 1")
             reborn.hold = False
             await quiet.die()
             assert (await moving).text == "dp=0" and len(reborn.received) == 2
             await waiting.aclose()
             filler.cancel()
         finally:
-            await client.close()
+            await c.close()
             zctx.destroy(0)
 
     asyncio.run(scenario())
@@ -299,30 +242,30 @@ def test_a_lost_ready_event_is_fetched_from_the_supervisor(tmp_path):
         zctx = zmq.asyncio.Context()
         sup = FakeSupervisor(zctx, tmp_path)
         dying, other = FakeReplica(zctx, eps[0], 0), FakeReplica(zctx, eps[1], 1)
-        client = SchedulerClient(eps, ops_endpoint=sup.ops, query_endpoint=sup.query, heals=True)
-        client.link.CATCH_UP_S = 0.05
-        await client.start()
+        c = await joined(eps, ops=sup.ops, query=sup.query, heals=True, catch_up_s=0.05)
         try:
-            await _until(lambda: all(r.connected for r in client.replicas), "both connections")
+            await until(lambda: all(r.connected for r in c.pool.replicas), "both connections")
             deadline = asyncio.get_running_loop().time() + 10
-            while client.link.seq == 0:  # until the subscription delivers (a slow joiner)
+            while c.link.seq == 0:  # until the subscription delivers (a slow joiner)
                 assert asyncio.get_running_loop().time() < deadline, "no event ever arrived"
-                sup.emit(_server_ready())
+                sup.emit(server_ready())
                 await asyncio.sleep(0.05)
             await dying.die()
-            sup.emit(_restarting(0))
-            await _until(lambda: client.restarting == [0], "dp=0 seen restarting")
+            sup.emit(restarting(0))
+            await until(lambda: c.pool.restarting == [0], "dp=0 seen restarting")
             reborn = FakeReplica(zctx, eps[0], 0)
-            sup.emit(_ready_again(0), publish=False)  # lost on the way
-            await _until(lambda: client.restarting == [], "dp=0 back through a catch-up")
-            await _until(lambda: client.replicas[0].connected, "dp=0 connected again")
-            await client.one(lambda rid: messages.EmbedRequest(rid, ["x"]), None)
+            sup.emit(ready_again(0), publish=False)  # lost on the way
+            await until(lambda: c.pool.restarting == [], "dp=0 back through a catch-up")
+            await until(lambda: c.pool.replicas[0].connected, "dp=0 connected again")
+            # Its kind is asked again (a ping): once known, the ping holds it no more.
+            await until(lambda: c.pool.replicas[0].kind is not None, "dp=0's kind")
+            await c.dispatcher.one(lambda rid: wire.EmbedRequest(rid, ["x"]), None)
             assert len(reborn.received) == 1 and sup.queries >= 1
 
             await reborn.die()
             await other.die()
         finally:
-            await client.close()
+            await c.close()
             await sup.close()
             zctx.destroy(0)
 
@@ -337,16 +280,15 @@ def test_without_healing_one_dead_replica_makes_the_client_unhealthy(tmp_path):
     async def scenario():
         zctx = zmq.asyncio.Context()
         dying, other = FakeReplica(zctx, eps[0], 0), FakeReplica(zctx, eps[1], 1)
-        client = SchedulerClient(eps)
-        await client.start()
+        c = await joined(eps)
         try:
-            await _until(lambda: all(r.connected for r in client.replicas), "both connections")
+            await until(lambda: all(r.connected for r in c.pool.replicas), "both connections")
             await dying.die()
-            await _until(lambda: not client.healthy, "replica 0 to be seen dead")
-            assert "scheduler dp=0" in client.unhealthy_reason and client.restarting == []
+            await until(lambda: not c.pool.healthy, "replica 0 to be seen dead")
+            assert "scheduler dp=0" in c.pool.unhealthy_reason and c.pool.restarting == []
             await other.die()
         finally:
-            await client.close()
+            await c.close()
             zctx.destroy(0)
 
     asyncio.run(scenario())
@@ -354,7 +296,7 @@ def test_without_healing_one_dead_replica_makes_the_client_unhealthy(tmp_path):
 
 _CLOSE_AS_REPLICAS_DIE = """
 import asyncio, sys, tempfile, zmq, zmq.asyncio
-from serving.http.client import SchedulerClient
+from serving.http.pool import ReplicaPool
 
 async def main(rounds):
     folder = tempfile.mkdtemp()
@@ -367,13 +309,13 @@ async def main(rounds):
             router.setsockopt(zmq.LINGER, 0)
             router.bind(ep)
             routers.append(router)
-        client = SchedulerClient(eps)
-        await client.start()
-        while not all(r.connected for r in client.replicas):
+        pool = ReplicaPool(eps)
+        pool.start(zctx)
+        while not all(r.connected for r in pool.replicas):
             await asyncio.sleep(0.001)
         for router in routers:
             router.close(0)
-        await client.close()
+        await pool.close()
         zctx.destroy(0)
     print("closed", rounds)
 
@@ -401,50 +343,6 @@ def test_closing_while_the_replicas_go_away_never_hangs(tmp_path):
 
 
 # -- replicas a reload or a scale adds and retires --------------------------------------------
-class ReportingSupervisor:
-    """The supervisor's query socket on real ZeroMQ, keeping every report the client sends."""
-
-    def __init__(self, zctx, folder) -> None:
-        import zmq
-
-        self.query = f"ipc://{folder}/query-reports.sock"
-        self.rep = zctx.socket(zmq.REP)
-        self.rep.bind(self.query)
-        self.reports: list[dict] = []
-        self.task = asyncio.ensure_future(self._answer())
-
-    async def _answer(self) -> None:
-        while True:
-            request = json.loads(await self.rep.recv())
-            if request["query"] != "events":
-                self.reports.append(request)
-            await self.rep.send(msgspec.json.encode({"ok": True, "events": []}))
-
-    async def close(self) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-        self.rep.close(0)
-
-
-def _joining(dp: int) -> events.ReplicaJoining:
-    return events.ReplicaJoining(
-        replica=f"scheduler dp={dp}",
-        dp_rank=dp,
-        change="reload",
-        pids=[None],
-        startup_s=0.1,
-        model_path="/m",
-        served_name="m",
-        probe=True,
-    )
-
-
-def _draining(dp: int, in_place: bool = False) -> events.ReplicaDraining:
-    return events.ReplicaDraining(
-        replica=f"scheduler dp={dp}", dp_rank=dp, change="reload", in_place=in_place
-    )
-
-
 def test_a_joining_replica_serves_once_probed_a_draining_one_once_empty_then_requests_wait(
     tmp_path,
 ):
@@ -467,29 +365,16 @@ def test_a_joining_replica_serves_once_probed_a_draining_one_once_empty_then_req
         sup = ReportingSupervisor(zctx, tmp_path)
         old = FakeReplica(zctx, endpoint(0), 0, hold=True)
         new = FakeReplica(zctx, endpoint(1), 1)
-        client = SchedulerClient(
-            [endpoint(0)], query_endpoint=sup.query, endpoint_of=endpoint, wait_s=0.3
-        )
-        await client.start()
+        c = await joined([endpoint(0)], query=sup.query, endpoint_of=endpoint, wait_s=0.3)
         try:
-            await _until(lambda: client.replicas[0].connected, "dp=0 connected")
-            held = asyncio.ensure_future(client.one(lambda rid: messages.EmbedRequest(rid, ["x"])))
-            await _until(lambda: len(old.received) == 1, "a request held by dp=0")
-            client.link.apply(
-                events.ReloadStarted(
-                    id=1,
-                    reason="test",
-                    replicas=[0],
-                    surge=1,
-                    model_path="/m",
-                    served_name="m",
-                    previous_model_path=None,
-                    previous_served_name=None,
-                    changes=[],
-                )
+            await until(lambda: c.pool.replicas[0].connected, "dp=0 connected")
+            held = asyncio.ensure_future(
+                c.dispatcher.one(lambda rid: wire.EmbedRequest(rid, ["x"]))
             )
-            client.link.apply(_joining(1))
-            await _until(lambda: sup.reports, "the probe's report")
+            await until(lambda: len(old.received) == 1, "a request held by dp=0")
+            c.link.apply(reload_started())
+            c.link.apply(joining(1))
+            await until(lambda: sup.reports, "the probe's report")
             assert sup.reports[0] == {
                 "query": "replica.probed",
                 "dp_rank": 1,
@@ -497,22 +382,23 @@ def test_a_joining_replica_serves_once_probed_a_draining_one_once_empty_then_req
                 "error": None,
             }
             assert [type(m).__name__ for m in new.received] == ["EmbedRequest"]  # the probe
-            assert client.replica(1).serving
+            assert c.pool.replica(1).serving
 
-            client.link.apply(_draining(0))
-            await client.one(lambda rid: messages.EmbedRequest(rid, ["y"]))
+            c.link.apply(draining(0))
+            await c.dispatcher.one(lambda rid: wire.EmbedRequest(rid, ["y"]))
             assert len(new.received) == 2 and len(old.received) == 1  # nothing new for dp=0
-            draining = client.replica(0)  # it still holds a request: not drained, not forgotten
-            assert draining is not None and draining.draining and len(sup.reports) == 1
+            held_by = c.pool.replica(0)  # it still holds a request: not drained, not forgotten
+            assert held_by is not None and held_by.draining and len(sup.reports) == 1
             held.cancel()
-            await _until(lambda: len(sup.reports) == 2, "the drained report")
+            await until(lambda: len(sup.reports) == 2, "the drained report")
             assert sup.reports[1] == {"query": "replica.drained", "dp_rank": 0}
-            assert [r.dp_rank for r in client.replicas] == [1]
+            assert [r.dp_rank for r in c.pool.replicas] == [1]
 
-            client.link.apply(_draining(1, in_place=True))
-            await _until(lambda: not client.replicas, "dp=1 drained")
+            c.link.apply(draining(1, in_place=True))
+            await until(lambda: not c.pool.replicas, "dp=1 drained")
             state = AppState(
-                client=client,
+                pool=c.pool,
+                dispatcher=c.dispatcher,
                 metrics=Metrics(),
                 server_args=ServerArgs(),
                 served_name="m",
@@ -525,48 +411,15 @@ def test_a_joining_replica_serves_once_probed_a_draining_one_once_empty_then_req
             assert reply.status_code == 503 and reply.headers["retry-after"] == "5", reply.text
             assert "while a reload replaces it" in reply.json()["error"]["message"]
 
-            client.link.apply(
-                events.ReloadFinished(
-                    id=1, replicas=[2], model_path="/n", served_name="n", seconds=1.0
-                )
-            )
+            c.link.apply(reload_finished())
             with pytest.raises(SchedulerError) as gone:  # no change under way: at once
-                await client.one(lambda rid: messages.EmbedRequest(rid, ["z"]))
+                await c.dispatcher.one(lambda rid: wire.EmbedRequest(rid, ["z"]))
             assert gone.value.status == 503 and gone.value.retry_after is None
             await old.die()
             await new.die()
         finally:
-            await client.close()
+            await c.close()
             await sup.close()
             zctx.destroy(0)
 
     asyncio.run(scenario())
-
-
-def test_a_reload_that_finished_changes_the_model_the_app_reports(tmp_path):
-    from launchspec.server_args import ServerArgs
-    from serving.http.app import AppState
-    from serving.http.metrics import Metrics
-    from serving.http.responses import PlatformSummary
-
-    client = SchedulerClient([])
-    state = AppState(
-        client=client,
-        metrics=Metrics(),
-        server_args=ServerArgs(model_path="/old"),
-        served_name="old",
-        model_path="/old",
-        platform=PlatformSummary(key="builtin:cpu"),
-    )
-    state.context_length = 512
-    told = []
-    client.link.on_model_change = lambda path, name: told.append((path, name))
-    client.link.apply(
-        events.ReloadFinished(id=1, replicas=[0], model_path="/new", served_name="new", seconds=1)
-    )
-    assert told == [("/new", "new")]
-    state.serve_model("/new", "new", kind="embedding", chat=None)
-    assert (state.served_name, state.model_path, state.kind) == ("new", "/new", "embedding")
-    assert state.context_length is None  # asked again of the new replicas
-    assert state.server_args.model_path == "/new" and state.server_args.served_model_name == "new"
-    assert state.wrong_model("old") is not None and state.wrong_model("new") is None
