@@ -139,8 +139,7 @@ def model_kind(path: str | Path) -> str | None:
     pipeline's model_index.json); None when it holds neither."""
     facts = read_model_facts(path)
     if facts is not None:
-        causal = facts.architecture is not None and is_causal_lm(facts.architecture)
-        return GENERATION if causal else EMBEDDING
+        return GENERATION if facts.causal else EMBEDDING
     if (Path(path) / "model_index.json").is_file():
         return IMAGE
     return None

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bootstrap import resolve
+from launchspec.model_config import model_kind
 from launchspec.runtimes import serving_spec
 from serving.distributed import EndpointDirectory, replica_node
 from serving.wire import scheduler_endpoint_name
@@ -294,20 +295,6 @@ def _wait_for_replica_s(server_args: ServerArgs) -> float:
     if timeout <= 0:
         return server_args.startup_timeout
     return max(timeout - min(0.5, timeout / 10), 0.0)
-
-
-def model_kind(path: Path) -> str | None:
-    """What the model directory at ``path`` serves, from its files: ``generation`` (a causal LM's
-    config.json), ``embedding`` (any other config.json), ``image`` (a diffusers pipeline's
-    model_index.json); None when it says neither."""
-    from launchspec.model_config import read_model_facts
-
-    facts = read_model_facts(path)
-    if facts is not None:
-        return "generation" if facts.causal else "embedding"
-    if (path / "model_index.json").is_file():
-        return "image"
-    return None
 
 
 def _heals(server_args: ServerArgs) -> bool:
