@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m launchspec.gguf_cache [FILE.gguf ...]``: convert each file into the cache now
     (none: the embedded chat model, as the install does). Exit 2 for a refused file."""
     logging.basicConfig(level=logging.INFO, format="sglang-launch: %(message)s")
-    from launchspec.model_source import CHAT_MODEL, ModelSourceError, embedded_file
+    from launchspec.embedded_models import CHAT_MODEL, ModelSourceError, embedded_file
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -1,7 +1,7 @@
 """The ASGI layer of the HTTP child: the route table, request handling, the API key, the body
 limit, errors and ``/openapi.json``.
 
-``create_app(state)`` serves the built-in routes (``serving.http.routes``: ``/health``, ``/ping``,
+``serving.http.routes.create_app(state)`` serves the built-in routes (``serving.http.routes``: ``/health``, ``/ping``,
 ``/health_generate``, ``/ready``, ``/v1/models``, ``/v1/embeddings``, ``/v1/completions``,
 ``/v1/chat/completions``, ``/generate``, ``/get_model_info``, ``/get_server_info``, ``/metrics``,
 ``/openapi.json``, ``/docs``) and the routes of the launch's runtime
@@ -47,7 +47,7 @@ from serving.http.pool import ReplicaPool
 from serving.http.replica import SchedulerError
 from serving.http.responses import ErrorBody, PlatformSummary, error_body
 from serving.http.schemas import Body, BodyError, decode_body
-from serving.http.streaming import event_stream, sse, unless_disconnected
+from serving.http.streaming import event_stream, sse
 from serving.http.supervisor_link import QuerySocket
 
 __all__ = [  # the names plugins and the runtimes' route functions import from here
@@ -59,7 +59,6 @@ __all__ = [  # the names plugins and the runtimes' route functions import from h
     "Route",
     "RouteKit",
     "Send",
-    "create_app",
     "error_body",
     "error_response",
     "event_stream",
@@ -476,17 +475,3 @@ async def _send_error(
         }
     )
     await send({"type": "http.response.body", "body": body})
-
-
-def create_app(state: AppState, lifespan: Lifespan | None = None) -> App:
-    """The app of the built-in routes and the runtime's; ``lifespan`` (``server.connected``) runs
-    for its ASGI lifespan."""
-    from serving.http.routes import builtin_routes  # they build on this module
-
-    app = App(state, [], lifespan)
-    for route in builtin_routes(app):
-        app.add_route(route)
-    if state.api_routes is not None:
-        for route in state.api_routes(RouteKit(state, state.wrong_model, unless_disconnected)):
-            app.add_route(route)
-    return app

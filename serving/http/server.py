@@ -145,10 +145,11 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
     """The ASGI app for ``server_args`` talking to the schedulers of ``ctx``'s launch: the one
     place the HTTP child's parts are made and joined (the pool of replicas, the dispatcher
     over it, the supervisor's query socket, the link that applies the supervisor's events)."""
-    from serving.http.app import AppState, create_app
+    from serving.http.app import AppState
     from serving.http.dispatcher import Dispatcher
     from serving.http.metrics import Metrics
     from serving.http.pool import ReplicaPool
+    from serving.http.routes import create_app
     from serving.http.supervisor_link import QuerySocket, SupervisorLink
 
     spec = serving_spec(server_args.runtime)

@@ -11,11 +11,12 @@ import httpx
 import pytest
 
 from launchspec.server_args import ServerArgs
-from serving.http.app import AppState, create_app
+from serving.http.app import AppState
 from serving.http.dispatcher import Dispatcher
 from serving.http.metrics import Metrics
 from serving.http.pool import ReplicaPool
 from serving.http.responses import PlatformSummary
+from serving.http.routes import create_app
 
 
 def make_app(**state):

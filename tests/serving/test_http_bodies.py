@@ -19,12 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from launchspec.server_args import ServerArgs
-from serving.http.app import App, AppState, create_app
+from serving.http.app import App, AppState
 from serving.http.dispatcher import Dispatcher
 from serving.http.images import add_image_routes
 from serving.http.metrics import Metrics
 from serving.http.pool import ReplicaPool
 from serving.http.responses import PlatformSummary
+from serving.http.routes import create_app
 
 # A body each route accepts; the faults are made from it.
 VALID: dict[str, dict[str, Any]] = {

@@ -17,13 +17,14 @@ import pytest
 
 from launchspec.server_args import ServerArgs
 from serving.http import responses
-from serving.http.app import AppState, Route, create_app
+from serving.http.app import AppState, Route
 from serving.http.dispatcher import Dispatcher
 from serving.http.images import add_image_routes
 from serving.http.metrics import Metrics
 from serving.http.pool import ReplicaPool
 from serving.http.replica import SchedulerError
 from serving.http.responses import PlatformSummary
+from serving.http.routes import create_app
 
 REF = "#/components/schemas/{name}"
 

@@ -25,11 +25,12 @@ from support.replicas import (
 
 from launchspec.server_args import ServerArgs
 from serving import wire
-from serving.http.app import AppState, create_app
+from serving.http.app import AppState
 from serving.http.dispatcher import Dispatcher
 from serving.http.metrics import Metrics
 from serving.http.pool import ReplicaPool
 from serving.http.responses import PlatformSummary
+from serving.http.routes import create_app
 from serving.http.server import change_model, connected
 from serving.http.supervisor_link import QuerySocket, SupervisorLink
 

@@ -353,9 +353,10 @@ def test_a_joining_replica_serves_once_probed_a_draining_one_once_empty_then_req
     import zmq.asyncio
 
     from launchspec.server_args import ServerArgs
-    from serving.http.app import AppState, create_app
+    from serving.http.app import AppState
     from serving.http.metrics import Metrics
     from serving.http.responses import PlatformSummary
+    from serving.http.routes import create_app
 
     def endpoint(dp: int) -> str:
         return f"ipc://{tmp_path}/j{dp}.sock"

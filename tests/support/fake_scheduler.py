@@ -31,11 +31,12 @@ import zmq.asyncio
 
 from launchspec.server_args import ServerArgs
 from serving import wire
-from serving.http.app import App, AppState, create_app
+from serving.http.app import App, AppState
 from serving.http.dispatcher import Dispatcher
 from serving.http.metrics import Metrics
 from serving.http.pool import ReplicaPool
 from serving.http.responses import PlatformSummary
+from serving.http.routes import create_app
 from serving.http.server import connected
 from serving.http.supervisor_link import SupervisorLink
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from serving.http.app import App, Route
+from serving.http.app import App, AppState, Lifespan, Route, RouteKit
 from serving.http.responses import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -33,6 +33,7 @@ from serving.http.schemas import (
     EmbeddingRequest,
     GenerateRequest,
 )
+from serving.http.streaming import unless_disconnected
 
 # The request fields the schedulers name in their refusals, as each route calls them.
 COMPLETION_FIELDS = {"input": "prompt", "max_new_tokens": "max_tokens"}
@@ -166,3 +167,15 @@ def builtin_routes(app: App) -> list[Route[Any]]:
         Route("GET", "/openapi.json", partial(info.openapi, app), "this document", in_schema=False),
         Route("GET", "/docs", partial(info.docs, app), "the API, browsable", in_schema=False),
     ]
+
+
+def create_app(state: AppState, lifespan: Lifespan | None = None) -> App:
+    """The app of the built-in routes and the runtime's; ``lifespan`` (``server.connected``) runs
+    for its ASGI lifespan."""
+    app = App(state, [], lifespan)
+    for route in builtin_routes(app):
+        app.add_route(route)
+    if state.api_routes is not None:
+        for route in state.api_routes(RouteKit(state, state.wrong_model, unless_disconnected)):
+            app.add_route(route)
+    return app
