@@ -20,7 +20,9 @@ registered (``import_model_classes``). That is why the registry lives here, in t
 that both the launcher and the workers read, standard library only: a callback may call it in any
 process, and only the scheduler, which loads the model, pays for the import. What a registration
 means is checked when the classes are imported, not when ``register`` is called: an architecture
-registered twice without ``overwrite`` is a ``ValueError`` then, naming it.
+registered twice without ``overwrite`` is a ``ValueError`` then, naming it. Only a package that
+cannot be found at all fails at ``register`` (``ModuleNotFoundError``, raised in the plugin's
+callback, so the launch stops at start-up naming the plugin), checked where that costs no import.
 
 A module of the package whose import fails (it imports SGLang internals this project does not
 provide, say) is skipped with a warning, as SGLang skips it; ``strict=True`` makes that an error.
@@ -30,8 +32,10 @@ Assigning ``ModelRegistry.models[arch] = cls`` registers a class already importe
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import pkgutil
+import sys
 import threading
 from collections.abc import KeysView
 from typing import Any
@@ -81,6 +85,22 @@ def import_model_classes(package_name: str, strict: bool = False) -> dict[str, t
     return found
 
 
+def _check_locatable(name: str) -> None:
+    """``ModuleNotFoundError`` when ``name`` cannot be found, as SGLang's own ``register`` fails
+    at once (it imports the package there and then). Only checked where the parent package is
+    already imported (a plugin registering its own ``vendor_pkg.models``), so that finding it
+    imports nothing: the package itself is still imported only where a model is loaded."""
+    parent = name.rpartition(".")[0]
+    if parent and parent not in sys.modules:
+        return
+    if importlib.util.find_spec(name) is None:
+        raise ModuleNotFoundError(
+            f"ModelRegistry.register({name!r}): there is no module named {name!r}; register the "
+            f"package that holds the plugin's model modules (each defining EntryClass)",
+            name=name,
+        )
+
+
 class _ModelRegistry:
     """The architectures plugins registered classes for (see the module docstring)."""
 
@@ -99,9 +119,11 @@ class _ModelRegistry:
                 f"ModelRegistry.register takes a package name such as 'vendor_pkg.models', "
                 f"not {package_name!r}"
             )
+        name = package_name.strip()
+        _check_locatable(name)
         with self._lock:
-            self._pending.append((package_name.strip(), bool(overwrite), bool(strict)))
-            self._registered.append(package_name.strip())
+            self._pending.append((name, bool(overwrite), bool(strict)))
+            self._registered.append(name)
 
     def packages(self) -> list[str]:
         """The packages registered in this process, in order (none of them imported by this)."""

@@ -70,6 +70,34 @@ def default_model_path() -> str | None:
         return None
 
 
+def model_path_as_path(model_path: str | None) -> str | None:
+    """``--model-path`` as the path string platform and plugin code reads (as in SGLang, where it
+    is always a path): None (no ``--model-path``) is the embedded default's file, an embedded
+    model's name is where that model is; anything else, or an embedded model whose package is
+    missing, is left as given (``resolve_model`` then says what to install)."""
+    if model_path is None:
+        return default_model_path()
+    name = str(model_path)
+    if name in EMBEDDED and not Path(name).expanduser().exists():
+        try:
+            return str(embedded_file(EMBEDDED[name]))
+        except ModelSourceError:
+            return name
+    return model_path
+
+
+def _embedded_at(path: Path) -> EmbeddedModel | None:
+    """The embedded model whose location ``path`` is, if any."""
+    for model in EMBEDDED.values():
+        try:
+            location = embedded_file(model)
+        except ModelSourceError:
+            continue
+        if path.resolve() == location.resolve():
+            return model
+    return None
+
+
 def resolve_model(
     model_path: str | os.PathLike[str] | None, served_model_name: str | None = None
 ) -> ModelSource:
@@ -80,9 +108,9 @@ def resolve_model(
     if model_path is None or str(model_path) == "":
         return _embedded(DEFAULT_MODEL, served_model_name, default=True)
     path = Path(model_path).expanduser()
-    default = default_model_path()
-    if default is not None and path.resolve() == Path(default).resolve():
-        return _embedded(DEFAULT_MODEL, served_model_name, default=True)
+    embedded = _embedded_at(path)  # an embedded model's own location: served under its name
+    if embedded is not None:
+        return _embedded(embedded, served_model_name, default=embedded is DEFAULT_MODEL)
     if not path.exists():
         if str(model_path) in EMBEDDED:
             return _embedded(EMBEDDED[str(model_path)], served_model_name, default=False)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bootstrap.payload import PayloadError, decode_payload, encode_payload
-from launchspec.model_source import default_model_path, resolve_model
+from launchspec.model_source import model_path_as_path, resolve_model
 from launchspec.runtimes import SERVING, serving_spec
 
 if TYPE_CHECKING:
@@ -255,8 +255,8 @@ class ServerArgs:
     )
 
     def __post_init__(self) -> None:
-        """Fill in the runtime's worker target and, without ``--model-path``, the embedded
-        default model's folder (platform and plugin code reads ``model_path`` as a path string,
+        """Fill in the runtime's worker target and turn ``--model-path`` into a path where it
+        names an embedded model or is absent (the embedded default's file) (platform and plugin code reads ``model_path`` as a path string,
         as in SGLang), then let the runtime's selected platform set its defaults (the spec's
         lifecycle hook)."""
         if self.runtime not in SERVING:
@@ -264,8 +264,9 @@ class ServerArgs:
         spec = serving_spec(self.runtime)
         if self.scheduler_target is None:
             self.scheduler_target = spec.worker_target
-        if self.model_path is None and spec.model_check is resolve_model:
-            self.model_path = default_model_path()  # None: check_server_args says what to install
+        if spec.model_check is resolve_model:
+            # None (no package): check_server_args says what to install.
+            self.model_path = model_path_as_path(self.model_path)
         platforms = importlib.import_module(spec.platform.platform_module)
         platforms.current_platform.apply_server_args_defaults(self)
 

@@ -28,8 +28,9 @@ line and its ``server.stopped`` event repeat.
 The child takes part in reloads and scales (its ready report says ``probes_replicas``): it
 probes each replica they start before routing to it, drains each they retire, and the app's
 model (``AppState.serve_model``: name, path, kind, chat template) changes once a reload
-finished: ``change_model`` reads the new model's files and loads its tokenizer in a thread, and
-swaps it in when that is done, so nothing that loads or imports runs on the event loop.
+finished: ``ModelReads`` reads the new model's files and loads its tokenizer in a thread from the
+reload's start, and swaps it in at its end, so nothing that loads or imports runs on the event
+loop and the swap waits for little.
 """
 
 from __future__ import annotations
@@ -192,6 +193,7 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
         kind=model.kind,
         chat=model.chat,
     )
+    reads = ModelReads(state)
     link = SupervisorLink(
         pool,
         dispatcher,
@@ -200,7 +202,8 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
         tp_size=tp_size,
         metrics=metrics,
         probe_timeout_s=server_args.startup_timeout,
-        on_model_change=functools.partial(change_model, state),
+        on_model_coming=reads.begin,
+        on_model_change=reads.finish,
     )
     return create_app(state, functools.partial(connected, pool, queries, link))
 
@@ -262,19 +265,51 @@ def served_model(
     return ServedModel(source.path, source.served_name, kind, chat)
 
 
+class ModelReads:
+    """The routes' side of a reload: the new model's files are read (its kind, tokenizer and chat
+    template) in a thread from the moment the reload starts (``begin``), so that when it finishes
+    (``finish``) the swap waits for nothing already done; the event loop goes on serving
+    meanwhile. When reading fails the routes go on with the model they had (logged)."""
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self._reads: dict[tuple[str | None, str | None], asyncio.Future[ServedModel]] = {}
+
+    def _read(self, model_path: str | None, served_name: str | None) -> asyncio.Future[ServedModel]:
+        key = (model_path, served_name)
+        read = self._reads.get(key)
+        if read is None:
+            read = asyncio.ensure_future(
+                asyncio.to_thread(
+                    served_model, self.state.server_args, model_path, served_name, reloaded=True
+                )
+            )
+            read.add_done_callback(lambda f: f.cancelled() or f.exception())  # no "never retrieved"
+            self._reads = {key: read}  # only the newest reload's read is kept
+        return read
+
+    def begin(self, model_path: str | None, served_name: str | None) -> None:
+        """A reload to ``model_path`` served as ``served_name`` started: read it ahead."""
+        self._read(model_path, served_name)
+
+    async def finish(self, model_path: str | None, served_name: str | None) -> None:
+        """The reload finished: swap the model in once read."""
+        try:
+            new = await asyncio.shield(self._read(model_path, served_name))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the schedulers serve it; the routes keep what they know
+            log.exception("cannot read the reloaded model %s (%s)", served_name, model_path)
+            return
+        finally:
+            self._reads.pop((model_path, served_name), None)
+        self.state.serve_model(str(new.path), new.served_name, kind=new.kind, chat=new.chat)
+        log.info("the routes serve %s (%s, %s) from now on", new.served_name, new.path, new.kind)
+
+
 async def change_model(state: AppState, model_path: str | None, served_name: str | None) -> None:
-    """A reload finished: learn what the routes need of the new model in a thread (the event loop
-    goes on serving meanwhile), then swap it in; the routes go on with the model they had when
-    that fails (logged)."""
-    try:
-        new = await asyncio.to_thread(
-            served_model, state.server_args, model_path, served_name, reloaded=True
-        )
-    except Exception:  # noqa: BLE001 - the schedulers serve it; the routes keep what they know
-        log.exception("cannot read the reloaded model %s (%s)", served_name, model_path)
-        return
-    state.serve_model(str(new.path), new.served_name, kind=new.kind, chat=new.chat)
-    log.info("the routes serve %s (%s, %s) from now on", new.served_name, new.path, new.kind)
+    """A reload finished with no read begun ahead: read the new model, then swap it in."""
+    await ModelReads(state).finish(model_path, served_name)
 
 
 def chat_template(path: Path, kind: str | None, server_args: ServerArgs) -> ChatTemplate | None:

@@ -15,7 +15,8 @@ it sends back.
   ``removed`` forget it; ``reload.*`` / ``scale.*`` say a change is under way (a request that
   finds no replica of its kind then waits for one) and ``reload.finished`` names the model served
   from then on: ``on_model_change(model_path, served_name)`` runs in a task of its own (the work
-  it awaits runs off the event loop), a newer change cancelling one still running.
+  it awaits runs off the event loop), a newer change cancelling one still running;
+  ``reload.started`` calls ``on_model_coming`` with the same arguments, to read the model ahead.
 
 Reports go to the supervisor's query socket (``QuerySocket``: ``ctx.query_endpoint``, a REQ per
 question), which the routes ask too (``/get_server_info``'s workers). A lost
@@ -58,7 +59,8 @@ class SupervisorLink:
     """Listens to the supervisor at ``ops_endpoint`` (None: nothing to listen to) for ``pool``,
     and asks and reports to it through ``queries``.
     ``tp_size`` maps a scheduler rank in an ops topic to its replica; ``probe_timeout_s`` bounds
-    a joining replica's probe; ``on_model_change`` is what a finished reload runs."""
+    a joining replica's probe; ``on_model_change`` is what a finished reload runs,
+    ``on_model_coming`` (same arguments, not awaited) what a starting one calls."""
 
     CATCH_UP_S = 2.0  # while a replica restarts or a change runs: how often to ask for events
 
@@ -73,6 +75,7 @@ class SupervisorLink:
         metrics: Metrics | None = None,
         probe_timeout_s: float = 60.0,
         on_model_change: ModelChange | None = None,
+        on_model_coming: Callable[[str | None, str | None], None] | None = None,
     ) -> None:
         self.pool = pool
         self.dispatcher = dispatcher
@@ -82,6 +85,7 @@ class SupervisorLink:
         self.metrics = metrics
         self.probe_timeout_s = probe_timeout_s
         self.on_model_change = on_model_change
+        self.on_model_coming = on_model_coming
         self.seq = 0  # the last supervisor event applied
         self._tasks: set[asyncio.Task[Any]] = set()
         self._model_change: asyncio.Task[None] | None = None
@@ -196,6 +200,8 @@ class SupervisorLink:
                 pool.forget(event.dp_rank)
             case events.ReloadStarted() | events.ScaleStarted():
                 pool.change_started()
+                if isinstance(event, events.ReloadStarted) and self.on_model_coming is not None:
+                    self.on_model_coming(event.model_path, event.served_name)
                 if isinstance(event, events.ScaleStarted):
                     pool.set_heals(event.restart_policy == "on-failure")
             case events.ReloadFinished():

@@ -17,7 +17,7 @@ import subprocess
 
 import httpx
 import pytest
-from support import make_dist
+from support import make_dist, wait_for
 from support.serving import cli_command, server_env, start_server
 
 pytestmark = pytest.mark.e2e
@@ -56,15 +56,26 @@ def test_workers_report_their_manifests_and_the_odd_one_is_named(site, tmp_path)
     env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
     server = start_server(["--dp-size", "2"], tmp_path, "manifest", env=env)
     try:
-        status = subprocess.run(
-            [*cli_command(), "status", "--json", "--pid", str(server.proc.pid)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
+
+        def status() -> dict:
+            done = subprocess.run(
+                [*cli_command(), "status", "--json", "--pid", str(server.proc.pid)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+            )
+            assert done.returncode == 0, done.stderr
+            return {w["name"]: w for w in json.loads(done.stdout)["workers"]}
+
+        # /ready answers once the schedulers do; a worker's manifest comes with its ready
+        # report to the supervisor, which may be a moment behind.
+        workers: dict = {}
+        wait_for(
+            lambda: all(w["manifest"] for w in workers.update(status()) or workers.values()),
+            60,
+            "every worker's ready report (with its manifest)",
         )
-        assert status.returncode == 0, status.stderr
-        workers = {w["name"]: w for w in json.loads(status.stdout)["workers"]}
         assert set(workers) == {"http.0", "scheduler.0", "scheduler.1"}
         for name, worker in workers.items():
             manifest = worker["manifest"]

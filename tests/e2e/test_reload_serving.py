@@ -284,7 +284,9 @@ def test_a_reload_from_embeddings_to_a_causal_lm_is_refused_unless_forced(tmp_pa
             "generation",
         )
         assert "reload 1 changes what the server serves, from embedding" in server.log
-        assert _served(server) == ["llama-a"]
+        # The HTTP child swaps its model in as it sees reload.finished (read ahead since
+        # reload.started), the moment the CLI does too.
+        wait_for(lambda: _served(server) == ["llama-a"], 60, "/v1/models to name the new model")
         reply = httpx.post(
             server.url + "/generate",
             json={"text": "a cat", "sampling_params": {"max_new_tokens": 2}},

@@ -17,6 +17,7 @@ project's own modules (``hooks.compat`` with the launcher's table). Installed wi
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import textwrap
 
@@ -262,7 +263,10 @@ VENDOR_PLUGIN = {
             from sglang.srt.models.registry import ModelRegistry
 
             ModelRegistry.register("tile_vendor.models", overwrite=True)
+            if os.getenv("TILE_KERNELS") != "0":
+                from sglang.srt.layers.quantization import QUANTIZATION_METHODS  # noqa: F401
     """,
+    "tile_vendor/models/__init__.py": "",
     "tile_vendor/platform.py": """
         import os
 
@@ -318,7 +322,7 @@ def test_a_vendor_platform_written_for_sglang_stops_honestly_then_serves_without
         timeout=120,
     )
     assert stopped.returncode == 5, stopped.stderr
-    assert "No module named 'sglang.srt.models'" in stopped.stderr
+    assert "No module named 'sglang.srt.layers'" in stopped.stderr
     assert "sglang-launch provides SGLang 0.5.23's plugin surface only" in stopped.stderr
     hint = stopped.stderr.partition("start without this plugin: ")[2].split()
     assert hint[:2] == ["SGLANG_PLATFORM=tile", "SGLANG_PLUGINS=,"], stopped.stderr
@@ -341,3 +345,24 @@ def test_a_vendor_platform_written_for_sglang_stops_honestly_then_serves_without
     from launchspec.model_source import embedding_model_dir
 
     assert str(embedding_model_dir()) in seen.read_text().splitlines(), seen.read_text()
+
+
+def test_a_plugin_registering_a_model_package_it_does_not_ship_stops_at_start_up(
+    vendor_site, tmp_path
+):
+    """ModelRegistry.register of a package that is not there fails in the plugin's callback, as
+    in SGLang: a set-up error naming the plugin, before any worker loads a model."""
+    broken = tmp_path / "broken-site"
+    shutil.copytree(vendor_site, broken)
+    shutil.rmtree(broken / "tile_vendor" / "models")
+    environ = server_env(SGLANG_USE_CPU_ENGINE=None, TILE_PRESENT="1", TILE_KERNELS="0")
+    environ["TILE_SEEN"] = str(tmp_path / "seen")
+    environ["PYTHONPATH"] = f"{broken}:{environ['PYTHONPATH']}"
+    stopped = subprocess.run(
+        [*cli_command(), "--port", "1"], capture_output=True, text=True, env=environ, timeout=120
+    )
+    assert stopped.returncode == 5, stopped.stderr
+    assert "ModelRegistry.register('tile_vendor.models')" in stopped.stderr, stopped.stderr
+    assert "a required plugin failed to load in the launcher process" in stopped.stderr
+    assert "fix or reinstall tile-vendor-plugin" in stopped.stderr, stopped.stderr
+    assert "scheduler.0" not in stopped.stderr  # no worker was started

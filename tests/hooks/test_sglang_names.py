@@ -146,11 +146,13 @@ import importlib.util
 def register():
     if importlib.util.find_spec("sglang") is None:
         return "no sglang"
+    from sglang.srt.models.registry import ModelRegistry  # provided: its models register
+
     try:
-        from sglang.srt.models.registry import ModelRegistry
-    except ImportError as exc:
-        return f"fallback: {exc.name}"
-    return "registered"
+        from sglang.srt.layers.quantization import QUANTIZATION_METHODS
+    except ImportError as exc:  # not provided: the plugin takes its own fallback
+        return f"registered; quantization fallback: {exc.name}"
+    return "registered; quantization registered"
 """
 
 
@@ -168,4 +170,4 @@ def test_the_aliases_name_the_sglang_version_they_provide_and_refuse_its_interna
     assert all(module in message for module in MODULES), message
     assert "a plugin that imports sglang.srt.configs needs SGLang itself" in message
     assert data["find_spec"] == ["NotProvidedError", "sglang.srt.layers"]
-    assert data["registered"] == "fallback: sglang.srt.models"
+    assert data["registered"] == "registered; quantization fallback: sglang.srt.layers"

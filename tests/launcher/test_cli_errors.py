@@ -164,9 +164,11 @@ def test_platform_code_reads_the_embedded_default_model_as_a_path(site, tmp_path
         PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),
     )
     assert run.returncode == 2 and "--max-batch-size 0" in run.stderr, run.stderr
-    from launchspec.model_source import embedding_model_dir
+    from launchspec.model_source import default_model_path
 
-    assert seen.read_text() == str(embedding_model_dir()), run.stderr
+    # The embedded default is the chat model's GGUF file inside its package.
+    assert seen.read_text() == default_model_path(), run.stderr
+    assert seen.read_text().endswith(".gguf"), run.stderr
 
 
 @pytest.mark.e2e
