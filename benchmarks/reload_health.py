@@ -17,7 +17,8 @@ replica that serves embeddings while one exists, so none should fail before that
 Target: ``/health`` under 100 ms at the 99th percentile during any reload.
 
     .venv/bin/python benchmarks/reload_health.py [--clients 2] [--interval 0.02]
-        [--reload-args "..."]   (extra options for ``sglang-launch reload``)
+        [--reload-args="..."]   (extra options for ``sglang-launch reload``; both reloads pass
+                                 ``--allow-kind-change``)
 """
 
 from __future__ import annotations
@@ -203,7 +204,8 @@ def main() -> int:
     parser.add_argument("--dp-size", type=int, default=2)
     parser.add_argument("--reload-args", default="", help="extra options for the reload")
     ns = parser.parse_args()
-    extra = shlex.split(ns.reload_args)
+    # The first reload changes the kind (embeddings to generation), which must be asked for.
+    extra = ["--allow-kind-change", *shlex.split(ns.reload_args)]
 
     runtime_dir = tempfile.mkdtemp(prefix="sglh")
     env = server_env(XDG_RUNTIME_DIR=runtime_dir)
