@@ -27,7 +27,6 @@ This is not a test (it asserts nothing): it prints what happened, for the figure
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -44,9 +43,9 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from support.serving import (  # noqa: E402
+    Clients,
     build_tiny_llama,
     cli_command,
-    embedding_body,
     server_env,
     start_server,
 )
@@ -56,56 +55,6 @@ CASES = ("reloads", "bad-reloads", "sighup", "scale-streams", "launcher-kill", "
 
 
 # -- clients ----------------------------------------------------------------------------------------
-class Embeddings:
-    """``count`` threads posting embeddings back to back (``pause`` s after each answer)."""
-
-    def __init__(self, url: str, count: int = 4, pause: float = 0.02) -> None:
-        self.url, self.pause = url, pause
-        self.ok = 0
-        self.errors: list[str] = []
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.threads = [
-            threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(count)
-        ]
-        for t in self.threads:
-            t.start()
-
-    def _run(self, k: int) -> None:
-        import httpx
-
-        with httpx.Client(timeout=120, headers={"content-type": "application/json"}) as c:
-            i = 0
-            while not self.stop.is_set():
-                try:
-                    r = c.post(
-                        self.url + "/v1/embeddings",
-                        content=json.dumps(embedding_body(k * 100000 + i)),
-                    )
-                    note = None if r.status_code == 200 else f"{r.status_code} {r.text[:160]}"
-                except httpx.HTTPError as exc:
-                    note = f"{type(exc).__name__}: {exc}"
-                with self.lock:
-                    if note is None:
-                        self.ok += 1
-                    else:
-                        self.errors.append(note)
-                i += 1
-                self.stop.wait(self.pause)
-
-    def take(self) -> tuple[int, list[str]]:
-        """The answers and errors since the last call."""
-        with self.lock:
-            ok, errors = self.ok, self.errors
-            self.ok, self.errors = 0, []
-        return ok, errors
-
-    def finish(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=180)
-
-
 def stream_body(i: int, tokens: int = 400) -> dict:
     return {
         "text": f"a story, number {i}:",
@@ -281,7 +230,7 @@ def embedding_cases(lab: Lab, cases: set[str], reloads: int) -> None:
     from launchspec.model_source import embedding_model_dir
 
     server = lab.server(["--dp-size", "2"], "embed")
-    load = Embeddings(server.url)
+    load = Clients(server.url, 4, pause=0.02)
     try:
         until(lambda: load.ok > 20, 60, "the load to run")
         load.take()

@@ -27,7 +27,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -35,54 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from support.serving import cli_command, embedding_body, server_env, start_server  # noqa: E402
-
-
-class Clients:
-    """``count`` threads posting embeddings back to back (``pause`` s after each answer),
-    keeping the time of every answer and every error."""
-
-    def __init__(self, url: str, count: int, pause: float) -> None:
-        self.url, self.pause = url, pause
-        self.done: list[float] = []
-        self.errors: list[str] = []
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.threads = [
-            threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(count)
-        ]
-        for t in self.threads:
-            t.start()
-
-    def _run(self, k: int) -> None:
-        import httpx
-
-        with httpx.Client(timeout=120, headers={"content-type": "application/json"}) as c:
-            i = 0
-            while not self.stop.is_set():
-                try:
-                    r = c.post(
-                        self.url + "/v1/embeddings",
-                        content=json.dumps(embedding_body(k * 100000 + i)),
-                    )
-                    ok = r.status_code == 200
-                    note = f"{r.status_code} {r.text[:120]}"
-                except httpx.HTTPError as exc:
-                    ok, note = False, f"{type(exc).__name__}: {exc}"
-                with self.lock:
-                    (self.done.append(time.monotonic()) if ok else self.errors.append(note))
-                i += 1
-                if self.pause:
-                    self.stop.wait(self.pause)
-
-    def served(self, start: float, end: float) -> int:
-        with self.lock:
-            return sum(start <= t < end for t in self.done)
-
-    def finish(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=180)
+from support.serving import Clients, cli_command, server_env, start_server  # noqa: E402
 
 
 def reload(server, env: dict[str, str]) -> tuple[list[dict], float]:
@@ -146,7 +98,7 @@ def main() -> int:
     )
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(args, Path(tmp), "reload-bench", env=env)
-        clients = Clients(server.url, ns.clients, ns.pause)
+        clients = Clients(server.url, ns.clients, pause=ns.pause)
         try:
             time.sleep(5)  # the clients reach their pace before anything is counted
             print(f"--dp-size {ns.dp_size}, {ns.clients} clients pausing {ns.pause * 1000:.0f} ms")
@@ -203,8 +155,8 @@ def main() -> int:
                     f"{took:.1f}s after it: {quiet} ({quiet / took:.1f}/s); ratio {ratio:.2f}x"
                 )
             print(
-                f"client errors: {len(clients.errors)}"
-                + (f" (first: {clients.errors[0]})" if clients.errors else "")
+                f"client errors: {len(clients.errors())}"
+                + (f" (first: {clients.errors()[0]})" if clients.errors() else "")
             )
         finally:
             clients.finish()

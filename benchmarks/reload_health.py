@@ -41,9 +41,9 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from support.serving import (  # noqa: E402
+    Clients,
     build_tiny_llama,
     cli_command,
-    embedding_body,
     give_chat_template,
     server_env,
     start_server,
@@ -57,13 +57,10 @@ class Watch:
     def __init__(self, url: str, clients: int, interval: float) -> None:
         self.url, self.interval = url, interval
         self.health: list[tuple[float, float]] = []  # (sent at, seconds to the answer)
-        self.failed: list[tuple[float, str]] = []  # (time.time(), what)
-        self.embedded: list[float] = []
+        self.embeddings = Clients(url, clients)
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._probe, daemon=True)] + [
-            threading.Thread(target=self._embed, args=(k,), daemon=True) for k in range(clients)
-        ]
+        self.threads = [threading.Thread(target=self._probe, daemon=True)]
         for t in self.threads:
             t.start()
 
@@ -94,41 +91,19 @@ class Watch:
                 await asyncio.sleep(self.interval)
             await asyncio.gather(*pending, return_exceptions=True)
 
-    def _embed(self, k: int) -> None:
-        import httpx
-
-        with httpx.Client(timeout=120, headers={"content-type": "application/json"}) as c:
-            i = 0
-            while not self.stop.is_set():
-                try:
-                    r = c.post(
-                        self.url + "/v1/embeddings",
-                        content=json.dumps(embedding_body(k * 100000 + i)),
-                    )
-                    note = "" if r.status_code == 200 else f"{r.status_code} {r.text[:100]}"
-                except httpx.HTTPError as exc:
-                    note = f"{type(exc).__name__}: {exc}"
-                with self.lock:
-                    if note:
-                        self.failed.append((time.time(), note))
-                    else:
-                        self.embedded.append(time.monotonic())
-                i += 1
-
     def latencies(self, start: float, end: float) -> list[float]:
         with self.lock:
             return sorted(s for t, s in self.health if start <= t < end)
 
     def errors(self, start: float, end: float) -> list[str]:
         """The embedding errors between wall-clock times ``start`` and ``end``."""
-        with self.lock:
-            return [note for t, note in self.failed if start <= t < end]
+        return self.embeddings.errors(start, end)
 
     def served(self, start: float, end: float) -> int:
-        with self.lock:
-            return sum(start <= t < end for t in self.embedded)
+        return self.embeddings.served(start, end)
 
     def finish(self) -> None:
+        self.embeddings.finish()
         self.stop.set()
         for t in self.threads:
             t.join(timeout=180)

@@ -344,6 +344,79 @@ def run_load(
     }
 
 
+class Clients:
+    """``count`` threads, each with one keep-alive connection, posting ``make_body(k * 100000 +
+    i)`` to ``path`` back to back (``pause`` seconds after each answer) until ``finish()``. Keeps
+    the time of every answer (``time.monotonic()``) and of every failure (``time.time()``, with
+    what failed), for the benchmarks that count what a window of time served."""
+
+    def __init__(
+        self, url: str, count: int, make_body=None, *, pause: float = 0.0, path="/v1/embeddings"
+    ) -> None:
+        import threading
+
+        self.url, self.path, self.pause = url, path, pause
+        self.make_body = make_body or embedding_body
+        self.answered: list[float] = []
+        self.failed: list[tuple[float, str]] = []
+        self._taken = (0, 0)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(count)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, k: int) -> None:
+        import httpx
+
+        with httpx.Client(timeout=120, headers={"content-type": "application/json"}) as c:
+            i = 0
+            while not self.stop.is_set():
+                try:
+                    r = c.post(
+                        self.url + self.path, content=json.dumps(self.make_body(k * 100000 + i))
+                    )
+                    note = None if r.status_code == 200 else f"{r.status_code} {r.text[:160]}"
+                except httpx.HTTPError as exc:
+                    note = f"{type(exc).__name__}: {exc}"
+                with self.lock:
+                    if note is None:
+                        self.answered.append(time.monotonic())
+                    else:
+                        self.failed.append((time.time(), note))
+                i += 1
+                if self.pause:
+                    self.stop.wait(self.pause)
+
+    @property
+    def ok(self) -> int:
+        return len(self.answered)
+
+    def served(self, start: float, end: float) -> int:
+        """The answers between monotonic times ``start`` and ``end``."""
+        with self.lock:
+            return sum(start <= t < end for t in self.answered)
+
+    def errors(self, start: float = float("-inf"), end: float = float("inf")) -> list[str]:
+        """The failures between wall-clock times ``start`` and ``end``."""
+        with self.lock:
+            return [note for t, note in self.failed if start <= t < end]
+
+    def take(self) -> tuple[int, list[str]]:
+        """The number of answers and the failures since the last call."""
+        with self.lock:
+            answered, failed = self._taken
+            self._taken = (len(self.answered), len(self.failed))
+            return len(self.answered) - answered, [n for _, n in self.failed[failed:]]
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=180)
+
+
 def run_stream_load(
     url: str,
     make_body,
