@@ -38,7 +38,12 @@ def _private_helper(self):
 
 def test_stray_names_and_bad_overrides_fail_naming_the_fix(site):
     platform_plugin(site, "sloppy", class_body=CLASS_BODY, tag="surface")
-    platform_plugin(site, "tidy", tag="tidy")
+    # The spec's own signature, get_device(local_rank), as sglang-plugin-FL writes it: every
+    # runtime call passes the rank, so an override without a default is no mistake.
+    tidy_body = (
+        "def get_device(self, local_rank: int):\n    import torch\n    return torch.device('cpu')"
+    )
+    platform_plugin(site, "tidy", tag="tidy", class_body=tidy_body)
     (sloppy, tidy), result = check_platform(
         [(["--json"], {"SGLANG_PLATFORM": "sloppy"}), (["--json"], {"SGLANG_PLATFORM": "tidy"})],
         sites=[site],
