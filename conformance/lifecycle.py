@@ -53,13 +53,23 @@ def server_args_defaults(probe: Probe) -> str:
     # The same construction without the platform's hand (its method shadowed on this instance):
     # what ServerArgs fills itself (the worker target, the embedded model's path), what plugins'
     # hooks change, and what this installation refuses either way are not the platform's doing.
+    fields: dict[str, object] = {"runtime": probe.runtime}
     platform.apply_server_args_defaults = lambda server_args: None
     try:
-        bare = cls(runtime=probe.runtime)
+        bare = cls(**fields)
+        stand_in = None
+        if bare.model_path is None:
+            # No embedded default here (its package missing, or a runtime without one): a launch
+            # must name a model, and platform code always gets it as a path, as in SGLang.
+            from launchspec.embedded_models import EMBEDDING_MODEL
+
+            fields["model_path"] = EMBEDDING_MODEL.name  # the small embedded encoder's path
+            bare = cls(**fields)
+            stand_in = bare.model_path
     finally:
         del platform.apply_server_args_defaults
     try:
-        args = cls(runtime=probe.runtime)  # __post_init__ calls apply_server_args_defaults()
+        args = cls(**fields)  # __post_init__ calls apply_server_args_defaults()
     except Exception as exc:  # noqa: BLE001 - the platform's failure is this row's
         from platforms.vendor import plugin_code
 
@@ -80,6 +90,11 @@ def server_args_defaults(probe: Probe) -> str:
     result = (
         "set " + ", ".join(changed) if changed else "changed nothing"
     ) + "; check_server_args() passes"
+    if stand_in:
+        result += (
+            f" (with model_path={stand_in!r}: a launch here must name a model, there being no "
+            f"embedded default, and platform code reads it as a path, as in SGLang)"
+        )
     if before:
         result += (
             f" (apart from what it refuses without the platform's defaults too: "

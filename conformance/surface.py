@@ -48,8 +48,9 @@ def own_public_names(cls: type, base: type) -> dict[str, type]:
 
 
 def nearest(name: str, candidates: set[str]) -> str | None:
-    """The candidate ``name`` most resembles (None when there is none)."""
-    found = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.0)
+    """The candidate ``name`` most resembles, if close enough to be a misspelling of it (None
+    otherwise: ``vendor_name`` is a helper of the vendor's, not a misspelt ``device_name``)."""
+    found = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.75)
     return found[0] if found else None
 
 
@@ -70,6 +71,12 @@ def stray_names(cls: type, base: type, other_bases: list[type]) -> list[str]:
             )
             continue
         close = nearest(name, contract)
+        if close is None:
+            out.append(
+                f"{where} is not part of the contract and resembles no contract name: the "
+                f"runtime never uses it; make it private (_{name}) if it is a helper"
+            )
+            continue
         out.append(
             f"{where} is not part of the contract (nearest contract name: {close}): the runtime "
             f"never calls it; rename it to the contract name it was meant to be, or make it "

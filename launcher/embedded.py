@@ -264,7 +264,9 @@ class Launcher:
         runtime = args.runtime if args is not None else self._fields.get("runtime")
         _prepare.load_plugins(runtime or "srt")  # before the ServerArgs class is looked up
         if args is None:
-            args = _prepare.build_args(lambda: _prepare.server_args_class()(**self._fields))
+            args = _prepare.build_args(
+                lambda: _prepare.server_args_class()(**self._fields), self._fields
+            )
         return args
 
     def _run(self) -> None:

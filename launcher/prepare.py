@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import hooks
@@ -87,17 +87,38 @@ def install_aliases() -> bool:
     return compat.install(TABLE)
 
 
-def build_args(make: Callable[[], ServerArgs]) -> ServerArgs:
-    """``make()`` a ``ServerArgs``. Whatever a platform's or a plugin's code raises on the way
+def build_args(
+    make: Callable[[], ServerArgs], given: Mapping[str, object] | None = None
+) -> ServerArgs:
+    """``make()`` a ``ServerArgs`` from the fields ``given`` (the parsed command line, or the
+    embedded launcher's keywords). Whatever a platform's or a plugin's code raises on the way
     (``apply_server_args_defaults``, a hook on ``__post_init__`` or ``from_cli_args``) is a set-up
-    error (exit 5) naming the vendor's class or plugin, with its traceback, whatever its type;
-    otherwise a complaint about a value is a usage error (exit 2), anything else a set-up error."""
+    error (exit 5) naming the vendor's class or plugin, with its traceback, whatever its type,
+    unless the launch has no model at all (no ``--model-path`` and no embedded default): then it
+    is the usage error a launch without a vendor's code gives, since SGLang, whose
+    ``--model-path`` is required, never runs platform code without one. Otherwise a complaint
+    about a value is a usage error (exit 2), anything else a set-up error."""
     from platforms.vendor import plugin_code
 
     try:
         return make()
     except Exception as exc:  # noqa: BLE001 - reported with its traceback, never raised raw
         vendor = plugin_code(exc)
+        no_model = _no_model(given) if vendor is not None else None
+        if vendor is not None and no_model is not None:
+            raise LaunchError(
+                RootCause(
+                    summary="invalid server arguments",
+                    exit_code=ExitCode.USAGE,
+                    error_type=type(no_model).__name__,
+                    message=str(no_model),
+                    hint=(
+                        f"name a model as the error says; {vendor.describe()} raised "
+                        f"{type(exc).__name__} ({exc}) only for want of one: SGLang, whose "
+                        f"--model-path is required, never runs platform code without it"
+                    ),
+                )
+            ) from exc
         if vendor is not None:
             raise _setup_error(
                 f"the server arguments could not be built: {vendor.describe()} raised "
@@ -108,6 +129,27 @@ def build_args(make: Callable[[], ServerArgs]) -> ServerArgs:
         if isinstance(exc, (TypeError, ValueError)):
             raise usage_error(exc) from exc
         raise _setup_error("the server arguments could not be built", exc) from exc
+
+
+def _no_model(given: Mapping[str, object] | None) -> ValueError | None:
+    """What ``check_server_args`` says of a launch that names no model and has no embedded
+    default for its runtime's own worker (``launchspec.runtimes``' ``model_check``), else None."""
+    if given is None or given.get("model_path") not in (None, ""):
+        return None
+    from launchspec.runtimes import serving_spec
+    from launchspec.server_args import ServerArgsError
+
+    try:
+        spec = serving_spec(str(given.get("runtime") or "srt"))
+    except ValueError:
+        return None
+    if given.get("scheduler_target") not in (None, spec.worker_target):
+        return None  # another engine's worker checks its own model
+    try:
+        spec.model_check(None, None)
+    except ValueError as exc:
+        return ServerArgsError([str(exc)])
+    return None
 
 
 def _vendor_hint(vendor: PluginCode) -> str:

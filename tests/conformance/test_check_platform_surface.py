@@ -33,12 +33,21 @@ def set_device(self, device, strict):
 
 def _private_helper(self):
     return "fine"
+
+@property
+def vendor_name(self):  # sglang-plugin-FL's: a helper of its own, no misspelt contract name
+    return "tile"
 """
 
 
 def test_stray_names_and_bad_overrides_fail_naming_the_fix(site):
     platform_plugin(site, "sloppy", class_body=CLASS_BODY, tag="surface")
-    platform_plugin(site, "tidy", tag="tidy")
+    # The spec's own signature, get_device(local_rank), as sglang-plugin-FL writes it: every
+    # runtime call passes the rank, so an override without a default is no mistake.
+    tidy_body = (
+        "def get_device(self, local_rank: int):\n    import torch\n    return torch.device('cpu')"
+    )
+    platform_plugin(site, "tidy", tag="tidy", class_body=tidy_body)
     (sloppy, tidy), result = check_platform(
         [(["--json"], {"SGLANG_PLATFORM": "sloppy"}), (["--json"], {"SGLANG_PLATFORM": "tidy"})],
         sites=[site],
@@ -56,6 +65,10 @@ def test_stray_names_and_bad_overrides_fail_naming_the_fix(site):
         "Plat.get_kv_pool_cls is not part of the contract (nearest contract name: get_m" in detail
     )
     assert "_private_helper" not in detail
+    assert (
+        "Plat.vendor_name is not part of the contract and resembles no contract name: the "
+        "runtime never uses it; make it private (_vendor_name) if it is a helper" in detail
+    ), detail
 
     sigs = row(sloppy["report"], "selection.signatures")
     assert sigs["status"] == "fail", result

