@@ -73,20 +73,29 @@ STUB_TOKENS = 512
 BUSY_MODEL = f'''"""A Llama whose every forward first busy-waits {BUSY_MS} ms (a forward of known cost)."""
 
 import functools
+import os
+import struct
 import time
 
 from transformers import LlamaForCausalLM
 
 BUSY_S = {BUSY_MS / 1000.0!r}
+# BUSY_LLAMA_LOG=FILE: each forward appends its start and end (perf_counter, float64) there.
+_LOG = os.environ.get("BUSY_LLAMA_LOG")
+_FD = os.open(_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND) if _LOG else None
 
 
 class BusyLlamaForCausalLM(LlamaForCausalLM):
     @functools.wraps(LlamaForCausalLM.forward)
     def forward(self, *args, **kwargs):
-        end = time.perf_counter() + BUSY_S
+        start = time.perf_counter()
+        end = start + BUSY_S
         while time.perf_counter() < end:
             pass
-        return super().forward(*args, **kwargs)
+        out = super().forward(*args, **kwargs)
+        if _FD is not None:
+            os.write(_FD, struct.pack("dd", start, time.perf_counter()))
+        return out
 '''
 
 # A scheduler stand-in for the HTTP measurements: answers pings, and streams a GenerateRequest's
@@ -494,14 +503,41 @@ def _tokens(event: bytes) -> int:
     return int(event[end:digits])
 
 
-def tpot(events: list[tuple[float, bytes]], tokens: int) -> float:
-    """(last token's arrival - first token's) / (tokens between them)."""
+def token_span(events: list[tuple[float, bytes]], tokens: int) -> tuple[float, float, int]:
+    """When the first and the last token arrived, and the tokens between them."""
     counted = [(t, _tokens(e)) for t, e in events]
     counted = [(t, n) for t, n in counted if n > 0]
     if not counted or counted[-1][1] != tokens:
         raise RuntimeError(f"asked for {tokens} tokens, got {counted[-1:] or 'none'}")
     (t0, n0), (t1, n1) = counted[0], counted[-1]
-    return (t1 - t0) / (n1 - n0)
+    return t0, t1, n1 - n0
+
+
+def tpot(events: list[tuple[float, bytes]], tokens: int) -> float:
+    """(last token's arrival - first token's) / (tokens between them)."""
+    t0, t1, n = token_span(events, tokens)
+    return (t1 - t0) / n
+
+
+class ForwardLog:
+    """The forwards the server's model timed itself (``BUSY_LLAMA_LOG``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.read_at = 0
+
+    def since_last(self) -> list[tuple[float, float]]:
+        import struct
+
+        data = self.path.read_bytes() if self.path.exists() else b""
+        new, self.read_at = data[self.read_at :], len(data)
+        return [struct.unpack_from("dd", new, i) for i in range(0, len(new) - 15, 16)]
+
+
+def server_forward(log: list[tuple[float, float]], spans: list[tuple[float, float, int]]) -> float:
+    """The median forward the server ran while the requests' tokens streamed (decode steps)."""
+    inside = [e - s for s, e in log if any(t0 <= s and e <= t1 for t0, t1, _ in spans)]
+    return median(inside)
 
 
 async def streams(url: str, clients: int, per_client: int, text: str, tokens: int) -> list:
@@ -595,6 +631,7 @@ def main() -> int:
     children: dict[str, InProcess] = {}
     rows: dict[str, dict[str, list[float]]] = {side: {} for side in codes}
     profiles: dict[str, str] = {}
+    logs: dict[str, ForwardLog] = {}
 
     def note(side: str, key: str, value: float) -> None:
         rows[side].setdefault(key, []).append(value)
@@ -603,12 +640,16 @@ def main() -> int:
     try:
         for side, code in codes.items():
             env = {**server_env(), "PYTHONPATH": str(code)}
-            servers[side] = start_server(launch, tmp, side, env=env)
+            logs[side] = ForwardLog(tmp / f"{side}-forwards.bin")
+            servers[side] = start_server(
+                launch, tmp, side, env={**env, "BUSY_LLAMA_LOG": str(logs[side].path)}
+            )
             if not args.skip_stub:
                 stub_env = {**env, "PYTHONPATH": f"{code}{os.pathsep}{stub_dir}"}
                 stubs[side] = start_server(stub_launch, tmp, f"{side}-stub", env=stub_env)
             children[side] = InProcess(code, model, {**env, "OMP_WAIT_POLICY": child_policy})
             asyncio.run(streams(servers[side].url, 2, 1, PROMPT, 16))  # warm the paths
+            logs[side].since_last()
         for r in range(args.rounds):
             for side in codes:
                 server, child_ = servers[side], children[side]
@@ -618,6 +659,8 @@ def main() -> int:
                 cpu1 = (cpu_s(sched), cpu_s(http))
                 made = args.requests * TOKENS
                 note(side, "tpot1", median([tpot(e, TOKENS) for e in one]) * 1000)
+                spans = [token_span(e, TOKENS) for e in one]
+                note(side, "sforward1", server_forward(logs[side].since_last(), spans) * 1000)
                 note(side, "cpu_sched", (cpu1[0] - cpu0[0]) / made * 1000)
                 note(side, "cpu_http", (cpu1[1] - cpu0[1]) / made * 1000)
                 out = child_.ask({"op": "engine", "batch": 1, "tokens": TOKENS})
@@ -625,6 +668,10 @@ def main() -> int:
                 note(side, "engine1", out["engine_ms"])
                 many = asyncio.run(streams(server.url, args.clients, 1, PROMPT, TOKENS))
                 note(side, "tpotN", median([tpot(e, TOKENS) for e in many]) * 1000)
+                # The forwards of full steps: while every client's tokens streamed.
+                spansN = [token_span(e, TOKENS) for e in many]
+                both = [(max(s[0] for s in spansN), min(s[1] for s in spansN), 0)]
+                note(side, "sforwardN", server_forward(logs[side].since_last(), both) * 1000)
                 out = child_.ask({"op": "engine", "batch": args.clients, "tokens": TOKENS})
                 note(side, "forwardN", out["forward_ms"])
                 note(side, "engineN", out["engine_ms"])
@@ -680,11 +727,20 @@ def main() -> int:
             (t - f) / args.clients
             for t, f in zip(rows[side]["tpotN"], rows[side]["forwardN"], strict=True)
         ]
+        rows[side]["soverhead1"] = [
+            t - f for t, f in zip(rows[side]["tpot1"], rows[side]["sforward1"], strict=True)
+        ]
+        rows[side]["soverheadN"] = [
+            (t - f) / args.clients
+            for t, f in zip(rows[side]["tpotN"], rows[side]["sforwardN"], strict=True)
+        ]
     n = args.clients
     lines = [
         ("TPOT, 1 client (streamed /generate, 128 tokens)", "tpot1"),
         ("forward, in-process, batch 1 on a KV cache", "forward1"),
         ("per-token overhead = TPOT - forward (target 0.30)", "overhead1"),
+        ("forward, timed by the server's model while it streamed", "sforward1"),
+        ("per-token overhead = TPOT - the server's forward", "soverhead1"),
         ("  engine step (GenerationBatch.step - forward)", "engine1"),
         ("  scheduler loop, no sockets (turn - forward)", "sched1"),
         ("  scheduler loop, stub forward (turn)", "sched_stub1"),
@@ -698,6 +754,8 @@ def main() -> int:
         (f"TPOT, {n} clients (one batch step per token)", "tpotN"),
         (f"forward, in-process, batch {n}", "forwardN"),
         (f"overhead per token of a batch step = (TPOT - forward) / {n}", "overheadN"),
+        (f"forward at batch {n}, timed by the server's model", "sforwardN"),
+        ("per token of a batch step, with the server's forward", "soverheadN"),
         (f"  engine step at batch {n} (per step)", "engineN"),
         (f"  scheduler loop at batch {n}, no sockets (per step)", "schedN"),
     ]
@@ -718,12 +776,16 @@ def main() -> int:
             line += f"{vals[0] / vals[1]:9.2f}"
         print(line)
     for side in sides:
-        o1, on = med(side, "overhead1"), med(side, "overheadN")
-        print(
-            f"{side}: overhead {o1:.3f} ms/token at 1 client (target 0.30: "
-            f"{'met' if o1 <= 0.30 else 'not met'}); per token of a {n}-row step {on:.3f} "
-            f"({'no worse' if on <= o1 else 'WORSE'} than at 1 client)"
-        )
+        for how, a, b in (
+            ("in-process forward", "overhead1", "overheadN"),
+            ("the server's forward", "soverhead1", "soverheadN"),
+        ):
+            o1, on = med(side, a), med(side, b)
+            print(
+                f"{side}, {how}: overhead {o1:.3f} ms/token at 1 client (target 0.30: "
+                f"{'met' if o1 <= 0.30 else 'not met'}); per token of a {n}-row step {on:.3f} "
+                f"({'no worse' if on <= o1 else 'WORSE'} than at 1 client)"
+            )
     print(f"end: {load()}")
     for side, text in profiles.items():
         print(f"\nprofile of the scheduler loop at batch 1 ({side}), top entries by own time:")

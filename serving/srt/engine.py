@@ -236,8 +236,7 @@ class GenerationBatch:
         else:  # finished rows stay until every row has finished, fed a pad token
             tokens = [self.pad_id if s.finished else s.output_ids[-1] for s in rows]
         last = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        ones = torch.ones((len(rows), 1), dtype=self.mask.dtype, device=self.device)
-        self.mask = torch.cat([self.mask, ones], dim=1)
+        self.mask = torch.nn.functional.pad(self.mask, (0, 1), value=1)  # one op, not ones + cat
         logits = self.forward(last[:, None], self.mask, self.positions[:, None], self.cache)
         self.positions = self.positions + 1
         if not self.joins:
