@@ -16,7 +16,11 @@ Each round, in turn:
    ``sglang-launch`` (a lean keep-alive client); TPOT of a request: (last token's arrival -
    first token's) / (tokens - 1), the median over the round's requests.
 
-Per-token overhead = median TPOT - median forward. Target: at most 0.30 ms/token.
+Per-token overhead = median TPOT - median forward. Target: at most 0.30 ms/token. The forward
+is also taken as the server's model timed it itself while the tokens streamed (each forward
+appends its start and end to a file, ``BUSY_LLAMA_LOG``): on a loaded machine the child's
+forward and the server's can run at different speeds (the same forward took 2.5-3x longer in the
+child here), and TPOT less the server's own forward is then the overhead to read.
 
 Where it goes, each part measured on its own (medians over the rounds):
 
@@ -36,7 +40,8 @@ Where it goes, each part measured on its own (medians over the rounds):
 - CPU time per token of the server's scheduler and HTTP processes while the real stream runs.
 
 At 16 concurrent clients (one 128-token request each) the step is a batch of 16: its overhead
-per token is (median TPOT - the forward at batch 16) / 16, no worse than at 1 client.
+per token is (median TPOT - the forward at batch 16) / 16 (in-process, and as the server timed
+its forwards while all 16 streamed), no worse than at 1 client.
 
 ``--baseline CHECKOUT`` runs the same server, stub server and in-process child on another
 checkout of this project (``git archive <commit> | tar -x -C /tmp/base``) taking turns with this
