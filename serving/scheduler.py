@@ -78,6 +78,8 @@ log = logging.getLogger("sglang_launch.scheduler")
 # wait for the next broadcast never reaches the group's timeout.
 TICK_SECONDS = 1.0
 _IDLE_WAIT_MS = 100
+_SEND_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
+_SEND_LAST = int(zmq.NOBLOCK)
 
 
 @dataclass(kw_only=True, eq=False)
@@ -260,7 +262,13 @@ class BatchingScheduler(ABC, Generic[R, Q, B, T]):
     def turn(self) -> None:
         """One turn of the loop: receive what arrived (waiting at most until work is due), then
         run one step when work is due, else keep the followers waiting."""
-        if self.sock.poll(self.wait_ms()):
+        wait = self.wait_ms()
+        # With no wait, a look at the socket's events: Socket.poll builds a Poller every call.
+        if wait == 0:
+            arrived = bool(cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+        else:
+            arrived = bool(self.sock.poll(wait))
+        if arrived:
             self.drain()
         if self.work_due():
             self.run_step()
@@ -410,8 +418,10 @@ class BatchingScheduler(ABC, Generic[R, Q, B, T]):
     # ---- sending -----------------------------------------------------------------------------
 
     def send(self, identity: bytes, msg: msgspec.Struct) -> None:
-        try:
-            self.sock.send_multipart([identity, wire.encode(msg)], zmq.NOBLOCK)
+        frame = wire.encode(msg)
+        try:  # two plain sends: what send_multipart does, without its per-call checks
+            self.sock.send(identity, _SEND_MORE)
+            self.sock.send(frame, _SEND_LAST)
         except zmq.ZMQError as exc:  # the client is gone or its queue is full
             log.debug("could not send %s: %s", type(msg).__name__, exc)
 

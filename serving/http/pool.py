@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 import zmq
@@ -399,6 +399,9 @@ class ReplicaPool:
         inflight = rep.inflight
         while True:
             try:
+                # The events say whether a reply waits (a zmq.Again per read costs an exception).
+                if not cast(int, io.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    return
                 frame = io.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return

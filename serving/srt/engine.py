@@ -236,8 +236,7 @@ class GenerationBatch:
         else:  # finished rows stay until every row has finished, fed a pad token
             tokens = [self.pad_id if s.finished else s.output_ids[-1] for s in rows]
         last = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        ones = torch.ones((len(rows), 1), dtype=self.mask.dtype, device=self.device)
-        self.mask = torch.cat([self.mask, ones], dim=1)
+        self.mask = torch.nn.functional.pad(self.mask, (0, 1), value=1)  # one op, not ones + cat
         logits = self.forward(last[:, None], self.mask, self.positions[:, None], self.cache)
         self.positions = self.positions + 1
         if not self.joins:
@@ -254,10 +253,15 @@ class GenerationBatch:
         import torch
 
         plain = [i for i, s in enumerate(seqs) if not needs_row_work(s.params)]
+        if len(plain) == len(seqs):  # the common case: every row takes its most likely token
+            for seq, token in zip(seqs, greedy(logits), strict=True):
+                seq.advance(token, self.eos_ids, self.decode)
+            self.last_step_tokens += len(seqs)
+            return
         chosen: dict[int, int] = {}
         if plain:
             index = torch.tensor(plain, device=logits.device)
-            best = torch.argmax(logits.index_select(0, index), dim=-1).tolist()
+            best = greedy(logits.index_select(0, index))
             chosen.update(zip(plain, best, strict=True))
         if len(plain) < len(seqs):
             host = logits.float().cpu()
@@ -332,6 +336,18 @@ class GenerationBatch:
             width = self.width - start
             self.mask = self.mask[:, start:]
             _trim_cache(self.cache, width)
+
+
+def greedy(logits: torch.Tensor) -> list[int]:
+    """The most likely token of each row of ``logits`` (rows, vocab), the first on a tie. On the
+    CPU through numpy, whose vectorised argmax takes a few microseconds where torch's takes
+    about 0.1 ms a row (its CPU argmax is a scalar loop)."""
+    import torch
+
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        best: list[int] = logits.detach().numpy().argmax(axis=-1).tolist()
+        return best
+    return list(torch.argmax(logits, dim=-1).tolist())
 
 
 # ---- cache surgery (rows in dim 0, token columns in dim -2, right-aligned) --------------------

@@ -78,6 +78,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not sent yet
     anchor: int = 0  # output tokens whose text is settled in ``anchor_text``
     anchor_text: str = ""
+    anchor_context: str | None = None  # the text of the context tokens before the anchor
 
     @property
     def finished(self) -> bool:
@@ -157,14 +158,17 @@ class Sequence:
         context does not decode to the same text alone)."""
         ids = self.output_ids
         start = max(0, self.anchor - _CONTEXT_TOKENS)
-        context = decode(ids[start : self.anchor]) if self.anchor > start else ""
+        context = self.anchor_context
+        if context is None:  # decoded once per anchor, not once per token
+            context = decode(ids[start : self.anchor]) if self.anchor > start else ""
+            self.anchor_context = context
         window = decode(ids[start:])
         if window.startswith(context):
             text = self.anchor_text + window[len(context) :]
         else:
             text = decode(ids)
         if len(ids) - self.anchor >= _ANCHOR_EVERY and not text.endswith("\ufffd"):
-            self.anchor, self.anchor_text = len(ids), text
+            self.anchor, self.anchor_text, self.anchor_context = len(ids), text, None
         return text
 
     def take_increment(self) -> str:

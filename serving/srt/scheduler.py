@@ -32,6 +32,7 @@ or an ``EmbedReq`` in ``waiting_queue``. Each step, with SGLang's names:
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import time
@@ -107,6 +108,10 @@ def run_scheduler_process(server_args: ServerArgs, ctx: WorkerContext) -> None:
         )
         ctx.phase("model_loaded")
         runner.warm_up()
+        # What start-up made (the model, the libraries) lives as long as the process: frozen, a
+        # full collection no longer walks it, which would stall a step now and then.
+        gc.collect()
+        gc.freeze()
         ctx.phase("warmed_up")
         if ctx.tp_rank == 0:
             Scheduler(runner, server_args, ctx, store=store if remote else None).serve()

@@ -15,7 +15,7 @@ import asyncio
 import base64
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable
 
 import msgspec
 from starlette.responses import Response
@@ -238,14 +238,14 @@ async def text_stream(
     """A streamed generation (``event_stream``): ``chunk(reply)`` for each increment, and
     ``last(final reply)`` after the final one when it gives one; ``timing`` sees each reply."""
 
-    def render(reply: wire.Generated) -> Iterator[bytes]:
+    def render(reply: wire.Generated) -> list[bytes]:
         timing.answered(reply)
-        yield sse(chunk(reply))
-        if reply.finished:
-            metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
-            extra = last(reply) if last else None
-            if extra is not None:
-                yield sse(extra)
+        event = sse(chunk(reply))
+        if not reply.finished:  # an increment: one event, no generator made for it
+            return [event]
+        metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
+        extra = last(reply) if last else None
+        return [event] if extra is None else [event, sse(extra)]
 
     return await event_stream(replies, render, receive)
 
