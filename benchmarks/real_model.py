@@ -7,8 +7,9 @@ model cache), the same dtype and attention implementation (read from the server'
 
 - ``server``: ``sglang-launch`` with no ``--model-path``, streamed ``/generate`` requests (greedy,
   ``ignore_eos``) read by a lean keep-alive client;
-- ``generate()``: a child process that loads the directory with ``AutoModelForCausalLM`` and
-  calls ``model.generate`` (greedy, ``min_new_tokens`` = ``max_new_tokens``), a streamer taking
+- ``generate()``: a child process that calls ``model.generate`` on the model
+  ``AutoModelForCausalLM.from_pretrained`` gave for the directory (the engine's own object, or
+  with ``--separate-copy`` a second copy loaded apart) (greedy, ``min_new_tokens`` = ``max_new_tokens``), a streamer taking
   the time of every token;
 - ``engine``: the same child driving this project's ``ModelRunner`` and ``GenerationBatch``
   with no scheduler and no HTTP (where the server's time goes: model path or serving path).
@@ -29,7 +30,7 @@ turns (each goes first in turn), part 1 ``--rounds`` times and part 2 ``--batch-
 Loopback only; every process started is stopped at the end.
 
     .venv/bin/python benchmarks/real_model.py [--tokens 128] [--clients 16] [--batch-tokens 64]
-        [--rounds 5] [--batch-rounds 2]
+        [--rounds 5] [--batch-rounds 2] [--separate-copy]
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def chat_prompt(model_dir: str) -> str:
 # ---- the child: generate() and the engine, in-process --------------------------------------
 
 
-def child(model_dir: str, dtype: str, attention: str) -> None:
-    """Load the model twice (plain transformers, and ``ModelRunner``), then answer one JSON
+def child(model_dir: str, dtype: str, attention: str, separate: bool) -> None:
+    """Load the model (``ModelRunner``; ``separate``: also a second copy for ``generate()``,
+    else ``generate()`` runs on the runner's model object), then answer one JSON
     line per request on stdin: {"side", "rows", "tokens", "prompt"} -> {"wall", "times",
     "tokens", "text"} (``times``: when each of row 0's tokens was there)."""
     import torch
@@ -89,11 +91,19 @@ def child(model_dir: str, dtype: str, attention: str) -> None:
     transformers.utils.logging.disable_progress_bar()
     share_cpu_threads(ranks_on_node=1)  # what a dp=1 scheduler on the CPU does
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=getattr(torch, dtype), attn_implementation=attention, local_files_only=True
-    ).eval()
     runner = ModelRunner(resolve_model(model_dir), platform=current_platform)
     runner.warm_up()
+    if separate:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir,
+            dtype=getattr(torch, dtype),
+            attn_implementation=attention,
+            local_files_only=True,
+        ).eval()
+    else:  # the runner's own: AutoModelForCausalLM.from_pretrained(dir, dtype, attention)
+        model = runner.model
+        assert str(model.dtype) == f"torch.{dtype}", model.dtype
+        assert model.config._attn_implementation == attention, model.config._attn_implementation
 
     class Clock(BaseStreamer):
         def __init__(self) -> None:
@@ -163,9 +173,11 @@ def child(model_dir: str, dtype: str, attention: str) -> None:
 
 
 class Child:
-    def __init__(self, model_dir: str, dtype: str, attention: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, model_dir: str, dtype: str, attention: str, separate: bool, env: dict[str, str]
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--child", model_dir, dtype, attention],
+            [sys.executable, __file__, "--child", model_dir, dtype, attention, str(int(separate))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -234,13 +246,18 @@ def load_average() -> str:
 
 
 def main() -> int:
-    if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        child(*sys.argv[2:])
+    if len(sys.argv) == 6 and sys.argv[1] == "--child":
+        child(*sys.argv[2:5], separate=sys.argv[5] == "1")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=128, help="tokens of the 1-client request")
     parser.add_argument("--clients", type=int, default=16, help="concurrent requests (part 2)")
     parser.add_argument("--batch-tokens", type=int, default=64, help="tokens of each (part 2)")
+    parser.add_argument(
+        "--separate-copy",
+        action="store_true",
+        help="generate() on a model loaded apart from the engine's (default: the same object)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="repetitions of part 1")
     parser.add_argument("--batch-rounds", type=int, default=2, help="repetitions of part 2")
     args = parser.parse_args()
@@ -260,7 +277,7 @@ def main() -> int:
         info = get_json(server.url + "/get_server_info")["model"]
         dtype, attention = info["dtype"], info["attention"]
         env = {**server_env(), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-        kid = Child(model_dir, dtype, attention, env)
+        kid = Child(model_dir, dtype, attention, args.separate_copy, env)
         print(
             f"model {info['model_path']} ({info['served_model_name']}), {dtype}, {attention}; "
             f"torch threads: server {info['cpu_threads']}, child {kid.threads}",
