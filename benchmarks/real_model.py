@@ -22,7 +22,9 @@ turns (each goes first in turn), part 1 ``--rounds`` times and part 2 ``--batch-
 
 1. Time per output token at 1 client: (last token - first token) / (tokens - 1) of one request
    of ``--tokens`` tokens; the ratio server/generate() (target: at most 1.05x) and
-   server/engine. Also whether the server's greedy text is ``generate()``'s.
+   server/engine; the cores each side kept busy meanwhile (CPU time / wall time: the scheduler
+   process and the launch's whole tree, the child), which tells a slower side from one that got
+   less of a loaded machine. Also whether the server's greedy text is ``generate()``'s.
 2. Output tokens per second with ``--clients`` concurrent requests of ``--batch-tokens`` tokens
    (all sent at once; same prompt): the server, ``generate()`` with a batch of that many rows, the
    engine with that many sequences.
@@ -62,10 +64,10 @@ def chat_prompt(model_dir: str) -> str:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    text: str = tok.apply_chat_template(
+    text = tok.apply_chat_template(
         [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
     )
-    return text
+    return str(text)
 
 
 # ---- the child: generate() and the engine, in-process --------------------------------------
@@ -121,6 +123,7 @@ def child(model_dir: str, dtype: str, attention: str, separate: bool) -> None:
     def run_generate(prompt: str, rows: int, tokens: int) -> dict:
         enc = tok([prompt] * rows, return_tensors="pt")
         clock = Clock()
+        cpu = time.process_time()
         started = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(
@@ -135,6 +138,7 @@ def child(model_dir: str, dtype: str, attention: str, separate: bool) -> None:
         new = out[:, enc["input_ids"].shape[1] :]
         return {
             "wall": wall,
+            "cpu": time.process_time() - cpu,
             "sent": started,
             "times": clock.times,
             "tokens": int(new.numel()),
@@ -148,6 +152,7 @@ def child(model_dir: str, dtype: str, attention: str, separate: bool) -> None:
         seqs = [Sequence(str(i), ids, params, seed=0, stream=True) for i in range(rows)]
         batch = runner.new_batch()
         times: list[float] = []
+        cpu = time.process_time()
         started = time.perf_counter()
         batch.join(seqs)
         while len(batch):
@@ -157,6 +162,7 @@ def child(model_dir: str, dtype: str, attention: str, separate: bool) -> None:
         wall = time.perf_counter() - started
         return {
             "wall": wall,
+            "cpu": time.process_time() - cpu,
             "sent": started,
             "times": times,
             "tokens": sum(len(s.output_ids) for s in seqs),
@@ -236,6 +242,28 @@ async def server_load(url: str, prompt: str, clients: int, tokens: int) -> tuple
     return time.perf_counter() - started, streams[0]
 
 
+def server_cpu(server: Server) -> dict[int, float]:
+    """CPU seconds (user + system, all threads) of each process of the server's tree so far."""
+    import psutil
+
+    out: dict[int, float] = {}
+    root = psutil.Process(server.proc.pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        out[proc.pid] = t.user + t.system
+    return out
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> tuple[float, float]:
+    """CPU seconds between two ``server_cpu`` readings: the busiest process (the scheduler) and
+    the whole tree."""
+    deltas = [after[pid] - before.get(pid, 0.0) for pid in after]
+    return max(deltas, default=0.0), sum(deltas)
+
+
 def tpot(times: list[float]) -> float:
     """Seconds per output token after the first."""
     return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else float("nan")
@@ -247,7 +275,7 @@ def load_average() -> str:
 
 def main() -> int:
     if len(sys.argv) == 6 and sys.argv[1] == "--child":
-        child(*sys.argv[2:5], separate=sys.argv[5] == "1")
+        child(sys.argv[2], sys.argv[3], sys.argv[4], separate=sys.argv[5] == "1")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=128, help="tokens of the 1-client request")
@@ -272,6 +300,7 @@ def main() -> int:
     kid: Child | None = None
     single: dict[str, list[float]] = {}
     many: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}  # CPU seconds per wall second of each 1-client request
     try:
         server = start_server([], tmp, "server", default_model=True)
         info = get_json(server.url + "/get_server_info")["model"]
@@ -309,10 +338,16 @@ def main() -> int:
             order = sides[r % 3 :] + sides[: r % 3]  # each side goes first in turn
             for side in order if r < args.rounds else []:
                 if side == "server":
-                    _, stream = asyncio.run(server_load(server.url, prompt, 1, args.tokens))
+                    before = server_cpu(server)
+                    wall, stream = asyncio.run(server_load(server.url, prompt, 1, args.tokens))
                     times = [t for t, n in stream.events if n > 0]
+                    busiest, tree = cpu_delta(before, server_cpu(server))
+                    cpu.setdefault("server tree", []).append(tree / wall)
+                    cpu.setdefault("server", []).append(busiest / wall)
                 else:
-                    times = kid.run(side, prompt, 1, args.tokens)["times"]
+                    res = kid.run(side, prompt, 1, args.tokens)
+                    times = res["times"]
+                    cpu.setdefault(side, []).append(res["cpu"] / res["wall"])
                 single.setdefault(side, []).append(tpot(times))
             for side in order if r < args.batch_rounds else []:
                 if side == "server":
@@ -351,6 +386,11 @@ def main() -> int:
         f"{med['server'] / med['generate']:.3f}x (target: at most 1.05x)   server/engine "
         f"{med['server'] / med['engine']:.3f}x   engine/generate() "
         f"{med['engine'] / med['generate']:.3f}x"
+    )
+    print(
+        "  cores busy per second of a request (CPU time / wall time, medians): "
+        + ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in cpu.items())
+        + " (server: the scheduler process; server tree: every process of the launch)"
     )
     paired = sorted(s / g for s, g in zip(single["server"], single["generate"], strict=True))
     print(
