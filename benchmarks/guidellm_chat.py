@@ -1,7 +1,8 @@
 """guidellm, a benchmark client users point at OpenAI-compatible servers, against this server.
 
 Starts ``sglang-launch`` through the CLI on a tiny Llama built here (random weights, BERT's
-tokenizer, a chat template given to it; or ``--model-path`` a model of your own) and runs
+tokenizer, a chat template given to it; or ``--model-path`` a model of your own, or
+``--default-model`` for what a bare ``sglang-launch`` serves, the embedded chat model) and runs
 ``guidellm run`` at its defaults (its OpenAI HTTP backend, ``/v1/chat/completions`` streamed, its
 quick start's synthetic data of 256 prompt and 128 output tokens) with a concurrent profile
 bounded in requests and seconds. Prints guidellm's counts and figures and exits 1 unless every
@@ -12,6 +13,7 @@ beside the project first:
 
     .venv/bin/python -m pip install guidellm==0.8.1
     .venv/bin/python benchmarks/guidellm_chat.py [--requests 8] [--streams 4] [--seconds 60]
+        [--model-path PATH | --default-model]
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ def main() -> int:
     parser.add_argument(
         "--model-path", help="a causal LM with a chat template (default: a tiny one)"
     )
+    parser.add_argument(
+        "--default-model",
+        action="store_true",
+        help="serve what a bare sglang-launch serves (the embedded chat model, SmolLM2)",
+    )
     parser.add_argument("--requests", type=int, default=8, help="requests in all")
     parser.add_argument("--streams", type=int, default=4, help="concurrent requests")
     parser.add_argument("--seconds", type=float, default=60, help="the longest the run may take")
@@ -93,13 +100,20 @@ def main() -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="guidellm-") as folder:
         tmp = Path(folder)
-        if args.model_path:
+        launch: list[str] = []
+        if args.default_model:
+            from launchspec.model_source import chat_model_dir
+
+            model = chat_model_dir()  # its tokenizer, for guidellm's prompts
+        elif args.model_path:
             model = Path(args.model_path)
+            launch = ["--model-path", str(model)]
         else:
             from launchspec.model_source import embedding_model_dir
 
             model = give_chat_template(build_tiny_llama(tmp / "tiny-chat", embedding_model_dir()))
-        server = start_server(["--model-path", str(model)], tmp, "server")
+            launch = ["--model-path", str(model)]
+        server = start_server(launch, tmp, "server", default_model=args.default_model)
         try:
             report = tmp / "report.json"
             run = subprocess.run(
