@@ -17,6 +17,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.http_bodies import SEEN_AS_500
 
 from launchspec.server_args import ServerArgs
 from serving.http.app import App, AppState
@@ -35,30 +36,6 @@ VALID: dict[str, dict[str, Any]] = {
     "/generate": {"text": "x", "sampling_params": {"max_new_tokens": 2}},
     "/v1/images/generations": {"prompt": "a cat"},
 }
-
-# The bodies of the fault-injection run: (route, body, param).
-SEEN_AS_500 = [
-    ("/v1/chat/completions", b'{"messages": "\\ud800"}', "messages"),
-    (
-        "/v1/chat/completions",
-        b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "\\ud800"}',
-        "max_tokens",
-    ),
-    (
-        "/v1/chat/completions",
-        b'{"messages": [{"role": "user", "content": "hi"}], "\\ud800": 1}',
-        "\\ud800",
-    ),
-    ("/v1/completions", b'{"prompt": "x", "max_tokens": "\\ud800"}', "max_tokens"),
-    ("/generate", b'{"text": "x", "sampling_params": "\\ud800"}', "sampling_params"),
-    (
-        "/generate",
-        b'{"text": "x", "sampling_params": {"max_new_tokens": "\\ud800"}}',
-        "sampling_params.max_new_tokens",
-    ),
-    ("/v1/embeddings", b'{"input": "x", "\\ud800": 1}', "\\ud800"),
-    ("/v1/embeddings", b'{"input": "x", "dimensions": "\\ud800"}', "dimensions"),
-]
 
 
 def make_app() -> App:
