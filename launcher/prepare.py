@@ -106,18 +106,13 @@ def build_args(
         vendor = plugin_code(exc)
         no_model = _no_model(given) if vendor is not None else None
         if vendor is not None and no_model is not None:
-            raise LaunchError(
-                RootCause(
-                    summary="invalid server arguments",
-                    exit_code=ExitCode.USAGE,
-                    error_type=type(no_model).__name__,
-                    message=str(no_model),
-                    hint=(
-                        f"name a model as the error says; {vendor.describe()} raised "
-                        f"{type(exc).__name__} ({exc}) only for want of one: SGLang, whose "
-                        f"--model-path is required, never runs platform code without it"
-                    ),
-                )
+            raise usage_error(
+                no_model,
+                hint=(
+                    f"name a model as the error says; {vendor.describe()} raised "
+                    f"{type(exc).__name__} ({exc}) only for want of one: SGLang, whose "
+                    f"--model-path is required, never runs platform code without it"
+                ),
             ) from exc
         if vendor is not None:
             raise _setup_error(
@@ -293,13 +288,16 @@ def _port_error(problem: str, fix: str) -> LaunchError:
     )
 
 
-def usage_error(exc: BaseException) -> LaunchError:
+def usage_error(exc: BaseException, hint: str | None = None) -> LaunchError:
+    """An invalid command line or server arguments (exit code 2): ``exc``'s message, and
+    ``hint`` when the fix needs more than the message says."""
     return LaunchError(
         RootCause(
             summary="invalid server arguments",
             exit_code=ExitCode.USAGE,
             error_type=type(exc).__name__,
             message=str(exc),
+            hint=hint,
         )
     )
 
