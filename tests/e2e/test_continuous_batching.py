@@ -118,35 +118,24 @@ def test_a_short_request_sent_while_a_long_one_streams_finishes_first(server):
     assert short.last < long.last  # the short one ended while the long one still streamed
 
 
-def test_a_request_that_does_not_fit_the_pool_waits_then_runs(server):
-    new = streams(server.url)
-    first = new("once upon a time", max_new_tokens=400, temperature=0)
-    first.start()
-    assert first.started_streaming.wait(120) and first.error is None, first.error
-    # 2 x ~405 tokens do not fit the pool of 700: the second waits until the first is done.
-    second = new("hello there", max_new_tokens=100, temperature=0)
-    second.start()
-    seen: list[tuple[int, int]] = []  # (running, waiting), the scheduler's own account
-
-    def one_runs_and_one_waits() -> bool:
-        seen.append(scheduler_counts(server.url))
-        return seen[-1] == (1, 1)
-
-    wait_for(one_runs_and_one_waits, 60, "the second request to wait beside the first")
-    first.finish(), second.finish()
-    assert first.tokens == 400 and second.tokens == 100
-    assert max(running for running, _ in seen) == 1, seen  # never both in the running batch
-
-
-def scheduler_counts(url: str) -> tuple[int, int]:
-    """The running and waiting requests the scheduler reported in one answer (``/metrics``)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    counts = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-        if family.name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
-            counts[family.name] = int(sum(s.value for s in family.samples))
-    return counts["sglang:num_running_reqs"], counts["sglang:num_queue_reqs"]
+def test_a_request_that_does_not_fit_the_pool_waits_then_runs(tiny_path):
+    """Sent back to back on the scheduler's own socket, so that both are queued before the
+    first has gone far on however busy a machine: 2 x ~405 tokens do not fit the pool, so the
+    short second request waits for the long first one instead of finishing ahead of it (as it
+    does where both fit: the test above)."""
+    args = ["--model-path", str(tiny_path), "--http-target", "", "--max-total-tokens", str(POOL)]
+    with Run(args, env={"SGLANG_USE_CPU_ENGINE": "1"}) as run:
+        snap = run.wait_ready(timeout=180)
+        scheduler = next(w for w in snap["workers"] if w["role"] == "scheduler")
+        client = SchedulerSocket(scheduler["info"]["endpoint"])
+        try:
+            for rid, prompt, tokens in (("long", "once upon a time", 400), ("short", "hi", 100)):
+                params = wire.SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+                client.send(wire.GenerateRequest(rid, prompt, params))
+            order = client.finished(2, timeout=300)
+        finally:
+            client.close()
+    assert order == ["long", "short"], order  # the short one never joined the long one's batch
 
 
 def test_a_request_that_could_never_fit_the_pool_is_a_400_naming_the_option(server):
