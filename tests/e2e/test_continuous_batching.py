@@ -130,7 +130,9 @@ def test_a_request_that_does_not_fit_the_pool_waits_then_runs(tiny_path):
         client = SchedulerSocket(scheduler["info"]["endpoint"])
         try:
             for rid, prompt, tokens in (("long", "once upon a time", 400), ("short", "hi", 100)):
-                params = wire.SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+                params = wire.SamplingParams(
+                    max_new_tokens=tokens, temperature=0.0, ignore_eos=True
+                )
                 client.send(wire.GenerateRequest(rid, prompt, params))
             order = client.finished(2, timeout=300)
         finally:
