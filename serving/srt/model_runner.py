@@ -187,6 +187,7 @@ class ModelRunner:
             ) from exc
 
         self.max_token_chars = _longest_token(self.tokenizer)
+        self._decode = text_decoder(self.tokenizer)
         self.model = self._load_model(transformers, torch, trust_remote_code)
         positions = getattr(config, "max_position_embeddings", None)
         self.continuous = True  # generation batches continuously (unless the cache cannot)
@@ -496,9 +497,6 @@ class ModelRunner:
             self._token_texts[token_id] = text
         return text
 
-    def _decode(self, token_ids: list[int]) -> str:
-        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
-
     def warm_up(self) -> None:
         """Run one small batch through the model, then release what it cached."""
         if self.kind == "embedding":
@@ -554,6 +552,35 @@ class ModelRunner:
             cpu_threads=cpu_threads(),
             model_class=class_name(type(self.model)),
         )
+
+
+def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
+    """``ids -> text`` as ``tokenizer.decode(ids, skip_special_tokens=True)`` gives it. For a fast
+    tokenizer that neither overrides the decode nor cleans up spaces afterwards, that is its
+    ``tokenizers`` backend's own decode, called directly: transformers' wrapper converts the ids
+    and looks up its options on every call, which is most of a token's decode in a stream."""
+    from transformers import PreTrainedTokenizerFast
+
+    backend = getattr(tokenizer, "_tokenizer", None)
+    plain = (
+        isinstance(tokenizer, PreTrainedTokenizerFast)
+        and type(tokenizer).decode is PreTrainedTokenizerFast.decode
+        and type(tokenizer)._decode is PreTrainedTokenizerFast._decode
+        and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        and callable(getattr(backend, "decode", None))
+    )
+    if plain:
+        decode = backend.decode
+
+        def fast(token_ids: list[int]) -> str:
+            return str(decode(token_ids, skip_special_tokens=True))
+
+        return fast
+
+    def wrapped(token_ids: list[int]) -> str:
+        return str(tokenizer.decode(token_ids, skip_special_tokens=True))
+
+    return wrapped
 
 
 def _figure(call: Callable[[], float | int | None]) -> int | None:
