@@ -1,11 +1,16 @@
 """Per-token overhead: what serving adds to each streamed token, and where it goes.
 
 The method of a hardware vendor's serving plugin, in our own code: a model whose forward first
-busy-waits a known time (2.00 ms), so the forward's cost is known and large next to a tiny
-model's arithmetic. A 2-layer tiny Llama with random weights is built in a temporary directory
-with the real transformers classes; its model class (``BusyLlamaForCausalLM``, a subclass whose
-``forward`` busy-waits, then runs the Llama) is shipped as model code in the directory
-(``auto_map`` in config.json) and served with ``--trust-remote-code``.
+busy-waits a known time (2.00 ms) and then, as the vendor's mock does, does no arithmetic: each
+row's next token (the next of a fixed English text, by position) is written one-hot into a
+logits buffer kept between calls, and the KV cache grows by a zero entry a token and layer. So
+the forward's cost is known, and anything above it is serving. A 2-layer tiny Llama with random
+weights (BERT's real tokenizer) is built in a temporary directory with the real transformers
+classes; its model class (``BusyLlamaForCausalLM``, a subclass whose ``forward`` busy-waits,
+then returns the cached logits) is shipped as model code in the directory (``auto_map`` in
+config.json) and served with ``--trust-remote-code``. ``--forward llama`` runs the tiny Llama's
+own forward after the busy wait instead (a few milliseconds of real arithmetic, whose memory
+traffic leaves the caches cold for the serving code that follows it).
 
 Each round, in turn:
 
@@ -49,6 +54,7 @@ one: the change against the code before it, under the same load. The child code 
 (the baseline needs no copy of it) importing the checkout's modules.
 
     .venv/bin/python benchmarks/token_overhead.py [--rounds 5] [--requests 3] [--baseline DIR]
+        [--forward mock|llama] [--skip-stub]
 """
 
 from __future__ import annotations
@@ -75,7 +81,23 @@ TOKENS = 128
 PROMPT = "once upon a time there was a tiny model"
 STUB_TOKENS = 512
 
-BUSY_MODEL = f'''"""A Llama whose every forward first busy-waits {BUSY_MS} ms (a forward of known cost)."""
+# The text the mock forward "generates", a token per position (English prose, so that the
+# stream's decode does what it does for a real model's output).
+MOCK_TEXT = (
+    "The launcher starts the scheduler first, then the HTTP process, and reports each one as "
+    "ready only after it answers. When a worker fails, the supervisor names the rank, the exit "
+    "code and the last lines it wrote, and stops the others before it exits. Plugins load in "
+    "the order the contract gives, before any model code is imported."
+)
+
+BUSY_MODEL = '''"""A Llama whose every forward first busy-waits BUSY_MS ms (a forward of known cost).
+
+BUSY_LLAMA_MOCK=1 (the hardware vendor's method): the forward then does no arithmetic. Each
+row's next token is the next one of a fixed text (by the row's position), written one-hot into
+a logits buffer kept from call to call, and the KV cache grows by one zero entry a token in
+every layer, so that the serving side's cache handling runs as it does for a real model.
+Otherwise the busy wait is followed by the tiny Llama's own forward.
+"""
 
 import functools
 import os
@@ -83,8 +105,11 @@ import struct
 import time
 
 from transformers import LlamaForCausalLM
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
-BUSY_S = {BUSY_MS / 1000.0!r}
+BUSY_S = BUSY_MS / 1000.0
+TEXT_IDS = MOCK_IDS
+MOCK = os.environ.get("BUSY_LLAMA_MOCK") == "1"
 # BUSY_LLAMA_LOG=FILE: each forward appends its start and end (perf_counter, float64) there.
 _LOG = os.environ.get("BUSY_LLAMA_LOG")
 _FD = os.open(_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND) if _LOG else None
@@ -97,11 +122,34 @@ class BusyLlamaForCausalLM(LlamaForCausalLM):
         end = start + BUSY_S
         while time.perf_counter() < end:
             pass
-        out = super().forward(*args, **kwargs)
+        out = self._mock(**kwargs) if MOCK else super().forward(*args, **kwargs)
         if _FD is not None:
             os.write(_FD, struct.pack("dd", start, time.perf_counter()))
         return out
+
+    def _mock(self, input_ids, position_ids, past_key_values=None, cache=None, **_):
+        import torch
+
+        cache = cache if cache is not None else past_key_values
+        rows, tokens = input_ids.shape
+        cfg = self.config
+        if cache is not None:
+            zeros = torch.zeros(rows, cfg.num_key_value_heads, tokens, cfg.head_dim)
+            for layer in range(cfg.num_hidden_layers):
+                cache.update(zeros, zeros, layer)
+        if getattr(self, "_logits", None) is None or self._logits.shape[0] < rows:
+            self._logits = torch.zeros(max(rows, 32), 1, cfg.vocab_size)
+            self._text = torch.tensor(TEXT_IDS, dtype=torch.long)
+            self._hot = None
+        if self._hot is not None:  # only the entries the last call set go back to zero
+            self._logits[self._hot[0], 0, self._hot[1]] = 0.0
+        rows_at = torch.arange(rows)
+        nxt = self._text[(position_ids[:, -1] + 1) % len(TEXT_IDS)]
+        self._logits[rows_at, 0, nxt] = 1.0
+        self._hot = (rows_at, nxt)
+        return CausalLMOutputWithPast(logits=self._logits[:rows], past_key_values=cache)
 '''
+
 
 # A scheduler stand-in for the HTTP measurements: answers pings, and streams a GenerateRequest's
 # tokens back to back ("burst" prompt) or one every BUSY_MS with its send time in its text.
@@ -191,11 +239,14 @@ def load() -> str:
 def build_busy_model(tmp: Path) -> str:
     """The tiny Llama (2 layers) with ``BusyLlamaForCausalLM`` as its model code."""
     from support.serving import build_tiny_llama
+    from transformers import AutoTokenizer
 
     from launchspec.model_source import embedding_model_dir
 
     path = build_tiny_llama(tmp / "busy-llama", embedding_model_dir(), layers=2)
-    (path / "busy_llama.py").write_text(BUSY_MODEL)
+    ids = AutoTokenizer.from_pretrained(str(path))(MOCK_TEXT, add_special_tokens=False)
+    code = BUSY_MODEL.replace("BUSY_MS", repr(BUSY_MS)).replace("MOCK_IDS", repr(ids["input_ids"]))
+    (path / "busy_llama.py").write_text(code)
     config = json.loads((path / "config.json").read_text())
     config["architectures"] = ["BusyLlamaForCausalLM"]
     config["auto_map"] = {"AutoModelForCausalLM": "busy_llama.BusyLlamaForCausalLM"}
@@ -616,6 +667,13 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--baseline", type=Path, help="another checkout of this project")
     parser.add_argument("--skip-stub", action="store_true", help="no stub-scheduler servers")
+    parser.add_argument(
+        "--forward",
+        choices=("mock", "llama"),
+        default="mock",
+        help="after the busy wait: no arithmetic, a cached logits buffer (mock, the vendor's "
+        "method), or the tiny Llama's own forward (llama)",
+    )
     args = parser.parse_args()
 
     from support.serving import Server, server_env, start_server
@@ -644,7 +702,11 @@ def main() -> int:
     print(f"start: {load()}", flush=True)
     try:
         for side, code in codes.items():
-            env = {**server_env(), "PYTHONPATH": str(code)}
+            env = {
+                **server_env(),
+                "PYTHONPATH": str(code),
+                "BUSY_LLAMA_MOCK": "1" if args.forward == "mock" else "0",
+            }
             logs[side] = ForwardLog(tmp / f"{side}-forwards.bin")
             servers[side] = start_server(
                 launch, tmp, side, env={**env, "BUSY_LLAMA_LOG": str(logs[side].path)}
@@ -766,7 +828,9 @@ def main() -> int:
     ]
     print()
     print(
-        f"model: BusyLlamaForCausalLM (2 layers, forward busy-waits {BUSY_MS} ms); "
+        f"model: BusyLlamaForCausalLM (2 layers, forward busy-waits {BUSY_MS} ms, then "
+        + ("no arithmetic: cached logits" if args.forward == "mock" else "the Llama's forward")
+        + "); "
         f"{args.rounds} rounds, medians in ms; child threads "
         + ", ".join(f"{s} {children[s].threads}" for s in sides)
     )

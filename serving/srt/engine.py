@@ -102,7 +102,7 @@ class GenerationBatch:
         self.rows: list[Sequence] = []  # decoding, in cache row order
         self.cache: Any = None
         self.mask: Any = None  # (rows, width) long: 1 where a row has a token
-        self.positions: Any = None  # (rows,) long: the position of each row's next token
+        self.positions: Any = None  # (rows, 1) long: the position of each row's next token
         self.steps = 0
         self.last_step_size = 0  # decoding rows of the last step
         self.last_step_tokens = 0  # tokens the last step generated
@@ -232,12 +232,14 @@ class GenerationBatch:
 
         rows = self.rows
         if self.joins:
-            tokens = [s.output_ids[-1] for s in rows]
+            column = [[s.output_ids[-1]] for s in rows]
         else:  # finished rows stay until every row has finished, fed a pad token
-            tokens = [self.pad_id if s.finished else s.output_ids[-1] for s in rows]
-        last = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        self.mask = torch.nn.functional.pad(self.mask, (0, 1), value=1)  # one op, not ones + cat
-        logits = self.forward(last[:, None], self.mask, self.positions[:, None], self.cache)
+            column = [[self.pad_id if s.finished else s.output_ids[-1]] for s in rows]
+        # The fewest tensor operations a token: one for the input column, one to grow the mask
+        # (not ones + cat), one for the positions, kept as a column.
+        last = torch.tensor(column, dtype=torch.long, device=self.device)
+        self.mask = torch.nn.functional.pad(self.mask, (0, 1), value=1)
+        logits = self.forward(last, self.mask, self.positions, self.cache)
         self.positions = self.positions + 1
         if not self.joins:
             live = [i for i, s in enumerate(rows) if not s.finished]
@@ -287,7 +289,7 @@ class GenerationBatch:
             if self.cache is not None:
                 raise UnsupportedCache("this batch cannot join sequences to a running batch")
             if not all(s.finished for s in group):
-                self.cache, self.mask, self.positions = cache, mask, mask.sum(dim=1)
+                self.cache, self.mask, self.positions = cache, mask, mask.sum(dim=1, keepdim=True)
                 self.rows = group
             return
         keep = [i for i, s in enumerate(group) if not s.finished]
@@ -298,7 +300,7 @@ class GenerationBatch:
             _select_rows(cache, index)
             mask = mask.index_select(0, index)
             group = [group[i] for i in keep]
-        positions = mask.sum(dim=1)
+        positions = mask.sum(dim=1, keepdim=True)
         if self.cache is None:
             check_cache(cache)
             self.cache, self.mask, self.positions, self.rows = cache, mask, positions, group
