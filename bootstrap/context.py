@@ -19,6 +19,30 @@ from dataclasses import dataclass, field
 _MAX_IPC_PATH = 103
 
 
+class StopEvent(threading.Event):
+    """``ctx.stopping``: a ``threading.Event`` that a SIGTERM handler can raise without its lock.
+
+    ``request()`` is one attribute store, safe in a signal handler (which runs on the main thread
+    between two bytecodes, perhaps while that thread holds the event's lock inside ``wait()``);
+    from then on ``is_set()`` and ``wait()`` answer True. A thread still calls ``set()`` to wake
+    the threads blocked in ``wait()``: a main thread that polls ``wait(0)`` in a tight loop takes
+    the lock so often that such a thread can wait for it indefinitely on a busy machine, and the
+    request is seen on the next poll all the same."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requested = False
+
+    def request(self) -> None:
+        self.requested = True
+
+    def is_set(self) -> bool:
+        return self.requested or super().is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True if self.requested else super().wait(timeout)
+
+
 @dataclass
 class WorkerContext:
     """Identity, addresses and reporting for one worker process.
@@ -41,7 +65,7 @@ class WorkerContext:
     ops_endpoint: str
     query_endpoint: str
     platform: str
-    stopping: threading.Event = field(default_factory=threading.Event)
+    stopping: threading.Event = field(default_factory=StopEvent)
     _report: Callable[..., None] | None = field(default=None, repr=False)
     _ready: threading.Event = field(default_factory=threading.Event, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

@@ -39,7 +39,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from bootstrap import orphan, phases
-from bootstrap.context import WorkerContext
+from bootstrap.context import StopEvent, WorkerContext
 from bootstrap.early_imports import early_imports, warning_text
 from bootstrap.spec import ProcessSpec
 from bootstrap.targets import resolve
@@ -102,7 +102,7 @@ class _ChildState:
         self.reached = "started"
         self.reporter: Reporter | None = None
         self.heartbeat: Heartbeat | None = None
-        self.stopping = threading.Event()
+        self.stopping = StopEvent()
         self.stop_requested = False  # set by the handler itself; ``stopping`` follows it
         self._relay: int | None = None  # the write end of the stop relay's pipe
         self._relay_pid = 0  # the process whose thread reads it
@@ -120,10 +120,11 @@ class _ChildState:
             # too and stops this child in its turn; if it dies instead, the orphan guard acts.
             log.info("%s: ignored a SIGTERM that the supervisor did not order", self.spec.worker_id)
             return
-        # The handler never touches ``stopping`` itself: it runs on the main thread between two
-        # bytecodes, perhaps while that thread holds the event's own lock (inside
-        # ``stopping.wait()``), and ``set()`` would then wait for it forever. A thread does it.
+        # The handler never takes ``stopping``'s lock: it runs on the main thread between two
+        # bytecodes, perhaps while that thread holds it (inside ``stopping.wait()``), and
+        # ``set()`` would then wait for it forever. ``request()`` takes no lock; a thread sets it.
         self.stop_requested = True
+        self.stopping.request()
         if self._relay is not None and os.getpid() == self._relay_pid:
             try:
                 os.write(self._relay, b"s")

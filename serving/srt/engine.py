@@ -347,7 +347,8 @@ def greedy(logits: torch.Tensor) -> list[int]:
     import torch
 
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
-        best: list[int] = logits.detach().numpy().argmax(axis=-1).tolist()
+        rows = logits.detach() if logits.requires_grad else logits  # no op when not needed
+        best: list[int] = rows.numpy().argmax(axis=-1).tolist()
         return best
     return list(torch.argmax(logits, dim=-1).tolist())
 
