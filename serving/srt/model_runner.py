@@ -569,7 +569,7 @@ def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
         and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         and callable(getattr(backend, "decode", None))
     )
-    if plain:
+    if plain and backend is not None:
         decode = backend.decode
 
         def fast(token_ids: list[int]) -> str:
