@@ -28,6 +28,7 @@ from launchspec.model_source import ModelSource
 from platforms.device_mixin import placement
 from serving.devices import check_device_visible
 from serving.errors import InputError, ModelLoadError
+from serving.srt.detokenize import text_decoder
 from serving.srt.engine import GenerationBatch, UnsupportedCache
 from serving.srt.kv_pool import default_pool_tokens, kv_bytes_per_token
 from serving.srt.limits import FALLBACK_INPUT_TOKENS, GenerationLimits
@@ -552,35 +553,6 @@ class ModelRunner:
             cpu_threads=cpu_threads(),
             model_class=class_name(type(self.model)),
         )
-
-
-def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
-    """``ids -> text`` as ``tokenizer.decode(ids, skip_special_tokens=True)`` gives it. For a fast
-    tokenizer that neither overrides the decode nor cleans up spaces afterwards, that is its
-    ``tokenizers`` backend's own decode, called directly: transformers' wrapper converts the ids
-    and looks up its options on every call, which is most of a token's decode in a stream."""
-    from transformers import PreTrainedTokenizerFast
-
-    backend = getattr(tokenizer, "_tokenizer", None)
-    plain = (
-        isinstance(tokenizer, PreTrainedTokenizerFast)
-        and type(tokenizer).decode is PreTrainedTokenizerFast.decode
-        and type(tokenizer)._decode is PreTrainedTokenizerFast._decode
-        and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
-        and callable(getattr(backend, "decode", None))
-    )
-    if plain and backend is not None:
-        decode = backend.decode
-
-        def fast(token_ids: list[int]) -> str:
-            return str(decode(token_ids, skip_special_tokens=True))
-
-        return fast
-
-    def wrapped(token_ids: list[int]) -> str:
-        return str(tokenizer.decode(token_ids, skip_special_tokens=True))
-
-    return wrapped
 
 
 def _figure(call: Callable[[], float | int | None]) -> int | None:

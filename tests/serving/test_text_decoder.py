@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 from support.gguf import train_tokenizer  # noqa: E402
 
-from serving.srt.model_runner import text_decoder  # noqa: E402
+from serving.srt.detokenize import text_decoder  # noqa: E402
 
 
 def sequences(tokenizer, count: int = 200) -> list[list[int]]:
