@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import math
 import os
 import re
 import typing
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bootstrap.payload import PayloadError, decode_payload, encode_payload
+from launchspec.field_types import base_type, field_default, flag, type_problems
 from launchspec.model_source import model_path_as_path, resolve_model
 from launchspec.runtimes import SERVING, serving_spec
 
@@ -293,9 +293,9 @@ class ServerArgs:
         for f in dataclasses.fields(cls):
             if not f.init:
                 continue
-            flag = "--" + f.name.replace("_", "-")
-            kind, optional = _base_type(hints.get(f.name, str))
-            default = _field_default(f)
+            option = flag(f.name)
+            kind, optional = base_type(hints.get(f.name, str))
+            default = field_default(f)
             meta = f.metadata
             kwargs: dict[str, Any] = {
                 "dest": f.name,
@@ -312,7 +312,7 @@ class ServerArgs:
                     kwargs["metavar"] = meta["metavar"]
                 if default is not None and "help" in meta:
                     kwargs["help"] = f"{meta['help']} (default: {default})"
-            group.add_argument(flag, **kwargs)
+            group.add_argument(option, **kwargs)
         return parser
 
     @classmethod
@@ -324,7 +324,7 @@ class ServerArgs:
     # -- validation ------------------------------------------------------------------------------
     def check_server_args(self) -> None:
         """Raise ``ServerArgsError`` listing every bad setting and what to change."""
-        problems = _type_problems(self)
+        problems = type_problems(self)
         if problems:  # range checks on wrongly typed values would only add noise
             raise ServerArgsError(problems)
 
@@ -345,7 +345,7 @@ class ServerArgs:
         ):
             value = getattr(self, name)
             if value is not None:
-                need(value >= 1, f"{_flag(name)} {value} must be at least 1")
+                need(value >= 1, f"{flag(name)} {value} must be at least 1")
         need(
             0 <= self.node_rank < max(self.nnodes, 1),
             f"--node-rank {self.node_rank} must be in 0..{max(self.nnodes, 1) - 1} (--nnodes {self.nnodes})",
@@ -370,7 +370,7 @@ class ServerArgs:
         )
         for name in ("request_timeout", "http_header_timeout", "http_body_timeout"):
             value = getattr(self, name)
-            need(value >= 0, f"{_flag(name)} {value} must be 0 (no limit) or more seconds")
+            need(value >= 0, f"{flag(name)} {value} must be 0 (no limit) or more seconds")
         need(
             self.max_connections >= 1,
             f"--max-connections {self.max_connections} must be at least 1",
@@ -446,12 +446,12 @@ class ServerArgs:
         for name in ("dtype", "log_level", "runtime", "load_format"):
             choices = dataclasses.fields(self)[_index(self, name)].metadata.get("choices", ())
             value = getattr(self, name)
-            need(value in choices, f"{_flag(name)} {value!r} is not one of {', '.join(choices)}")
+            need(value in choices, f"{flag(name)} {value!r} is not one of {', '.join(choices)}")
         for name in ("scheduler_target", "http_target"):
             value = getattr(self, name) or ""
             need(
                 bool(_DOTTED.match(value)) or (name == "http_target" and value == ""),
-                f"{_flag(name)} {value!r} is not a dotted path; use package.module.function"
+                f"{flag(name)} {value!r} is not a dotted path; use package.module.function"
                 + (" (or '' for no HTTP worker)" if name == "http_target" else ""),
             )
         spec = SERVING.get(self.runtime)
@@ -546,60 +546,8 @@ def _ranks_text(args: ServerArgs) -> str:
     return f"--tp-size {args.tp_size}{cfg} x --dp-size {args.dp_size}"
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def _index(obj: ServerArgs, name: str) -> int:
     return [f.name for f in dataclasses.fields(obj)].index(name)
-
-
-def _field_default(f: dataclasses.Field[Any]) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return None
-
-
-def _base_type(hint: Any) -> tuple[type, bool]:
-    """``(T, optional)`` for ``T`` or ``T | None``."""
-    args = typing.get_args(hint)
-    if args and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return (rest[0] if len(rest) == 1 else str), True
-    return hint, False
-
-
-def _type_problems(args: ServerArgs) -> list[str]:
-    problems = []
-    hints = typing.get_type_hints(type(args))
-    for f in dataclasses.fields(args):
-        kind, optional = _base_type(hints.get(f.name, object))
-        value = getattr(args, f.name)
-        if value is None and optional:
-            continue
-        if kind is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if ok and not math.isfinite(value):
-                problems.append(
-                    f"{_flag(f.name)} {value} is not a finite number; give a plain number "
-                    "(inf and nan are not accepted)"
-                )
-                continue
-        elif kind is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif kind in (str, bool):
-            ok = isinstance(value, kind)
-        else:
-            continue
-        if not ok:
-            shown = "None" if value is None else repr(value)
-            problems.append(
-                f"{_flag(f.name)} must be {'a' if kind is not int else 'an'} {kind.__name__}"
-                f"{' or None' if optional else ''}, got {shown} ({type(value).__name__})"
-            )
-    return problems
 
 
 __all__ = [
