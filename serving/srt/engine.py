@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,8 @@ from serving.srt.sampling import Sequence, needs_row_work, select_token
 
 if TYPE_CHECKING:
     import torch
+
+    from serving.srt.detokenize import TextDecoder
 
 log = logging.getLogger("sglang_launch.engine")
 
@@ -64,8 +67,8 @@ class GenerationBatch:
     """The generating sequences of one rank and their KV cache (see the module docstring).
 
     ``forward(input_ids, attention_mask, position_ids, cache, last_only)`` runs the model and
-    returns its logits; ``new_cache()`` makes an empty cache for it; ``decode`` turns token ids
-    into text, ``token_text`` one token id into its text alone; ``chunk_tokens`` bounds one
+    returns its logits; ``new_cache()`` makes an empty cache for it; ``decode`` (a
+    ``TextDecoder``) turns token ids into text, ``token_text`` one token id into its text alone; ``chunk_tokens`` bounds one
     prefill forward (``None``: no bound); ``inference_mode`` is the platform's no-grad context
     each step runs in; ``answers`` (rank 0) computes what only answers need (logprobs);
     ``joins``: sequences may join a batch that is running and leave it as they finish (the
@@ -79,7 +82,7 @@ class GenerationBatch:
         device: torch.device,
         eos_ids: set[int],
         pad_id: int,
-        decode: Callable[[list[int]], str],
+        decode: TextDecoder,
         token_text: Callable[[int], str],
         chunk_tokens: int | None,
         inference_mode: Callable[[], Any],
@@ -106,6 +109,14 @@ class GenerationBatch:
         self.steps = 0
         self.last_step_size = 0  # decoding rows of the last step
         self.last_step_tokens = 0  # tokens the last step generated
+        self.inside_held = False  # in ``held()``: steps do not enter the inference mode
+        # A decode step's inputs made without a tensor operation (each is rebuilt when the
+        # batch's rows change): the mask grows into room made ahead; on the CPU the input column
+        # and the positions are written through numpy into the tensors' own memory.
+        self.on_host = device.type == "cpu"
+        self._mask: _GrowingMask | None = None
+        self._ids: _HostColumn | None = None
+        self._positions: _HostColumn | None = None
 
     # ---- what is in it -------------------------------------------------------------------
 
@@ -146,22 +157,43 @@ class GenerationBatch:
         self.partial = None
         self.rows = []
         self.cache = self.mask = self.positions = None
+        self._mask = self._ids = self._positions = None
 
     # ---- one step ------------------------------------------------------------------------
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Inside, every step runs in one entry of the platform's inference mode, entered here
+        once (a serving loop), instead of entering it again for each step."""
+        with self.inference_mode():
+            self.inside_held = True
+            try:
+                yield
+            finally:
+                self.inside_held = False
 
     def step(self) -> list[Sequence]:
         """One unit of work (the module docstring). Returns the sequences that got a token or
         finished in it, each once, in batch order."""
-        touched: dict[str, Sequence] = {}
         self.last_step_tokens = 0
-        with self.inference_mode():
-            for seq in self._prefill():
-                touched[seq.rid] = seq
-            if self.rows:
-                self.last_step_size = len(self.rows)
-                for seq in self._decode_step():
-                    touched[seq.rid] = seq
+        if self.inside_held:
+            touched = self._step()
+        else:
+            with self.inference_mode():
+                touched = self._step()
         self.steps += 1
+        return touched
+
+    def _step(self) -> list[Sequence]:
+        prefilled = self._prefill()
+        if not self.rows:
+            return prefilled
+        self.last_step_size = len(self.rows)
+        decoded = self._decode_step()
+        if not prefilled:
+            return decoded
+        touched = {seq.rid: seq for seq in prefilled}
+        touched.update((seq.rid, seq) for seq in decoded)
         return list(touched.values())
 
     def _prefill(self) -> list[Sequence]:
@@ -232,15 +264,28 @@ class GenerationBatch:
 
         rows = self.rows
         if self.joins:
-            column = [[s.output_ids[-1]] for s in rows]
+            column = [s.output_ids[-1] for s in rows]
         else:  # finished rows stay until every row has finished, fed a pad token
-            column = [[self.pad_id if s.finished else s.output_ids[-1]] for s in rows]
-        # The fewest tensor operations a token: one for the input column, one to grow the mask
-        # (not ones + cat), one for the positions, kept as a column.
-        last = torch.tensor(column, dtype=torch.long, device=self.device)
-        self.mask = torch.nn.functional.pad(self.mask, (0, 1), value=1)
-        logits = self.forward(last, self.mask, self.positions, self.cache)
-        self.positions = self.positions + 1
+            column = [self.pad_id if s.finished else s.output_ids[-1] for s in rows]
+        if self._mask is None or self._mask.current is not self.mask:
+            self._mask = _GrowingMask(self.mask)
+        self.mask = self._mask.grow()
+        if self.on_host:
+            ids = self._ids
+            if ids is None or len(ids.array) != len(column):
+                ids = self._ids = _HostColumn(torch.tensor(column, dtype=torch.long))
+            else:
+                ids.array[:, 0] = column
+            positions = self._positions
+            if positions is None or positions.tensor is not self.positions:
+                positions = self._positions = _HostColumn(self.positions)
+                self.positions = positions.tensor
+            logits = self.forward(ids.tensor, self.mask, self.positions, self.cache)
+            positions.array += 1
+        else:
+            last = torch.tensor(column, dtype=torch.long, device=self.device)[:, None]
+            logits = self.forward(last, self.mask, self.positions, self.cache)
+            self.positions = self.positions + 1
         if not self.joins:
             live = [i for i, s in enumerate(rows) if not s.finished]
             if len(live) < len(rows):
@@ -338,6 +383,55 @@ class GenerationBatch:
             width = self.width - start
             self.mask = self.mask[:, start:]
             _trim_cache(self.cache, width)
+
+
+class _HostColumn:
+    """A (rows, 1) long tensor on the CPU and a numpy array of the same memory: writing the
+    array changes the tensor, with no tensor operation."""
+
+    def __init__(self, values: torch.Tensor) -> None:
+        import torch
+
+        self.array = values.detach().reshape(-1, 1).numpy().copy()
+        self.tensor = torch.from_numpy(self.array)
+
+
+# Columns of ones a growing mask has room for before its buffer is made again, and how many of
+# its views it makes at a time.
+_MASK_ROOM = 256
+_MASK_AHEAD = 32
+
+
+class _GrowingMask:
+    """An attention mask (rows, width) that grows by a column of ones a step (``grow``) with no
+    tensor operation in most steps: it is a view of a buffer with room on the right, already
+    ones, and the views of the next ``_MASK_AHEAD`` widths are made together. ``current``: the
+    mask as last grown (a mask that is not it was changed elsewhere, and needs a new one)."""
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        self.current = mask
+        self.width = int(mask.shape[1])
+        self.buffer = mask
+        self.ahead: deque[torch.Tensor] = deque()
+
+    def grow(self) -> torch.Tensor:
+        if not self.ahead:
+            self._make_ahead()
+        self.width += 1
+        self.current = self.ahead.popleft()
+        return self.current
+
+    def _make_ahead(self) -> None:
+        import torch
+
+        width = self.width
+        if width + _MASK_AHEAD > int(self.buffer.shape[1]):
+            rows = int(self.current.shape[0])
+            room = width + max(_MASK_ROOM, width // 4)
+            buffer = torch.ones((rows, room), dtype=self.current.dtype, device=self.current.device)
+            buffer[:, :width] = self.current
+            self.buffer = buffer
+        self.ahead.extend(self.buffer[:, :w] for w in range(width + 1, width + 1 + _MASK_AHEAD))
 
 
 def greedy(logits: torch.Tensor) -> list[int]:

@@ -28,7 +28,7 @@ from launchspec.model_source import ModelSource
 from platforms.device_mixin import placement
 from serving.devices import check_device_visible
 from serving.errors import InputError, ModelLoadError
-from serving.srt.detokenize import text_decoder
+from serving.srt.detokenize import TextDecoder
 from serving.srt.engine import GenerationBatch, UnsupportedCache
 from serving.srt.kv_pool import default_pool_tokens, kv_bytes_per_token
 from serving.srt.limits import FALLBACK_INPUT_TOKENS, GenerationLimits
@@ -188,7 +188,7 @@ class ModelRunner:
             ) from exc
 
         self.max_token_chars = _longest_token(self.tokenizer)
-        self._decode = text_decoder(self.tokenizer)
+        self._decode = TextDecoder(self.tokenizer)
         self.model = self._load_model(transformers, torch, trust_remote_code)
         positions = getattr(config, "max_position_embeddings", None)
         self.continuous = True  # generation batches continuously (unless the cache cannot)

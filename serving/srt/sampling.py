@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from serving.srt.detokenize import TextDecoder, TextStream
 from serving.wire import SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
@@ -53,13 +54,6 @@ def needs_row_work(params: SamplingParams) -> bool:
     )
 
 
-# Tokens decoded again before the new ones, so that a tokenizer that joins or spaces tokens by
-# their neighbours decodes the new text as it would in the whole sequence.
-_CONTEXT_TOKENS = 4
-# Tokens decoded since the last anchor before the anchor moves on (bounds each step's decode).
-_ANCHOR_EVERY = 16
-
-
 @dataclass
 class Sequence:
     """One request's progress through generation."""
@@ -76,9 +70,7 @@ class Sequence:
     generator: torch.Generator | None = None
     counts: dict[int, int] = field(default_factory=dict)  # generated token id -> occurrences
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not sent yet
-    anchor: int = 0  # output tokens whose text is settled in ``anchor_text``
-    anchor_text: str = ""
-    anchor_context: str | None = None  # the text of the context tokens before the anchor
+    detok: TextStream | None = field(default=None, repr=False)  # the text of ``output_ids``
 
     @property
     def finished(self) -> bool:
@@ -135,13 +127,20 @@ class Sequence:
         taken, self.logprobs = self.logprobs, []
         return taken
 
-    def advance(self, token: int, eos_ids: set[int], decode: Callable[[list[int]], str]) -> None:
-        """Append ``token``; set ``finish_reason`` on EOS, a stop string or the length limit."""
-        self.output_ids.append(token)
+    def advance(self, token: int, eos_ids: set[int], decode: TextDecoder) -> None:
+        """Append ``token``; set ``finish_reason`` on EOS, a stop string or the length limit.
+        ``text`` follows (``decode``'s stream for this sequence): while the sequence runs it
+        holds back characters still incomplete, and once it finished it is the whole text."""
+        ids = self.output_ids
+        ids.append(token)
         self.counts[token] = self.counts.get(token, 0) + 1
-        self.text = self._decoded(decode)
+        detok = self.detok
+        if detok is None:
+            detok = self.detok = decode.stream()
+        self.text = detok.push(ids)
         if token in eos_ids and not self.params.ignore_eos:
             self.finish_reason = "stop"
+            self.text = detok.settle(ids)
             return
         for stop in self.params.stop:
             at = self.text.find(stop)
@@ -149,37 +148,17 @@ class Sequence:
                 self.text = self.text[:at]
                 self.finish_reason = "stop"
                 return
-        if len(self.output_ids) >= self.params.max_new_tokens:
+        if len(ids) >= self.params.max_new_tokens:
             self.finish_reason = "length"
-
-    def _decoded(self, decode: Callable[[list[int]], str]) -> str:
-        """The text of ``output_ids``: the settled text up to the anchor, and the tokens after it
-        decoded with a few tokens before them for context (the whole sequence again when the
-        context does not decode to the same text alone)."""
-        ids = self.output_ids
-        start = max(0, self.anchor - _CONTEXT_TOKENS)
-        context = self.anchor_context
-        if context is None:  # decoded once per anchor, not once per token
-            context = decode(ids[start : self.anchor]) if self.anchor > start else ""
-            self.anchor_context = context
-        window = decode(ids[start:])
-        if window.startswith(context):
-            text = self.anchor_text + window[len(context) :]
-        else:
-            text = decode(ids)
-        if len(ids) - self.anchor >= _ANCHOR_EVERY and not text.endswith("\ufffd"):
-            self.anchor, self.anchor_text, self.anchor_context = len(ids), text, None
-        return text
+            self.text = detok.settle(ids)
 
     def take_increment(self) -> str:
         """Text not streamed yet that can no longer change: while running, hold back a tail that
-        could still become a stop string or an incomplete character."""
+        could still become a stop string (``text`` holds back incomplete characters itself)."""
         end = len(self.text)
-        if not self.finished:
-            hold = max((len(s) - 1 for s in self.params.stop), default=0)
-            end = max(self.sent, end - hold)
-            while end > self.sent and self.text[end - 1] == "\ufffd":
-                end -= 1
+        stop = self.params.stop
+        if stop and not self.finished:
+            end = max(self.sent, end - max(len(s) for s in stop) + 1)
         piece = self.text[self.sent : end]
         self.sent = end
         return piece

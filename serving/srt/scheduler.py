@@ -199,6 +199,15 @@ class Scheduler(
         self.finished_in_step = False  # a running request finished (it leaves running_batch next)
         self.recent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last steps
 
+    def serve(self) -> None:
+        """``BatchingScheduler.serve``; a generation model's steps all run inside one entry of
+        the platform's inference mode (``GenerationBatch.held``)."""
+        if self.engine is None:
+            super().serve()
+            return
+        with self.engine.held():
+            super().serve()
+
     def admit(self, identity: bytes, request: wire.EmbedRequest | wire.GenerateRequest) -> TextReq:
         """Tokenise ``request``; ``InputError`` names the text (``input[i]`` of several) or the
         limit it is over."""

@@ -282,3 +282,27 @@ def test_a_batch_that_does_not_join_gives_the_same_tokens_and_ends_together(runn
         assert len(batch) in (0, 4)  # rows leave together, once the last one has finished
     assert [s.output_ids for s in seqs] == want
     assert steps == 12 - 1  # the first step gave two tokens (prefill, then a decode)
+
+
+def test_a_long_greedy_run_in_a_held_batch_is_what_transformers_generate_gives(runner):
+    """300 tokens: past the room the decode step's growing mask starts with, decoded in one
+    entry of the inference mode as the scheduler's loop runs it (``held``), the same tokens as
+    transformers' own ``generate()``, and the text of them."""
+    import torch
+
+    s = seq(runner, "long", "once upon a time", stream=True, max_new_tokens=300, **GREEDY)
+    batch = runner.new_batch()
+    with batch.held():
+        batch.join([s])
+        run_to_end(batch)
+    ids = torch.tensor([s.prompt_ids])
+    with torch.inference_mode():
+        out = runner.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=300,
+            min_new_tokens=300,
+            do_sample=False,
+        )
+    assert s.output_ids == out[0, len(s.prompt_ids) :].tolist()
+    assert s.text == runner.tokenizer.decode(s.output_ids, skip_special_tokens=True)

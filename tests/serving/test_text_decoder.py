@@ -1,6 +1,7 @@
 """The decode a generation stream uses: the same text as ``tokenizer.decode(ids,
 skip_special_tokens=True)`` for every kind of tokenizer, on real tokenizers (BERT's WordPiece
-from the embedded default package, a byte-level BPE trained here, one that cleans up spaces)."""
+from the embedded default package, a byte-level BPE trained here, one that cleans up spaces),
+whether the ids are decoded at once or streamed a token at a time."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ pytest.importorskip("transformers")
 
 from support.gguf import train_tokenizer  # noqa: E402
 
-from serving.srt.detokenize import text_decoder  # noqa: E402
+from serving.srt.detokenize import BackendStream, TextDecoder, WindowStream  # noqa: E402
 
 
 def sequences(tokenizer, count: int = 200) -> list[list[int]]:
@@ -27,9 +28,18 @@ def sequences(tokenizer, count: int = 200) -> list[list[int]]:
 
 
 def assert_same_text(tokenizer) -> None:
-    decode = text_decoder(tokenizer)
+    """At once, and streamed: every step's text is the whole text so far less trailing
+    incomplete characters, and the settled text is the whole text."""
+    decode = TextDecoder(tokenizer)
     for ids in sequences(tokenizer):
-        assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=True), ids
+        whole = tokenizer.decode(ids, skip_special_tokens=True)
+        assert decode(ids) == whole, ids
+        stream = decode.stream()
+        for n in range(1, len(ids) + 1):
+            so_far = tokenizer.decode(ids[:n], skip_special_tokens=True)
+            assert stream.push(ids[:n]) == so_far.rstrip("\ufffd"), ids[:n]
+        if ids:
+            assert stream.settle(ids) == whole, ids
 
 
 def test_wordpiece_decodes_as_transformers_does():
@@ -58,5 +68,35 @@ def test_a_tokenizer_that_cleans_up_spaces_keeps_its_clean_up():
         str(embedding_model_dir()), clean_up_tokenization_spaces=True
     )
     ids = tokenizer("hello , world . it 's fine", add_special_tokens=False)["input_ids"]
-    assert text_decoder(tokenizer)(ids) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert TextDecoder(tokenizer)(ids) == tokenizer.decode(ids, skip_special_tokens=True)
+    assert isinstance(TextDecoder(tokenizer).stream(), WindowStream)
     assert_same_text(tokenizer)
+
+
+def test_a_plain_fast_tokenizer_streams_through_its_backend():
+    from transformers import AutoTokenizer
+
+    from launchspec.model_source import embedding_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(str(embedding_model_dir()))
+    assert isinstance(TextDecoder(tokenizer).stream(), BackendStream)
+
+
+def test_a_stream_the_backend_refuses_goes_on_by_windows():
+    from transformers import AutoTokenizer
+
+    from launchspec.model_source import embedding_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(str(embedding_model_dir()))
+    ids = tokenizer("the launcher starts the scheduler", add_special_tokens=False)["input_ids"]
+    stream = TextDecoder(tokenizer).stream()
+    assert isinstance(stream, BackendStream)
+    stream.push(ids[:2])
+
+    def refuse(tokenizer, token):
+        raise RuntimeError("refused")
+
+    stream.step = refuse
+    for n in range(3, len(ids) + 1):
+        text = stream.push(ids[:n])
+    assert text == tokenizer.decode(ids, skip_special_tokens=True)
