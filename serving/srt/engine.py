@@ -273,7 +273,7 @@ class GenerationBatch:
         if self.on_host:
             ids = self._ids
             if ids is None or len(ids.array) != len(column):
-                ids = self._ids = _HostColumn(torch.tensor(column, dtype=torch.long))
+                ids = self._ids = _HostColumn(column)
             else:
                 ids.array[:, 0] = column
             positions = self._positions
@@ -283,7 +283,7 @@ class GenerationBatch:
             logits = self.forward(ids.tensor, self.mask, self.positions, self.cache)
             positions.array += 1
         else:
-            last = torch.tensor(column, dtype=torch.long, device=self.device)[:, None]
+            last = torch.tensor([[t] for t in column], dtype=torch.long, device=self.device)
             logits = self.forward(last, self.mask, self.positions, self.cache)
             self.positions = self.positions + 1
         if not self.joins:
@@ -389,10 +389,13 @@ class _HostColumn:
     """A (rows, 1) long tensor on the CPU and a numpy array of the same memory: writing the
     array changes the tensor, with no tensor operation."""
 
-    def __init__(self, values: torch.Tensor) -> None:
+    def __init__(self, values: torch.Tensor | list[int]) -> None:
+        import numpy
         import torch
 
-        self.array = values.detach().reshape(-1, 1).numpy().copy()
+        if isinstance(values, torch.Tensor):
+            values = values.detach().reshape(-1).tolist()
+        self.array = numpy.array(values, dtype=numpy.int64).reshape(-1, 1)
         self.tensor = torch.from_numpy(self.array)
 
 
@@ -411,7 +414,7 @@ class _GrowingMask:
     def __init__(self, mask: torch.Tensor) -> None:
         self.current = mask
         self.width = int(mask.shape[1])
-        self.buffer = mask
+        self.buffer = mask  # no room yet: the first ``grow`` makes the buffer
         self.ahead: deque[torch.Tensor] = deque()
 
     def grow(self) -> torch.Tensor:
