@@ -184,6 +184,25 @@ def _schedulers(url: str) -> list:
     return httpx.get(url + "/get_server_info", timeout=30).json()["schedulers"]
 
 
+def _lines_until_snapshot(follow: subprocess.Popen, timeout_s: float) -> str:
+    """What ``events --follow`` printed up to its snapshot line (it is subscribed by then)."""
+    assert follow.stdout is not None
+    stdout = follow.stdout
+    lines: list[str] = []
+    got = threading.Event()
+
+    def read() -> None:
+        for line in iter(stdout.readline, ""):
+            lines.append(line)
+            if line.startswith('{"topic": "snapshot"'):
+                got.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    assert got.wait(timeout_s), f"events --follow printed no snapshot in {timeout_s:.0f} s: {lines}"
+    return "".join(lines)
+
+
 def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
     srv = start_server(["--dp-size", "2"], tmp_path, "dp2-heal")  # on-failure: the dp=2 default
     follow = subprocess.Popen(
@@ -195,6 +214,7 @@ def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
     )
     stop_load = threading.Event()
     result: dict = {}
+    seen = ""  # what events --follow printed up to its snapshot
     load = threading.Thread(
         target=lambda: result.update(
             run_load(
@@ -207,6 +227,9 @@ def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
         ready = httpx.get(srv.url + "/ready", timeout=30).json()
         assert ready["restarting"] == []
         victim = ready["schedulers"][1]["pid"]
+        # The follower prints the snapshot once it is subscribed: from then on it hears every
+        # event (a kill before that would go unheard).
+        seen = _lines_until_snapshot(follow, 120)
         load.start()
         wait_for(
             lambda: all((s["batches"] or 0) > 2 for s in _schedulers(srv.url)),
@@ -240,10 +263,10 @@ def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
         load.join(timeout=120)
         srv.stop()
         try:
-            events_out = follow.communicate(timeout=30)[0]
+            events_out = seen + follow.communicate(timeout=30)[0]
         except subprocess.TimeoutExpired:
             follow.kill()
-            events_out = follow.communicate()[0]
+            events_out = seen + follow.communicate()[0]
     stats = result
     assert stats["errors"] == [] and stats["requests"] > 0, stats["errors"][:5]
     assert set(health) == {200}, health  # one replica served the whole time
