@@ -335,8 +335,8 @@ def op_scheduler(runner, model: str, tmp: str, batch: int, tokens: int, stub: bo
     engine = sched.engine
     if stub:
         word = runner.tokenizer.convert_tokens_to_ids("word")
-        fixed = torch.zeros((batch, runner.model.config.vocab_size))
-        fixed[:, word] = 1.0
+        fixed = torch.zeros((batch, 1, runner.model.config.vocab_size))
+        fixed[:, 0, word] = 1.0
 
         def forward(ids, mask, positions, cache, last_only=False):
             return fixed[: ids.shape[0]]

@@ -80,6 +80,9 @@ TICK_SECONDS = 1.0
 _IDLE_WAIT_MS = 100
 _SEND_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _SEND_LAST = int(zmq.NOBLOCK)
+# Plain ints: pyzmq's constants are enums, whose operators run Python code on every use.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 @dataclass(kw_only=True, eq=False)
@@ -265,7 +268,7 @@ class BatchingScheduler(ABC, Generic[R, Q, B, T]):
         wait = self.wait_ms()
         # With no wait, a look at the socket's events: Socket.poll builds a Poller every call.
         if wait == 0:
-            arrived = bool(cast(int, self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+            arrived = bool(cast(int, self.sock.getsockopt(_EVENTS)) & _POLLIN)
         else:
             arrived = bool(self.sock.poll(wait))
         if arrived:

@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("sglang_launch.http")
 
 RETRY_AFTER_S = 5  # what a 503 says when no replica serves while a change is under way
+# Plain ints for the per-reply reads: pyzmq's constants are enums, whose operators run Python code.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class ReplicaPool:
@@ -400,9 +404,9 @@ class ReplicaPool:
         while True:
             try:
                 # The events say whether a reply waits (a zmq.Again per read costs an exception).
-                if not cast(int, io.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                if not cast(int, io.getsockopt(_EVENTS)) & _POLLIN:
                     return
-                frame = io.recv(zmq.NOBLOCK)
+                frame = io.recv(_NOBLOCK)
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:  # the socket is closing with the server

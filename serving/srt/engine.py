@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from serving.srt.sampling import Sequence, needs_row_work, select_token
+from serving.srt.sampling import Sequence, select_token
 
 if TYPE_CHECKING:
     import torch
@@ -67,7 +67,8 @@ class GenerationBatch:
     """The generating sequences of one rank and their KV cache (see the module docstring).
 
     ``forward(input_ids, attention_mask, position_ids, cache, last_only)`` runs the model and
-    returns its logits; ``new_cache()`` makes an empty cache for it; ``decode`` (a
+    returns its logits (rows, positions, vocab; the last position's pick the next tokens);
+    ``new_cache()`` makes an empty cache for it; ``decode`` (a
     ``TextDecoder``) turns token ids into text, ``token_text`` one token id into its text alone; ``chunk_tokens`` bounds one
     prefill forward (``None``: no bound); ``inference_mode`` is the platform's no-grad context
     each step runs in; ``answers`` (rank 0) computes what only answers need (logprobs);
@@ -112,11 +113,12 @@ class GenerationBatch:
         self.inside_held = False  # in ``held()``: steps do not enter the inference mode
         # A decode step's inputs made without a tensor operation (each is rebuilt when the
         # batch's rows change): the mask grows into room made ahead; on the CPU the input column
-        # and the positions are written through numpy into the tensors' own memory.
+        # and the positions are written through a memoryview of the tensors' own memory.
         self.on_host = device.type == "cpu"
         self._mask: _GrowingMask | None = None
         self._ids: _HostColumn | None = None
         self._positions: _HostColumn | None = None
+        self._host_logits: bool | None = None  # the model's logits: float32 on the CPU
 
     # ---- what is in it -------------------------------------------------------------------
 
@@ -260,35 +262,41 @@ class GenerationBatch:
 
     def _decode_step(self) -> list[Sequence]:
         """One new token for every decoding row; finished rows leave at once."""
-        import torch
-
         rows = self.rows
-        if self.joins:
-            column = [s.output_ids[-1] for s in rows]
-        else:  # finished rows stay until every row has finished, fed a pad token
-            column = [self.pad_id if s.finished else s.output_ids[-1] for s in rows]
         if self._mask is None or self._mask.current is not self.mask:
             self._mask = _GrowingMask(self.mask)
         self.mask = self._mask.grow()
         if self.on_host:
             ids = self._ids
-            if ids is None or len(ids.array) != len(column):
-                ids = self._ids = _HostColumn(column)
-            else:
-                ids.array[:, 0] = column
+            if ids is None or len(ids.cells) != len(rows):
+                ids = self._ids = _HostColumn([0] * len(rows))
+            cells = ids.cells
+            if self.joins:
+                for i, s in enumerate(rows):
+                    cells[i] = s.output_ids[-1]
+            else:  # finished rows stay until every row has finished, fed a pad token
+                for i, s in enumerate(rows):
+                    cells[i] = self.pad_id if s.finished else s.output_ids[-1]
             positions = self._positions
             if positions is None or positions.tensor is not self.positions:
                 positions = self._positions = _HostColumn(self.positions)
                 self.positions = positions.tensor
             logits = self.forward(ids.tensor, self.mask, self.positions, self.cache)
-            positions.array += 1
+            positions.advance()
         else:
+            import torch
+
+            column = [
+                self.pad_id if s.finished and not self.joins else s.output_ids[-1] for s in rows
+            ]
             last = torch.tensor([[t] for t in column], dtype=torch.long, device=self.device)
             logits = self.forward(last, self.mask, self.positions, self.cache)
             self.positions = self.positions + 1
         if not self.joins:
             live = [i for i, s in enumerate(rows) if not s.finished]
             if len(live) < len(rows):
+                import torch
+
                 index = torch.tensor(live, dtype=torch.long, device=logits.device)
                 rows, logits = [rows[i] for i in live], logits.index_select(0, index)
         self._pick(rows, logits)
@@ -296,22 +304,25 @@ class GenerationBatch:
         return rows
 
     def _pick(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Each sequence's next token from its row of ``logits`` (rows, vocab)."""
-        import torch
-
-        plain = [i for i, s in enumerate(seqs) if not needs_row_work(s.params)]
-        if len(plain) == len(seqs):  # the common case: every row takes its most likely token
-            for seq, token in zip(seqs, greedy(logits), strict=True):
-                seq.advance(token, self.eos_ids, self.decode)
+        """Each sequence's next token from its row of ``logits`` (rows, positions, vocab: the
+        last position's)."""
+        if all(s.plain for s in seqs):  # the common case: every row takes its most likely token
+            eos_ids, decode = self.eos_ids, self.decode
+            for seq, token in zip(seqs, self._greedy(logits), strict=True):
+                seq.advance(token, eos_ids, decode)
             self.last_step_tokens += len(seqs)
             return
+        import torch
+
+        last = logits[:, -1, :]
+        plain = [i for i, s in enumerate(seqs) if s.plain]
         chosen: dict[int, int] = {}
         if plain:
-            index = torch.tensor(plain, device=logits.device)
-            best = greedy(logits.index_select(0, index))
+            index = torch.tensor(plain, device=last.device)
+            best = greedy(last.index_select(0, index))
             chosen.update(zip(plain, best, strict=True))
         if len(plain) < len(seqs):
-            host = logits.float().cpu()
+            host = last.float().cpu()
             for i, seq in enumerate(seqs):
                 if i in chosen:
                     continue
@@ -322,6 +333,19 @@ class GenerationBatch:
         for i, seq in enumerate(seqs):
             seq.advance(chosen[i], self.eos_ids, self.decode)
         self.last_step_tokens += len(seqs)
+
+    def _greedy(self, logits: torch.Tensor) -> list[int]:
+        """The most likely token of each row's last position in ``logits`` (rows, positions,
+        vocab). Float32 logits on the CPU go to numpy at once (``greedy``), with no tensor
+        operation before: whether they are is read from the first logits and kept."""
+        if self._host_logits is None:
+            import torch
+
+            self._host_logits = logits.device.type == "cpu" and logits.dtype == torch.float32
+        if self._host_logits:
+            best: list[int] = logits.numpy()[:, -1].argmax(axis=-1).tolist()
+            return best
+        return greedy(logits[:, -1, :])
 
     # ---- the cache -----------------------------------------------------------------------
 
@@ -386,17 +410,22 @@ class GenerationBatch:
 
 
 class _HostColumn:
-    """A (rows, 1) long tensor on the CPU and a numpy array of the same memory: writing the
-    array changes the tensor, with no tensor operation."""
+    """A (rows, 1) long tensor on the CPU whose values are written through ``cells``, a
+    memoryview of the tensor's own memory: no tensor or numpy operation per write."""
 
     def __init__(self, values: torch.Tensor | list[int]) -> None:
-        import numpy
         import torch
 
         if isinstance(values, torch.Tensor):
             values = values.detach().reshape(-1).tolist()
-        self.array = numpy.array(values, dtype=numpy.int64).reshape(-1, 1)
-        self.tensor = torch.from_numpy(self.array)
+        self.tensor = torch.tensor(values, dtype=torch.long).reshape(-1, 1)
+        self.cells = memoryview(self.tensor.numpy()).cast("B").cast("q")
+
+    def advance(self) -> None:
+        """Every value one more."""
+        cells = self.cells
+        for i in range(len(cells)):
+            cells[i] += 1
 
 
 # Columns of ones a growing mask has room for before its buffer is made again, and how many of

@@ -435,19 +435,22 @@ class ModelRunner:
         cache: Any,
         last_only: bool = False,
     ) -> torch.Tensor:
-        """The model's next-token logits (rows, vocab) after ``input_ids`` (rows, tokens), which
-        extend ``cache`` (updated in place). ``last_only``: only the last position's logits are
-        computed, where the model can skip the others."""
-        extra = {"logits_to_keep": 1} if last_only and self._logits_to_keep else {}
+        """The model's logits (rows, positions, vocab) after ``input_ids`` (rows, tokens), which
+        extend ``cache`` (updated in place); the last position's are the next token's.
+        ``last_only``: only the last position's logits are computed, where the model can skip
+        the others. The logits come as the model gives them, with no tensor operation after it
+        (the engine reads the last position, on the CPU through numpy)."""
+        kwargs = {self._cache_arg: cache}
+        if last_only and self._logits_to_keep:
+            kwargs["logits_to_keep"] = 1
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=True,
-            **{self._cache_arg: cache},
-            **extra,
+            **kwargs,
         )
-        logits: torch.Tensor = out.logits[:, -1, :]
+        logits: torch.Tensor = out.logits
         return logits
 
     def new_cache(self) -> Any:

@@ -71,6 +71,11 @@ class Sequence:
     counts: dict[int, int] = field(default_factory=dict)  # generated token id -> occurrences
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not sent yet
     detok: TextStream | None = field(default=None, repr=False)  # the text of ``output_ids``
+    # Takes the batch's argmax with nothing else per row (``needs_row_work``); counts no tokens.
+    plain: bool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.plain = not needs_row_work(self.params)
 
     @property
     def finished(self) -> bool:
@@ -133,7 +138,8 @@ class Sequence:
         holds back characters still incomplete, and once it finished it is the whole text."""
         ids = self.output_ids
         ids.append(token)
-        self.counts[token] = self.counts.get(token, 0) + 1
+        if not self.plain:  # the penalties read the counts
+            self.counts[token] = self.counts.get(token, 0) + 1
         detok = self.detok
         if detok is None:
             detok = self.detok = decode.stream()
