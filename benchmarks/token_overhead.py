@@ -16,25 +16,33 @@ Each round, in turn:
 
 1. the forward, in-process at batch 1 on a KV cache: a child process set up as a dp=1
    scheduler (its torch threads, ``OMP_WAIT_POLICY``, a session of its own) loads the same
-   model through ``ModelRunner`` and times every decode forward of a 128-token sequence;
+   model through ``ModelRunner`` and runs a 128-token sequence; its model times each decode
+   forward itself, from the start of the busy wait to its return (each forward appends its
+   start and end to a file, ``BUSY_LLAMA_LOG``);
 2. ``--requests`` streamed ``/generate`` requests of 128 tokens at concurrency 1 against
    ``sglang-launch`` (a lean keep-alive client); TPOT of a request: (last token's arrival -
    first token's) / (tokens - 1), the median over the round's requests.
 
 Per-token overhead = median TPOT - median forward. Target: at most 0.30 ms/token. The forward
-is also taken as the server's model timed it itself while the tokens streamed (each forward
-appends its start and end to a file, ``BUSY_LLAMA_LOG``): on a loaded machine the child's
-forward and the server's can run at different speeds (the same forward took 2.5-3x longer in the
-child here), and TPOT less the server's own forward is then the overhead to read.
+is also taken as the server's model timed it itself while the tokens streamed (the same
+boundary, in the server): the child's forward and the server's can run at different speeds on a
+busy machine, and TPOT less the server's own forward is then the overhead to read. The server's
+log also gives the scheduler's own path per token where it runs: from the end of one forward to
+the start of the next.
 
-Where it goes, each part measured on its own (medians over the rounds):
+Where it goes, each part measured on its own (medians over the rounds; every "less its
+forward" takes the model's own time off, so the call into the model counts as serving):
 
-- the engine step: ``GenerationBatch.step`` in the child less the forwards it ran;
+- the engine step: ``GenerationBatch.step`` in the child less the forward it ran;
 - the scheduler loop without sockets: the real ``Scheduler`` (``turn()``: the socket poll on an
   unconnected socket, ``get_next_batch_to_run`` -> ``run_batch`` -> ``process_batch_result``,
   the answers encoded and handed to ZeroMQ, which drops them) less its forwards, and the same
   loop with the model replaced by a stub that returns fixed logits; a cProfile of the loop
-  (top entries by own time);
+  (top entries by own time, from a run apart);
+- the floor, with no serving code: after a 2 ms busy wait, the argmax of one row of logits,
+  then one answer encoded and sent (no peer). On this virtual machine a few microseconds of
+  work cost tens of microseconds right after a wait (the caches have gone cold), and by how
+  much changes from hour to hour: the floor says what the machine made of it that moment;
 - the scheduler socket: a ``Generated`` frame's ZeroMQ round trip over ``ipc://`` to an echoing
   process (one way = half of it), and the frame's msgpack encode + decode;
 - the HTTP process: ``sglang-launch`` with a stub scheduler (``--scheduler-target``) that
@@ -280,26 +288,45 @@ def _sequences(runner, n: int, count: int) -> list:
     return [Sequence(f"s{i}", list(ids), params, seed=0, stream=True) for i in range(count)]
 
 
+# In the child: the forwards its model timed itself (``BUSY_LLAMA_LOG``), read by the ops.
+_CHILD_LOG: ForwardLog | None = None
+
+
+def own_forwards(first: int, steps: list[tuple[int, float]]) -> list[tuple[float, float]]:
+    """Each of ``steps`` (index of its forward in the child's log, counted from the log's
+    ``first`` new entry; the step's time) as (step time, the model's own forward time)."""
+    entries = _CHILD_LOG.since_last() if _CHILD_LOG is not None else []
+    out = []
+    for index, took in steps:
+        at = index - first
+        if 0 <= at < len(entries):
+            start, end = entries[at]
+            out.append((took, end - start))
+    return out
+
+
 def op_engine(runner, batch: int, tokens: int) -> dict:
-    """``GenerationBatch.step`` of ``batch`` sequences, each step timed with its forwards; the
-    decode steps only (one forward each)."""
+    """``GenerationBatch.step`` of ``batch`` sequences, each step timed; the decode steps only
+    (one forward each), less the forward as the model timed it itself (``BUSY_LLAMA_LOG``: the
+    same boundary as the server's figure)."""
     engine = runner.new_batch()
     timed = _Timed(engine.forward)
     engine.forward = timed
     engine.join(_sequences(runner, tokens, batch))
-    steps, forwards = [], []
+    if _CHILD_LOG is not None:
+        _CHILD_LOG.since_last()
+    steps = []
     while len(engine):
         before = len(timed.times)
         t0 = time.perf_counter()
         runner.generate(engine)
         took = time.perf_counter() - t0
-        calls = timed.times[before:]
-        if len(calls) == 1 and engine.steps > 1 and engine.last_step_size == batch:
-            steps.append(took)
-            forwards.append(calls[0])
+        if len(timed.times) - before == 1 and engine.steps > 1 and engine.last_step_size == batch:
+            steps.append((before, took))
+    pairs = own_forwards(0, steps)
     return {
-        "forward_ms": median(forwards) * 1000,
-        "engine_ms": median([s - f for s, f in zip(steps, forwards, strict=True)]) * 1000,
+        "forward_ms": median([f for _, f in pairs]) * 1000,
+        "engine_ms": median([t - f for t, f in pairs]) * 1000,
     }
 
 
@@ -333,7 +360,7 @@ def op_scheduler(runner, model: str, tmp: str, batch: int, tokens: int, stub: bo
 
     sched = _scheduler(runner, model, tmp)
     engine = sched.engine
-    if stub:
+    if stub:  # the turn less the stub's forward (it leaves no entry in the model's log)
         word = runner.tokenizer.convert_tokens_to_ids("word")
         fixed = torch.zeros((batch, 1, runner.model.config.vocab_size))
         fixed[:, 0, word] = 1.0
@@ -355,6 +382,8 @@ def op_scheduler(runner, model: str, tmp: str, batch: int, tokens: int, stub: bo
 
         profiler = cProfile.Profile()
         profiler.enable()
+    if _CHILD_LOG is not None:
+        _CHILD_LOG.since_last()
     while sched.running or sched.waiting_queue:
         before = len(timed.times)
         t0 = time.perf_counter()
@@ -362,7 +391,7 @@ def op_scheduler(runner, model: str, tmp: str, batch: int, tokens: int, stub: bo
         took = time.perf_counter() - t0
         calls = timed.times[before:]
         if len(calls) == 1 and engine.steps > 1 and engine.last_step_size == batch:
-            turns.append(took)
+            turns.append((before, took))
             forwards.append(calls[0])
     text = ""
     if profiler is not None:
@@ -375,7 +404,10 @@ def op_scheduler(runner, model: str, tmp: str, batch: int, tokens: int, stub: bo
         text = out.getvalue()
     sched.sock.close(0)
     sched._zctx.term()
-    overhead = [t - f for t, f in zip(turns, forwards, strict=True)]
+    if stub:  # no model: the stub's own time is part of the turn
+        overhead = [t - f for (_, t), f in zip(turns, forwards, strict=True)]
+    else:
+        overhead = [t - f for t, f in own_forwards(0, turns)]
     return {"turn_ms": median(overhead) * 1000, "profile": text}
 
 
@@ -441,6 +473,41 @@ def op_wire(tmp: str) -> dict:
     }
 
 
+def op_floor(runner, tmp: str) -> dict:
+    """This machine's floor at that moment, with no serving code: after a 2 ms busy wait, the
+    argmax of a 1-row logits tensor (the model's vocabulary; on this machine the same few
+    microseconds of work cost many times more right after a wait than in a tight loop), and
+    then an answer's frame sent on a ROUTER socket (no peer: ZeroMQ drops it)."""
+    import torch
+    import zmq
+
+    from serving import wire
+
+    logits = torch.zeros((1, 1, runner.model.config.vocab_size))
+    zctx = zmq.Context()
+    sock = zctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(f"ipc://{tmp}/floor")
+    more, last = int(zmq.SNDMORE | zmq.NOBLOCK), int(zmq.NOBLOCK)
+    argmax, sent = [], []
+    for i in range(300):
+        end = time.perf_counter() + BUSY_MS / 1000.0
+        while time.perf_counter() < end:
+            pass
+        t0 = time.perf_counter()
+        token = logits.numpy()[:, -1].argmax(axis=-1).tolist()[0]
+        t1 = time.perf_counter()
+        frame = wire.encode(wire.Generated("r", " word", 9, i, finished=False, seed=token))
+        sock.send(b"client", more)
+        sock.send(frame, last)
+        t2 = time.perf_counter()
+        argmax.append(t1 - t0)
+        sent.append(t2 - t0)
+    sock.close(0)
+    zctx.term()
+    return {"floor_argmax_ms": median(argmax) * 1000, "floor_ms": median(sent) * 1000}
+
+
 def child(model: str) -> None:
     """The in-process side: load the model as a dp=1 scheduler does, then answer each operation
     read from stdin (a JSON line) with one JSON line."""
@@ -453,6 +520,9 @@ def child(model: str) -> None:
 
     if current_platform.is_cpu():
         share_cpu_threads(ranks_on_node=1)
+    global _CHILD_LOG
+    if os.environ.get("BUSY_LLAMA_LOG"):
+        _CHILD_LOG = ForwardLog(Path(os.environ["BUSY_LLAMA_LOG"]))
     runner = ModelRunner(resolve_model(model), platform=current_platform, trust_remote_code=True)
     runner.warm_up()
     tmp = tempfile.mkdtemp(prefix="tok-")
@@ -464,6 +534,8 @@ def child(model: str) -> None:
             out = op_engine(runner, **op)
         elif name == "scheduler":
             out = op_scheduler(runner, model, tmp, **op)
+        elif name == "floor":
+            out = op_floor(runner, tmp)
         else:
             out = op_wire(tmp)
         print(json.dumps(out), flush=True)
@@ -596,6 +668,17 @@ def server_forward(log: list[tuple[float, float]], spans: list[tuple[float, floa
     return median(inside)
 
 
+def server_gap(log: list[tuple[float, float]], spans: list[tuple[float, float, int]]) -> float:
+    """The median time from the end of one of the server's forwards to the start of the next
+    while the requests' tokens streamed: the scheduler's own path per token, measured by the
+    server's model in the server itself."""
+    gaps = []
+    for t0, t1, _ in spans:
+        inside = [(s, e) for s, e in log if t0 <= s and e <= t1]
+        gaps.extend(b[0] - a[1] for a, b in zip(inside, inside[1:], strict=False))
+    return median(gaps)
+
+
 async def streams(url: str, clients: int, per_client: int, text: str, tokens: int) -> list:
     """Each client's requests one after another, all clients at once: every request's events."""
     conns = [Client(url) for _ in range(clients)]
@@ -714,7 +797,12 @@ def main() -> int:
             if not args.skip_stub:
                 stub_env = {**env, "PYTHONPATH": f"{code}{os.pathsep}{stub_dir}"}
                 stubs[side] = start_server(stub_launch, tmp, f"{side}-stub", env=stub_env)
-            children[side] = InProcess(code, model, {**env, "OMP_WAIT_POLICY": child_policy})
+            child_env = {
+                **env,
+                "OMP_WAIT_POLICY": child_policy,
+                "BUSY_LLAMA_LOG": str(tmp / f"{side}-child-forwards.bin"),
+            }
+            children[side] = InProcess(code, model, child_env)
             asyncio.run(streams(servers[side].url, 2, 1, PROMPT, 16))  # warm the paths
             logs[side].since_last()
         for r in range(args.rounds):
@@ -727,7 +815,9 @@ def main() -> int:
                 made = args.requests * TOKENS
                 note(side, "tpot1", median([tpot(e, TOKENS) for e in one]) * 1000)
                 spans = [token_span(e, TOKENS) for e in one]
-                note(side, "sforward1", server_forward(logs[side].since_last(), spans) * 1000)
+                entries = logs[side].since_last()
+                note(side, "sforward1", server_forward(entries, spans) * 1000)
+                note(side, "sgap1", server_gap(entries, spans) * 1000)
                 note(side, "cpu_sched", (cpu1[0] - cpu0[0]) / made * 1000)
                 note(side, "cpu_http", (cpu1[1] - cpu0[1]) / made * 1000)
                 out = child_.ask({"op": "engine", "batch": 1, "tokens": TOKENS})
@@ -749,12 +839,24 @@ def main() -> int:
                             "batch": 1,
                             "tokens": TOKENS,
                             "stub": stub,
-                            "profile": r == 0 and not stub,
+                            "profile": False,
                         }
                     )
                     note(side, "sched_stub1" if stub else "sched1", out["turn_ms"])
-                    if out["profile"]:
-                        profiles[side] = out["profile"]
+                if r == 0:  # a profiled run apart: the profiler's cost stays out of the figures
+                    out = child_.ask(
+                        {
+                            "op": "scheduler",
+                            "batch": 1,
+                            "tokens": TOKENS,
+                            "stub": False,
+                            "profile": True,
+                        }
+                    )
+                    profiles[side] = out["profile"]
+                out = child_.ask({"op": "floor"})
+                note(side, "floor_argmax", out["floor_argmax_ms"])
+                note(side, "floor", out["floor_ms"])
                 out = child_.ask(
                     {
                         "op": "scheduler",
@@ -808,9 +910,12 @@ def main() -> int:
         ("per-token overhead = TPOT - forward (target 0.30)", "overhead1"),
         ("forward, timed by the server's model while it streamed", "sforward1"),
         ("per-token overhead = TPOT - the server's forward", "soverhead1"),
+        ("  the server's forward end -> its next forward's start", "sgap1"),
         ("  engine step (GenerationBatch.step - forward)", "engine1"),
         ("  scheduler loop, no sockets (turn - forward)", "sched1"),
         ("  scheduler loop, stub forward (turn)", "sched_stub1"),
+        ("  floor, no serving code: argmax after a 2 ms wait", "floor_argmax"),
+        ("  floor: the argmax, then an answer encoded and sent", "floor"),
         ("  Generated frame: msgpack encode + decode", "codec_ms"),
         ("  ZeroMQ hop, ipc, one way (RTT / 2)", "zmq_one_way_ms"),
         ("  HTTP child: stub stream, per chunk back to back", "stub_burst"),
