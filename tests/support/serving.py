@@ -8,12 +8,14 @@ whatever of its tree is left, so a failing test leaves nothing running.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from support import REPO, clean_env, free_port, kill_tree, wait_for
@@ -44,6 +46,11 @@ def server_env(**extra: str | None) -> dict[str, str]:
     )
     return env
 
+
+# What the launcher prints once every worker, the HTTP child included, reported ready: from then on
+# a scheduler that dies is a failure of a ready launch (restarted, set aside or fatal as the policy
+# says), no longer a start-up failure.
+READY_LINE = "sglang-launch: ready at http"
 
 # The model a test server serves when its arguments name none: the embedded embedding model, the
 # suite's cheapest real model to start. ``default_model=True`` serves what a bare
@@ -96,8 +103,14 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 180.0, headers: dict | None = None) -> None:
-        """Return once ``/ready`` answers 200; fail naming the log if the server exits first or
-        ``timeout`` seconds pass."""
+        """Return once the launch is ready: the launcher printed its ready line and ``/ready``
+        answers 200; fail naming the log if the server exits first or ``timeout`` seconds pass.
+
+        ``/ready`` alone is not enough: it is the HTTP child's view (every scheduler answers a
+        ping) and can turn 200 a fraction of a second before the HTTP child's own wait for the
+        schedulers ends and its ready report reaches the launcher. Until the launcher says ready
+        the launch is starting, and a worker that dies then ends it as a start-up failure (never
+        restarted) instead of healing."""
         import httpx
 
         def ready() -> bool:
@@ -105,12 +118,23 @@ class Server:
                 raise AssertionError(
                     f"server exited with {self.proc.returncode} before ready:\n{self.log}"
                 )
+            if READY_LINE not in self.log:
+                return False
             try:
                 return httpx.get(self.url + "/ready", timeout=5).status_code == 200
             except httpx.HTTPError:
-                return False  # not listening yet, or too busy to answer in time
+                return False  # too busy to answer in time
 
         wait_for(ready, timeout, f"the server to be ready (log {self.log_path})", interval=0.2)
+
+    @contextlib.contextmanager
+    def log_on_failure(self) -> Iterator[None]:
+        """Print the launch's output when the block raises (pytest shows it with the failure)."""
+        try:
+            yield
+        except BaseException:
+            print(f"--- sglang-launch output ({self.log_path}):\n{self.log}")
+            raise
 
     def wait_exit(self, timeout: float = 60.0) -> int:
         return self.proc.wait(timeout=timeout)
@@ -182,7 +206,7 @@ def start_two_nodes(
                         f"a node exited with {node.proc.returncode} before ready:\n"
                         + "\n".join(n.log for n in nodes)
                     )
-            return "sglang-launch: ready at http" in nodes[0].log
+            return READY_LINE in nodes[0].log
 
         wait_for(node0_ready, timeout, "node 0 to be ready", interval=0.2)
         r = httpx.get(nodes[0].url + "/ready", timeout=30)
