@@ -265,6 +265,12 @@ class BatchingScheduler(ABC, Generic[R, Q, B, T]):
     def turn(self) -> None:
         """One turn of the loop: receive what arrived (waiting at most until work is due), then
         run one step when work is due, else keep the followers waiting."""
+        if self.running and not self.declined:
+            # Requests are running: a step is due whatever arrives (nothing received ends one).
+            if cast(int, self.sock.getsockopt(_EVENTS)) & _POLLIN:
+                self.drain()
+            self.run_step()
+            return
         wait = self.wait_ms()
         # With no wait, a look at the socket's events: Socket.poll builds a Poller every call.
         if wait == 0:
