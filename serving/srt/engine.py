@@ -419,7 +419,8 @@ class _HostColumn:
         if isinstance(values, torch.Tensor):
             values = values.detach().reshape(-1).tolist()
         self.tensor = torch.tensor(values, dtype=torch.long).reshape(-1, 1)
-        self.cells = memoryview(self.tensor.numpy()).cast("B").cast("q")
+        array: Any = self.tensor.numpy()  # numpy arrays export the buffer protocol
+        self.cells = memoryview(array).cast("B").cast("q")
 
     def advance(self) -> None:
         """Every value one more."""
