@@ -55,6 +55,7 @@ log = logging.getLogger("bootstrap")
 
 # Seconds a worker's leftover descendants get between SIGTERM and SIGKILL when it exits.
 _DESCENDANT_GRACE = 1.0
+_SIGTERM_BYTE = bytes([signal.SIGTERM])  # what the signal wakeup fd receives for a SIGTERM
 
 
 @dataclass(frozen=True)
@@ -112,12 +113,17 @@ class _ChildState:
         self.ctx: WorkerContext | None = None
 
     # -- signals -------------------------------------------------------------------------------
-    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+    def stop_ordered(self) -> bool:
+        """False for a SIGTERM the supervisor did not order: with a stop marker that does not
+        exist yet while the supervisor is still the parent, it came from a signal sent to the
+        whole process group or cgroup (systemd's KillMode=control-group, ``kill -TERM -PGID``).
+        The supervisor got it too and stops this child in its turn; if it died instead, the
+        orphan guard acts."""
         marker = self.spec.stop_marker
-        if marker and not os.path.exists(marker) and os.getppid() == self.spec.parent_pid:
-            # Not the supervisor's ordered stop: a SIGTERM sent to the whole process group or
-            # cgroup (systemd's KillMode=control-group, kill -TERM -PGID). The supervisor got it
-            # too and stops this child in its turn; if it dies instead, the orphan guard acts.
+        return not (marker and not os.path.exists(marker) and os.getppid() == self.spec.parent_pid)
+
+    def on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if not self.stop_ordered():
             log.info("%s: ignored a SIGTERM that the supervisor did not order", self.spec.worker_id)
             return
         # The handler never takes ``stopping``'s lock: it runs on the main thread between two
@@ -128,7 +134,7 @@ class _ChildState:
         if self._relay is not None and os.getpid() == self._relay_pid:
             try:
                 os.write(self._relay, b"s")
-            except OSError:  # the relay is gone: this process is ending anyway
+            except OSError:  # the relay is gone, or its pipe full: it has the stop already
                 pass
         else:  # no relay, or a process forked from this child, which has no relay thread
             self.stopping.set()
@@ -136,12 +142,41 @@ class _ChildState:
             raise _StopRequested()
 
     def start_stop_relay(self) -> None:
-        """Start the thread that sets ``stopping`` when the SIGTERM handler says so."""
+        """Start the thread that sets ``stopping`` on an ordered SIGTERM, whether or not this
+        handler ever runs.
+
+        The thread reads the interpreter's signal wakeup fd, where CPython's C-level handler
+        writes the signal's number as it lands, in whichever thread the kernel chose. The Python
+        handler runs later, on the main thread, when that thread next checks for pending work;
+        CPython 3.11 can lose that check for good: a signal noted while another thread takes
+        the GIL leaves it pending with nothing telling the main thread to look, and a main
+        thread that runs Python code without ever waiting for the GIL (a worker polling
+        ``stopping`` in a tight loop) then never runs the handler. The handler also writes to
+        the pipe, for a worker that has put a wakeup fd of its own in place of this one."""
         read_end, self._relay = os.pipe()
         self._relay_pid = os.getpid()
+        os.set_blocking(self._relay, False)  # as set_wakeup_fd requires
+        relay_fd = self._relay
+        signal.set_wakeup_fd(relay_fd, warn_on_full_buffer=False)
+
+        def forget_in_fork() -> None:
+            # A process forked from this child shares the pipe: its signals are its own.
+            try:
+                previous = signal.set_wakeup_fd(-1)
+                if previous != relay_fd:  # the worker's own: leave it in place
+                    signal.set_wakeup_fd(previous)
+            except ValueError:  # forked from a thread Python does not count as the main one
+                pass
+
+        os.register_at_fork(after_in_child=forget_in_fork)
 
         def relay() -> None:
-            os.read(read_end, 1)
+            while True:
+                got = os.read(read_end, 64)
+                if self.stop_requested or (_SIGTERM_BYTE in got and self.stop_ordered()):
+                    break
+            self.stop_requested = True
+            self.stopping.request()
             self.stopping.set()
 
         threading.Thread(target=relay, name="sglang-launch-stop-relay", daemon=True).start()

@@ -32,6 +32,9 @@ Targets:
 - ``start_children_nonstop``: starts a ``sleep`` child every few milliseconds, for as long as it
   runs, keeping the newest ``TESTWORKER_KEEP`` (default 40) alive and ending the older ones; it
   reports ready once it has started that many (``TESTWORKER_NEVER_READY=1``: never).
+- ``signal_a_fork``: forks a copy of itself (as a worker's forked helper is), ready (info: ``fork``),
+  sends the copy SIGTERM and reaps it, creates the marker, waits for its own stop; its stop info
+  says whether ``ctx.stopping`` was set within a second of the copy's exit (``stopped_by_fork``).
 - ``custom_phases``: reports phases ``model_loaded`` and ``warmed_up``, then ready, waits.
 - ``chatty_ready``: writes ``TESTWORKER_LINES`` numbered lines to stdout and stderr, then ready.
 - ``fail_on_last_rank``: the last scheduler rank raises once the others run; the others never
@@ -91,6 +94,23 @@ def spin_on_stopping(server_args, ctx) -> None:
     _marker()
     while not ctx.stopping.wait(0):
         pass
+
+
+def signal_a_fork(server_args, ctx) -> None:
+    pid = os.fork()
+    if pid == 0:  # the copy keeps the bootstrap's SIGTERM handler and its own ctx.stopping
+        while not ctx.stopping.is_set():
+            time.sleep(0.01)
+        os._exit(0)
+    ctx.ready(**_identity(ctx), fork=pid)
+    os.kill(pid, signal.SIGTERM)
+    _, status = os.waitpid(pid, 0)
+    # The copy's signal is its own. Nothing marks the moment a wrong stop would have arrived by,
+    # so the worker gives it a second: long enough to catch one, never needed to pass.
+    stopped_by_fork = ctx.stopping.wait(1.0)
+    _marker()
+    _wait_for_stop(ctx)
+    ctx.stopped(stopped_by_fork=stopped_by_fork, fork_status=status)
 
 
 def report_args(server_args, ctx) -> None:
