@@ -8,7 +8,6 @@ a request that timed out (504) or whose client left frees the replica at its nex
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
@@ -16,7 +15,7 @@ import httpx
 import pytest
 from support import wait_for
 from support.diffusion import SIZE
-from support.serving import cosine, post, report, server_env, start_server
+from support.serving import cosine, leaving_client, post, report, server_env, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -88,14 +87,8 @@ def test_a_small_embedding_request_is_not_held_behind_a_big_one(text_server, cap
 
 def test_a_big_embedding_request_whose_client_left_stops_at_its_next_batch(text_server):
     texts = [f"{TEXT} #{i}" for i in range(2048)]  # 1024 batches, in a body under 1 MiB
-    body = json.dumps({"input": texts}).encode()
-    head = (
-        f"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1:{text_server.port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
     start = counts(text_server)
-    with socket.create_connection(("127.0.0.1", text_server.port)) as client:
-        client.sendall(head + body)
+    with leaving_client(text_server.url, "/v1/embeddings", {"input": texts}):
         # The client gives up once the request is under way: its first batches have run.
         wait_for(
             lambda: counts(text_server)["batches"] > start["batches"], 120, "the request to start"

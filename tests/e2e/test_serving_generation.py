@@ -14,6 +14,7 @@ from support.http_bodies import SEEN_AS_500
 from support.serving import (
     Server,
     build_tiny_llama,
+    leaving_client,
     post,
     server_env,
     start_server,
@@ -200,10 +201,21 @@ def test_client_disconnect_cancels_the_request(server):
         json={"text": "go on", "stream": True, "sampling_params": long},
     ) as r:
         next(r.iter_lines())
-    # Plain: give up while the server is still generating.
-    with pytest.raises(httpx.ReadTimeout):
-        post(
-            server.url + "/generate", {"text": "go on", "sampling_params": long}, AUTH, timeout=0.3
+    wait_for(
+        lambda: _scheduler_counts(server)["aborted"] > before["aborted"],
+        60,
+        "the scheduler to abort the stream",
+        interval=0.1,
+    )
+    # Plain: give up while the server is generating (its tokens are under way).
+    mid = _scheduler_counts(server)
+    plain = {"text": "go on", "sampling_params": long}
+    with leaving_client(server.url, "/generate", plain, AUTH):
+        wait_for(
+            lambda: _scheduler_counts(server)["generated_tokens"] > mid["generated_tokens"],
+            60,
+            "the plain request to generate",
+            interval=0.1,
         )
     now = wait_for(
         lambda: (c := _scheduler_counts(server))["aborted"] - before["aborted"] >= 2 and c,

@@ -290,6 +290,24 @@ def post(url: str, body, headers: dict | None = None, timeout: float = 60.0):
     )
 
 
+@contextlib.contextmanager
+def leaving_client(url: str, path: str, body, headers: dict | None = None):
+    """A POST sent on a plain socket whose client leaves when the block ends (the connection
+    closes, no answer read): the block waits for the request to be under way, so the client
+    leaves at a known point rather than after a timeout a busy machine may spend first."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    data = (body if isinstance(body, (bytes, str)) else json.dumps(body)).encode()
+    fields = {"Host": where.netloc, "Content-Type": "application/json", **(headers or {})}
+    head = "".join(f"{k}: {v}\r\n" for k, v in fields.items())
+    request = f"POST {path} HTTP/1.1\r\n{head}Content-Length: {len(data)}\r\n\r\n"
+    with socket.create_connection((where.hostname, where.port)) as client:
+        client.sendall(request.encode() + data)
+        yield
+
+
 def cosine(a: list[float], b: list[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b, strict=True))
     na = sum(x * x for x in a) ** 0.5
