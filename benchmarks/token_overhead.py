@@ -76,6 +76,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -351,6 +352,18 @@ def _scheduler(runner, model: str, tmp: str):
     return Scheduler(runner, args, ctx)
 
 
+class _StubModel:
+    """Stands in for the model: the same logits on every call, shaped as a model gives them
+    (rows, 1, vocab), so each checkout's runner reads them its own way."""
+
+    def __init__(self, config, logits) -> None:
+        self.config = config
+        self._logits = logits
+
+    def __call__(self, input_ids, **_):
+        return types.SimpleNamespace(logits=self._logits[: input_ids.shape[0]])
+
+
 def op_scheduler(runner, model: str, tmp: str, batch: int, tokens: int, stub: bool, profile: bool):
     """The real scheduler loop (``turn()``) over ``batch`` streamed requests, no peer on its
     socket: per decode turn, its time less its forward (or with a stub forward)."""
@@ -360,15 +373,12 @@ def op_scheduler(runner, model: str, tmp: str, batch: int, tokens: int, stub: bo
 
     sched = _scheduler(runner, model, tmp)
     engine = sched.engine
-    if stub:  # the turn less the stub's forward (it leaves no entry in the model's log)
+    real_model = runner.model
+    if stub:  # the turn with a stub for the model (it leaves no entry in the model's log)
         word = runner.tokenizer.convert_tokens_to_ids("word")
         fixed = torch.zeros((batch, 1, runner.model.config.vocab_size))
         fixed[:, 0, word] = 1.0
-
-        def forward(ids, mask, positions, cache, last_only=False):
-            return fixed[: ids.shape[0]]
-
-        engine.forward = forward
+        runner.model = _StubModel(real_model.config, fixed)
     timed = _Timed(engine.forward)
     engine.forward = timed
     params = wire.SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
@@ -404,6 +414,7 @@ def op_scheduler(runner, model: str, tmp: str, batch: int, tokens: int, stub: bo
         text = out.getvalue()
     sched.sock.close(0)
     sched._zctx.term()
+    runner.model = real_model  # the next operation runs the model again
     if stub:  # no model: the stub's own time is part of the turn
         overhead = [t - f for (_, t), f in zip(turns, forwards, strict=True)]
     else:
