@@ -65,7 +65,10 @@ class GenerateRequest(msgspec.Struct, tag="generate"):
     """One sequence to generate. ``group``: the id of the HTTP request it belongs to (one
     sequence per prompt and per choice); when more sequences wait than fit, the group with the
     fewest running sequences is admitted first. ``raw``: tokenise ``text`` without adding the tokenizer's
-    special tokens (a chat prompt rendered by the model's template writes its own)."""
+    special tokens (a chat prompt rendered by the model's template writes its own). ``decoder``:
+    the ``TextDecoder.identity`` of the tokenizer the HTTP child would decode the stream with; a
+    scheduler whose own decoder has that identity answers a streamed request that has no stop
+    strings and asks for no logprobs with token ids (``Generated.token_ids``), not text."""
 
     kind: ClassVar[str] = "generation"
 
@@ -76,6 +79,7 @@ class GenerateRequest(msgspec.Struct, tag="generate"):
     inflight: int = 1
     group: str = ""
     raw: bool = False
+    decoder: str = ""
 
 
 class ImageRequest(msgspec.Struct, tag="image"):
@@ -165,7 +169,9 @@ class Generated(msgspec.Struct, tag="generated"):
     ``finish_reason`` is ``"length"``, ``"stop"`` or ``"abort"``. ``logprobs`` (only when the
     request asked for them): one entry per token of this message, the tokens generated since
     the previous message when streaming, all of them otherwise. ``batch_size``: the sequences
-    that ran in the step that finished (or advanced) this one.
+    that ran in the step that finished (or advanced) this one. ``token_ids``: a stream the
+    scheduler does not decode (``GenerateRequest.decoder``) carries the ids generated since the
+    previous message here, and ``text`` is empty (the HTTP child decodes them).
     """
 
     rid: str
@@ -177,6 +183,7 @@ class Generated(msgspec.Struct, tag="generated"):
     seed: int | None = None
     batch_size: int = 1
     logprobs: list[TokenLogprob] | None = None
+    token_ids: list[int] | None = None
 
 
 class Images(msgspec.Struct, tag="images"):

@@ -22,6 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from serving.detokenize import TextDecoder
 from serving.http.schemas import BodyError, ChatMessage
 
 log = logging.getLogger("sglang_launch.http")
@@ -46,6 +47,9 @@ class ChatTemplate:
         self.template = template
         self.source = source
         self.reason = reason
+        # The decoder of streams the scheduler answers with token ids (``TextDecoder.identity``
+        # names it in each streamed request); None when the tokenizer's decode is its own.
+        self.decoder: TextDecoder | None = None
 
     @classmethod
     def load(
@@ -76,6 +80,8 @@ class ChatTemplate:
         )
         chat = cls(tokenizer, template, source, reason)
         chat.warm()
+        decoder = TextDecoder(tokenizer)
+        chat.decoder = decoder if decoder.identity else None
         return chat
 
     def warm(self) -> None:

@@ -45,7 +45,7 @@ from serving.srt.sampling import Sequence, select_token
 if TYPE_CHECKING:
     import torch
 
-    from serving.srt.detokenize import TextDecoder
+    from serving.detokenize import TextDecoder
 
 log = logging.getLogger("sglang_launch.engine")
 

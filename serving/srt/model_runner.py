@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 from launchspec.model_config import is_causal_model
 from launchspec.model_source import ModelSource
 from platforms.device_mixin import placement
+from serving.detokenize import TextDecoder
 from serving.devices import check_device_visible
 from serving.errors import InputError, ModelLoadError
-from serving.srt.detokenize import TextDecoder
 from serving.srt.engine import GenerationBatch, UnsupportedCache
 from serving.srt.kv_pool import default_pool_tokens, kv_bytes_per_token
 from serving.srt.limits import FALLBACK_INPUT_TOKENS, GenerationLimits
@@ -492,6 +492,11 @@ class ModelRunner:
         while len(batch):
             self.generate(batch)
         return seqs
+
+    @property
+    def decoder_identity(self) -> str:
+        """``TextDecoder.identity`` of this model's tokenizer ("" when its decode is its own)."""
+        return self._decode.identity
 
     def token_text(self, token_id: int) -> str:
         """The text of one token decoded alone."""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from serving.srt.detokenize import TextDecoder, TextStream
+from serving.detokenize import TextDecoder, TextStream
 from serving.wire import SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
@@ -73,6 +73,9 @@ class Sequence:
     detok: TextStream | None = field(default=None, repr=False)  # the text of ``output_ids``
     # Takes the batch's argmax with nothing else per row (``needs_row_work``); counts no tokens.
     plain: bool = field(init=False, repr=False)
+    # False: a stream answered with token ids (the HTTP child decodes them); ``text`` stays "".
+    decodes: bool = True
+    ids_sent: int = 0  # ids already streamed (``decodes`` False)
 
     def __post_init__(self) -> None:
         self.plain = not needs_row_work(self.params)
@@ -140,6 +143,12 @@ class Sequence:
         ids.append(token)
         if not self.plain:  # the penalties read the counts
             self.counts[token] = self.counts.get(token, 0) + 1
+        if not self.decodes:  # no text, so no stop strings: EOS or the length ends it
+            if token in eos_ids and not self.params.ignore_eos:
+                self.finish_reason = "stop"
+            elif len(ids) >= self.params.max_new_tokens:
+                self.finish_reason = "length"
+            return
         detok = self.detok
         if detok is None:
             detok = self.detok = decode.stream()
@@ -157,6 +166,12 @@ class Sequence:
         if len(ids) >= self.params.max_new_tokens:
             self.finish_reason = "length"
             self.text = detok.settle(ids)
+
+    def take_ids(self) -> list[int]:
+        """The ids not streamed yet (a sequence that does not decode)."""
+        taken = self.output_ids[self.ids_sent :]
+        self.ids_sent = len(self.output_ids)
+        return taken
 
     def take_increment(self) -> str:
         """Text not streamed yet that can no longer change: while running, hold back a tail that

@@ -198,6 +198,8 @@ class Scheduler(
         self.max_running = server_args.max_running_requests or server_args.max_batch_size
         self.finished_in_step = False  # a running request finished (it leaves running_batch next)
         self.recent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last steps
+        # Streams whose request names this decoder are answered with ids (``sends_ids``).
+        self.decoder = tp_worker.decoder_identity if self.is_generation else ""
 
     def serve(self) -> None:
         """``BatchingScheduler.serve``; a generation model's steps all run inside one entry of
@@ -219,7 +221,25 @@ class Scheduler(
         prompt = self.tp_worker.encode_prompt(request.text, params.max_new_tokens, raw=request.raw)
         seed = params.seed if params.seed is not None else random.getrandbits(31)
         seq = Sequence(request.rid, prompt, params, seed, request.stream)
+        seq.decodes = not self.sends_ids(request)
         return Req(identity=identity, request=request, seq=seq)
+
+    def sends_ids(self, request: wire.GenerateRequest) -> bool:
+        """Whether ``request`` is answered with token ids that the HTTP child decodes: a stream
+        with no stop strings (they are found in the text) and no logprobs, whose HTTP child
+        decodes with this scheduler's tokenizer (``GenerateRequest.decoder``) and had at most
+        ``ID_STREAMS`` requests outstanding here when it sent it. That takes the decode off the
+        step while the HTTP child has time to spare between tokens; with more streams the step
+        decodes them, where they do not add to the HTTP child's work per chunk."""
+        params = request.params
+        return (
+            request.stream
+            and request.inflight <= ID_STREAMS
+            and bool(self.decoder)
+            and request.decoder == self.decoder
+            and not params.stop
+            and not params.logprobs
+        )
 
     def encode_texts(self, texts: list[str]) -> list[list[int]]:
         input_ids = []
@@ -340,9 +360,15 @@ class Scheduler(
             self.pool.release(seq.rid)
             if gone:
                 return True
-        text = seq.take_increment() if seq.stream else seq.text
-        if not finished and (not seq.stream or not text):
-            return False
+        ids = None
+        if not seq.decodes:  # the HTTP child decodes the ids
+            text, ids = "", seq.take_ids()
+            if not finished and not ids:
+                return False
+        else:
+            text = seq.take_increment() if seq.stream else seq.text
+            if not finished and (not seq.stream or not text):
+                return False
         self.send(
             item.identity,
             wire.Generated(
@@ -355,6 +381,7 @@ class Scheduler(
                 seed=seq.seed,
                 batch_size=max(batch_size, 1),
                 logprobs=seq.take_logprobs(),
+                token_ids=ids,
             ),
         )
         return finished
@@ -413,6 +440,9 @@ class Scheduler(
 
 # The window over which a scheduler reports its generation rate.
 _RATE_WINDOW_S = 5.0
+# The most requests an HTTP child may have outstanding at a replica for a new stream to be
+# answered with token ids (``Scheduler.sends_ids``).
+ID_STREAMS = 4
 
 
 def follow_text_step(runner: ModelRunner, batch: GenerationBatch, work: wire.FollowerWork) -> None:

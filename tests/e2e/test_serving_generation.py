@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import msgspec
 import pytest
 from support import wait_for
 from support.http_bodies import SEEN_AS_500
@@ -126,6 +127,72 @@ def test_streaming_native_and_openai(server):
         chunks = _events(r)
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == whole["text"]
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def _scheduler_answers(server, request) -> list:
+    """Every answer of the server's scheduler to ``request``, sent on a DEALER socket of our own
+    to the scheduler's endpoint (named in the server's log), until the final one."""
+    import re
+
+    import zmq
+
+    from serving import wire
+
+    endpoint = re.search(r"serving \S+ \(generation\) at (ipc://\S+)", server.log)
+    assert endpoint, server.log
+    zctx = zmq.Context()
+    sock = zctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint.group(1))
+        sock.send(wire.encode(request))
+        answers = []
+        while not answers or not answers[-1].finished:
+            assert sock.poll(60_000), f"no answer to {request.rid}; got {answers}"
+            answers.append(wire.decode_from_scheduler(sock.recv()))
+        return answers
+    finally:
+        sock.close(0)
+        zctx.term()
+
+
+def test_a_stream_naming_the_schedulers_tokenizer_is_answered_with_token_ids(server, tiny_path):
+    """A streamed request that names the scheduler's own tokenizer (``TextDecoder.identity``, as
+    the HTTP child computes it from the model directory) gets token ids and no text, and the ids
+    decode to the plain request's text; naming another tokenizer, a stop string, or an HTTP child
+    with more than ``ID_STREAMS`` requests outstanding gets text."""
+    from serving import wire
+    from serving.detokenize import IdStream, TextDecoder
+    from serving.http.chat_template import load_tokenizer
+    from serving.srt.scheduler import ID_STREAMS
+
+    decoder = TextDecoder(load_tokenizer(str(tiny_path)))
+    assert decoder.identity
+    whole = generate(server.url, "ids please", max_new_tokens=12, temperature=0, ignore_eos=True)
+    params = wire.SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+
+    def ask(rid: str, name: str, p: wire.SamplingParams = params, inflight: int = 1) -> list:
+        request = wire.GenerateRequest(
+            rid, "ids please", p, stream=True, inflight=inflight, decoder=name
+        )
+        return _scheduler_answers(server, request)
+
+    answers = ask("ids-1", decoder.identity)
+    assert all(a.text == "" and a.token_ids for a in answers), answers
+    ids = [t for a in answers for t in a.token_ids]
+    assert len(ids) == 12 and answers[-1].completion_tokens == 12
+    stream = IdStream(decoder)
+    pieces = [stream.push(a.token_ids, a.finished) for a in answers]
+    assert "".join(pieces) == whole["text"]
+
+    for rid, name, p, inflight in (
+        ("ids-2", "another tokenizer", params, 1),
+        ("ids-3", decoder.identity, msgspec.structs.replace(params, stop=["never appears"]), 1),
+        ("ids-4", decoder.identity, params, ID_STREAMS + 1),  # a busy HTTP child
+    ):
+        answers = ask(rid, name, p, inflight)
+        assert all(a.token_ids is None for a in answers), answers
+        assert "".join(a.text for a in answers) == whole["text"]
 
 
 def test_api_key_guards_all_but_health_and_ready(server):

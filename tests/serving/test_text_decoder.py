@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 
 from support.gguf import train_tokenizer  # noqa: E402
 
-from serving.srt.detokenize import BackendStream, TextDecoder, WindowStream  # noqa: E402
+from serving.detokenize import BackendStream, TextDecoder, WindowStream  # noqa: E402
 
 
 def sequences(tokenizer, count: int = 200) -> list[list[int]]:
@@ -100,3 +100,51 @@ def test_a_stream_the_backend_refuses_goes_on_by_windows():
     for n in range(3, len(ids) + 1):
         text = stream.push(ids[:n])
     assert text == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_the_http_childs_id_stream_gives_the_schedulers_text_increments():
+    """``IdStream`` (the HTTP child's side of a stream answered with token ids) sends, answer by
+    answer, the pieces the scheduler's own stream would have sent: nothing incomplete while the
+    sequence runs, the whole text once it settles; ids in answers of one or of several."""
+    from transformers import PreTrainedTokenizerFast
+
+    from serving.detokenize import IdStream
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(), bos_token="<s>", eos_token="</s>"
+    )
+    decode = TextDecoder(tokenizer)
+    for ids in sequences(tokenizer):
+        if not ids:
+            continue
+        whole = tokenizer.decode(ids, skip_special_tokens=True)
+        for size in (1, 3):
+            stream, sent = IdStream(decode), ""
+            answers = [ids[at : at + size] for at in range(0, len(ids), size)]
+            for k, answer in enumerate(answers):
+                last = k == len(answers) - 1
+                sent += stream.push(answer, settle=last)
+                if not last:
+                    so_far = tokenizer.decode(ids[: (k + 1) * size], skip_special_tokens=True)
+                    assert sent == so_far.rstrip("\ufffd"), ids[: (k + 1) * size]
+            assert sent == whole, ids
+
+
+def test_tokenizers_decoding_alike_share_an_identity_and_others_do_not():
+    """The scheduler's tokenizer (``AutoTokenizer``, padded on the left) and the HTTP child's
+    (``load_tokenizer``) of one model directory share ``TextDecoder.identity``; another
+    tokenizer's differs, and a tokenizer whose decode is its own has none."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from launchspec.model_source import embedding_model_dir
+    from serving.http.chat_template import load_tokenizer
+
+    path = str(embedding_model_dir())
+    scheduler_side = AutoTokenizer.from_pretrained(path)
+    scheduler_side.padding_side = "left"
+    mine = TextDecoder(scheduler_side).identity
+    assert mine and mine == TextDecoder(load_tokenizer(path)).identity
+    bpe = PreTrainedTokenizerFast(tokenizer_object=train_tokenizer(), eos_token="</s>")
+    assert TextDecoder(bpe).identity not in ("", mine)
+    cleaned = AutoTokenizer.from_pretrained(path, clean_up_tokenization_spaces=True)
+    assert TextDecoder(cleaned).identity == ""

@@ -38,7 +38,7 @@ from serving.http.responses import (
     ChatLogprobs,
     Usage,
 )
-from serving.http.routes.text import generate_for, sampling
+from serving.http.routes.text import generate_for, sampling, streamed
 from serving.http.schemas import MAX_SEED, ChatCompletionRequest
 from serving.http.streaming import event_stream, merged, sse, unless_disconnected
 
@@ -180,5 +180,5 @@ async def _stream_chat(
                 )
             )
 
-    streams = [state.dispatcher.call(make) for make in makers]
+    streams = [streamed(state, make) for make in makers]
     return await event_stream(merged(streams), render, receive)

@@ -7,6 +7,8 @@ Each sends its request to a scheduler through ``state.dispatcher`` and answers t
 ``streaming.event_stream`` of ``CompletionChunk`` / ``GenerateChunk`` events. Every sequence of
 one HTTP request carries that request's id as its ``group`` (the scheduler shares its room fairly
 between requests). A client that goes away before the answer cancels the request (a bare 499).
+A streamed sequence goes through ``streamed``: where this process decodes with the scheduler's
+tokenizer, the scheduler may send its token ids, and they become text here.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import msgspec
 from starlette.responses import Response
 
 from serving import wire
+from serving.detokenize import IdStream, TextDecoder
 from serving.http.app import AppState, error_response, json_response
 from serving.http.asgi import Receive
 from serving.http.logprobs import completion_logprobs, native_logprobs, next_offset
@@ -173,7 +176,7 @@ async def _stream_completion(
             usage=Usage.of(reply.prompt_tokens, reply.completion_tokens),
         )
 
-    replies = state.dispatcher.call(generate_for(prompt, params, cid, stream=True))
+    replies = streamed(state, generate_for(prompt, params, cid, stream=True))
     timing = state.metrics.generation(streamed=True)
     return await text_stream(replies, chunk, state.metrics, receive, timing, last)
 
@@ -193,7 +196,7 @@ async def generate(state: AppState, body: GenerateRequest, receive: Receive) -> 
             tokens.extend(reply.logprobs or [])
             return GenerateChunk(text=text[0], meta_info=_meta(reply, body, tokens))
 
-        replies = state.dispatcher.call(generate_for(body.text, params, group, stream=True))
+        replies = streamed(state, generate_for(body.text, params, group, stream=True))
         timing = state.metrics.generation(streamed=True)
         return await text_stream(replies, chunk, state.metrics, receive, timing)
     timing = state.metrics.generation(streamed=False)
@@ -285,3 +288,36 @@ def generate_for(
     """What makes the scheduler request for one sequence of HTTP request ``group``: a request id
     in, its request out."""
     return lambda rid: wire.GenerateRequest(rid, text, params, stream=stream, group=group, raw=raw)
+
+
+def streamed(
+    state: AppState, make: Callable[[str], wire.GenerateRequest]
+) -> AsyncGenerator[wire.Generated, None]:
+    """``state.dispatcher.call(make)`` for a streamed sequence. When this process decodes with a
+    plain tokenizer (``ChatTemplate.decoder``), the request names it, and a scheduler with the
+    same tokenizer may answer with token ids (``Scheduler.sends_ids``), which become each
+    answer's ``text`` here (``IdStream``; an answer whose ids complete no character yet is held
+    back until one does)."""
+    decoder = state.chat.decoder if state.chat is not None else None
+    if decoder is None:
+        return state.dispatcher.call(make)
+    identity = decoder.identity
+    named = state.dispatcher.call(lambda rid: msgspec.structs.replace(make(rid), decoder=identity))
+    return _decoded(named, decoder)
+
+
+async def _decoded(
+    replies: AsyncGenerator[wire.Generated, None], decoder: TextDecoder
+) -> AsyncGenerator[wire.Generated, None]:
+    stream: IdStream | None = None
+    try:
+        async for reply in replies:
+            if reply.token_ids is not None:
+                stream = stream or IdStream(decoder)
+                settle = reply.finished and reply.finish_reason in ("stop", "length")
+                reply.text = stream.push(reply.token_ids, settle)
+                if not reply.text and not reply.finished:
+                    continue
+            yield reply
+    finally:
+        await replies.aclose()

@@ -7,10 +7,19 @@ sequence runs, characters still incomplete (a token that ends part-way through a
 several bytes) are held back; ``settle`` adds them when the sequence ends. A plain fast tokenizer
 streams through its ``tokenizers`` backend's own incremental decoder (one call a token, in Rust);
 any other decodes a short window of the newest ids again each step.
+
+The scheduler and the HTTP child each load the model's tokenizer. ``TextDecoder.identity`` names
+a plain fast tokenizer by what its ``tokenizers`` backend decodes with (a digest of its model's
+vocabulary, its added tokens and which of them are special, and its decoder; not the encoding's
+settings, such as padding, which each process sets its own way), so that two
+processes can tell that they decode the same ids to the same text. A streamed request whose
+decoder the scheduler shares is answered with token ids, and ``IdStream`` turns them into the
+same text increments in the HTTP child (SGLang's detokenizer, off the scheduler's step).
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 # Window streams: tokens decoded again before the new ones, so that a tokenizer that joins or
@@ -41,6 +50,20 @@ class TextDecoder:
             and callable(getattr(backend, "decode", None))
         )
         self.backend = backend if self.plain else None
+        self._identity: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """A digest of the ``tokenizers`` backend of a plain tokenizer (equal digests decode
+        equal ids to equal text); "" when the tokenizer is not plain (its decode is its own)."""
+        if self._identity is None:
+            self._identity = ""
+            if self.backend is not None:
+                try:
+                    self._identity = _decoding_digest(self.backend)
+                except Exception:  # noqa: BLE001 - a backend that cannot say what it is: no identity
+                    pass
+        return self._identity
 
     def __call__(self, token_ids: list[int]) -> str:
         if self.backend is not None:
@@ -57,6 +80,19 @@ class TextDecoder:
                 return WindowStream(self)
             return BackendStream(self, DecodeStream(skip_special_tokens=True))
         return WindowStream(self)
+
+
+def _decoding_digest(backend: Any) -> str:
+    """A digest of what ``backend`` (a ``tokenizers.Tokenizer``) decodes with: its model's
+    serialisation (the vocabulary), its decoder's, and its added tokens with their special flag."""
+    digest = hashlib.sha256(backend.model.__getstate__())
+    decoder = backend.decoder
+    digest.update(b"\0" + (decoder.__getstate__() if decoder is not None else b""))
+    added = sorted(
+        (i, t.content, bool(t.special)) for i, t in backend.get_added_tokens_decoder().items()
+    )
+    digest.update(b"\0" + repr(added).encode())
+    return digest.hexdigest()
 
 
 class TextStream:
@@ -137,3 +173,27 @@ class WindowStream(TextStream):
     def settle(self, ids: list[int]) -> str:
         self.text = self.raw
         return self.text
+
+
+class IdStream:
+    """The text increments of one streamed sequence answered with token ids (the HTTP child's
+    side of a stream the scheduler does not decode): ``push(ids, settle)`` takes the ids of one
+    answer and returns the text that follows what it returned before. The text is the one the
+    scheduler's own stream would have sent: characters still incomplete wait for the next ids,
+    and ``settle`` (the sequence ended by EOS or its length) adds what was held back."""
+
+    def __init__(self, decoder: TextDecoder) -> None:
+        self.ids: list[int] = []
+        self.stream = decoder.stream()
+        self.sent = 0
+
+    def push(self, ids: list[int], settle: bool = False) -> str:
+        text = self.stream.text
+        for token in ids:
+            self.ids.append(token)
+            text = self.stream.push(self.ids)
+        if settle:
+            text = self.stream.settle(self.ids)
+        piece = text[self.sent :]
+        self.sent = len(text)
+        return piece
