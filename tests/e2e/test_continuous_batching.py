@@ -13,10 +13,15 @@ import json
 import threading
 
 import httpx
-import msgspec
 import pytest
-from support import make_dist, wait_for
-from support.serving import build_tiny_llama, post, server_env, start_server
+from support import make_dist
+from support.serving import (
+    SchedulerSocket,
+    build_tiny_llama,
+    post,
+    server_env,
+    start_server,
+)
 from support.supervisor import Run
 
 from serving import wire
@@ -148,40 +153,6 @@ def test_a_request_that_could_never_fit_the_pool_is_a_400_naming_the_option(serv
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
     assert "--max-total-tokens" in message and f"KV pool of {POOL} tokens" in message, message
-
-
-class SchedulerSocket:
-    """A DEALER on a scheduler's own request socket (what the HTTP child does)."""
-
-    def __init__(self, endpoint: str) -> None:
-        import zmq
-
-        self.zctx = zmq.Context()
-        self.sock = self.zctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-
-    def send(self, msg: msgspec.Struct) -> None:
-        self.sock.send(wire.encode(msg))
-
-    def finished(self, count: int, timeout: float = 180.0) -> list[str]:
-        """The rids of the next ``count`` finished generations, in the order they finished."""
-        done: list[str] = []
-
-        def more() -> bool:
-            while self.sock.poll(100):
-                reply = wire.decode_from_scheduler(self.sock.recv())
-                assert isinstance(reply, wire.Generated), reply
-                if reply.finished:
-                    done.append(reply.rid)
-            return len(done) >= count
-
-        wait_for(more, timeout, f"{count} generations to finish", interval=0)
-        return done
-
-    def close(self) -> None:
-        self.sock.close(0)
-        self.zctx.term()
 
 
 def test_a_small_request_is_admitted_before_the_rest_of_a_big_one(tiny_path):

@@ -13,6 +13,7 @@ import pytest
 from support import wait_for
 from support.http_bodies import SEEN_AS_500
 from support.serving import (
+    SchedulerSocket,
     Server,
     build_tiny_llama,
     leaving_client,
@@ -134,26 +135,14 @@ def _scheduler_answers(server, request) -> list:
     to the scheduler's endpoint (named in the server's log), until the final one."""
     import re
 
-    import zmq
-
-    from serving import wire
-
     endpoint = re.search(r"serving \S+ \(generation\) at (ipc://\S+)", server.log)
     assert endpoint, server.log
-    zctx = zmq.Context()
-    sock = zctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
+    sock = SchedulerSocket(endpoint.group(1))
     try:
-        sock.connect(endpoint.group(1))
-        sock.send(wire.encode(request))
-        answers = []
-        while not answers or not answers[-1].finished:
-            assert sock.poll(60_000), f"no answer to {request.rid}; got {answers}"
-            answers.append(wire.decode_from_scheduler(sock.recv()))
-        return answers
+        sock.send(request)
+        return sock.answers()
     finally:
-        sock.close(0)
-        zctx.term()
+        sock.close()
 
 
 def test_a_stream_naming_the_schedulers_tokenizer_is_answered_with_token_ids(server, tiny_path):

@@ -539,3 +539,51 @@ def report(capsys, line: str) -> None:
     """Print a figure so it shows in the test run's output, even with -q."""
     with capsys.disabled():
         print("\n" + line)
+
+
+class SchedulerSocket:
+    """A DEALER on a scheduler's own request socket (what the HTTP child does)."""
+
+    def __init__(self, endpoint: str) -> None:
+        import zmq
+
+        self.zctx = zmq.Context()
+        self.sock = self.zctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def send(self, msg) -> None:
+        from serving import wire
+
+        self.sock.send(wire.encode(msg))
+
+    def finished(self, count: int, timeout: float = 180.0) -> list[str]:
+        """The rids of the next ``count`` finished generations, in the order they finished."""
+        from serving import wire
+
+        done: list[str] = []
+
+        def more() -> bool:
+            while self.sock.poll(100):
+                reply = wire.decode_from_scheduler(self.sock.recv())
+                assert isinstance(reply, wire.Generated), reply
+                if reply.finished:
+                    done.append(reply.rid)
+            return len(done) >= count
+
+        wait_for(more, timeout, f"{count} generations to finish", interval=0)
+        return done
+
+    def answers(self, timeout: float = 60.0) -> list:
+        """Every answer to the one request under way, up to its final one."""
+        from serving import wire
+
+        got: list = []
+        while not got or not got[-1].finished:
+            assert self.sock.poll(int(timeout * 1000)), f"no final answer; got {got}"
+            got.append(wire.decode_from_scheduler(self.sock.recv()))
+        return got
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.zctx.term()
