@@ -119,13 +119,18 @@ def _queue_depth(server) -> int:
 def test_the_policy_admits_the_shortest_prompt_first(toy_server):
     """With one running request at a time, three requests wait behind a long one, queued
     longest prompt first; once the long one is cancelled (its client leaves) they run, and
-    finish, shortest prompt first."""
+    finish, shortest prompt first.
+
+    The order is read by the clients' threads, so the later a request runs the more tokens it
+    makes: each finishes a whole run of the next one's steps before it, and a thread woken late
+    on a busy machine does not swap two answers that were a few steps apart."""
     prompts = {"long": " ".join(["word"] * 40), "medium": " ".join(["word"] * 15), "short": "hi"}
+    tokens = {"short": 24, "medium": 160, "long": 320}
     order: list[str] = []
     lock = threading.Lock()
 
     def one(name: str) -> None:
-        _generate(toy_server, prompts[name], 24)
+        _generate(toy_server, prompts[name], tokens[name])
         with lock:
             order.append(name)
 
