@@ -7,8 +7,8 @@ store), reports ready (``wire.ReplicaReady``), and serves the HTTP child until `
 is set, then tells its followers to stop.
 
 The loop has SGLang's shape. Each turn receives what arrived (a ``Ping`` is answered with a
-``Pong`` and the runtime's ``Stats``, a ``Cancel`` drops a waiting request or marks a running
-one, a request of another kind than the model's is refused with a 400 naming both kinds,
+``Pong`` and the runtime's ``Stats``, a ``FlushCache`` with a ``FlushCacheResult`` from
+``flush_cache()``, a ``Cancel`` drops a waiting request or marks a running one, a request of another kind than the model's is refused with a 400 naming both kinds,
 ``param="model"``, and any other request is checked and appended to ``waiting_queue`` by the
 runtime's ``admit``, an ``InputError`` answered with a 400 at once); then, when work is due, one
 step:
@@ -195,6 +195,13 @@ class BatchingScheduler(ABC, Generic[R, Q, B, T]):
     def stats(self) -> wire.Stats:
         """This scheduler's counters (``counted``), its model and its device's memory (for
         ``Pong`` and the ready report)."""
+
+    def flush_cache(self) -> tuple[bool, str]:
+        """Empty the prefix cache (``wire.FlushCache``, ``POST /flush_cache``): ``(True, "")``
+        when it is now empty, else ``(False, why)``. A runtime with a prefix cache overrides this
+        (SGLang's rule: flush only when no request is running or waiting, else refuse, and the
+        caller may retry); by default there is none to flush."""
+        return False, "this runtime has no prefix cache"
 
     def recover(self) -> None:
         """After a failed step (in a replica of one rank, its requests already answered): drop
@@ -395,6 +402,9 @@ class BatchingScheduler(ABC, Generic[R, Q, B, T]):
             return
         if isinstance(msg, wire.Ping):
             self.send(identity, self.pong(msg.rid))
+        elif isinstance(msg, wire.FlushCache):
+            ok, message = self.flush_cache()
+            self.send(identity, wire.FlushCacheResult(msg.rid, ok, message))
         elif isinstance(msg, wire.Cancel):
             self.cancel(msg.rid)
         else:

@@ -119,6 +119,14 @@ class Ping(msgspec.Struct, tag="ping"):
     rid: str
 
 
+class FlushCache(msgspec.Struct, tag="flush_cache"):
+    """Empty the prefix cache (``POST /flush_cache``): answered with ``FlushCacheResult`` by
+    ``BatchingScheduler.flush_cache()``. A scheduler with a prefix cache flushes it only when no
+    request is running or waiting (SGLang's rule), and refuses otherwise; the caller may retry."""
+
+    rid: str
+
+
 # ---- scheduler -> HTTP child -------------------------------------------------------------------
 
 
@@ -172,6 +180,8 @@ class Generated(msgspec.Struct, tag="generated"):
     that ran in the step that finished (or advanced) this one. ``token_ids``: a stream the
     scheduler does not decode (``GenerateRequest.decoder``) carries the ids generated since the
     previous message here, and ``text`` is empty (the HTTP child decodes them).
+    ``cached_tokens``: how many of the ``prompt_tokens`` had their KV taken from the prefix
+    cache rather than prefilled (SGLang's ``meta_info.cached_tokens``); 0 without a cache.
     """
 
     rid: str
@@ -184,6 +194,7 @@ class Generated(msgspec.Struct, tag="generated"):
     batch_size: int = 1
     logprobs: list[TokenLogprob] | None = None
     token_ids: list[int] | None = None
+    cached_tokens: int = 0
 
 
 class Images(msgspec.Struct, tag="images"):
@@ -219,6 +230,15 @@ class RequestFailed(msgspec.Struct, tag="failed"):
     status: int
     message: str
     param: str | None = None  # the request field to change: "input", "max_new_tokens" or "model"
+
+
+class FlushCacheResult(msgspec.Struct, tag="flush_cache_result"):
+    """The answer to ``FlushCache``: ``ok`` when the prefix cache is now empty; otherwise
+    ``message`` says why not (requests running or waiting; no prefix cache in this runtime)."""
+
+    rid: str
+    ok: bool
+    message: str = ""
 
 
 # ---- what a scheduler reports about itself: ready info (to the supervisor) and its Pong ---------
@@ -358,7 +378,9 @@ class TextStats(SchedulerStats, tag="text", kw_only=True):
     sequences decoding (or prefilling) now, ``queued`` waiting to be admitted, the KV pool's
     tokens (``kv_tokens_total``, ``--max-total-tokens``) and those reserved by the running
     sequences (``kv_tokens_used``), and the tokens generated per second over the last few
-    seconds."""
+    seconds. ``prompt_tokens_total``: the prompt tokens of every generation admitted since the
+    scheduler started, ``cached_tokens_total`` those of them whose KV came from the prefix cache
+    (their ratio is ``sglang:cache_hit_rate``)."""
 
     model: TextModel
     memory: TextMemory
@@ -367,6 +389,8 @@ class TextStats(SchedulerStats, tag="text", kw_only=True):
     kv_tokens_used: int = 0
     kv_tokens_total: int = 0
     generation_tokens_per_s: float = 0.0
+    prompt_tokens_total: int = 0
+    cached_tokens_total: int = 0
 
 
 class ImageStats(SchedulerStats, tag="image", kw_only=True):
@@ -476,8 +500,10 @@ FollowerWork = GenerationStep | ImageBatch | ImageTurn
 ToFollower = FollowerWork | Tick | Stop
 
 Request = EmbedRequest | GenerateRequest | ImageRequest
-ToScheduler = Request | Cancel | Ping
-FromScheduler = Embeddings | Generated | Images | ImageProgress | RequestFailed | Pong
+ToScheduler = Request | Cancel | Ping | FlushCache
+FromScheduler = (
+    Embeddings | Generated | Images | ImageProgress | RequestFailed | Pong | FlushCacheResult
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _to_scheduler = msgspec.msgpack.Decoder(ToScheduler)
