@@ -181,7 +181,8 @@ class Generated(msgspec.Struct, tag="generated"):
     scheduler does not decode (``GenerateRequest.decoder``) carries the ids generated since the
     previous message here, and ``text`` is empty (the HTTP child decodes them).
     ``cached_tokens``: how many of the ``prompt_tokens`` had their KV taken from the prefix
-    cache rather than prefilled (SGLang's ``meta_info.cached_tokens``); 0 without a cache.
+    cache rather than prefilled (SGLang's ``meta_info.cached_tokens``), on every message of the
+    sequence (a streamed increment's too); 0 without a cache.
     """
 
     rid: str

@@ -4,7 +4,7 @@ limit, errors and ``/openapi.json``.
 ``serving.http.routes.create_app(state)`` serves the built-in routes (``serving.http.routes``: ``/health``, ``/ping``,
 ``/health_generate``, ``/ready``, ``/v1/models``, ``/v1/embeddings``, ``/v1/completions``,
 ``/v1/chat/completions``, ``/generate``, ``/get_model_info``, ``/get_server_info``, ``/metrics``,
-``/openapi.json``, ``/docs``) and the routes of the launch's runtime
+``/flush_cache``, ``/openapi.json``, ``/docs``) and the routes of the launch's runtime
 (``AppState.api_routes``: the diffusion runtime adds ``/v1/images/generations``), built from a
 ``RouteKit``; a plugin adds its own with ``app.add_route(Route(...))``. Every error is JSON in
 OpenAI's shape (``responses.ErrorBody``); input a client gets wrong is a 4xx whose ``param`` names
@@ -429,6 +429,11 @@ def _ref(struct: type) -> dict[str, str]:
 
 def _answer(r: Route[Any], status: int) -> dict[str, object]:
     """The OpenAPI response of route ``r`` for ``status`` (one of ``r.answers``)."""
+    if status >= 400 and r.response is None:  # a route with no answer struct refuses in JSON
+        return {
+            "description": "refused: the message says why",
+            "content": {JSON: {"schema": _ref(ErrorBody)}},
+        }
     content: dict[str, object] = {}
     if r.response is not None:
         content[r.media_type] = {"schema": _ref(r.response)}

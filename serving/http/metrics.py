@@ -4,9 +4,11 @@ Two families of names share the page:
 
 - SGLang's, labelled ``model_name`` (the served name), so SGLang's dashboards and alerts read
   them: the gauges ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
-  ``sglang:gen_throughput`` (tokens per second), ``sglang:num_used_tokens`` and
-  ``sglang:token_usage`` (the KV-cache pool's share in use), summed over the replicas that
-  answer when the page is asked for (``observe_schedulers``); the histograms
+  ``sglang:gen_throughput`` (tokens per second), ``sglang:num_used_tokens``,
+  ``sglang:token_usage`` (the KV-cache pool's share in use) and ``sglang:cache_hit_rate`` (of the
+  prompt tokens the replicas admitted since they started, the share whose KV came from the
+  prefix cache: ``TextStats.cached_tokens_total / prompt_tokens_total``, 0 before any), summed
+  over the replicas that answer when the page is asked for (``observe_schedulers``); the histograms
   ``sglang:time_to_first_token_seconds`` and ``sglang:inter_token_latency_seconds`` (streamed
   generations: the HTTP child sees tokens as they come only when they are streamed) and
   ``sglang:e2e_request_latency_seconds`` (every generation); the counters
@@ -105,6 +107,11 @@ class Metrics:
         self.token_usage = gauge(
             "sglang:token_usage", "Share of the KV-cache token pool in use (0 to 1)."
         )
+        self.cache_hit_rate = gauge(
+            "sglang:cache_hit_rate",
+            "The prefix cache hit rate: the share of the prompt tokens admitted since the "
+            "replicas started whose KV came from the prefix cache (0 to 1).",
+        )
         self.first_token = histogram(
             "sglang:time_to_first_token_seconds",
             "Time from a streamed generation's request to its first text.",
@@ -153,7 +160,7 @@ class Metrics:
         answered = list(pongs)
         if not answered:
             return
-        running = queued = used = total = 0
+        running = queued = used = total = prompt = cached = 0
         throughput = 0.0
         self.plugins.pages = {
             p.dp_rank: p.info.plugin_metrics for p in answered if p.info and p.info.plugin_metrics
@@ -166,6 +173,8 @@ class Metrics:
                 used += info.kv_tokens_used
                 total += info.kv_tokens_total
                 throughput += info.generation_tokens_per_s
+                prompt += info.prompt_tokens_total
+                cached += info.cached_tokens_total
             else:
                 queued += pong.queue_depth
         self.running.set(running)
@@ -173,6 +182,7 @@ class Metrics:
         self.throughput.set(throughput)
         self.used_tokens.set(used)
         self.token_usage.set(used / total if total else 0.0)
+        self.cache_hit_rate.set(cached / prompt if prompt else 0.0)
 
     def set_queue_depth(self, dp_rank: int, depth: int) -> None:
         """Requests now outstanding at replica ``dp_rank``."""

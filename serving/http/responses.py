@@ -88,18 +88,30 @@ class EmbeddingList(msgspec.Struct, kw_only=True):
     usage: EmbeddingUsage
 
 
+class PromptTokensDetails(msgspec.Struct, kw_only=True):
+    """OpenAI's ``usage.prompt_tokens_details``: ``cached_tokens``, how many of the prompt
+    tokens had their KV taken from the prefix cache rather than prefilled."""
+
+    cached_tokens: int = 0
+
+
 class Usage(msgspec.Struct, kw_only=True):
+    """OpenAI's ``usage`` of a completion or a chat completion."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
-        """The usage of ``prompt_tokens`` in and ``completion_tokens`` out."""
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+        """The usage of ``prompt_tokens`` in (``cached_tokens`` of them from the prefix cache)
+        and ``completion_tokens`` out."""
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
         )
 
 
@@ -226,13 +238,15 @@ TopEntry = tuple[float, None, str]
 
 
 class GenerateMeta(msgspec.Struct, kw_only=True):
-    """``output_token_logprobs`` with ``return_logprob``; ``output_top_logprobs`` also with
+    """``cached_tokens``: how many of the ``prompt_tokens`` had their KV taken from the prefix
+    cache (SGLang's name). ``output_token_logprobs`` with ``return_logprob``; ``output_top_logprobs`` also with
     ``top_logprobs_num`` > 0 (one list per token, most likely first). In a stream, both hold
     every token so far."""
 
     id: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
     finish_reason: FinishReason | None
     seed: int | None
     output_token_logprobs: list[TokenEntry] | UnsetType = UNSET

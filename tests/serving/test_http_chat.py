@@ -158,7 +158,9 @@ def test_the_stream_has_the_role_first_then_deltas_then_finish_reason_and_usage(
     assert data[-1] == "[DONE]"
     chunks = [msgspec.convert(d, responses.ChatCompletionChunk, strict=True) for d in data[:-1]]
     assert all(c.object == "chat.completion.chunk" for c in chunks)
-    assert chunks[-1].choices == [] and chunks[-1].usage == responses.Usage(**plain["usage"])
+    assert chunks[-1].choices == [] and chunks[-1].usage == msgspec.convert(
+        plain["usage"], responses.Usage
+    )
     for index in (0, 1):
         own = [c.choices[0] for c in chunks[:-1] if c.choices[0].index == index]
         assert own[0].delta == responses.ChatDelta(role="assistant", content="")

@@ -21,6 +21,7 @@ SGLANG_METRICS = {
     "sglang:gen_throughput": "gauge",
     "sglang:num_used_tokens": "gauge",
     "sglang:token_usage": "gauge",
+    "sglang:cache_hit_rate": "gauge",
     "sglang:time_to_first_token_seconds": "histogram",
     "sglang:inter_token_latency_seconds": "histogram",
     "sglang:e2e_request_latency_seconds": "histogram",
@@ -161,6 +162,7 @@ def test_metrics_carry_sglangs_names_types_and_model_name_label(tmp_path):
     assert values[("sglang:num_used_tokens", model)] == STATS["kv_tokens_used"]
     assert values[("sglang:token_usage", model)] == 0.25
     assert values[("sglang:gen_throughput", model)] == THROUGHPUT
+    assert values[("sglang:cache_hit_rate", model)] == 0  # nothing admitted yet
     assert values[("sglang:time_to_first_token_seconds_count", model)] == 0  # there at zero
     assert values[("sglang:prompt_tokens_total", model)] == 0
     _, values = samples(after)

@@ -8,13 +8,22 @@ they were sampled with, so a test sees exactly what the HTTP child did with each
   with log-probability ``-(i + 1) / 10`` and ``top_logprobs`` alternatives (``logprobs`` only
   when asked); ``prompt_tokens`` is the prompt's length in characters; streamed, one message
   per token;
+- ``cached``: the prompt tokens each generation reports taken from the prefix cache
+  (``Generated.cached_tokens``, on every message; at most the prompt's length); the ``Pong``'s
+  ``TextStats`` counts every generation's prompt and cached tokens (``prompt_tokens_total``,
+  ``cached_tokens_total``) as a scheduler with a prefix cache does;
 - a ``Ping`` gets a ``Pong`` with ``STATS``; an ``EmbedRequest`` a one-value vector;
+- a ``FlushCache`` gets a ``FlushCacheResult`` of ``flush`` (``(ok, message)``; default a
+  success), and counts in ``flushes``;
 - ``hold``: generation and embedding requests stay unanswered; ``fail``: they are refused with a
   ``RequestFailed`` of that status and message.
 
 ``serve_app(tmp_path, **state)`` runs a test body against the app (httpx's ASGI transport) with
-its replica pool connected to a ``FakeScheduler`` (``connected``, as the server joins them).
-``make_state(pool)`` is the ``AppState`` of a pool (a ``Dispatcher`` over it).
+its replica pool connected to a ``FakeScheduler`` (``connected``, as the server joins them);
+``replicas=N`` connects N of them (``Served.schedulers``, dp rank 0 to N-1); ``loopback=True``
+serves the app with uvicorn on a real loopback port instead (``Served.url``; ``Served.http`` then
+talks real HTTP to it). ``make_state(pool)`` is the ``AppState`` of a pool (a ``Dispatcher`` over
+it).
 """
 
 from __future__ import annotations
@@ -68,14 +77,26 @@ def token_text(seed: int | None, i: int) -> str:
 class FakeScheduler:
     """See the module docstring. ``received``: every request, in order."""
 
-    def __init__(self, zctx: zmq.asyncio.Context, endpoint: str, kind: str = "generation") -> None:
+    def __init__(
+        self,
+        zctx: zmq.asyncio.Context,
+        endpoint: str,
+        kind: str = "generation",
+        dp_rank: int = 0,
+    ) -> None:
         self.kind = kind  # what its Pong says it serves
+        self.dp_rank = dp_rank
         self.sock = zctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(endpoint)
         self.received: list[wire.Request] = []
         self.hold = False
         self.fail: tuple[int, str] | None = None
+        self.cached = 0
+        self.prompt_tokens_total = 0
+        self.cached_tokens_total = 0
+        self.flush: tuple[bool, str] = (True, "")
+        self.flushes = 0
         self.task = asyncio.ensure_future(self._serve())
 
     @property
@@ -90,6 +111,10 @@ class FakeScheduler:
                 await self._send(identity, self._pong(msg.rid))
                 continue
             if isinstance(msg, wire.Cancel):
+                continue
+            if isinstance(msg, wire.FlushCache):
+                self.flushes += 1
+                await self._send(identity, wire.FlushCacheResult(msg.rid, *self.flush))
                 continue
             self.received.append(msg)
             if self.hold:
@@ -108,9 +133,11 @@ class FakeScheduler:
             model=MODEL,
             memory=wire.TextMemory(None, None, None),
             generation_tokens_per_s=THROUGHPUT,
+            prompt_tokens_total=self.prompt_tokens_total,
+            cached_tokens_total=self.cached_tokens_total,
             **STATS,
         )
-        return wire.Pong(rid, 0, os.getpid(), "tiny", self.kind, 0, stats)
+        return wire.Pong(rid, self.dp_rank, os.getpid(), "tiny", self.kind, 0, stats)
 
     def _generate(self, msg: wire.GenerateRequest) -> list[wire.Generated]:
         params = msg.params
@@ -129,6 +156,9 @@ class FakeScheduler:
             for i in range(params.max_new_tokens)
         ]
         prompt = len(msg.text)
+        cached = min(self.cached, prompt)
+        self.prompt_tokens_total += prompt
+        self.cached_tokens_total += cached
 
         def reply(part: list[wire.TokenLogprob], done: int, finished: bool) -> wire.Generated:
             return wire.Generated(
@@ -140,6 +170,7 @@ class FakeScheduler:
                 finish_reason="length" if finished else None,
                 seed=seed,
                 logprobs=part if params.logprobs else None,
+                cached_tokens=cached,
             )
 
         if not msg.stream:
@@ -159,7 +190,9 @@ class FakeScheduler:
 class Served:
     app: App
     http: httpx.AsyncClient
-    scheduler: FakeScheduler
+    scheduler: FakeScheduler  # the first of ``schedulers``
+    schedulers: list[FakeScheduler]
+    url: str = "http://app"  # with ``loopback``, the real server's
 
 
 def make_state(pool: ReplicaPool, **state: object) -> AppState:
@@ -180,26 +213,60 @@ def make_state(pool: ReplicaPool, **state: object) -> AppState:
 
 
 @contextlib.asynccontextmanager
-async def serve_app(tmp_path, **state: object) -> AsyncIterator[Served]:
-    """The app with its pool connected to a ``FakeScheduler`` (see the module docstring)."""
-    endpoint = f"ipc://{tmp_path}/fake-scheduler.sock"
+async def serve_app(
+    tmp_path, *, replicas: int = 1, loopback: bool = False, **state: object
+) -> AsyncIterator[Served]:
+    """The app with its pool connected to ``replicas`` ``FakeScheduler``s, over httpx's ASGI
+    transport or (``loopback``) real HTTP (see the module docstring)."""
+    endpoints = [f"ipc://{tmp_path}/fake-scheduler-{dp}.sock" for dp in range(replicas)]
     zctx = zmq.asyncio.Context()
     kind = state.get("kind", "generation")
-    scheduler = FakeScheduler(zctx, endpoint, kind if isinstance(kind, str) else "generation")
+    schedulers = [
+        FakeScheduler(zctx, e, kind if isinstance(kind, str) else "generation", dp_rank=dp)
+        for dp, e in enumerate(endpoints)
+    ]
     metrics = Metrics("tiny")
-    pool = ReplicaPool([endpoint], metrics=metrics)
+    pool = ReplicaPool(endpoints, metrics=metrics)
     app = create_app(make_state(pool, metrics=metrics, **state))
     queries = app.state.queries
     link = SupervisorLink(pool, app.state.dispatcher, queries)
     try:
         async with connected(pool, queries, link):
             deadline = asyncio.get_running_loop().time() + 10
-            while not pool.replicas[0].connected:
+            while not all(r.connected for r in pool.replicas):
                 assert asyncio.get_running_loop().time() < deadline, "the pool never connected"
                 await asyncio.sleep(0.01)
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
-                yield Served(app, http, scheduler)
+            if loopback:
+                async with _on_loopback(app) as url, httpx.AsyncClient(base_url=url) as http:
+                    yield Served(app, http, schedulers[0], schedulers, url)
+            else:
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+                    yield Served(app, http, schedulers[0], schedulers)
     finally:
-        await scheduler.stop()
+        for scheduler in schedulers:
+            await scheduler.stop()
         zctx.destroy(0)
+
+
+@contextlib.asynccontextmanager
+async def _on_loopback(app: App) -> AsyncIterator[str]:
+    """``app`` served by uvicorn on a free loopback port, on this event loop; its base URL."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, loop="none", lifespan="off", log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve(sockets=None))
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while not server.started:
+            assert not task.done(), "uvicorn stopped before it started"
+            assert asyncio.get_running_loop().time() < deadline, "uvicorn never started"
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)

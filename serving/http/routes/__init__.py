@@ -164,6 +164,16 @@ def builtin_routes(app: App) -> list[Route[Any]]:
             "Prometheus metrics",
             media_type="text/plain",
         ),
+        Route(
+            "POST",
+            "/flush_cache",
+            partial(info.flush_cache, state),
+            "empty the prefix cache of every replica (SGLang's route): 200 with a short text "
+            "when every one flushed, 400 naming the replicas that refused (one refuses while "
+            "requests run or wait there; retry)",
+            media_type="text/plain",
+            answers=(200, 400, 503),
+        ),
         Route("GET", "/openapi.json", partial(info.openapi, app), "this document", in_schema=False),
         Route("GET", "/docs", partial(info.docs, app), "the API, browsable", in_schema=False),
     ]

@@ -10,7 +10,9 @@ The answer is a ``ChatCompletion``, or with ``stream`` ``ChatCompletionChunk`` e
 choice's first chunk carries the role, then one chunk per text increment, then one with its
 ``finish_reason``; with ``stream_options.include_usage`` a last chunk without choices carries
 the usage. ``usage.prompt_tokens`` is the templated prompt's, as the scheduler counted it (once,
-whatever ``n``).
+whatever ``n``), and ``usage.prompt_tokens_details.cached_tokens`` how many of them the first
+choice found in the prefix cache (counted once too, as SGLang counts it: never more than the
+prompt).
 """
 
 from __future__ import annotations
@@ -103,7 +105,11 @@ async def chat_completions(
                 )
                 for i, r in enumerate(replies)
             ],
-            usage=Usage.of(replies[0].prompt_tokens, sum(r.completion_tokens for r in replies)),
+            usage=Usage.of(
+                replies[0].prompt_tokens,
+                sum(r.completion_tokens for r in replies),
+                replies[0].cached_tokens,
+            ),
         )
     )
 
@@ -172,7 +178,9 @@ async def _stream_chat(
         state.metrics.observe_result(reply.batch_size, prompt_tokens, reply.completion_tokens)
         if include_usage and len(finals) == len(makers):
             usage = Usage.of(
-                finals[0].prompt_tokens, sum(r.completion_tokens for r in finals.values())
+                finals[0].prompt_tokens,
+                sum(r.completion_tokens for r in finals.values()),
+                finals[0].cached_tokens,
             )
             yield sse(
                 ChatCompletionChunk(

@@ -1,6 +1,6 @@
 """The routes about the server: ``/health`` (and ``/ping``), ``/health_generate``, ``/ready``,
-``/v1/models``, ``/get_model_info``, ``/get_server_info``, ``/metrics``, ``/openapi.json`` and
-``/docs``, each ``handler(state, body, receive)`` (the document's routes take the ``App``
+``/v1/models``, ``/get_model_info``, ``/get_server_info``, ``/metrics``, ``/flush_cache``,
+``/openapi.json`` and ``/docs``, each ``handler(state, body, receive)`` (the document's routes take the ``App``
 instead).
 
 ``/health`` answers from what the replica pool knows (a dead replica, the supervisor's
@@ -255,6 +255,48 @@ async def prometheus(state: AppState, body: None, receive: Receive) -> Response:
     state.metrics.observe_schedulers(p for p in pongs if p is not None)
     page, media_type = state.metrics.render()
     return Response(page, media_type=media_type)
+
+
+FLUSH_TIMEOUT_S = 30.0  # a replica answers between two steps; a long prefill step may delay it
+FLUSHED = b"Cache flushed.\n"
+
+
+async def flush_cache(state: AppState, body: None, receive: Receive) -> Response:
+    """``POST /flush_cache`` (SGLang's route): empty the prefix cache of every live replica.
+
+    200 with a short text when every one flushed; 400 naming each replica that did not and why
+    (a replica refuses while requests run or wait there, and a later try may succeed; a runtime
+    without a prefix cache refuses always); 503 when no replica is reachable. A replica that is
+    dead, or that a reload or a scale is starting or retiring, is not asked: none has a cache
+    that serves requests."""
+    pool = state.pool
+    live = [r for r in pool.replicas if r.live]
+    if not live:
+        raise SchedulerError(
+            503,
+            "no scheduler is reachable to flush its cache: "
+            + pool.unanswered_reason([r.dp_rank for r in pool.replicas]),
+        )
+    reasons = await asyncio.gather(*(_flush(state, r) for r in live))
+    refused = [f"dp={r.dp_rank}: {why}" for r, why in zip(live, reasons, strict=True) if why]
+    if refused:
+        flushed = [f"dp={r.dp_rank}" for r, why in zip(live, reasons, strict=True) if not why]
+        also = f" (flushed on {', '.join(flushed)})" if flushed else ""
+        raise SchedulerError(400, f"the cache was not flushed on {'; '.join(refused)}{also}")
+    return Response(FLUSHED, media_type="text/plain")
+
+
+async def _flush(state: AppState, rep: Replica) -> str | None:
+    """Why replica ``rep`` did not flush its prefix cache, or None when it did."""
+    try:
+        result = await asyncio.wait_for(state.dispatcher.one(wire.FlushCache, rep), FLUSH_TIMEOUT_S)
+    except TimeoutError:
+        return f"no answer within {FLUSH_TIMEOUT_S:g}s"
+    except SchedulerError as exc:
+        return exc.message
+    if not isinstance(result, wire.FlushCacheResult):
+        return f"answered {type(result).__name__}, not a flush result"
+    return None if result.ok else (result.message or "refused")
 
 
 async def openapi(app: App, body: None, receive: Receive) -> Response:

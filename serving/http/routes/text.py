@@ -131,7 +131,9 @@ async def completions(state: AppState, body: CompletionRequest, receive: Receive
                 for i, r in enumerate(replies)
             ],
             usage=Usage.of(
-                sum(r.prompt_tokens for r in replies), sum(r.completion_tokens for r in replies)
+                sum(r.prompt_tokens for r in replies),
+                sum(r.completion_tokens for r in replies),
+                sum(r.cached_tokens for r in replies),
             ),
         )
     )
@@ -173,7 +175,7 @@ async def _stream_completion(
             created=created,
             model=state.served_name,
             choices=[],
-            usage=Usage.of(reply.prompt_tokens, reply.completion_tokens),
+            usage=Usage.of(reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens),
         )
 
     replies = streamed(state, generate_for(prompt, params, cid, stream=True))
@@ -219,6 +221,7 @@ def _meta(
         id=reply.rid,
         prompt_tokens=reply.prompt_tokens,
         completion_tokens=reply.completion_tokens,
+        cached_tokens=reply.cached_tokens,
         finish_reason=FinishReason(reply.finish_reason) if reply.finish_reason else None,
         seed=reply.seed,
     )
