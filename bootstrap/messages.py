@@ -19,7 +19,9 @@ Kinds:
   ``manifest`` what the process really has of platform and plugins (``bootstrap.manifest``).
 - ``failed``: a step raised; ``phase`` is the phase being worked towards, ``exc_type`` the
   exception's qualified type name, ``message`` its text, ``traceback`` the full formatted
-  traceback, ``exit_code`` the status the child is about to exit with.
+  traceback, ``exit_code`` the status the child is about to exit with, ``exc_types`` the
+  qualified names of the exception's classes, its own first (the supervisor classifies a failure
+  by them without importing the worker's modules).
 - ``heartbeat``: sent every ``ProcessSpec.heartbeat_interval`` seconds when that is set.
 - ``stopped``: the worker returned after a stop request; the child exits 0 next. ``info`` is
   what the worker said of its stop (``ctx.stopped(**info)``; the HTTP child: ``requests_cut``).
@@ -66,6 +68,7 @@ class Failed(_Base, tag="failed", frozen=True):
     traceback: str
     exit_code: int
     elapsed: float
+    exc_types: list[str] = []
 
 
 class Heartbeat(_Base, tag="heartbeat", frozen=True):

@@ -367,6 +367,7 @@ class _ChildState:
                     traceback=tb,
                     exit_code=code,
                     elapsed=time.monotonic() - self.started,
+                    exc_types=_qualified_names(exc_type),
                 )
                 reported = True
             except Exception:  # noqa: BLE001 - the exit code still tells the supervisor
@@ -412,6 +413,15 @@ class _ChildState:
             except Exception:  # noqa: BLE001 - a closed stream must not change the exit code
                 pass
         os._exit(code)
+
+
+def _qualified_names(exc_type: type[BaseException]) -> list[str]:
+    """``module.QualName`` of ``exc_type`` and of every class above it, up to ``BaseException``."""
+    return [
+        f"{cls.__module__}.{cls.__qualname__}"
+        for cls in exc_type.__mro__
+        if issubclass(cls, BaseException) and cls is not BaseException
+    ]
 
 
 def _configure_logging(spec: ProcessSpec) -> None:

@@ -22,7 +22,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # invalid command line or server arguments
     STARTUP_TIMEOUT = 3  # not every worker was ready within --startup-timeout
     WORKER_DIED = 4  # a worker exited after the server was ready
-    SETUP_FAILED = 5  # this process could not select a platform, load a plugin or set up IPC
+    SETUP_FAILED = 5  # no platform, a required plugin, IPC, or a platform class a worker cannot use
 
 
 EXIT_CODES_HELP = """\
@@ -32,7 +32,8 @@ exit codes:
   2  invalid command line or server arguments
   3  not every worker was ready within --startup-timeout
   4  a worker exited after the server was ready
-  5  the launcher could not select a platform, load a required plugin or set up its IPC"""
+  5  the launcher could not select a platform, load a required plugin or set up its IPC,
+     or a worker could not use a class the platform returned (the root cause names it)"""
 
 
 @dataclass
@@ -90,6 +91,27 @@ class RootCause:
             lines.extend("    " + line for line in self.traceback.rstrip().splitlines())
         lines.append(rule)
         return "\n".join(lines)
+
+
+class SetupFailure(RuntimeError):
+    """A worker raises it (or a subclass) when what the platform or a plugin handed it cannot be
+    used: a class the platform returned is not a subclass of the base the runtime needs, or does
+    not construct with SGLang's parameters. The launch then stops as a set-up failure, exit 5
+    (``ExitCode.SETUP_FAILED``), not as a worker failure (1): the worker is fine, the platform or
+    plugin is not. The message names the vendor's class and the method that returned it; ``hint``
+    says what to do.
+
+    The worker's bootstrap reports the qualified names of the exception's classes
+    (``bootstrap.messages.Failed.exc_types``); the supervisor looks for ``SETUP_FAILURE`` there.
+    """
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+# The qualified name a worker's failure report carries when it raised a ``SetupFailure``.
+SETUP_FAILURE = f"{SetupFailure.__module__}.{SetupFailure.__qualname__}"
 
 
 class LaunchError(RuntimeError):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from bootstrap import phases
 from bootstrap.children import describe_exit
 from bootstrap.phases import signal_name
-from launchspec.causes import ExitCode, RootCause
+from launchspec.causes import SETUP_FAILURE, ExitCode, RootCause
 
 if TYPE_CHECKING:
     from bootstrap.messages import Failed
@@ -53,10 +53,31 @@ def exited(worker: WorkerState, code: int | None, server_ready: bool = True) -> 
 
 
 def failed(worker: WorkerState, report: Failed, code: int | None) -> RootCause:
-    """``worker`` sent the failure ``report``; its process ended with ``code`` (None: not yet)."""
+    """``worker`` sent the failure ``report``; its process ended with ``code`` (None: not yet).
+
+    A ``launchspec.causes.SetupFailure`` raised before ready (a class the platform returned that
+    the worker cannot use) is a set-up failure, exit 5, whose summary says so."""
     after_ready = report.phase in (phases.SERVING, phases.STOPPING)
+    doing = phases.DOING.get(report.phase, report.phase)
+    if SETUP_FAILURE in report.exc_types and not after_ready:
+        return RootCause(
+            summary=f"{worker.name} cannot use what the platform provides (while {doing})",
+            exit_code=ExitCode.SETUP_FAILED,
+            worker=worker.name,
+            pid=worker.pid,
+            node_rank=worker.node_rank,
+            phase=report.phase,
+            exitcode=code if code is not None else report.exit_code,
+            signal=signal_name(code),
+            error_type=report.exc_type,
+            message=report.message,
+            traceback=report.traceback,
+            hint="fix the platform plugin's method named above (it must return SGLang's class or "
+            "a subclass that constructs with SGLang's parameters), or select another platform "
+            "with SGLANG_PLATFORM",
+        )
     return RootCause(
-        summary=f"{worker.name} failed while {phases.DOING.get(report.phase, report.phase)}",
+        summary=f"{worker.name} failed while {doing}",
         exit_code=ExitCode.WORKER_DIED if after_ready else ExitCode.WORKER_FAILED,
         worker=worker.name,
         pid=worker.pid,
