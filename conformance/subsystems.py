@@ -4,7 +4,11 @@ A factory whose contract default raises ``NotImplementedError`` shows as missing
 platform does not override it, except ``get_default_attention_backend``, which every launch
 calls (required: missing fails). A factory that returns SGLang's own class (it imports an SGLang
 module outside the plugin surface, which is not here) shows as missing too: no launch here
-builds those subsystems. A flag must answer a bool.
+builds those subsystems. The memory factories a launch does call, ``get_mha_kv_pool_cls`` and
+``get_paged_allocator_cls``, pass when a launch would use the class (SGLang's stock class, which
+is this project's, or a subclass of it that constructs with SGLang's parameters, on the device)
+and fail naming why when it could not (``serving.srt.mem_cache.platform_classes``). A flag must
+answer a bool.
 """
 
 from __future__ import annotations
@@ -36,15 +40,39 @@ def _class_row(probe: Probe, method: str) -> str:
     return f"{value.__module__}.{value.__qualname__}"
 
 
+# The factories a launch calls (serving.srt.mem_cache.platform_classes).
+_LAUNCH_USES = ("get_mha_kv_pool_cls", "get_paged_allocator_cls")
+
+
+def _memory_row(probe: Probe, method: str) -> str:
+    from serving.srt.mem_cache.platform_classes import PlatformClassUnusable, check_factory
+
+    try:
+        return check_factory(probe.platform, method, probe.values.get("device", "cpu"))
+    except PlatformClassUnusable as exc:
+        raise CheckFailed(f"a launch would stop (exit 5): {exc}") from None
+
+
 def _factory(method: str, what: str) -> None:
+    contract = (
+        f"{method}() returns the platform's {what} class (default: raises NotImplementedError)"
+    )
+    if method in _LAUNCH_USES:
+        contract += (
+            "; a launch uses it: SGLang's class or a subclass that constructs with SGLang's "
+            "parameters"
+        )
+
     @check(
         f"subsystems.{method}",
         f"{method}() returns the {what} class",
-        f"{method}() returns the platform's {what} class (default: raises NotImplementedError)",
+        contract,
         runtimes=SRT,
         optional=True,
     )
     def factory(probe: Probe) -> str:
+        if method in _LAUNCH_USES:
+            return _memory_row(probe, method)
         return _class_row(probe, method)
 
 

@@ -18,7 +18,7 @@ get it in their ``ProcessSpec``):
 - ``version``: the SGLang release whose plugin surface the table provides; the aliased ``sglang``
   package carries it as ``__version__``, so a plugin that checks the host's version reads it.
 
-Any other module under ``sglang`` (SGLang's internals: layers, the memory cache, distributed,
+Any other module under ``sglang`` (SGLang's internals: layers, distributed,
 the model registry, ...) is not provided: importing it raises ``ModuleNotFoundError`` (its
 ``name`` the module asked for) saying that sglang-launch provides SGLang's plugin surface only,
 and listing that surface. ``importlib.util.find_spec`` of such a name raises the same error,

@@ -32,6 +32,9 @@ MODULES = {
     "sglang.srt.managers.tp_worker": "serving.srt.model_runner",
     "sglang.multimodal_gen.runtime.managers.scheduler": "serving.diffusion.scheduler",
     "sglang.multimodal_gen.runtime.managers.gpu_worker": "serving.diffusion.model_runner",
+    # The KV memory classes a platform returns by SGLang's names (get_mha_kv_pool_cls, ...):
+    # memory_pool, allocator, radix_cache.
+    "sglang.srt.mem_cache": "serving.srt.mem_cache",
     # Out-of-tree model classes (import-light: plugin callbacks call it in the launcher too).
     "sglang.srt.models.registry": "launchspec.model_registry",
 }

@@ -10,6 +10,7 @@ from ..device_mixin import DeviceCapability, DeviceMixin, PlatformEnum
 from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ..interface import SRTPlatform
+from .stock_memory import StockMemory
 
 if TYPE_CHECKING:
     import torch
@@ -85,7 +86,7 @@ class CpuDevice(DeviceMixin):
         return "gloo"
 
 
-class CpuSRTPlatform(SRTPlatform, CpuDevice):
+class CpuSRTPlatform(StockMemory, SRTPlatform, CpuDevice):
     """SRT on the CPU."""
 
     _enum = PlatformEnum.CPU

@@ -9,6 +9,7 @@ from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ..interface import SRTPlatform
 from ._accelerator import TorchAccelerator, api_available, linux_device_nodes
+from .stock_memory import StockMemory
 
 DEVICE_NODES = ("/dev/dri/renderD*",)  # DRM render nodes, one per GPU
 
@@ -29,7 +30,7 @@ class XpuDevice(TorchAccelerator):
     _has_capability = False
 
 
-class XpuSRTPlatform(SRTPlatform, XpuDevice):
+class XpuSRTPlatform(StockMemory, SRTPlatform, XpuDevice):
     _enum = PlatformEnum.XPU
 
     def get_default_attention_backend(self) -> str:
