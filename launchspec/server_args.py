@@ -194,9 +194,10 @@ class ServerArgs:
     max_total_tokens: int | None = _opt(
         None,
         "tokens of KV cache that all running generation sequences hold together, the pool "
-        "(SGLang's meaning): a sequence is admitted when the running ones and it fit, each "
-        "counted at the largest prompt + max_new_tokens among them (they share one padded "
-        "cache), else it waits in the queue (default: from the device memory the "
+        "(SGLang's meaning), allocated once at start-up: a sequence is admitted when its "
+        "uncached prompt tokens + max_new_tokens fit beside the running ones' (the prefix "
+        "cache gives up its least recently used entries for it), else it waits in the queue "
+        "(default: from the device memory the "
         "platform reports available after loading: 80%% on an accelerator, 25%% on the CPU "
         "shared by its ranks and at most 65536, divided by the model's KV bytes per token)",
     )
@@ -205,6 +206,16 @@ class ServerArgs:
         "most prompt tokens one prefill step computes: a longer prompt is prefilled over "
         "several steps while the running sequences keep decoding (SGLang's meaning; default: "
         "2048 on an accelerator, 256 on the CPU; -1: no chunking)",
+    )
+    page_size: int = _opt(
+        1,
+        "tokens per page of the KV pool: the allocator hands out whole pages and the prefix "
+        "cache matches whole pages (SGLang's meaning)",
+    )
+    disable_radix_cache: bool = _opt(
+        False,
+        "turn off the radix prefix cache: no request reuses the KV of an earlier prompt's prefix "
+        "(SGLang's flag)",
     )
     max_running_requests: int | None = _opt(
         None,
@@ -429,6 +440,10 @@ class ServerArgs:
                 f"--chunked-prefill-size {self.chunked_prefill_size} must be at least 1, or -1 "
                 f"for no chunking",
             )
+        need(
+            self.page_size >= 1,
+            f"--page-size {self.page_size} must be at least 1 (tokens per page of the KV pool)",
+        )
         if self.max_running_requests is not None:
             need(
                 self.max_running_requests >= 1,

@@ -457,6 +457,7 @@ class GenerationStep(msgspec.Struct, tag="generation_step"):
 
     join: list[SeqWork]
     cancel: list[str]
+    flush: bool = False  # drop every cached prefix (the batch is empty: ``POST /flush_cache``)
 
 
 class ImageWork(msgspec.Struct):

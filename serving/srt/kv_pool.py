@@ -1,17 +1,10 @@
-"""The KV pool of a generation replica: its size, what a sequence reserves in it, and which
-waiting sequence is admitted next.
+"""The size of a generation replica's KV pool, and which waiting sequence is admitted next.
 
 The pool (``--max-total-tokens``, SGLang's name and meaning) is the KV cache of every running
-sequence together, in tokens. By default it is a fraction of the device memory the platform
-reports available once the model is loaded (``get_available_memory``, else
-``get_device_total_memory``), divided by the model's KV bytes per token; on the CPU that memory
-is shared by every rank of the node and the pool is capped.
-
-The running sequences share one padded cache (``serving.srt.engine``), so every sequence takes
-the room of the longest: a sequence is admitted only when the running ones and it, each
-counted at the largest prompt + ``max_new_tokens`` among them, fit in the pool. That holds for
-the rest of their lives, so the cache never outgrows the pool; what does not fit waits in the
-queue. A sequence that could not fit even alone is refused when it arrives.
+sequence and of the prefix cache together, in tokens (``serving.srt.mem_cache``). By default it
+is a fraction of the device memory the platform reports available once the model is loaded
+(``get_available_memory``, else ``get_device_total_memory``), divided by the model's KV bytes per
+token; on the CPU that memory is shared by every rank of the node and the pool is capped.
 
 Fairness: when more sequences wait than can be admitted, the one whose group (the HTTP request
 it belongs to) has the fewest running sequences goes first, oldest first among equals; so one
@@ -32,8 +25,7 @@ if TYPE_CHECKING:
     from platforms import SRTPlatform
 
 # The share of the memory available after loading that the pool may take: an accelerator
-# keeps the rest for activations and the cache's copies while it grows; the CPU leaves the
-# host room for everything else it runs.
+# keeps the rest for activations; the CPU leaves the host room for everything else it runs.
 ACCELERATOR_FRACTION = 0.8
 CPU_FRACTION = 0.25
 CPU_CAP_TOKENS = 65536
@@ -84,36 +76,6 @@ class Waiting(Protocol):
 
     @property
     def group(self) -> str: ...
-
-    @property
-    def footprint(self) -> int: ...
-
-
-class KVPool:
-    """The reservations of the running sequences in a pool of ``total`` tokens."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.reserved: dict[str, int] = {}  # rid -> its prompt + max_new_tokens
-
-    @property
-    def used(self) -> int:
-        """Tokens the running sequences reserve: each at the longest one's footprint."""
-        return len(self.reserved) * max(self.reserved.values(), default=0)
-
-    def fits(self, footprint: int) -> bool:
-        """Whether one more sequence of ``footprint`` tokens fits with the running ones."""
-        longest = max(footprint, *self.reserved.values()) if self.reserved else footprint
-        return (len(self.reserved) + 1) * longest <= self.total
-
-    def reserve(self, rid: str, footprint: int) -> None:
-        self.reserved[rid] = footprint
-
-    def release(self, rid: str) -> None:
-        self.reserved.pop(rid, None)
-
-    def clear(self) -> None:
-        self.reserved.clear()
 
 
 W = TypeVar("W", bound=Waiting)

@@ -2,11 +2,13 @@
 
 Encoder models (BERT-like, including the sentence-transformers layout) serve embeddings, pooled
 and normalised as the directory declares (``pooling``); causal LMs serve generation, batched
-continuously over the model's KV cache (``engine``; ``sampling`` picks tokens), within a context
-length per request and a KV pool for all running sequences (``kv_pool``). The model class is
+continuously over a KV pool allocated once at start-up (``engine``, ``mem_cache``; ``sampling``
+picks tokens), within a context length per request; a generation model's attention runs over
+the pool through transformers' attention interface (``layers.attention``). The model class is
 transformers' auto class, or the one a plugin registered for the architecture (``models``). Every hardware decision
-is a call of the platform contract: the device (``get_device``), the attention implementation
-(``get_default_attention_backend``), the no-grad context (``inference_mode``), seeding
+is a call of the platform contract: the device (``get_device``), the attention backend
+(``get_default_attention_backend``), the KV pool and allocator classes
+(``get_mha_kv_pool_cls``, ``get_paged_allocator_cls``), the no-grad context (``inference_mode``), seeding
 (``seed_everything``), memory figures (``get_device_total_memory``, ``get_available_memory``,
 ``get_current_memory_usage``), ``synchronize``, ``empty_cache``, and for tensor parallelism the
 backend of the group (``get_torch_distributed_backend_str``, used by the scheduler).
@@ -29,9 +31,12 @@ from platforms.device_mixin import placement
 from serving.detokenize import TextDecoder
 from serving.devices import check_device_visible
 from serving.errors import InputError, ModelLoadError
-from serving.srt.engine import GenerationBatch, UnsupportedCache
+from serving.srt.engine import GenerationBatch
 from serving.srt.kv_pool import default_pool_tokens, kv_bytes_per_token
+from serving.srt.layers.attention import attention_backend_class
+from serving.srt.layers.attention.hf_attention import IMPLEMENTATION, UnsupportedAttention
 from serving.srt.limits import FALLBACK_INPUT_TOKENS, GenerationLimits
+from serving.srt.mem_cache.kv_memory import KVMemory
 from serving.srt.models import class_name, load_config, registered_class
 from serving.srt.pooling import PoolingConfig, pool, read_pooling_config
 from serving.srt.sampling import Sequence
@@ -128,6 +133,9 @@ class ModelRunner:
         trust_remote_code: bool = False,
         ranks_sharing: int = 1,
         tokenizer_path: str | None = None,
+        page_size: int = 1,
+        disable_radix_cache: bool = False,
+        max_running_requests: int | None = None,
     ) -> None:
         """``max_input_tokens``: the longest prompt (default: what the model allows, ``limits``);
         ``context_length``: the longest prompt + completion (default and cap: the model's
@@ -135,7 +143,8 @@ class ModelRunner:
         the platform's memory figures, the memory shared by ``ranks_sharing`` ranks on the CPU);
         ``chunked_prefill_size``: tokens of one prefill forward (default: 2048 on an
         accelerator, 256 on the CPU; -1: no bound); ``tokenizer_path``: a tokenizer directory
-        to use instead of the model's own (``--tokenizer-path``)."""
+        to use instead of the model's own (``--tokenizer-path``); ``page_size``,
+        ``disable_radix_cache``, ``max_running_requests``: SGLang's options of those names."""
         import torch
         import transformers
 
@@ -170,7 +179,22 @@ class ModelRunner:
             self._check_tp_plan(config)
 
         self.dtype = self._resolve_dtype(dtype, config)
-        self.attn_implementation = attention_implementation(platform_attention, attention_backend)
+        if self.kind == "generation":
+            # Attention over the KV pool, by the backend named on the command line or by the
+            # platform (``layers.attention``).
+            from serving.srt.layers.attention import hf_attention
+
+            hf_attention.register()
+            name = attention_backend or platform_attention or "torch_native"
+            try:
+                self.attn_backend_class, self.attention_backend = attention_backend_class(name)
+            except KeyError as exc:
+                raise ModelLoadError(f"--attention-backend: {exc.args[0]}") from None
+            self.attn_implementation = IMPLEMENTATION
+        else:
+            self.attn_implementation = attention_implementation(
+                platform_attention, attention_backend
+            )
         tokenizer_dir = tokenizer_path or source.path
         try:
             self.tokenizer = transformers.AutoTokenizer.from_pretrained(
@@ -191,7 +215,6 @@ class ModelRunner:
         self._decode = TextDecoder(self.tokenizer)
         self.model = self._load_model(transformers, torch, trust_remote_code)
         positions = getattr(config, "max_position_embeddings", None)
-        self.continuous = True  # generation batches continuously (unless the cache cannot)
         self._token_texts: dict[int, str] = {}
         if self.kind == "embedding":
             self.pooling: PoolingConfig | None = read_pooling_config(source.path)
@@ -218,13 +241,16 @@ class ModelRunner:
             cpu = platform.is_cpu() or self.device.type == "cpu"
             chunk = chunked_prefill_size or (256 if cpu else 2048)
             self.chunk_tokens: int | None = chunk if chunk > 0 else None
-            self.tokenizer.padding_side = "left"
             self.eos_ids = self._eos_ids(config)
-            self.pad_id = self._pad_id(config)
-            # transformers 5 renamed the KV-cache argument from past_key_values to cache.
             forward_args = inspect.signature(self.model.forward).parameters
-            self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
             self._logits_to_keep = "logits_to_keep" in forward_args
+            self.page_size = max(1, int(page_size))
+            self.radix_cache = not disable_radix_cache
+            running = max_running_requests or self.max_batch_size
+            self.memory = self._build_memory(config, running)
+            self.attn_backend = self.attn_backend_class(self.memory.token_to_kv_pool)
+            # A 4-D mask tells transformers' mask functions to leave masking to attention.
+            self._no_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=self.device)
         self.load_seconds = time.monotonic() - started
 
     # ---- loading ---------------------------------------------------------------------------
@@ -323,16 +349,45 @@ class ModelRunner:
                 ids.update(v for v in value if isinstance(v, int))
         return ids
 
-    def _pad_id(self, config: Any) -> int:
-        for value in (
-            self.tokenizer.pad_token_id,
-            getattr(config, "pad_token_id", None),
-            self.tokenizer.eos_token_id,
-            *sorted(self.eos_ids),
-        ):
-            if isinstance(value, int):
-                return value
-        return 0
+    def _build_memory(self, config: Any, running: int) -> KVMemory:
+        """The rank's KV memory: the pool of ``max_total_tokens`` slots (this rank's key/value
+        heads of every layer), the allocator, the request-to-token table for ``running``
+        sequences and, unless disabled, the radix prefix cache."""
+        from serving.srt.mem_cache.platform_classes import build_memory
+
+        text = (
+            config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        )
+        heads = int(getattr(text, "num_attention_heads", 0) or 1)
+        kv_heads = int(getattr(text, "num_key_value_heads", 0) or heads)
+        head_dim = int(
+            getattr(text, "head_dim", None) or int(getattr(text, "hidden_size", 0) or 64) // heads
+        )
+        size = self.max_total_tokens // self.page_size * self.page_size
+        if size < self.page_size:
+            raise ModelLoadError(
+                f"--max-total-tokens {self.max_total_tokens} holds no page of --page-size "
+                f"{self.page_size}; raise it or lower the page size"
+            )
+        pool, allocator = build_memory(
+            self.platform,
+            size=size,
+            page_size=self.page_size,
+            dtype=self.dtype,
+            head_num=max(1, kv_heads // self.tp_size),
+            head_dim=head_dim,
+            layer_num=int(getattr(text, "num_hidden_layers", 0) or 1),
+            device=self.device,
+        )
+        from serving.srt.mem_cache.memory_pool import ReqToTokenPool
+
+        table = ReqToTokenPool(running + 1, self.context_length + 1, self.device)
+        tree = None
+        if self.radix_cache:
+            from serving.srt.mem_cache.radix_cache import RadixCache
+
+            tree = RadixCache(table, allocator, page_size=self.page_size)
+        return KVMemory(table, pool, allocator, tree)
 
     # ---- inputs ----------------------------------------------------------------------------
 
@@ -427,54 +482,47 @@ class ModelRunner:
             rows.append(pooled.to(torch.float32).cpu())
         return rows[0] if len(rows) == 1 else torch.cat(rows)
 
-    def forward_logits(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: Any,
-        last_only: bool = False,
+    def forward_batch(
+        self, input_ids: list[int], batch: Any, keep: list[int] | None
     ) -> torch.Tensor:
-        """The model's logits (rows, positions, vocab) after ``input_ids`` (rows, tokens), which
-        extend ``cache`` (updated in place); the last position's are the next token's.
-        ``last_only``: only the last position's logits are computed, where the model can skip
-        the others. The logits come as the model gives them, with no tensor operation after it
-        (the engine reads the last position, on the CPU through numpy)."""
-        kwargs = {self._cache_arg: cache}
-        if last_only and self._logits_to_keep:
-            kwargs["logits_to_keep"] = 1
+        """The model's logits after ``input_ids`` (one flat row, ``batch`` a ``ForwardBatch``
+        whose attention writes and reads the KV pool), at the positions ``keep`` lists (None:
+        all), as (positions, 1, vocab). SGLang's ``ModelRunner.forward``."""
+        import torch
+
+        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
+        kwargs: dict[str, Any] = {}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = (
+                0 if keep is None else torch.tensor(keep, dtype=torch.long, device=self.device)
+            )
         out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
+            input_ids=ids,
+            position_ids=batch.positions[None, :],
+            attention_mask=self._no_mask,
+            use_cache=False,
+            forward_batch=batch,
             **kwargs,
         )
-        logits: torch.Tensor = out.logits
-        return logits
-
-    def new_cache(self) -> Any:
-        """An empty KV cache for this model."""
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
+        logits: torch.Tensor = out.logits[0]
+        if keep is not None and not self._logits_to_keep:
+            logits = logits[keep]
+        return logits[:, None, :]
 
     def new_batch(self, answers: bool = True) -> GenerationBatch:
-        """An empty running batch on this model (``answers``: rank 0, which computes what only
-        answers need). A model whose cache cannot be joined (``continuous`` False after the
-        warm-up) gets a batch that does not join (``engine``), prefilled whole."""
+        """An empty running batch on this model and its KV memory (``answers``: rank 0, which
+        computes what only answers need)."""
         return GenerationBatch(
-            forward=self.forward_logits,
-            new_cache=self.new_cache,
+            forward=self.forward_batch,
+            memory=self.memory,
+            attn_backend=self.attn_backend,
             device=self.device,
             eos_ids=self.eos_ids,
-            pad_id=self.pad_id,
             decode=self._decode,
             token_text=self.token_text,
-            chunk_tokens=self.chunk_tokens if self.continuous else None,
+            chunk_tokens=self.chunk_tokens,
             inference_mode=self.platform.inference_mode,
             answers=answers,
-            joins=self.continuous,
         )
 
     def generate(self, batch: GenerationBatch) -> list[Sequence]:
@@ -507,7 +555,9 @@ class ModelRunner:
         return text
 
     def warm_up(self) -> None:
-        """Run one small batch through the model, then release what it cached."""
+        """Run one small batch through the model, then release what it cached. A generation
+        model whose layers cannot run over the KV pool is refused here (``ModelLoadError``
+        naming the layer type)."""
         if self.kind == "embedding":
             self.embed(["warm-up"])
         else:
@@ -515,16 +565,39 @@ class ModelRunner:
             params = SamplingParams(max_new_tokens=2, temperature=0.0, ignore_eos=True)
             try:
                 self.run_to_end([Sequence("warm-up", prompt, params, seed=0)])
-            except UnsupportedCache as exc:
-                log.warning(
-                    "%s; this model's generation is batched statically (a batch runs until its "
-                    "longest sequence ends)",
-                    exc,
-                )
-                self.continuous = False
-                self.run_to_end([Sequence("warm-up", prompt, params, seed=0)])
+            except UnsupportedAttention as exc:
+                raise ModelLoadError(self._unsupported(str(exc))) from exc
+            missing = self._layers_off_the_pool()
+            if missing:
+                raise ModelLoadError(self._unsupported(missing))
+            self.memory.reset()
+            self.memory.prompt_tokens_total = self.memory.cached_tokens_total = 0
         self.platform.synchronize()
         self.platform.empty_cache()
+
+    def _layers_off_the_pool(self) -> str:
+        """What in the model did not run its attention over the pool in the warm-up ("" when
+        every decoder layer did): layer types from the config, else the modules' classes."""
+        config = self.model.config
+        text = (
+            config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        )
+        kinds = set(getattr(text, "layer_types", None) or ())
+        other = kinds - {"full_attention", "sliding_attention"}
+        if other:
+            return f"its layers of type {', '.join(sorted(other))}"
+        ran = sum(1 for m in self.model.modules() if "_radix_attention" in m.__dict__)
+        layers = int(getattr(text, "num_hidden_layers", 0) or 0)
+        if ran < layers:
+            return f"{layers - ran} of its {layers} decoder layers (no attention through transformers' attention interface)"
+        return ""
+
+    def _unsupported(self, what: str) -> str:
+        return (
+            f"{self.architecture} cannot run over this runtime's KV pool: {what}; the pool "
+            f"holds causal (full or sliding-window) attention only. Serve a model of another "
+            f"architecture, or with another engine (--scheduler-target)"
+        )
 
     # ---- figures ---------------------------------------------------------------------------
 

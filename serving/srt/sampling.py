@@ -76,6 +76,7 @@ class Sequence:
     # False: a stream answered with token ids (the HTTP child decodes them); ``text`` stays "".
     decodes: bool = True
     ids_sent: int = 0  # ids already streamed (``decodes`` False)
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     def __post_init__(self) -> None:
         self.plain = not needs_row_work(self.params)

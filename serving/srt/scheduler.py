@@ -13,9 +13,11 @@ sequence that could never fit the KV pool, is a 400 at once), and becomes a ``Re
 or an ``EmbedReq`` in ``waiting_queue``. Each step, with SGLang's names:
 
 - ``get_next_batch_to_run()``: generation admits waiting requests into ``running_batch`` (the
-  ``ScheduleBatch`` of every running request) while they fit the KV pool and
-  ``--max-running-requests``, in ``waiting_queue`` order and fairly across HTTP requests
-  (``serving.srt.kv_pool``), and returns it (None when nothing runs); embeddings return a new
+  ``ScheduleBatch`` of every running request) while they fit the KV pool (each counted at its
+  prompt + ``max_new_tokens``, against the free slots and what the prefix cache could evict,
+  ``GenerationBatch.fits``) and ``--max-running-requests``, in ``waiting_queue`` order and
+  fairly across HTTP requests (``serving.srt.kv_pool``), and returns it (None when nothing
+  runs); embeddings return a new
   batch of at most ``--max-batch-size`` texts shared between the waiting requests
   (``serving.srt.embedding``: a request of many texts runs over several batches, interleaved
   with the others);
@@ -45,7 +47,7 @@ from serving.errors import InputError
 from serving.scheduler import BatchingScheduler, follow
 from serving.srt.embedding import EmbedReq, take_texts
 from serving.srt.engine import GenerationBatch
-from serving.srt.kv_pool import KVPool, admit_fairly
+from serving.srt.kv_pool import admit_fairly
 from serving.srt.model_runner import ModelRunner
 from serving.srt.sampling import Sequence
 from serving.srt.schedule_batch import (
@@ -147,6 +149,9 @@ def load_runner(
         max_total_tokens=server_args.max_total_tokens,
         chunked_prefill_size=server_args.chunked_prefill_size,
         max_batch_size=server_args.max_batch_size,
+        max_running_requests=server_args.max_running_requests,
+        page_size=server_args.page_size,
+        disable_radix_cache=server_args.disable_radix_cache,
         trust_remote_code=server_args.trust_remote_code,
         ranks_sharing=ranks_sharing,
         tokenizer_path=server_args.tokenizer_path,
@@ -194,7 +199,6 @@ class Scheduler(
         self.running_batch: ScheduleBatch[Req] = ScheduleBatch()
         # This rank's decode state of the running batch (every rank holds the same).
         self.engine: GenerationBatch | None = tp_worker.new_batch() if self.is_generation else None
-        self.pool = KVPool(tp_worker.max_total_tokens)
         self.max_running = server_args.max_running_requests or server_args.max_batch_size
         self.finished_in_step = False  # a running request finished (it leaves running_batch next)
         self.recent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last steps
@@ -279,7 +283,6 @@ class Scheduler(
             joining = [r for r in batch.reqs if isinstance(r, Req) and not r.joined]
             for req in joining:
                 req.joined = True
-                self.pool.reserve(req.rid, req.footprint)
             self.begin(joining)
         cancel = [rid for rid in self.cancelled if rid in self.running] if self.cancelled else []
         if self.ranks > 1:
@@ -305,12 +308,26 @@ class Scheduler(
             self.answer(seq, result.batch_size)
 
     def recover(self) -> None:
-        """After a failed generation step: the engine's batch, the pool and the running batch
-        start empty (the failure policy answered every running request)."""
+        """After a failed generation step: the engine's batch, its KV memory (the prefix cache
+        too) and the running batch start empty (the failure policy answered every running
+        request)."""
         if self.engine is not None:
             self.engine.reset()
-            self.pool.clear()
             self.running_batch.reqs.clear()
+
+    def flush_cache(self) -> tuple[bool, str]:
+        """Drop every cached prefix (``POST /flush_cache``), only while no request runs or
+        waits (SGLang's rule); every rank of the replica flushes."""
+        engine = self.engine
+        if engine is None:
+            return False, "an embedding model has no prefix cache"
+        busy = len(self.running_batch.reqs) + len(self.waiting_queue)
+        if busy or len(engine):
+            return False, f"{busy} requests are running or waiting; retry when they are done"
+        if self.ranks > 1:
+            self.broadcast(wire.GenerationStep([], [], flush=True))
+        engine.flush()
+        return True, ""
 
     def in_step(self) -> list[TextReq]:
         """A failed generation step loses every running request (they share one cache)."""
@@ -322,19 +339,20 @@ class Scheduler(
 
     def admit_waiting(self) -> list[Req]:
         """Take the waiting requests admitted now (``kv_pool.admit_fairly``) out of the waiting
-        queue, their KV room reserved. A batch that cannot join (``engine``) admits only when
-        it is empty."""
+        queue: each fits the KV pool beside the running ones and those admitted before it."""
         engine = self.engine
         assert engine is not None
         room = self.max_running - len(self.running_batch.reqs)
-        if room <= 0 or (not engine.joins and len(engine)):
+        if room <= 0:
             return []
-        pool = self.pool
+        promised = 0
 
         def reserve(item: Req) -> bool:
-            if not pool.fits(item.footprint):
+            nonlocal promised
+            params = item.seq.params
+            if not engine.fits(len(item.seq.prompt_ids), params.max_new_tokens, promised):
                 return False
-            pool.reserve(item.rid, item.footprint)
+            promised += engine.memory.footprint(len(item.seq.prompt_ids), params.max_new_tokens)
             return True
 
         waiting = [q for q in self.waiting_queue if isinstance(q, Req)]
@@ -357,7 +375,6 @@ class Scheduler(
             self.aborted += seq.finish_reason == "abort"
             gone = seq.rid in self.cancelled
             self.finish([item])
-            self.pool.release(seq.rid)
             if gone:
                 return True
         ids = None
@@ -382,6 +399,7 @@ class Scheduler(
                 batch_size=max(batch_size, 1),
                 logprobs=seq.take_logprobs(),
                 token_ids=ids,
+                cached_tokens=seq.cached_tokens,
             ),
         )
         return finished
@@ -420,6 +438,7 @@ class Scheduler(
 
     def stats(self) -> wire.TextStats:
         worker = self.tp_worker
+        memory = self.engine.memory if self.engine is not None else None
         now = time.monotonic()
         while self.recent and self.recent[0][0] < now - _RATE_WINDOW_S:
             self.recent.popleft()
@@ -431,8 +450,10 @@ class Scheduler(
                 memory=worker.memory_info(),
                 running=len(self.running),
                 queued=len(self.waiting_queue),
-                kv_tokens_used=self.pool.used,
-                kv_tokens_total=self.pool.total if self.is_generation else 0,
+                kv_tokens_used=memory.used() if memory is not None else 0,
+                kv_tokens_total=memory.size if memory is not None else 0,
+                prompt_tokens_total=memory.prompt_tokens_total if memory is not None else 0,
+                cached_tokens_total=memory.cached_tokens_total if memory is not None else 0,
                 generation_tokens_per_s=round(rate, 3),
             )
         )
@@ -449,6 +470,9 @@ def follow_text_step(runner: ModelRunner, batch: GenerationBatch, work: wire.Fol
     """A tensor-parallel rank > 0: run rank 0's generation step in lockstep with it (no
     answers)."""
     if isinstance(work, wire.GenerationStep):
+        if work.flush:
+            batch.flush()
+            return
         batch.join(sequences(work.join))
         batch.cancel(work.cancel)
         runner.generate(batch)

@@ -28,7 +28,7 @@ from serving import wire
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher and its workers
 
-POOL = 700  # --max-total-tokens of the module's server: two 300-token requests fit, not two 400s
+POOL = 700  # --max-total-tokens of the module's server: 405 + 103 tokens fit, 405 + 303 do not
 
 
 @pytest.fixture(scope="module")
@@ -113,28 +113,29 @@ def streams(url: str):
 
 def test_a_short_request_sent_while_a_long_one_streams_finishes_first(server):
     new = streams(server.url)
-    long = new("once upon a time", max_new_tokens=300, temperature=0)
+    long = new("once upon a time", max_new_tokens=600, temperature=0)
     long.start()
     assert long.started_streaming.wait(120) and long.error is None, long.error
     short = new("hello", max_new_tokens=2, temperature=0)
     short.start()
     short.finish(), long.finish()
-    assert short.tokens == 2 and long.tokens == 300
+    assert short.tokens == 2 and long.tokens == 600
     assert short.last < long.last  # the short one ended while the long one still streamed
 
 
 def test_a_request_that_does_not_fit_the_pool_waits_then_runs(tiny_path):
     """Sent back to back on the scheduler's own socket, so that both are queued before the
-    first has gone far on however busy a machine: 2 x ~405 tokens do not fit the pool, so the
-    short second request waits for the long first one instead of finishing ahead of it (as it
-    does where both fit: the test above)."""
+    first has gone far on however busy a machine: ~405 + ~303 tokens do not fit the pool (each
+    sequence counted at its own prompt + max_new_tokens), so the shorter second request waits
+    for the long first one instead of finishing ahead of it (as it does where both fit: the
+    test above)."""
     args = ["--model-path", str(tiny_path), "--http-target", "", "--max-total-tokens", str(POOL)]
     with Run(args, env={"SGLANG_USE_CPU_ENGINE": "1"}) as run:
         snap = run.wait_ready(timeout=180)
         scheduler = next(w for w in snap["workers"] if w["role"] == "scheduler")
         client = SchedulerSocket(scheduler["info"]["endpoint"])
         try:
-            for rid, prompt, tokens in (("long", "once upon a time", 400), ("short", "hi", 100)):
+            for rid, prompt, tokens in (("long", "once upon a time", 400), ("short", "hi", 300)):
                 params = wire.SamplingParams(
                     max_new_tokens=tokens, temperature=0.0, ignore_eos=True
                 )

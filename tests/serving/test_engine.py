@@ -3,8 +3,9 @@ BERT's real tokenizer), on the real CPU platform class: sequences that join a ru
 share it get the tokens they get alone (greedy and seeded sampling), a short sequence that joins
 a long one finishes first, a cancelled sequence leaves at once and the others go on, a prompt
 longer than a prefill chunk is prefilled over several steps while running sequences keep
-decoding, penalties and logprobs follow OpenAI's meaning, and a model with a sliding attention
-window batches the same way."""
+decoding, penalties and logprobs follow OpenAI's meaning, a model with a sliding attention
+window batches the same way; the radix prefix cache, a paged pool and a registered attention
+backend give the same tokens, and a model whose attention the pool cannot compute is refused."""
 
 from __future__ import annotations
 
@@ -226,7 +227,7 @@ def test_a_sliding_window_model_batches_continuously_with_transformers_tokens(tm
     MistralForCausalLM(config).save_pretrained(path)
     runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform())
     runner.warm_up()
-    assert runner.continuous
+    assert runner.attention_backend == "torch_native"  # its sliding layers run over the pool
 
     def reference(text: str, n: int) -> list[int]:
         ids = torch.tensor([runner.encode_prompt(text, n)])
@@ -249,39 +250,147 @@ def test_a_sliding_window_model_batches_continuously_with_transformers_tokens(tm
     assert [s.output_ids for s in seqs] == [reference(text, n) for text, n in asked]
 
 
-def test_a_batch_that_does_not_join_gives_the_same_tokens_and_ends_together(runner):
-    """The mode for a model whose cache cannot be joined: sequences of different lengths, one
-    cancelled, prefilled together and decoded together until the last one ends; each gets the
-    tokens it gets alone, and the cancelled one stops at once."""
-    asked = [("hello world", 12, GREEDY), ("the quick brown fox", 4, GREEDY), ("seeded", 9, HOT)]
-    want = [
-        alone(runner, f"a{i}", text, seed=3, max_new_tokens=n, **p)
-        for i, (text, n, p) in enumerate(asked)
-    ]
-    runner.continuous = False
-    try:
-        batch = runner.new_batch()
-    finally:
-        runner.continuous = True
-    assert not batch.joins and batch.chunk_tokens is None
-    seqs = [
-        seq(runner, f"s{i}", text, seed=3, max_new_tokens=n, **p)
-        for i, (text, n, p) in enumerate(asked)
-    ]
-    extra = seq(runner, "gone", "to be cancelled", max_new_tokens=50, **GREEDY)
-    batch.join([*seqs, extra])
+def tiny_runner(tmp_path, name: str, **options) -> ModelRunner:
+    path = build_tiny_llama(tmp_path / name, embedding_model_dir())
+    r = ModelRunner(resolve_model(path), platform=CpuSRTPlatform(), **options)
+    r.warm_up()
+    return r
+
+
+def mixed_workload(runner, seed: int) -> dict[str, list[int]]:
+    """Sequences with shared and unshared prompt prefixes joining at random steps, some
+    cancelled part way, on ``runner``; the tokens of each one that was not cancelled."""
+    import random
+
+    rnd = random.Random(seed)
+    stems = [" ".join(["alpha"] * 40), " ".join(["beta gamma"] * 25), "once upon a time"]
+    plan = []
+    for i in range(24):
+        text = (
+            f"{rnd.choice(stems)} {' '.join(rnd.choice('xyzw') for _ in range(rnd.randint(1, 6)))}"
+        )
+        if rnd.random() < 0.25:
+            text = f"unshared {i} {text}"
+        plan.append((f"r{i}", text, rnd.randint(3, 30), rnd.random() < 0.2, rnd.randint(0, 40)))
+    batch = runner.new_batch()
+    batch.chunk_tokens = 32
+    seqs, cancel_at = {}, {}
+    step = 0
+    pending = sorted(plan, key=lambda p: p[4])
+    while pending or len(batch):
+        while pending and pending[0][4] <= step:
+            rid, text, n, cancel, _ = pending.pop(0)
+            seqs[rid] = seq(runner, rid, text, max_new_tokens=n, **GREEDY)
+            batch.join([seqs[rid]])
+            if cancel:
+                cancel_at[rid] = step + rnd.randint(1, 6)
+        batch.cancel([rid for rid, at in cancel_at.items() if at == step])
+        batch.step()
+        step += 1
+        assert step < 5000
+    return {rid: s.output_ids for rid, s in seqs.items() if rid not in cancel_at}
+
+
+def test_the_prefix_cache_gives_the_same_greedy_tokens_as_no_cache_under_eviction(tmp_path):
+    """A random mixed workload (shared and unshared prefixes, cancellations, joins at any step)
+    on a pool small enough that the cache must evict: the same greedy tokens with the radix
+    cache on as off, prefixes were reused, and every slot is back when the batch is empty."""
+    options = dict(max_total_tokens=400, chunked_prefill_size=32)
+    cached = tiny_runner(tmp_path, "on", **options)
+    plain = tiny_runner(tmp_path, "off", disable_radix_cache=True, **options)
+    for seed in (1, 2):
+        want = mixed_workload(plain, seed)
+        assert mixed_workload(cached, seed) == want
+    memory = cached.memory
+    assert memory.cached_tokens_total > 0 and memory.tree.evictable_size() > 0
+    assert memory.allocator.available_size() + memory.tree.evictable_size() == memory.size
+    assert memory.outstanding == 0 and memory.tree.protected_size() == 0
+    assert plain.memory.allocator.available_size() == plain.memory.size
+
+
+def test_a_repeated_prompt_reuses_its_cached_prefix_with_the_same_tokens(runner):
+    """The second of two requests sharing a long prompt prefix prefills only what follows it,
+    and gets the tokens the first run of its whole prompt gave with nothing cached."""
+    stem = " ".join(["lighthouse keeper"] * 50)
+    first = seq(runner, "first", f"{stem} one", max_new_tokens=12, **GREEDY)
+    runner.run_to_end([first])
+    second = seq(runner, "second", f"{stem} two", max_new_tokens=12, **GREEDY)
+    runner.run_to_end([second])
+    assert second.cached_tokens >= 100
+    batch = runner.new_batch()
+    assert batch.flush()
+    cold = seq(runner, "cold", f"{stem} two", max_new_tokens=12, **GREEDY)
+    runner.run_to_end([cold])
+    assert cold.cached_tokens == 0 and cold.output_ids == second.output_ids
+
+
+def test_a_paged_pool_gives_the_same_tokens(tmp_path, runner):
+    paged = tiny_runner(tmp_path, "paged", page_size=4, chunked_prefill_size=8)
+    asked = [("hello world", 9), ("the quick brown fox jumps", 14), ("hello world again", 7)]
+    seqs = [seq(paged, f"p{i}", t, max_new_tokens=n, **GREEDY) for i, (t, n) in enumerate(asked)]
+    batch = paged.new_batch()
+    batch.join(seqs[:2])
     batch.step()
-    assert len(batch) == 4  # one prefill of all four, and a decode of every row
-    assert [s.rid for s in batch.cancel(["gone"])] == ["gone"]
-    assert extra.finish_reason == "abort" and len(extra.output_ids) == 2
-    steps = 1
-    while len(batch):
-        touched = batch.step()
-        steps += 1
-        assert "gone" not in {s.rid for s in touched}
-        assert len(batch) in (0, 4)  # rows leave together, once the last one has finished
-    assert [s.output_ids for s in seqs] == want
-    assert steps == 12 - 1  # the first step gave two tokens (prefill, then a decode)
+    batch.join(seqs[2:])
+    run_to_end(batch)
+    for s, (text, n) in zip(seqs, asked, strict=True):
+        assert s.output_ids == alone(runner, "x", text, max_new_tokens=n, **GREEDY)
+    memory = paged.memory
+    assert memory.allocator.available_size() + memory.tree.evictable_size() == memory.size
+
+
+def test_a_registered_attention_backend_is_used_by_name(tmp_path, runner):
+    from serving.srt.layers.attention import register_attention_backend
+    from serving.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    calls = []
+
+    class Counting(TorchNativeAttnBackend):
+        def forward(self, q, k, v, layer, forward_batch):
+            calls.append(layer.layer_id)
+            return super().forward(q, k, v, layer, forward_batch)
+
+    register_attention_backend("counting", Counting)
+    counted = tiny_runner(tmp_path, "counted", attention_backend="counting")
+    assert counted.attention_backend == "counting"
+    calls.clear()
+    out = alone(counted, "x", "hello world", max_new_tokens=5, **GREEDY)
+    assert out == alone(runner, "x", "hello world", max_new_tokens=5, **GREEDY)
+    assert sorted(set(calls)) == [0, 1] and len(calls) == 2 * 5
+
+
+def test_an_unknown_attention_backend_is_refused_with_the_registered_names(tmp_path):
+    from serving.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="torch_native"):
+        tiny_runner(tmp_path, "unknown", attention_backend="no-such-backend")
+
+
+def test_a_model_whose_attention_the_pool_cannot_compute_is_refused_naming_it(tmp_path):
+    """Gemma 2 caps its attention logits (softcap): refused at start-up, naming the class."""
+    import torch
+    from transformers import AutoTokenizer, Gemma2Config, Gemma2ForCausalLM
+
+    from serving.errors import ModelLoadError
+
+    path = tmp_path / "tiny-gemma2"
+    tok = AutoTokenizer.from_pretrained(embedding_model_dir())
+    tok.save_pretrained(path)
+    config = Gemma2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    Gemma2ForCausalLM(config).save_pretrained(path)
+    with pytest.raises(ModelLoadError, match="Gemma2Attention caps attention logits"):
+        ModelRunner(resolve_model(path), platform=CpuSRTPlatform()).warm_up()
 
 
 def test_a_long_greedy_run_in_a_held_batch_is_what_transformers_generate_gives(runner):

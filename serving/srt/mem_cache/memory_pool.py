@@ -148,14 +148,18 @@ class MHATokenToKVPool(KVCache):
         self.head_dim = int(head_dim)
         self.v_head_dim = int(kwargs.get("v_head_dim") or head_dim)
         shape = (self.size + self.page_size, self.head_num)
+        # Uninitialised, so the memory is committed as slots are first written; the dummy page
+        # is zeroed, as a padded read lands there (a masked read of garbage could be NaN).
         self.k_buffer = [
-            torch.zeros((*shape, self.head_dim), dtype=dtype, device=device)
+            torch.empty((*shape, self.head_dim), dtype=dtype, device=device)
             for _ in range(self.layer_num)
         ]
         self.v_buffer = [
-            torch.zeros((*shape, self.v_head_dim), dtype=dtype, device=device)
+            torch.empty((*shape, self.v_head_dim), dtype=dtype, device=device)
             for _ in range(self.layer_num)
         ]
+        for buffer in (*self.k_buffer, *self.v_buffer):
+            buffer[: self.page_size].zero_()
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[layer_id - self.start_layer]
@@ -180,8 +184,8 @@ class MHATokenToKVPool(KVCache):
             cache_k = cache_k / k_scale
         if v_scale is not None:
             cache_v = cache_v / v_scale
-        self.k_buffer[index][loc] = cache_k.to(self.store_dtype)
-        self.v_buffer[index][loc] = cache_v.to(self.store_dtype)
+        self.k_buffer[index].index_copy_(0, loc, cache_k.to(self.store_dtype))
+        self.v_buffer[index].index_copy_(0, loc, cache_v.to(self.store_dtype))
 
     def get_kv_size_bytes(self) -> tuple[int, int]:
         """Bytes of all key buffers and of all value buffers."""

@@ -69,8 +69,21 @@ class Chosen(NamedTuple):
     value: object
 
 
+def sglang_names() -> None:
+    """Make SGLang's module names resolve in this process, as they do in every worker (the
+    bootstrap installs the alias table there), before a platform is asked for a class it may
+    import by those names: also where the runtime runs in a process of its own (a test, an
+    offline script)."""
+    from hooks.compat import install, installed
+    from launchspec.compat import TABLE
+
+    if installed() is None:
+        install(TABLE)
+
+
 def pool_class(platform: object) -> Chosen:
     """The token-to-KV pool class of ``platform`` (the module docstring)."""
+    sglang_names()
     for name in POOL_METHODS:
         method = getattr(platform, name, None)
         if method is None:
@@ -90,6 +103,7 @@ def pool_class(platform: object) -> Chosen:
 
 def paged_allocator_class(platform: object) -> Chosen:
     """The paged allocator class of ``platform`` (the module docstring)."""
+    sglang_names()
     method = getattr(platform, ALLOCATOR_METHOD, None)
     if method is not None:
         called = f"{ALLOCATOR_METHOD}()"

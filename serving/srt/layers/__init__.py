@@ -1,0 +1,1 @@
+"""Model layers the runtime provides to transformers models (SGLang's ``srt.layers``)."""

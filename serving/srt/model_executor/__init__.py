@@ -1,0 +1,1 @@
+"""What one forward of the generation model runs on (SGLang's ``srt.model_executor``)."""
