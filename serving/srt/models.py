@@ -9,13 +9,14 @@ transformers ``PreTrainedModel`` and this runtime makes these calls on it, no ot
   trust_remote_code=..., [distributed_config=DistributedConfig(tp_plan="auto", tp_size=N)])``
   (the last with ``--tp-size N``; the config's ``base_model_tp_plan`` shards it), then
   ``model.to(device)`` (``--tp-size 1``) and ``model.eval()``;
-- it reads ``model.config`` (a generation model's KV cache is ``DynamicCache(config=model.config)``),
-  ``model.generation_config`` (for the end-of-sequence ids, when it has one) and the parameter
-  names of ``model.forward`` (``past_key_values`` or ``cache``, and ``logits_to_keep``);
-- generation (an architecture named ``...ForCausalLM`` or ``...LMHeadModel``):
-  ``model(input_ids=, attention_mask=, position_ids=, use_cache=True, past_key_values=cache,
-  [logits_to_keep=1])``, long tensors of (rows, tokens) and (rows, width), returning an object
-  whose ``logits`` are (rows, tokens, vocab) and updating ``cache`` in place;
+- it reads ``model.config``, ``model.generation_config`` (for the end-of-sequence ids, when it
+  has one) and the parameter names of ``model.forward`` (``logits_to_keep``);
+- generation (an architecture named ``...ForCausalLM`` or ``...LMHeadModel``): loaded with
+  ``attn_implementation="sglang_pool"`` (``serving.srt.layers.attention.hf_attention``), then
+  ``model(input_ids=, position_ids=, attention_mask=, use_cache=False, forward_batch=,
+  [logits_to_keep=])``, the step's tokens in one row of (1, tokens), a 4-D placeholder mask,
+  ``forward_batch`` handed down to every attention module, which calls transformers' attention
+  interface; returning an object whose ``logits`` are (1, kept positions, vocab);
 - embeddings (any other architecture): ``model(input_ids=, attention_mask=, [token_type_ids=])``
   returning an object whose ``last_hidden_state`` is (rows, tokens, hidden), pooled as the model
   directory declares.

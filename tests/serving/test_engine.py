@@ -415,3 +415,20 @@ def test_a_long_greedy_run_in_a_held_batch_is_what_transformers_generate_gives(r
         )
     assert s.output_ids == out[0, len(s.prompt_ids) :].tolist()
     assert s.text == runner.tokenizer.decode(s.output_ids, skip_special_tokens=True)
+
+
+def test_the_documented_attention_backend_example_registers_and_serves(tmp_path, runner):
+    """docs/plugins.md "Attention backends", its code as written: after ``register()`` the
+    backend serves by its name, with the built-in backend's tokens."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "plugins.md").read_text()
+    section = doc[doc.index("### Attention backends") :]
+    code = section[section.index("```python") + len("```python") : section.index("```\n", 12)]
+    namespace: dict = {}
+    exec(compile(code, "docs/plugins.md", "exec"), namespace)
+    namespace["register"]()
+    mine = tiny_runner(tmp_path, "mine", attention_backend="my_backend")
+    assert type(mine.attn_backend).__name__ == "MyBackend"
+    out = alone(mine, "x", "hello world", max_new_tokens=6, **GREEDY)
+    assert out == alone(runner, "x", "hello world", max_new_tokens=6, **GREEDY)
