@@ -404,7 +404,8 @@ class BatchingScheduler(ABC, Generic[R, Q, B, T]):
             self.send(identity, self.pong(msg.rid))
         elif isinstance(msg, wire.FlushCache):
             ok, message = self.flush_cache()
-            self.send(identity, wire.FlushCacheResult(msg.rid, ok, message))
+            busy = not ok and bool(self.waiting_queue or self.running)
+            self.send(identity, wire.FlushCacheResult(msg.rid, ok, message, busy))
         elif isinstance(msg, wire.Cancel):
             self.cancel(msg.rid)
         else:

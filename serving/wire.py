@@ -235,11 +235,13 @@ class RequestFailed(msgspec.Struct, tag="failed"):
 
 class FlushCacheResult(msgspec.Struct, tag="flush_cache_result"):
     """The answer to ``FlushCache``: ``ok`` when the prefix cache is now empty; otherwise
-    ``message`` says why not (requests running or waiting; no prefix cache in this runtime)."""
+    ``message`` says why not (requests running or waiting; no prefix cache in this runtime);
+    ``busy``: requests ran or waited there, so a later try may succeed."""
 
     rid: str
     ok: bool
     message: str = ""
+    busy: bool = False
 
 
 # ---- what a scheduler reports about itself: ready info (to the supervisor) and its Pong ---------

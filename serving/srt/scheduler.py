@@ -321,7 +321,7 @@ class Scheduler(
         engine = self.engine
         if engine is None:
             return False, "an embedding model has no prefix cache"
-        busy = len(self.running_batch.reqs) + len(self.waiting_queue)
+        busy = len(self.running) + len(self.waiting_queue)
         if busy or len(engine):
             return False, f"{busy} requests are running or waiting; retry when they are done"
         if self.ranks > 1:

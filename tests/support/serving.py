@@ -228,9 +228,11 @@ def stop_all(servers: list[Server]) -> None:
         srv.stop()
 
 
-def build_tiny_llama(path: Path, tokenizer_dir: Path, layers: int = 2) -> Path:
-    """A tiny Llama of ``layers`` layers with random weights and a real tokenizer (BERT's, from
-    ``tokenizer_dir``), saved as a Hugging Face model directory."""
+def build_tiny_llama(
+    path: Path, tokenizer_dir: Path, layers: int = 2, positions: int = 1024
+) -> Path:
+    """A tiny Llama of ``layers`` layers and ``positions`` positions with random weights and a
+    real tokenizer (BERT's, from ``tokenizer_dir``), saved as a Hugging Face model directory."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -244,7 +246,7 @@ def build_tiny_llama(path: Path, tokenizer_dir: Path, layers: int = 2) -> Path:
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=1024,
+        max_position_embeddings=positions,
         bos_token_id=tok.cls_token_id,
         eos_token_id=tok.sep_token_id,
         pad_token_id=tok.pad_token_id,

@@ -258,6 +258,8 @@ async def prometheus(state: AppState, body: None, receive: Receive) -> Response:
 
 
 FLUSH_TIMEOUT_S = 30.0  # a replica answers between two steps; a long prefill step may delay it
+FLUSH_WAIT_S = 10.0  # a busy replica is asked again until its requests are done, this long
+FLUSH_RETRY_S = 0.1
 FLUSHED = b"Cache flushed.\n"
 
 
@@ -265,8 +267,8 @@ async def flush_cache(state: AppState, body: None, receive: Receive) -> Response
     """``POST /flush_cache`` (SGLang's route): empty the prefix cache of every live replica.
 
     200 with a short text when every one flushed; 400 naming each replica that did not and why
-    (a replica refuses while requests run or wait there, and a later try may succeed; a runtime
-    without a prefix cache refuses always); 503 when no replica is reachable. A replica that is
+    (a replica refuses while requests run or wait there, and is asked again until they are done,
+    up to ``FLUSH_WAIT_S``; a runtime without a prefix cache refuses always); 503 when no replica is reachable. A replica that is
     dead, or that a reload or a scale is starting or retiring, is not asked: none has a cache
     that serves requests."""
     pool = state.pool
@@ -287,16 +289,26 @@ async def flush_cache(state: AppState, body: None, receive: Receive) -> Response
 
 
 async def _flush(state: AppState, rep: Replica) -> str | None:
-    """Why replica ``rep`` did not flush its prefix cache, or None when it did."""
-    try:
-        result = await asyncio.wait_for(state.dispatcher.one(wire.FlushCache, rep), FLUSH_TIMEOUT_S)
-    except TimeoutError:
-        return f"no answer within {FLUSH_TIMEOUT_S:g}s"
-    except SchedulerError as exc:
-        return exc.message
-    if not isinstance(result, wire.FlushCacheResult):
-        return f"answered {type(result).__name__}, not a flush result"
-    return None if result.ok else (result.message or "refused")
+    """Why replica ``rep`` did not flush its prefix cache, or None when it did. A replica that
+    refuses because requests run there (``busy``) is asked again until they are done, for at
+    most ``FLUSH_WAIT_S`` (SGLang's route waits the same way when given a timeout)."""
+    deadline = time.monotonic() + FLUSH_WAIT_S
+    while True:
+        try:
+            result = await asyncio.wait_for(
+                state.dispatcher.one(wire.FlushCache, rep), FLUSH_TIMEOUT_S
+            )
+        except TimeoutError:
+            return f"no answer within {FLUSH_TIMEOUT_S:g}s"
+        except SchedulerError as exc:
+            return exc.message
+        if not isinstance(result, wire.FlushCacheResult):
+            return f"answered {type(result).__name__}, not a flush result"
+        if result.ok:
+            return None
+        if not result.busy or time.monotonic() >= deadline:
+            return result.message or "refused"
+        await asyncio.sleep(FLUSH_RETRY_S)
 
 
 async def openapi(app: App, body: None, receive: Receive) -> Response:
