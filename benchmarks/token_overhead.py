@@ -136,16 +136,36 @@ class BusyLlamaForCausalLM(LlamaForCausalLM):
             os.write(_FD, struct.pack("dd", start, time.perf_counter()))
         return out
 
-    def _mock(self, input_ids, position_ids, past_key_values=None, cache=None, **_):
+    def _mock(
+        self, input_ids, position_ids, past_key_values=None, cache=None, forward_batch=None,
+        logits_to_keep=0, **_
+    ):
         import torch
 
+        cfg = self.config
+        if forward_batch is not None:  # the KV pool's engine: one row, the kept positions' logits
+            pool = forward_batch.token_to_kv_pool
+            zeros = torch.zeros(input_ids.shape[1], pool.head_num, pool.head_dim)
+            for layer in range(cfg.num_hidden_layers):
+                pool.set_kv_buffer(layer, forward_batch.out_cache_loc, zeros, zeros)
+            kept = position_ids[0] if isinstance(logits_to_keep, int) else position_ids[0, logits_to_keep]
+            logits = self._next(kept.shape[0], kept)
+            return CausalLMOutputWithPast(logits=logits.view(1, kept.shape[0], cfg.vocab_size))
         cache = cache if cache is not None else past_key_values
         rows, tokens = input_ids.shape
-        cfg = self.config
         if cache is not None:
             zeros = torch.zeros(rows, cfg.num_key_value_heads, tokens, cfg.head_dim)
             for layer in range(cfg.num_hidden_layers):
                 cache.update(zeros, zeros, layer)
+        return CausalLMOutputWithPast(
+            logits=self._next(rows, position_ids[:, -1]), past_key_values=cache
+        )
+
+    def _next(self, rows, positions):
+        """(rows, 1, vocab): each row one-hot at the text's token after its position."""
+        import torch
+
+        cfg = self.config
         if getattr(self, "_logits", None) is None or self._logits.shape[0] < rows:
             self._logits = torch.zeros(max(rows, 32), 1, cfg.vocab_size)
             self._text = torch.tensor(TEXT_IDS, dtype=torch.long)
@@ -153,10 +173,10 @@ class BusyLlamaForCausalLM(LlamaForCausalLM):
         if self._hot is not None:  # only the entries the last call set go back to zero
             self._logits[self._hot[0], 0, self._hot[1]] = 0.0
         rows_at = torch.arange(rows)
-        nxt = self._text[(position_ids[:, -1] + 1) % len(TEXT_IDS)]
+        nxt = self._text[(positions + 1) % len(TEXT_IDS)]
         self._logits[rows_at, 0, nxt] = 1.0
         self._hot = (rows_at, nxt)
-        return CausalLMOutputWithPast(logits=self._logits[:rows], past_key_values=cache)
+        return self._logits[:rows]
 '''
 
 
@@ -360,8 +380,12 @@ class _StubModel:
         self.config = config
         self._logits = logits
 
-    def __call__(self, input_ids, **_):
-        return types.SimpleNamespace(logits=self._logits[: input_ids.shape[0]])
+    def __call__(self, input_ids, forward_batch=None, logits_to_keep=0, **_):
+        if forward_batch is None:  # a checkout before the KV pool: rows of one token each
+            return types.SimpleNamespace(logits=self._logits[: input_ids.shape[0]])
+        rows = input_ids.shape[1] if isinstance(logits_to_keep, int) else len(logits_to_keep)
+        logits = self._logits[:rows]
+        return types.SimpleNamespace(logits=logits.view(1, rows, logits.shape[-1]))
 
 
 def op_scheduler(runner, model: str, tmp: str, batch: int, tokens: int, stub: bool, profile: bool):
