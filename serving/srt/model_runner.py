@@ -29,14 +29,18 @@ from launchspec.model_config import is_causal_model
 from launchspec.model_source import ModelSource
 from platforms.device_mixin import placement
 from serving.detokenize import TextDecoder
-from serving.devices import check_device_visible
+from serving.devices import cannot_run_message, check_device_visible
 from serving.errors import InputError, ModelLoadError
 from serving.srt.engine import GenerationBatch
 from serving.srt.kv_pool import default_pool_tokens, kv_bytes_per_token
-from serving.srt.layers.attention import attention_backend_class
-from serving.srt.layers.attention.hf_attention import IMPLEMENTATION, UnsupportedAttention
+from serving.srt.layers.attention import choose_attention_backend
+from serving.srt.layers.attention.hf_attention import (
+    IMPLEMENTATION,
+    UnsupportedAttention,
+    layers_off_the_pool,
+)
 from serving.srt.limits import FALLBACK_INPUT_TOKENS, GenerationLimits
-from serving.srt.mem_cache.kv_memory import KVMemory
+from serving.srt.mem_cache.kv_memory import build_kv_memory
 from serving.srt.models import class_name, load_config, registered_class
 from serving.srt.pooling import PoolingConfig, pool, read_pooling_config
 from serving.srt.sampling import Sequence
@@ -82,27 +86,6 @@ def attention_implementation(platform_backend: str | None, requested: str | None
     if name in _HF_ATTENTION:
         return name
     return _ATTENTION_ALIASES.get(name, "sdpa")
-
-
-def cannot_run_message(platform: SRTPlatform, exc: BaseException) -> str:
-    """Why ``platform`` cannot run a model (it raised ``exc``, a ``NotImplementedError``), and the
-    fix. A plugin platform won selection over the built-ins, so the fix is in the plugin: no
-    variable that selection ignores while a plugin activates (``SGLANG_USE_CPU_ENGINE``) is
-    suggested for it."""
-    cls = platform.__class__  # the vendor's class, also through the current_platform proxy
-    name = f"{cls.__module__}.{cls.__qualname__}"
-    if platform.is_out_of_tree():
-        return (
-            f"the selected platform plugin {name} cannot run a model ({exc}); implement that method in "
-            f"the plugin (sglang-launch check-platform lists every method a launch needs and fails "
-            f"while one is missing), or turn the plugin off or uninstall it to use another platform"
-        )
-    return (
-        f"the selected platform {name} cannot run a model ({exc}); on a machine without an "
-        f"accelerator set SGLANG_USE_CPU_ENGINE=1 to serve on the CPU, otherwise install the platform "
-        f"plugin for this hardware (sglang-launch plugins shows what is installed and why it did not "
-        f"activate)"
-    )
 
 
 class ModelRunner:
@@ -179,17 +162,10 @@ class ModelRunner:
             self._check_tp_plan(config)
 
         self.dtype = self._resolve_dtype(dtype, config)
-        if self.kind == "generation":
-            # Attention over the KV pool, by the backend named on the command line or by the
-            # platform (``layers.attention``).
-            from serving.srt.layers.attention import hf_attention
-
-            hf_attention.register()
-            name = attention_backend or platform_attention or "torch_native"
-            try:
-                self.attn_backend_class, self.attention_backend = attention_backend_class(name)
-            except KeyError as exc:
-                raise ModelLoadError(f"--attention-backend: {exc.args[0]}") from None
+        if self.kind == "generation":  # attention over the KV pool (``layers.attention``)
+            self.attn_backend_class, self.attention_backend = choose_attention_backend(
+                attention_backend, platform_attention
+            )
             self.attn_implementation = IMPLEMENTATION
         else:
             self.attn_implementation = attention_implementation(
@@ -247,7 +223,18 @@ class ModelRunner:
             self.page_size = max(1, int(page_size))
             self.radix_cache = not disable_radix_cache
             running = max_running_requests or self.max_batch_size
-            self.memory = self._build_memory(config, running)
+            self.memory = build_kv_memory(
+                platform,
+                config,
+                size=self.max_total_tokens,
+                page_size=self.page_size,
+                dtype=self.dtype,
+                device=self.device,
+                tp_size=self.tp_size,
+                running=running,
+                context_length=self.context_length,
+                radix_cache=self.radix_cache,
+            )
             self.attn_backend = self.attn_backend_class(self.memory.token_to_kv_pool)
             # A 4-D mask tells transformers' mask functions to leave masking to attention.
             self._no_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=self.device)
@@ -348,46 +335,6 @@ class ModelRunner:
             elif isinstance(value, (list, tuple)):
                 ids.update(v for v in value if isinstance(v, int))
         return ids
-
-    def _build_memory(self, config: Any, running: int) -> KVMemory:
-        """The rank's KV memory: the pool of ``max_total_tokens`` slots (this rank's key/value
-        heads of every layer), the allocator, the request-to-token table for ``running``
-        sequences and, unless disabled, the radix prefix cache."""
-        from serving.srt.mem_cache.platform_classes import build_memory
-
-        text = (
-            config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-        )
-        heads = int(getattr(text, "num_attention_heads", 0) or 1)
-        kv_heads = int(getattr(text, "num_key_value_heads", 0) or heads)
-        head_dim = int(
-            getattr(text, "head_dim", None) or int(getattr(text, "hidden_size", 0) or 64) // heads
-        )
-        size = self.max_total_tokens // self.page_size * self.page_size
-        if size < self.page_size:
-            raise ModelLoadError(
-                f"--max-total-tokens {self.max_total_tokens} holds no page of --page-size "
-                f"{self.page_size}; raise it or lower the page size"
-            )
-        pool, allocator = build_memory(
-            self.platform,
-            size=size,
-            page_size=self.page_size,
-            dtype=self.dtype,
-            head_num=max(1, kv_heads // self.tp_size),
-            head_dim=head_dim,
-            layer_num=int(getattr(text, "num_hidden_layers", 0) or 1),
-            device=self.device,
-        )
-        from serving.srt.mem_cache.memory_pool import ReqToTokenPool
-
-        table = ReqToTokenPool(running + 1, self.context_length + 1, self.device)
-        tree = None
-        if self.radix_cache:
-            from serving.srt.mem_cache.radix_cache import RadixCache
-
-            tree = RadixCache(table, allocator, page_size=self.page_size)
-        return KVMemory(table, pool, allocator, tree)
 
     # ---- inputs ----------------------------------------------------------------------------
 
@@ -567,30 +514,13 @@ class ModelRunner:
                 self.run_to_end([Sequence("warm-up", prompt, params, seed=0)])
             except UnsupportedAttention as exc:
                 raise ModelLoadError(self._unsupported(str(exc))) from exc
-            missing = self._layers_off_the_pool()
+            missing = layers_off_the_pool(self.model)
             if missing:
                 raise ModelLoadError(self._unsupported(missing))
             self.memory.reset()
             self.memory.prompt_tokens_total = self.memory.cached_tokens_total = 0
         self.platform.synchronize()
         self.platform.empty_cache()
-
-    def _layers_off_the_pool(self) -> str:
-        """What in the model did not run its attention over the pool in the warm-up ("" when
-        every decoder layer did): layer types from the config, else the modules' classes."""
-        config = self.model.config
-        text = (
-            config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-        )
-        kinds = set(getattr(text, "layer_types", None) or ())
-        other = kinds - {"full_attention", "sliding_attention"}
-        if other:
-            return f"its layers of type {', '.join(sorted(other))}"
-        ran = sum(1 for m in self.model.modules() if "_radix_attention" in m.__dict__)
-        layers = int(getattr(text, "num_hidden_layers", 0) or 0)
-        if ran < layers:
-            return f"{layers - ran} of its {layers} decoder layers (no attention through transformers' attention interface)"
-        return ""
 
     def _unsupported(self, what: str) -> str:
         return (

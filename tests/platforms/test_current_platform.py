@@ -38,7 +38,7 @@ def test_print_current_platform_is_one_readable_line(monkeypatch, capsys):
 
 
 def test_messages_about_current_platform_name_the_vendors_class_not_the_proxy(site, monkeypatch):
-    from serving.srt.model_runner import cannot_run_message
+    from serving.devices import cannot_run_message
 
     package = platform_plugin(site, "tiled", class_body="device_type = 'tt'")
     monkeypatch.setenv("SGLANG_PLATFORM", "tiled")

@@ -47,6 +47,56 @@ class Claim:
     reserved: int
 
 
+def build_kv_memory(
+    platform: Any,
+    config: Any,
+    *,
+    size: int,
+    page_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    tp_size: int,
+    running: int,
+    context_length: int,
+    radix_cache: bool,
+) -> KVMemory:
+    """The KV memory of one rank of a model with ``config``: a pool of ``size`` slots (whole
+    pages) holding this rank's key/value heads of every layer, of the classes ``platform``
+    chooses (``platform_classes.build_memory``), the request-to-token table for ``running``
+    sequences of up to ``context_length`` tokens, and the radix cache unless ``radix_cache`` is
+    False. ``ModelLoadError`` when ``size`` holds no page."""
+    from serving.errors import ModelLoadError
+    from serving.srt.mem_cache.memory_pool import ReqToTokenPool
+    from serving.srt.mem_cache.platform_classes import build_memory
+    from serving.srt.mem_cache.radix_cache import RadixCache
+
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = int(getattr(text, "num_attention_heads", 0) or 1)
+    kv_heads = int(getattr(text, "num_key_value_heads", 0) or heads)
+    head_dim = int(
+        getattr(text, "head_dim", None) or int(getattr(text, "hidden_size", 0) or 64) // heads
+    )
+    slots = size // page_size * page_size
+    if slots < page_size:
+        raise ModelLoadError(
+            f"--max-total-tokens {size} holds no page of --page-size {page_size}; raise it or "
+            f"lower the page size"
+        )
+    pool, allocator = build_memory(
+        platform,
+        size=slots,
+        page_size=page_size,
+        dtype=dtype,
+        head_num=max(1, kv_heads // tp_size),
+        head_dim=head_dim,
+        layer_num=int(getattr(text, "num_hidden_layers", 0) or 1),
+        device=device,
+    )
+    table = ReqToTokenPool(running + 1, context_length + 1, device)
+    tree = RadixCache(table, allocator, page_size=page_size) if radix_cache else None
+    return KVMemory(table, pool, allocator, tree)
+
+
 class KVMemory:
     """The module docstring. ``tree`` is a ``RadixCache`` or None (no prefix cache)."""
 

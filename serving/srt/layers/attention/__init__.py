@@ -74,6 +74,23 @@ def attention_backend_class(name: str) -> tuple[type[AttentionBackend], str]:
     )
 
 
+def choose_attention_backend(
+    requested: str | None, platform_default: str | None
+) -> tuple[type[AttentionBackend], str]:
+    """The backend a generation model's attention runs through: ``--attention-backend``, else
+    the platform's default, else ``torch_native``; with the pool's attention function
+    registered in transformers (``hf_attention``). ``ModelLoadError`` for an unknown name."""
+    from serving.errors import ModelLoadError
+    from serving.srt.layers.attention import hf_attention
+
+    hf_attention.register()
+    name = requested or platform_default or "torch_native"
+    try:
+        return attention_backend_class(name)
+    except KeyError as exc:
+        raise ModelLoadError(f"--attention-backend: {exc.args[0]}") from None
+
+
 def _register_builtins() -> None:
     from serving.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 

@@ -79,6 +79,25 @@ def pool_attention(
     return out.unsqueeze(0), None
 
 
+def layers_off_the_pool(model: Any) -> str:
+    """What in ``model`` did not run its attention over the pool in a forward ("" when every
+    decoder layer did): layer types from its config, else how many layers never called
+    ``pool_attention`` with a batch."""
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    other = set(getattr(text, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
+    if other:
+        return f"its layers of type {', '.join(sorted(other))}"
+    ran = sum(1 for m in model.modules() if "_radix_attention" in m.__dict__)
+    layers = int(getattr(text, "num_hidden_layers", 0) or 0)
+    if ran < layers:
+        return (
+            f"{layers - ran} of its {layers} decoder layers attend otherwise than through "
+            f"transformers' attention interface"
+        )
+    return ""
+
+
 def register() -> None:
     """Register ``pool_attention`` (and transformers' SDPA mask for ``generate()``)."""
     from transformers import AttentionInterface
