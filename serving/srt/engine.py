@@ -244,14 +244,16 @@ class GenerationBatch:
                 ids.append(seq.output_ids[-1])
                 positions.append(claim.length)
             locs.append(memory.decode_slots(row_claims))
-            lengths = torch.tensor([c.length for c in row_claims], dtype=torch.int64)
-            width = int(max(c.length for c in row_claims))
+            lengths = [c.length for c in row_claims]
+            width = max(lengths)
             slots = table[[c.row for c in row_claims], :width].to(torch.int64)
-            valid = torch.arange(width)[None, :] < lengths[:, None]
-            batch.decode_slots = slots.masked_fill_(~valid, 0).to(device)
+            if min(lengths) < width:  # shorter rows read the dummy slot, masked out
+                valid = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+                slots.masked_fill_(~valid, 0)
+                batch.decode_valid = valid.to(device)
+            batch.decode_slots = slots.to(device)
             batch.decode_flat_slots = batch.decode_slots.view(-1)
-            batch.decode_valid = valid.to(device)
-            batch.decode_positions = (lengths - 1).to(device)
+            batch.decode_positions = torch.tensor(lengths, device=device) - 1
             keep.extend(range(first, len(ids)))
         batch.out_cache_loc = (locs[0] if len(locs) == 1 else torch.cat(locs)).to(device)
         batch.positions = torch.tensor(positions, dtype=torch.int64, device=device)

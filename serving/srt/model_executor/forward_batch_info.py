@@ -42,7 +42,7 @@ class ForwardBatch:
     extend_slots: list[torch.Tensor] = field(default_factory=list)  # int64, prefix + new
     decode_slots: torch.Tensor | None = None  # (rows, width) int64
     decode_flat_slots: torch.Tensor | None = None  # decode_slots as one (rows * width,) row
-    decode_valid: torch.Tensor | None = None  # (rows, width) bool
+    decode_valid: torch.Tensor | None = None  # (rows, width) bool; None: every slot is the row's
     decode_positions: torch.Tensor | None = None  # (rows,) int64: each row's new position
 
     @property

@@ -25,7 +25,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     """The module docstring; the contract is ``AttentionBackend``'s."""
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        self._decode_masks: dict[int, torch.Tensor] = {}
+        self._decode_masks: dict[int, torch.Tensor | None] = {}
 
     def forward(
         self,
@@ -111,19 +111,22 @@ class TorchNativeAttnBackend(AttentionBackend):
         out = sdpa(grouped, keys, values, attn_mask=mask, scale=layer.scaling)
         return out.reshape(rows, heads, dim)
 
-    def _decode_mask(self, window: int, forward_batch: ForwardBatch) -> torch.Tensor:
-        """``(rows, 1, 1, width)``: the row's own tokens (within ``window`` of its new one)."""
-        masks = getattr(self, "_decode_masks", None)
+    def _decode_mask(self, window: int, forward_batch: ForwardBatch) -> torch.Tensor | None:
+        """``(rows, 1, 1, width)``: the row's own tokens (within ``window`` of its new one);
+        None when every row attends to all ``width`` (rows of one length, no window)."""
+        masks: dict[int, torch.Tensor | None] | None = getattr(self, "_decode_masks", None)
         if masks is None:
             masks = self._decode_masks = {}
-        mask = masks.get(window)
-        if mask is None:
-            import torch
+        if window in masks:
+            return masks[window]
+        import torch
 
-            valid = forward_batch.decode_valid
-            assert valid is not None and forward_batch.decode_positions is not None
-            if window >= 0:
-                kpos = torch.arange(valid.shape[1], device=valid.device)[None, :]
-                valid = valid & (kpos > forward_batch.decode_positions[:, None] - window)
-            mask = masks[window] = valid[:, None, None, :]
+        valid = forward_batch.decode_valid
+        slots = forward_batch.decode_slots
+        assert slots is not None and forward_batch.decode_positions is not None
+        if window >= 0:
+            kpos = torch.arange(slots.shape[1], device=slots.device)[None, :]
+            near = kpos > forward_batch.decode_positions[:, None] - window
+            valid = near if valid is None else valid & near
+        mask = masks[window] = None if valid is None else valid[:, None, None, :]
         return mask
