@@ -35,6 +35,8 @@ MODULES = {
     # The KV memory classes a platform returns by SGLang's names (get_mha_kv_pool_cls, ...):
     # memory_pool, allocator, radix_cache.
     "sglang.srt.mem_cache": "serving.srt.mem_cache",
+    # What one forward works on (an attention backend reads it).
+    "sglang.srt.model_executor.forward_batch_info": "serving.srt.model_executor.forward_batch_info",
     # Out-of-tree model classes (import-light: plugin callbacks call it in the launcher too).
     "sglang.srt.models.registry": "launchspec.model_registry",
 }
