@@ -52,6 +52,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from support import make_dist  # noqa: E402
 from support.serving import Server, server_env, start_server  # noqa: E402
 
+from launcher.supervisor.plan import SCHEDULER_ENV_DEFAULTS  # noqa: E402
+
 # Static batching as a scheduling policy: while requests run, the waiting ones stay waiting.
 STATIC_POLICY = """
 from hooks import HookType, plugin_hook
@@ -384,7 +386,7 @@ def main() -> int:
             {"static_batching_policy.py": STATIC_POLICY},
         )
         servers["static"] = server_env(PYTHONPATH=str(site))
-    child_env = {**server_env(), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    child_env = {**server_env(), **scheduler_env()}
     base_env: dict[str, str] = {}
     if args.baseline is not None:
         base_env = {**server_env(), "PYTHONPATH": str(args.baseline.resolve())}
@@ -457,3 +459,9 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def scheduler_env() -> dict[str, str]:
+    """The OpenMP settings the launch gives a scheduler child (``SCHEDULER_ENV_DEFAULTS``,
+    unless this environment sets them), for a child that runs as one."""
+    return {k: os.environ.get(k, v) for k, v in SCHEDULER_ENV_DEFAULTS.items()}

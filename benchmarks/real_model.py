@@ -14,7 +14,7 @@ model cache), the same dtype and attention implementation (read from the server'
 - ``engine``: the same child driving this project's ``ModelRunner`` and ``GenerationBatch``
   with no scheduler and no HTTP (where the server's time goes: model path or serving path).
 
-The child is set up as a dp=1 scheduler is: ``OMP_WAIT_POLICY=PASSIVE`` (what the launch gives
+The child is set up as a dp=1 scheduler is: ``OMP_WAIT_POLICY=PASSIVE``, ``GOMP_SPINCOUNT`` (what the launch gives
 a scheduler unless the environment sets it), ``share_cpu_threads(1)`` (torch's intra-op pool,
 one thread per core unless ``OMP_NUM_THREADS`` is set), a session of its own. The sides take
 turns (each goes first in turn), part 1 ``--rounds`` times and part 2 ``--batch-rounds`` times
@@ -55,6 +55,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from generation import LeanStream, Stream  # noqa: E402
 from support.serving import Server, server_env, start_server  # noqa: E402
+
+from launcher.supervisor.plan import SCHEDULER_ENV_DEFAULTS  # noqa: E402
 
 QUESTION = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -305,7 +307,7 @@ def main() -> int:
         server = start_server([], tmp, "server", default_model=True)
         info = get_json(server.url + "/get_server_info")["model"]
         dtype, attention = info["dtype"], info["attention"]
-        env = {**server_env(), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+        env = {**server_env(), **scheduler_env()}
         kid = Child(model_dir, dtype, attention, args.separate_copy, env)
         print(
             f"model {info['model_path']} ({info['served_model_name']}), {dtype}, {attention}; "
@@ -409,3 +411,9 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def scheduler_env() -> dict[str, str]:
+    """The OpenMP settings the launch gives a scheduler child (``SCHEDULER_ENV_DEFAULTS``,
+    unless this environment sets them), for a child that runs as one."""
+    return {k: os.environ.get(k, v) for k, v in SCHEDULER_ENV_DEFAULTS.items()}

@@ -13,8 +13,9 @@ def share_cpu_threads(ranks_on_node: int) -> None:
     shared among this node's ``ranks_on_node`` ranks. Without this every rank starts one thread
     per core, and the ranks slow each other down. No core is kept back for the HTTP child, whose
     work per request is small beside the model's: the launch starts scheduler children with
-    ``OMP_WAIT_POLICY=PASSIVE`` (unless set), so a waiting pool thread sleeps instead of spinning
-    and the HTTP child gets a core as soon as it needs one. An explicit ``OMP_NUM_THREADS`` wins
+    ``OMP_WAIT_POLICY=PASSIVE`` and a short ``GOMP_SPINCOUNT`` (unless set), so a waiting pool
+    thread spins only through the gaps of a running batch, then sleeps, and the HTTP child gets
+    a core when it needs one. An explicit ``OMP_NUM_THREADS`` wins
     (set it lower when other work shares the cores)."""
     if os.environ.get("OMP_NUM_THREADS"):
         return
