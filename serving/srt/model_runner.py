@@ -39,6 +39,7 @@ from serving.srt.layers.attention.hf_attention import (
     UnsupportedAttention,
     layers_off_the_pool,
 )
+from serving.srt.layers.linear import can_pack, pack_linears
 from serving.srt.limits import FALLBACK_INPUT_TOKENS, GenerationLimits
 from serving.srt.mem_cache.kv_memory import build_kv_memory
 from serving.srt.models import class_name, load_config, registered_class
@@ -321,6 +322,8 @@ class ModelRunner:
             ) from exc
         if self.tp_size == 1:
             model = model.to(self.device)
+        if self.kind == "generation" and can_pack(self.device, self.dtype, self.tp_size):
+            log.info("%d linear layers use oneDNN's prepacked weights", pack_linears(model))
         return model.eval()
 
     def _eos_ids(self, config: Any) -> set[int]:

@@ -432,3 +432,22 @@ def test_the_documented_attention_backend_example_registers_and_serves(tmp_path,
     assert type(mine.attn_backend).__name__ == "MyBackend"
     out = alone(mine, "x", "hello world", max_new_tokens=6, **GREEDY)
     assert out == alone(runner, "x", "hello world", max_new_tokens=6, **GREEDY)
+
+
+def test_a_bfloat16_model_on_the_cpu_computes_with_prepacked_weights_and_the_same_tokens(tmp_path):
+    """Its linear layers use oneDNN's prepacked weights (``layers.linear``), and its greedy
+    tokens are those of transformers' own bfloat16 model of the same directory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    packed = tiny_runner(tmp_path, "bf16", dtype="bfloat16")
+    assert all(
+        hasattr(m, "_packed_weight") for m in packed.model.modules() if type(m) is torch.nn.Linear
+    )
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16).eval()
+    for text in ("hello world", "the quick brown fox jumps over the lazy dog"):
+        ids = torch.tensor([packed.encode_prompt(text, 16)])
+        with torch.inference_mode():
+            out = plain.generate(ids, max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        want = out[0, ids.shape[1] :].tolist()
+        assert alone(packed, "x", text, max_new_tokens=16, **GREEDY) == want

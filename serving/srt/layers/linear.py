@@ -1,0 +1,68 @@
+"""Linear layers of a half-precision model on the CPU through oneDNN's prepacked weights.
+
+PyTorch's plain ``linear`` on a bfloat16 (or float16) CPU tensor reorders the weight into
+oneDNN's blocked layout at every call; a generation step calls every linear of the model once,
+so that reorder is paid for every weight at every token. ``pack_linears`` does it once: each
+``nn.Linear`` of the model keeps its weight in the blocked layout and computes through oneDNN's
+``_linear_pointwise`` (the same kernel, the same result). A weight no other module shares (a
+tied embedding does) gives its dense memory back.
+
+Applied only where it helps and is safe: a model on the CPU, in bfloat16 or float16, not split
+across tensor-parallel ranks, with a PyTorch built with oneDNN.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+# The batch size oneDNN chooses the blocked layout for: a decode step's rows.
+_BATCH_HINT = 16
+
+
+def can_pack(device: torch.device, dtype: torch.dtype, tp_size: int) -> bool:
+    import torch
+
+    return (
+        device.type == "cpu"
+        and dtype in (torch.bfloat16, torch.float16)
+        and tp_size == 1
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+def _packed_forward(module: Any, x: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    flat = x.reshape(-1, x.shape[-1])
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+        flat, module._packed_weight, module.bias, "none", [], ""
+    )
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def pack_linears(model: Any) -> int:
+    """Pack every ``nn.Linear`` of ``model`` (the module docstring); how many were packed."""
+    import types
+
+    import torch
+
+    counts: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        counts[id(param)] = counts.get(id(param), 0) + 1
+    packed = 0
+    for module in model.modules():
+        if type(module) is not torch.nn.Linear:
+            continue
+        weight = module.weight
+        module._packed_weight = torch.ops.mkldnn._reorder_linear_weight(
+            weight.detach(), _BATCH_HINT
+        )
+        module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
+        if counts.get(id(weight), 0) == 1:  # nobody else reads it: its dense copy goes
+            weight.data = torch.empty(0, dtype=weight.dtype)
+        packed += 1
+    return packed
