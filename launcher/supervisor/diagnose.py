@@ -59,26 +59,20 @@ def failed(worker: WorkerState, report: Failed, code: int | None) -> RootCause:
     the worker cannot use) is a set-up failure, exit 5, whose summary says so."""
     after_ready = report.phase in (phases.SERVING, phases.STOPPING)
     doing = phases.DOING.get(report.phase, report.phase)
+    summary = f"{worker.name} failed while {doing}"
+    exit_code = ExitCode.WORKER_DIED if after_ready else ExitCode.WORKER_FAILED
+    hint = None
     if SETUP_FAILURE in report.exc_types and not after_ready:
-        return RootCause(
-            summary=f"{worker.name} cannot use what the platform provides (while {doing})",
-            exit_code=ExitCode.SETUP_FAILED,
-            worker=worker.name,
-            pid=worker.pid,
-            node_rank=worker.node_rank,
-            phase=report.phase,
-            exitcode=code if code is not None else report.exit_code,
-            signal=signal_name(code),
-            error_type=report.exc_type,
-            message=report.message,
-            traceback=report.traceback,
-            hint="fix the platform plugin's method named above (it must return SGLang's class or "
-            "a subclass that constructs with SGLang's parameters), or select another platform "
-            "with SGLANG_PLATFORM",
+        summary = f"{worker.name} cannot use what the platform provides (while {doing})"
+        exit_code = ExitCode.SETUP_FAILED
+        hint = (
+            "fix the platform plugin's method named above (it must return SGLang's class or a "
+            "subclass that constructs with SGLang's parameters), or select another platform "
+            "with SGLANG_PLATFORM"
         )
     return RootCause(
-        summary=f"{worker.name} failed while {doing}",
-        exit_code=ExitCode.WORKER_DIED if after_ready else ExitCode.WORKER_FAILED,
+        summary=summary,
+        exit_code=exit_code,
         worker=worker.name,
         pid=worker.pid,
         node_rank=worker.node_rank,
@@ -88,6 +82,7 @@ def failed(worker: WorkerState, report: Failed, code: int | None) -> RootCause:
         error_type=report.exc_type,
         message=report.message,
         traceback=report.traceback,
+        hint=hint,
     )
 
 

@@ -86,9 +86,12 @@ def choose_attention_backend(
     hf_attention.register()
     name = requested or platform_default or "torch_native"
     try:
-        return attention_backend_class(name)
+        cls, runs_as = attention_backend_class(name)
     except KeyError as exc:
         raise ModelLoadError(f"--attention-backend: {exc.args[0]}") from None
+    if runs_as != name.lower():
+        log.info("attention backend %r has no kernels here; it runs as %r", name, runs_as)
+    return cls, runs_as
 
 
 def _register_builtins() -> None:
