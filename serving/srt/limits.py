@@ -37,6 +37,7 @@ class GenerationLimits:
     context_limit: str
     pool_tokens: int
     pool_limit: str
+    page_size: int = 1  # the pool hands out whole pages: a sequence takes its tokens rounded up
 
     @classmethod
     def of(
@@ -99,10 +100,11 @@ class GenerationLimits:
                 f"({self.context_limit}); ask for fewer tokens",
                 "max_new_tokens",
             )
-        if total > self.pool_tokens:
+        if -(-total // self.page_size) * self.page_size > self.pool_tokens:
             raise InputError(
                 f"{asked} can never fit the KV pool of {self.pool_tokens} tokens that all "
-                f"running sequences share ({self.pool_limit}); ask for fewer tokens, or raise "
-                f"--max-total-tokens",
+                f"running sequences share ({self.pool_limit})"
+                + (f" in pages of {self.page_size}" if self.page_size > 1 else "")
+                + "; ask for fewer tokens, or raise --max-total-tokens",
                 "max_new_tokens",
             )

@@ -19,6 +19,7 @@ Errors: ``ModelLoadError`` at start-up (the message says which argument or file 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import time
@@ -222,6 +223,10 @@ class ModelRunner:
             forward_args = inspect.signature(self.model.forward).parameters
             self._logits_to_keep = "logits_to_keep" in forward_args
             self.page_size = max(1, int(page_size))
+            pool = self.max_total_tokens // self.page_size * self.page_size
+            self.limits = dataclasses.replace(
+                self.limits, pool_tokens=pool, page_size=self.page_size
+            )
             self.radix_cache = not disable_radix_cache
             running = max_running_requests or self.max_batch_size
             self.memory = build_kv_memory(

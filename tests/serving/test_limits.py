@@ -42,3 +42,14 @@ def test_max_input_tokens_lowers_the_limit_and_never_raises_it():
     with pytest.raises(InputError, match=r"limit of 512 \(--max-input-tokens\)"):
         lowered.check(513, 1)
     assert limits(max_input_tokens=100_000).max_input_tokens == 8191
+
+
+def test_a_request_that_pages_would_round_past_the_pool_is_refused_naming_the_pages():
+    """With --page-size 16 a sequence takes whole pages: 689 tokens take 704 slots, more than a
+    pool of 688, so it could never be admitted and is refused at once instead of waiting."""
+    import dataclasses
+
+    paged = dataclasses.replace(limits(4096, pool=688), page_size=16)
+    paged.check(600, 88)  # 688: exactly 43 pages
+    with pytest.raises(InputError, match="in pages of 16"):
+        paged.check(600, 89)
