@@ -33,7 +33,6 @@ import asyncio
 import bisect
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
@@ -55,6 +54,18 @@ RETRY_AFTER_S = 5  # what a 503 says when no replica serves while a change is un
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
+
+
+_WORK_DONE = (wire.Embeddings, wire.Images, wire.ImageProgress)
+
+
+def is_progress(reply: wire.FromScheduler) -> bool:
+    """Whether ``reply`` shows the model working: generated tokens (an abort without any is not),
+    an embedding, images or a denoising step. Answers to pings and flushes are not: a scheduler
+    answers those between steps even when its steps fail or hang (``/health_generate``)."""
+    if isinstance(reply, wire.Generated):
+        return reply.completion_tokens > 0 or reply.finish_reason != "abort"
+    return isinstance(reply, _WORK_DONE)
 
 
 class ReplicaPool:
@@ -417,7 +428,8 @@ class ReplicaPool:
             except msgspec.DecodeError as exc:
                 log.warning("dropped an undecodable reply from dp=%d: %s", rep.dp_rank, exc)
                 continue
-            rep.last_reply = time.monotonic()
+            if is_progress(reply):
+                rep.progressed()
             deliver = inflight.get(reply.rid)
             if deliver is not None:
                 deliver(reply)

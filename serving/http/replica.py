@@ -60,7 +60,18 @@ class Replica:
         self.watcher: asyncio.Task[None] | None = None  # its socket monitor
         self.dead_reason: str | None = None
         self.unreachable: str | None = None  # why its address could not be learned
-        self.last_reply = float("-inf")  # time.monotonic() of its last answer to anything
+        # time.monotonic() of its last progress: an answer that carries the model's work (a
+        # token, an embedding, an image or a denoising step), never one to a ping or a flush.
+        self.last_progress = float("-inf")
+        self.progress_waiters: list[asyncio.Future[None]] = []  # told at its next progress
+
+    def progressed(self) -> None:
+        """It answered with the model's work just now: note when, and wake who waits for it."""
+        self.last_progress = time.monotonic()
+        waiters, self.progress_waiters = self.progress_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     @property
     def live(self) -> bool:

@@ -1,7 +1,7 @@
 """SGLang's operational surface in process, against a scheduler stand-in on a real ZeroMQ socket
 (``support.fake_scheduler``): ``/health_generate`` (a one-token probe; skipped while the replica
-is busy answering others; 503 when the probe fails or times out), ``/ping``, ``/get_model_info``,
-and ``/metrics`` with SGLang's metric names, types and ``model_name`` label beside the
+is busy generating for others; never fooled by answers to pings; 503 when the probe fails or times
+out), ``/ping``, ``/get_model_info``, and ``/metrics`` with SGLang's metric names, types and ``model_name`` label beside the
 launcher's ``sglang_launch_*``."""
 
 from __future__ import annotations
@@ -64,18 +64,22 @@ def test_health_generate_is_503_when_the_probe_fails_or_times_out(tmp_path):
     assert gone.status_code == 503 and "server.failed" in gone.json()["reason"]
 
 
-def test_health_generate_skips_the_probe_while_the_replica_answers_others(tmp_path):
+async def _until(condition, what: str, within: float = 10.0) -> None:
+    """Wait until ``condition()`` holds (a deadline, not a fixed sleep)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"never: {what}"
+        await asyncio.sleep(0.01)
+
+
+def test_health_generate_skips_the_probe_while_the_replica_generates_for_others(tmp_path):
     async def scenario():
         async with serve_app(tmp_path, health_timeout=5.0) as s:
-            s.scheduler.hold = True
-            waiting = asyncio.ensure_future(
-                s.http.post(
-                    "/generate", json={"text": "busy", "sampling_params": {"max_new_tokens": 2}}
-                )
-            )
-            while not s.scheduler.received:
-                await asyncio.sleep(0.01)
-            await s.app.state.dispatcher.ping_all(timeout=5)  # the replica answers: it turns
+            s.scheduler.trickle = 0.05  # a long stream, one token every 50 ms
+            body = {"text": "busy", "stream": True, "sampling_params": {"max_new_tokens": 400}}
+            waiting = asyncio.ensure_future(s.http.post("/generate", json=body))
+            [rep] = s.app.state.pool.replicas
+            await _until(lambda: rep.last_progress > float("-inf"), "a token was streamed")
             r = await s.http.get("/health_generate")
             sent = list(s.scheduler.received)
             waiting.cancel()
@@ -85,6 +89,51 @@ def test_health_generate_skips_the_probe_while_the_replica_answers_others(tmp_pa
     r, sent = asyncio.run(scenario())
     assert r.status_code == 200 and r.json() == {"healthy": True}
     assert len(sent) == 1  # only the client's request: no probe
+
+
+async def _poll_ready(s, polled: list[int]) -> None:
+    """GET /ready back to back, as an orchestrator's readiness probe does, until cancelled."""
+    while True:
+        r = await s.http.get("/ready")
+        polled.append(r.status_code)
+
+
+def test_health_generate_is_not_fooled_by_ready_probes_while_nothing_is_generated(tmp_path):
+    """A scheduler that answers pings but generates nothing (its steps hang or fail) is
+    unhealthy, however often /ready is polled meanwhile: with no request in flight (the probe
+    gets no token) and with a client's request stuck after earlier tokens (no token since)."""
+
+    async def scenario():
+        async with serve_app(tmp_path, loopback=True, health_timeout=0.5) as s:
+            polled: list[int] = []
+            poller = asyncio.ensure_future(_poll_ready(s, polled))
+            try:
+                await _until(lambda: len(polled) >= 2, "/ready answered")
+                ok = await s.http.get("/health_generate")  # generating: healthy
+                s.scheduler.hold = True  # from now on, pings only
+                idle = await s.http.get("/health_generate")
+                stuck_request = asyncio.ensure_future(
+                    s.http.post("/generate", json={"text": "stuck"}, timeout=30)
+                )
+                await _until(lambda: len(s.scheduler.generations) == 3, "the request was sent")
+                stuck = await s.http.get("/health_generate")
+                before = len(polled)
+                await _until(lambda: len(polled) > before, "/ready answered meanwhile")
+                stuck_request.cancel()
+                await asyncio.gather(stuck_request, return_exceptions=True)
+            finally:
+                poller.cancel()
+                await asyncio.gather(poller, return_exceptions=True)
+            return ok, idle, stuck, set(polled)
+
+    ok, idle, stuck, polled = asyncio.run(scenario())
+    assert polled == {200}  # the replica answered every /ready probe
+    assert ok.status_code == 200
+    assert idle.status_code == 503
+    assert idle.json()["reason"] == "scheduler dp=0 did not answer a probe within 0.5 s"
+    assert stuck.status_code == 503
+    assert stuck.json()["reason"].startswith("scheduler dp=0 ")
+    assert "within 0.5 s" in stuck.json()["reason"]
 
 
 def test_the_probe_of_an_embedding_model_embeds_one_text(tmp_path):

@@ -15,8 +15,10 @@ they were sampled with, so a test sees exactly what the HTTP child did with each
 - a ``Ping`` gets a ``Pong`` with ``STATS``; an ``EmbedRequest`` a one-value vector;
 - a ``FlushCache`` gets a ``FlushCacheResult`` of ``flush`` (``(ok, message)``; default a
   success), and counts in ``flushes``;
-- ``hold``: generation and embedding requests stay unanswered; ``fail``: they are refused with a
-  ``RequestFailed`` of that status and message.
+- ``hold``: generation and embedding requests stay unanswered (pings are still answered, as a
+  scheduler whose steps hang or fail answers them between steps); ``fail``: they are refused
+  with a ``RequestFailed`` of that status and message; ``trickle``: seconds between the messages
+  of a streamed generation (sent by a task of their own, so pings are answered meanwhile).
 
 ``serve_app(tmp_path, **state)`` runs a test body against the app (httpx's ASGI transport) with
 its replica pool connected to a ``FakeScheduler`` (``connected``, as the server joins them);
@@ -92,6 +94,8 @@ class FakeScheduler:
         self.received: list[wire.Request] = []
         self.hold = False
         self.fail: tuple[int, str] | None = None
+        self.trickle = 0.0
+        self._trickles: set[asyncio.Task[None]] = set()
         self.cached = 0
         self.prompt_tokens_total = 0
         self.cached_tokens_total = 0
@@ -122,11 +126,20 @@ class FakeScheduler:
             if self.fail is not None:
                 status, message = self.fail
                 await self._send(identity, wire.RequestFailed(msg.rid, status, message))
+            elif isinstance(msg, wire.GenerateRequest) and self.trickle and msg.stream:
+                task = asyncio.ensure_future(self._trickle(identity, self._generate(msg)))
+                self._trickles.add(task)
+                task.add_done_callback(self._trickles.discard)
             elif isinstance(msg, wire.GenerateRequest):
                 for reply in self._generate(msg):
                     await self._send(identity, reply)
             elif isinstance(msg, wire.EmbedRequest):
                 await self._send(identity, wire.Embeddings(msg.rid, b"\0\0\0\0", 1, 1))
+
+    async def _trickle(self, identity: bytes, replies: list[wire.Generated]) -> None:
+        for reply in replies:
+            await self._send(identity, reply)
+            await asyncio.sleep(self.trickle)
 
     def _pong(self, rid: str) -> wire.Pong:
         stats = wire.TextStats(
@@ -181,8 +194,10 @@ class FakeScheduler:
         await self.sock.send_multipart([identity, wire.encode(msg)])
 
     async def stop(self) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
+        tasks = [self.task, *self._trickles]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.sock.close(0)
 
 

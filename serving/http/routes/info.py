@@ -18,6 +18,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from msgspec import UNSET
@@ -53,13 +54,17 @@ async def health(state: AppState, body: None, receive: Receive) -> Response:
 
 
 async def health_generate(state: AppState, body: None, receive: Receive) -> Response:
-    """``GET /health_generate``: ``Health`` after the model answered on every live replica; a
-    503 naming the replica that failed or did not answer within ``state.health_timeout``.
+    """``GET /health_generate``: ``Health`` once the model produced something on every live
+    replica since the check began; a 503 naming the replica that failed or produced nothing
+    within ``state.health_timeout``.
 
-    A replica that is busy (requests in flight, and an answer to one of them within the
-    timeout) is not probed: that answer proves it serves. The probe is the smallest request
-    of the kind the replica says it serves: one greedy token, one embedded text, one denoising
-    step (a ping when the kind is unknown)."""
+    Only the model's work counts (``pool.is_progress``: generated tokens, an embedding, an image
+    or a denoising step), as SGLang counts only generation outputs: a replica answers pings
+    (``/ready``, ``/metrics``) between steps even while its steps fail or hang, so those answers
+    prove nothing. A replica that is busy (requests in flight, and progress within the timeout)
+    is not probed: it passes at its next progress. Any other replica gets the smallest request
+    of the kind it says it serves (one greedy token, one embedded text, one denoising step; a
+    ping when the kind is unknown) and passes when that, or any other request, progresses."""
     pool = state.pool
     reason = pool.unhealthy_reason
     if reason:
@@ -77,22 +82,41 @@ async def health_generate(state: AppState, body: None, receive: Receive) -> Resp
 
 
 async def _probe(state: AppState, rep: Replica) -> str | None:
-    """Why replica ``rep`` is not healthy, or None: it answered the probe, or it is busy and
-    answered another request within the timeout."""
+    """Why replica ``rep`` is not healthy, or None: it made progress (its probe's answer, or
+    another request's) within the timeout."""
     timeout = state.health_timeout
-    started = time.monotonic()
-    if rep.inflight and started - rep.last_reply < timeout:
-        return None
+    busy = bool(rep.inflight) and time.monotonic() - rep.last_progress < timeout
+    progressed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    rep.progress_waiters.append(progressed)
+    probe: asyncio.Future[Any] | None = None
+    if not busy:
+        request = probe_request(rep.kind or state.kind, "health")
+        probe = asyncio.ensure_future(state.dispatcher.one(request, rep))
     try:
-        probe = probe_request(rep.kind or state.kind, "health")
-        await asyncio.wait_for(state.dispatcher.one(probe, rep), timeout)
-    except TimeoutError:
-        if rep.last_reply > started:  # it answered others meanwhile: busy, not stuck
-            return None
-        return f"scheduler dp={rep.dp_rank} did not answer a probe within {timeout:g} s"
-    except SchedulerError as exc:
-        return f"scheduler dp={rep.dp_rank} failed a probe: {exc.message}"
-    return None
+        waiting: list[asyncio.Future[Any]] = [progressed] if probe is None else [progressed, probe]
+        await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if progressed in rep.progress_waiters:
+            rep.progress_waiters.remove(progressed)
+        progressed.cancel()
+        if probe is not None and not probe.done():
+            probe.cancel()  # sends Cancel to the scheduler
+            await asyncio.gather(probe, return_exceptions=True)
+    if probe is not None and probe.done() and not probe.cancelled():
+        exc = probe.exception()
+        if isinstance(exc, SchedulerError):
+            return f"scheduler dp={rep.dp_rank} failed a probe: {exc.message}"
+        if exc is not None:
+            raise exc
+        return None  # it answered the probe
+    if progressed.done() and not progressed.cancelled():
+        return None
+    if probe is None:
+        return (
+            f"scheduler dp={rep.dp_rank} produced nothing within {timeout:g} s while it held "
+            f"{len(rep.inflight)} request(s)"
+        )
+    return f"scheduler dp={rep.dp_rank} did not answer a probe within {timeout:g} s"
 
 
 async def model_info(state: AppState, body: None, receive: Receive) -> Response:
