@@ -159,13 +159,22 @@ class AppState:
     # it does not say), and, for a generation model, its chat template.
     kind: str | None = None
     chat: ChatTemplate | None = None
+    # The GGUF file this launch (or the reload that finished) was given, when ``model_path`` is
+    # its converted copy in the model cache; None otherwise.
+    gguf_file: str | None = None
     # The longest prompt plus completion the schedulers accept, once one has said (chat).
     context_length: int | None = None
     # Seconds /health_generate waits for its probe before it answers 503.
     health_timeout: float = 20.0
 
     def serve_model(
-        self, model_path: str, served_name: str, *, kind: str | None, chat: ChatTemplate | None
+        self,
+        model_path: str,
+        served_name: str,
+        *,
+        kind: str | None,
+        chat: ChatTemplate | None,
+        gguf_file: str | None = None,
     ) -> None:
         """A reload finished: the replicas serve the model at ``model_path`` as ``served_name``
         from now on (of ``kind``, with ``chat`` as its template); the context length is asked
@@ -176,6 +185,7 @@ class AppState:
         self.server_args = args
         self.model_path, self.served_name = model_path, served_name
         self.kind, self.chat = kind, chat
+        self.gguf_file = gguf_file
         self.context_length = None
 
     def wrong_model(self, name: str | None) -> Response | None:

@@ -192,6 +192,7 @@ def build_app(server_args: ServerArgs, ctx: WorkerContext, metrics: Metrics | No
         api_routes=resolve(spec.api_routes) if spec.api_routes else None,
         kind=model.kind,
         chat=model.chat,
+        gguf_file=None if model.gguf_file is None else str(model.gguf_file),
     )
     reads = ModelReads(state)
     link = SupervisorLink(
@@ -231,12 +232,14 @@ async def connected(
 @dataclasses.dataclass(frozen=True)
 class ServedModel:
     """What the HTTP child knows of the model it serves: its directory, its name, its kind
-    (``model_kind``) and, for a generation model, its chat template."""
+    (``model_kind``), for a generation model its chat template, and the GGUF file this launch
+    was given when the directory is its converted copy (None otherwise)."""
 
     path: Path
     served_name: str
     kind: str | None
     chat: ChatTemplate | None
+    gguf_file: Path | None = None
 
 
 def served_model(
@@ -262,7 +265,9 @@ def served_model(
             raise
         log.error("the reloaded model's chat template cannot be used: %s", exc)
         chat = None
-    return ServedModel(source.path, source.served_name, kind, chat)
+    gguf = getattr(source, "gguf", None)
+    gguf_file = gguf.file if gguf is not None else None
+    return ServedModel(source.path, source.served_name, kind, chat, gguf_file)
 
 
 class ModelReads:
@@ -303,7 +308,13 @@ class ModelReads:
             return
         finally:
             self._reads.pop((model_path, served_name), None)
-        self.state.serve_model(str(new.path), new.served_name, kind=new.kind, chat=new.chat)
+        self.state.serve_model(
+            str(new.path),
+            new.served_name,
+            kind=new.kind,
+            chat=new.chat,
+            gguf_file=None if new.gguf_file is None else str(new.gguf_file),
+        )
         log.info("the routes serve %s (%s, %s) from now on", new.served_name, new.path, new.kind)
 
 

@@ -143,6 +143,40 @@ def test_the_converted_directory_holds_the_files_weights_and_tokenizer(tiny, sha
         assert tokenizer(text)["input_ids"] == trained.encode(text).ids
 
 
+def test_model_info_names_the_file_this_launch_was_given_not_the_first_converter(
+    tiny, shared_cache, tmp_path, monkeypatch
+):
+    """The cache is keyed by the file's content and shared: another checkout's copy of the same
+    file, converted first, is what the conversion recorded; /get_model_info names this launch's
+    file (the HTTP child as it is built for a launch, over real HTTP)."""
+    import asyncio
+
+    from support.fake_scheduler import serve_app
+
+    from launchspec.gguf_cache import read_origin
+    from launchspec.server_args import ServerArgs
+    from serving.http.server import served_model
+
+    file, _ = tiny
+    mine = tmp_path / "my-checkout" / file.name
+    mine.parent.mkdir()
+    mine.write_bytes(file.read_bytes())
+    monkeypatch.setenv(CACHE_ENV, str(shared_cache))
+    model = served_model(ServerArgs(model_path=str(mine)), str(mine), None)
+    origin = read_origin(model.path) or {}
+    assert origin["gguf_file"] == str(file.resolve())  # the first checkout converted it
+
+    async def info() -> httpx.Response:
+        async with serve_app(
+            tmp_path, loopback=True, model_path=str(model.path), gguf_file=str(model.gguf_file)
+        ) as s:
+            return await s.http.get("/get_model_info")
+
+    weights = asyncio.run(info()).json()["weights"]
+    assert weights["format"] == "gguf" and weights["gguf_file"] == str(mine.resolve())
+    assert weights["cache_dir"] == str(model.path) and weights["sha256"] == origin["sha256"]
+
+
 def test_two_launches_of_one_file_convert_it_once(tiny, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     caplog.set_level(logging.INFO, logger="sglang_launch.gguf")

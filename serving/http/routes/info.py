@@ -137,20 +137,23 @@ async def model_info(state: AppState, body: None, receive: Receive) -> Response:
             served_model_name=state.served_name,
             kind=state.kind,
             chat_template=chat.source if chat is not None else None,
-            weights=weights_source(Path(state.model_path)),
+            weights=weights_source(Path(state.model_path), state.gguf_file),
         )
     )
 
 
-def weights_source(directory: Path) -> WeightsSource:
-    """Where the weights in ``directory`` came from: a GGUF file it is the converted copy of
-    (what the conversion recorded in it), or the directory itself."""
+def weights_source(directory: Path, gguf_file: str | None = None) -> WeightsSource:
+    """Where the weights in ``directory`` came from: a GGUF file it is the converted copy of, or
+    the directory itself. The file is ``gguf_file``, the one this launch was given: the cache is
+    keyed by the file's content and shared, so the conversion's record names whichever file (of
+    whichever checkout) was converted first, which only a launch given the cache directory itself
+    reports."""
     origin = read_origin(directory)
     if origin is None:
         return WeightsSource(format="directory")
     return WeightsSource(
         format="gguf",
-        gguf_file=str(origin.get("gguf_file", "")),
+        gguf_file=gguf_file or str(origin.get("gguf_file", "")),
         sha256=str(origin.get("sha256", "")),
         cache_dir=str(directory),
         converted_at=str(origin.get("converted_at", "")),
