@@ -14,7 +14,10 @@ Fields that OpenAI's clients may send and this server does not act on are declar
 ``user`` is accepted and ignored; ``dimensions`` and the options that would change the result
 and are not implemented (``echo``, ``suffix``, ``best_of`` > 1, ``logit_bias``, tools, a
 ``response_format`` other than text, prompt log-probabilities) are refused with a 400 naming
-them. Fields nobody declared are ignored.
+them. Fields nobody declared are ignored, except on ``/generate``: every field of SGLang's
+``GenerateReqInput`` and ``SamplingParams`` (``SGLANG_GENERATE_FIELDS``,
+``SGLANG_SAMPLING_FIELDS``, as of SGLang 0.5.23) is either served or refused by name, and a field
+SGLang does not have either is refused too (a typo would otherwise change nothing, silently).
 """
 
 from __future__ import annotations
@@ -239,19 +242,77 @@ class CompletionRequest(SamplingFields, kw_only=True):
         super().check(prefix)
 
 
-class NativeSamplingParams(SamplingFields, kw_only=True):
+class NativeSamplingParams(SamplingFields, kw_only=True, forbid_unknown_fields=True):
     """SGLang's ``sampling_params``."""
 
     max_new_tokens: Annotated[int, doc("tokens to generate", minimum=1, maximum=MAX_NEW_TOKENS)] = (
         128
     )
+    n: Annotated[
+        int,
+        doc(
+            "samples of the text: above 1 the answer is a list of that many results, as SGLang's",
+            minimum=1,
+            maximum=MAX_CHOICES,
+        ),
+    ] = 1
 
     def check(self, prefix: str = "") -> None:
         bound(self.max_new_tokens, prefix + "max_new_tokens", 1, MAX_NEW_TOKENS)
+        bound(self.n, prefix + "n", 1, MAX_CHOICES)
         super().check(prefix)
 
 
-class GenerateRequest(Body, kw_only=True):
+# SGLang's (0.5.23) fields of /generate's body and of its sampling_params: a field here that the
+# structs below do not declare is refused by name (``unknown_field``), as is one SGLang lacks.
+SGLANG_GENERATE_FIELDS = frozenset(
+    "rid session_id text input_ids input_embeds image_data video_data audio_data mm_hashes "
+    "mm_content_hashes use_audio_in_video video_config sampling_params watermark return_logprob "
+    "logprob_start_len top_logprobs_num token_ids_logprob return_sampling_mask "
+    "sampling_logprobs_mode return_text_in_logprobs return_flat_raw_top_logprobs "
+    "return_flat_raw_output_top_logprobs return_flat_raw_top_logprobs_b64 stream log_metrics "
+    "return_hidden_states return_routed_experts routed_experts_start_len return_indexer_topk "
+    "modalities session_params lora_path lora_id custom_logit_processor "
+    "positional_embed_overrides bootstrap_host bootstrap_port bootstrap_room bootstrap_pair_key "
+    "decode_tp_size routed_dp_rank data_parallel_rank disagg_prefill_dp_rank routing_key "
+    "conversation_id http_worker_ipc background require_reasoning max_thinking_tokens priority "
+    "extra_key no_logs custom_labels return_bytes return_entropy return_prompt_token_ids "
+    "external_trace_header received_time need_wait_for_mm_inputs num_items_assigned encoder_urls "
+    "max_dynamic_patch min_dynamic_patch image_max_dynamic_patch video_max_dynamic_patch "
+    "images_config mm_processor_kwargs multi_item_delimiter_indices token_indices_to_pool "
+    "cache_salt kv_hints".split()
+)
+SGLANG_SAMPLING_FIELDS = frozenset(
+    "max_new_tokens stop stop_token_ids stop_regex temperature top_p top_k min_p "
+    "frequency_penalty presence_penalty repetition_penalty min_new_tokens n beam_width "
+    "json_schema regex ebnf structural_tag ignore_eos skip_special_tokens "
+    "spaces_between_special_tokens no_stop_trim stream_interval logit_bias sampling_seed "
+    "custom_params".split()
+)
+# Fixes more precise than "leave it out", by field.
+_NATIVE_FIXES = {
+    "sampling_params.sampling_seed": "send sampling_params.seed instead",
+    "input_ids": "send the prompt as text",
+    "rid": "leave it out; meta_info.id names the request",
+}
+
+
+def unknown_field(name: str, at: str | None) -> BodyError | None:
+    """The 400 for field ``name`` of ``/generate``'s body (``at``: None) or of its
+    ``sampling_params``, which no struct declares; None elsewhere (msgspec names it)."""
+    if at not in (None, "sampling_params"):
+        return None
+    param = f"{at}.{name}" if at else name
+    known = SGLANG_SAMPLING_FIELDS if at else SGLANG_GENERATE_FIELDS
+    fix = _NATIVE_FIXES.get(param, "leave it out")
+    if name in known:
+        return BodyError(
+            f"{param} is one of SGLang's fields that this server does not serve; {fix}", param
+        )
+    return BodyError(f"{param} is not a field of SGLang's /generate; check its spelling", param)
+
+
+class GenerateRequest(Body, kw_only=True, forbid_unknown_fields=True):
     """SGLang's native ``POST /generate``: ``text`` + ``sampling_params`` in, ``text`` +
     ``meta_info`` out (a stream of server-sent events with ``stream: true``)."""
 
@@ -279,6 +340,12 @@ class GenerateRequest(Body, kw_only=True):
     def check(self, prefix: str = "") -> None:
         _check_text(self.text, "text")
         self.sampling_params.check("sampling_params.")
+        if self.stream and self.sampling_params.n != 1:
+            _refuse(
+                "sampling_params.n",
+                "a stream carries one sample; send n: 1 with stream, or n without stream "
+                "(a list of results)",
+            )
         bound(self.top_logprobs_num, "top_logprobs_num", 0, MAX_TOP_LOGPROBS)
         if self.logprob_start_len != -1:
             _refuse(
@@ -466,6 +533,8 @@ def _decode_slowly(data: bytes, kind: type[B]) -> B:
         value = _without_surrogates(value, "", surrogate)
         body = msgspec.convert(value, kind)
     except msgspec.ValidationError as exc:
+        if surrogate and "unknown field" in str(exc):  # that field is the key with a surrogate
+            raise surrogate[0] from None
         raise _validation_error(str(exc)) from None
     except RecursionError:
         raise BodyError(not_json_message("it is nested too deeply")) from None
@@ -532,6 +601,11 @@ def _validation_error(text: str) -> BodyError:
     match = _AT.match(text)
     what, path = (match["what"], match["path"]) if match else (text, None)
     param = path.lstrip(".") or None if path is not None else None
+    unknown = re.match(r"Object contains unknown field `(.+)`", what)
+    if unknown:
+        refused = unknown_field(unknown[1], param)
+        if refused is not None:
+            return refused
     missing = re.match(r"Object missing required field `(.+)`", what)
     if missing:
         param = f"{param}.{missing[1]}" if param else missing[1]

@@ -42,6 +42,7 @@ from serving.http.responses import (
     Usage,
 )
 from serving.http.schemas import (
+    MAX_SEED,
     CompletionRequest,
     EmbeddingRequest,
     GenerateRequest,
@@ -201,6 +202,8 @@ async def generate(state: AppState, body: GenerateRequest, receive: Receive) -> 
         replies = streamed(state, generate_for(body.text, params, group, stream=True))
         timing = state.metrics.generation(streamed=True)
         return await text_stream(replies, chunk, state.metrics, receive, timing)
+    if sp.n > 1:
+        return await _generate_samples(state, body, params, group, receive)
     timing = state.metrics.generation(streamed=False)
     reply: wire.Generated | None = await unless_disconnected(
         receive, state.dispatcher.one(generate_for(body.text, params, group))
@@ -211,6 +214,35 @@ async def generate(state: AppState, body: GenerateRequest, receive: Receive) -> 
     state.metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
     meta = _meta(reply, body, reply.logprobs or [])
     return json_response(GenerateResult(text=reply.text, meta_info=meta))
+
+
+async def _generate_samples(
+    state: AppState,
+    body: GenerateRequest,
+    params: wire.SamplingParams,
+    group: str,
+    receive: Receive,
+) -> Response:
+    """``sampling_params.n`` > 1: a list of ``n`` ``GenerateResult``s, one per sample, as
+    SGLang answers it (its ``parallel_sample_num`` turns one text into a batch of ``n``). With a
+    ``seed``, sample ``i`` samples with ``seed + i`` (as the chat route's choices do)."""
+    n = body.sampling_params.n
+    seeds = [None if params.seed is None else (params.seed + i) % (MAX_SEED + 1) for i in range(n)]
+    samples = [msgspec.structs.replace(params, seed=seed) for seed in seeds]
+    timings = [state.metrics.generation(streamed=False) for _ in samples]
+    calls = [state.dispatcher.one(generate_for(body.text, p, group)) for p in samples]
+    replies: list[wire.Generated] | None = await unless_disconnected(
+        receive, asyncio.gather(*calls)
+    )
+    if replies is None:
+        return Response(status_code=499)
+    results = []
+    for reply, timing in zip(replies, timings, strict=True):
+        timing.answered(reply)
+        state.metrics.observe_result(reply.batch_size, reply.prompt_tokens, reply.completion_tokens)
+        meta = _meta(reply, body, reply.logprobs or [])
+        results.append(GenerateResult(text=reply.text, meta_info=meta))
+    return json_response(results)
 
 
 def _meta(
