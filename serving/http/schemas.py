@@ -256,10 +256,30 @@ class NativeSamplingParams(SamplingFields, kw_only=True, forbid_unknown_fields=T
             maximum=MAX_CHOICES,
         ),
     ] = 1
+    # SGLang's, served at the value that is this server's behaviour (SGLang's default too).
+    skip_special_tokens: Annotated[
+        bool, doc("only true: special tokens are left out of the text")
+    ] = True
+    spaces_between_special_tokens: Annotated[
+        bool, doc("only true (SGLang's default; no effect while special tokens are skipped)")
+    ] = True
+    no_stop_trim: Annotated[bool, doc("only false: the text ends before a stop string")] = False
 
     def check(self, prefix: str = "") -> None:
         bound(self.max_new_tokens, prefix + "max_new_tokens", 1, MAX_NEW_TOKENS)
         bound(self.n, prefix + "n", 1, MAX_CHOICES)
+        if not self.skip_special_tokens:
+            _refuse(
+                prefix + "skip_special_tokens",
+                "special tokens are always left out of the text; leave it out or send true",
+            )
+        if not self.spaces_between_special_tokens:
+            _refuse(prefix + "spaces_between_special_tokens", "only true is served; leave it out")
+        if self.no_stop_trim:
+            _refuse(
+                prefix + "no_stop_trim",
+                "the text always ends before its stop string; leave it out or send false",
+            )
         super().check(prefix)
 
 

@@ -21,6 +21,8 @@ SERVED = {"text", "sampling_params", "stream", "return_logprob", "top_logprobs_n
 SERVED |= {"return_text_in_logprobs", "logprob_start_len"}
 SERVED_SAMPLING = {"max_new_tokens", "n", "temperature", "top_p", "top_k", "stop"}
 SERVED_SAMPLING |= {"ignore_eos", "presence_penalty", "frequency_penalty", "seed"}
+# Served at the one value that is this server's behaviour, SGLang's default.
+SERVED_SAMPLING |= {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"}
 
 
 def _post_all(tmp_path, bodies: list[dict]) -> tuple[list, list]:
@@ -81,3 +83,20 @@ def test_every_field_sglang_has_is_served_or_refused_by_name(tmp_path):
     assert "not a field of SGLang's /generate" in messages["not_a_field"]
     assert "not a field of SGLang's /generate" in messages["sampling_params.max_tokens"]
     assert sent == []
+
+
+def test_sglang_fields_at_this_servers_behaviour_are_served_and_other_values_refused(tmp_path):
+    """An SGLang client that spells out its defaults is served; asking for what this server
+    does not do is a 400 naming the field."""
+    served = {"skip_special_tokens": True, "spaces_between_special_tokens": True}
+    served["no_stop_trim"] = False
+    refused = [("skip_special_tokens", False), ("no_stop_trim", True)]
+    bodies = [{"text": "hi", "sampling_params": {**served, "max_new_tokens": 2}}]
+    bodies += [{"text": "hi", "sampling_params": {name: value}} for name, value in refused]
+    answers, sent = _post_all(tmp_path, bodies)
+    assert answers[0].status_code == 200, answers[0].text
+    for answer, (name, _) in zip(answers[1:], refused, strict=True):
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == (
+            "sampling_params." + name
+        ), answer.text
+    assert len(sent) == 1
