@@ -457,11 +457,11 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def scheduler_env() -> dict[str, str]:
     """The OpenMP settings the launch gives a scheduler child (``SCHEDULER_ENV_DEFAULTS``,
     unless this environment sets them), for a child that runs as one."""
     return {k: os.environ.get(k, v) for k, v in SCHEDULER_ENV_DEFAULTS.items()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
