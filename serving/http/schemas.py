@@ -15,9 +15,9 @@ Fields that OpenAI's clients may send and this server does not act on are declar
 and are not implemented (``echo``, ``suffix``, ``best_of`` > 1, ``logit_bias``, tools, a
 ``response_format`` other than text, prompt log-probabilities) are refused with a 400 naming
 them. Fields nobody declared are ignored, except on ``/generate``: every field of SGLang's
-``GenerateReqInput`` and ``SamplingParams`` (``SGLANG_GENERATE_FIELDS``,
-``SGLANG_SAMPLING_FIELDS``, as of SGLang 0.5.23) is either served or refused by name, and a field
-SGLang does not have either is refused too (a typo would otherwise change nothing, silently).
+``GenerateReqInput`` and ``SamplingParams`` (``serving.http.native_fields``, as of SGLang
+0.5.23) is either served or refused by name, and a field SGLang does not have either is refused
+too (a typo would otherwise change nothing, silently).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import re
 from typing import Annotated, Any, TypeVar
 
 import msgspec
+
+from serving.http.native_fields import refusal
 
 MAX_INPUTS = 2048
 MAX_NEW_TOKENS = 1 << 20
@@ -281,55 +283,6 @@ class NativeSamplingParams(SamplingFields, kw_only=True, forbid_unknown_fields=T
                 "the text always ends before its stop string; leave it out or send false",
             )
         super().check(prefix)
-
-
-# SGLang's (0.5.23) fields of /generate's body and of its sampling_params: a field here that the
-# structs below do not declare is refused by name (``unknown_field``), as is one SGLang lacks.
-SGLANG_GENERATE_FIELDS = frozenset(
-    "rid session_id text input_ids input_embeds image_data video_data audio_data mm_hashes "
-    "mm_content_hashes use_audio_in_video video_config sampling_params watermark return_logprob "
-    "logprob_start_len top_logprobs_num token_ids_logprob return_sampling_mask "
-    "sampling_logprobs_mode return_text_in_logprobs return_flat_raw_top_logprobs "
-    "return_flat_raw_output_top_logprobs return_flat_raw_top_logprobs_b64 stream log_metrics "
-    "return_hidden_states return_routed_experts routed_experts_start_len return_indexer_topk "
-    "modalities session_params lora_path lora_id custom_logit_processor "
-    "positional_embed_overrides bootstrap_host bootstrap_port bootstrap_room bootstrap_pair_key "
-    "decode_tp_size routed_dp_rank data_parallel_rank disagg_prefill_dp_rank routing_key "
-    "conversation_id http_worker_ipc background require_reasoning max_thinking_tokens priority "
-    "extra_key no_logs custom_labels return_bytes return_entropy return_prompt_token_ids "
-    "external_trace_header received_time need_wait_for_mm_inputs num_items_assigned encoder_urls "
-    "max_dynamic_patch min_dynamic_patch image_max_dynamic_patch video_max_dynamic_patch "
-    "images_config mm_processor_kwargs multi_item_delimiter_indices token_indices_to_pool "
-    "cache_salt kv_hints".split()
-)
-SGLANG_SAMPLING_FIELDS = frozenset(
-    "max_new_tokens stop stop_token_ids stop_regex temperature top_p top_k min_p "
-    "frequency_penalty presence_penalty repetition_penalty min_new_tokens n beam_width "
-    "json_schema regex ebnf structural_tag ignore_eos skip_special_tokens "
-    "spaces_between_special_tokens no_stop_trim stream_interval logit_bias sampling_seed "
-    "custom_params".split()
-)
-# Fixes more precise than "leave it out", by field.
-_NATIVE_FIXES = {
-    "sampling_params.sampling_seed": "send sampling_params.seed instead",
-    "input_ids": "send the prompt as text",
-    "rid": "leave it out; meta_info.id names the request",
-}
-
-
-def unknown_field(name: str, at: str | None) -> BodyError | None:
-    """The 400 for field ``name`` of ``/generate``'s body (``at``: None) or of its
-    ``sampling_params``, which no struct declares; None elsewhere (msgspec names it)."""
-    if at not in (None, "sampling_params"):
-        return None
-    param = f"{at}.{name}" if at else name
-    known = SGLANG_SAMPLING_FIELDS if at else SGLANG_GENERATE_FIELDS
-    fix = _NATIVE_FIXES.get(param, "leave it out")
-    if name in known:
-        return BodyError(
-            f"{param} is one of SGLang's fields that this server does not serve; {fix}", param
-        )
-    return BodyError(f"{param} is not a field of SGLang's /generate; check its spelling", param)
 
 
 class GenerateRequest(Body, kw_only=True, forbid_unknown_fields=True):
@@ -623,9 +576,9 @@ def _validation_error(text: str) -> BodyError:
     param = path.lstrip(".") or None if path is not None else None
     unknown = re.match(r"Object contains unknown field `(.+)`", what)
     if unknown:
-        refused = unknown_field(unknown[1], param)
+        refused = refusal(unknown[1], param)  # /generate's: refused by name
         if refused is not None:
-            return refused
+            return BodyError(*refused)
     missing = re.match(r"Object missing required field `(.+)`", what)
     if missing:
         param = f"{param}.{missing[1]}" if param else missing[1]

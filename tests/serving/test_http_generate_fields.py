@@ -10,12 +10,8 @@ import asyncio
 
 from support.fake_scheduler import serve_app, token_text
 
-from serving.http.schemas import (
-    SGLANG_GENERATE_FIELDS,
-    SGLANG_SAMPLING_FIELDS,
-    GenerateRequest,
-    NativeSamplingParams,
-)
+from serving.http.native_fields import SGLANG_GENERATE_FIELDS, SGLANG_SAMPLING_FIELDS
+from serving.http.schemas import GenerateRequest, NativeSamplingParams
 
 SERVED = {"text", "sampling_params", "stream", "return_logprob", "top_logprobs_num"}
 SERVED |= {"return_text_in_logprobs", "logprob_start_len"}
