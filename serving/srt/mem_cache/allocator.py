@@ -101,18 +101,8 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
 class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     """Whole pages of ``page_size`` slots: ``alloc(n)`` needs ``n`` a multiple of
-    ``page_size`` and returns the slots of ``n / page_size`` pages, each page's in order."""
-
-    def __init__(
-        self,
-        size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        device: str | torch.device,
-        kvcache: KVCache,
-        need_sort: bool = False,
-    ) -> None:
-        super().__init__(size, page_size, dtype, device, kvcache, need_sort)
+    ``page_size`` and returns the slots of ``n / page_size`` pages, each page's in order. Its
+    constructor is the base's (SGLang's parameters)."""
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         import torch
