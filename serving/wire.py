@@ -31,7 +31,13 @@ class SamplingParams(msgspec.Struct, frozen=True):
     logits of every token id this sequence already generated, once and once per occurrence,
     before temperature. ``logprobs``: report the chosen token's log-probability at each step;
     ``top_logprobs`` (0..20): also that many most likely tokens. Log-probabilities are of the
-    model's distribution after the penalties and before temperature, top-k and top-p."""
+    model's distribution after the penalties and before temperature, top-k and top-p.
+
+    ``json_schema`` (a JSON Schema as a JSON string), ``regex`` and ``ebnf`` (SGLang's names):
+    at most one is set; it constrains the tokens this sequence may generate to those of the
+    grammar, every step, before penalties, sampling and log-probabilities are taken. A sequence
+    whose grammar is complete may only end (EOS); one that reaches ``max_new_tokens`` first ends
+    with ``"length"``. A grammar that does not compile fails the request with a 400."""
 
     max_new_tokens: int = 16
     temperature: float = 1.0
@@ -44,6 +50,9 @@ class SamplingParams(msgspec.Struct, frozen=True):
     frequency_penalty: float = 0.0
     logprobs: bool = False
     top_logprobs: int = 0
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 # ---- HTTP child -> scheduler -------------------------------------------------------------------
