@@ -45,6 +45,8 @@ RESTART_POLICIES = (NEVER, ON_FAILURE)
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "gguf")
+# ``--grammar-backend``: SGLang's names; llguidance is accepted by name and refused (not served).
+GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "none")
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?$")
 
@@ -243,6 +245,12 @@ class ServerArgs:
         "a Jinja chat template file that /v1/chat/completions renders messages with, instead of "
         "the model's own (tokenizer_config.json or chat_template.jinja)",
         metavar="FILE",
+    )
+    grammar_backend: str = _opt(
+        "xgrammar",
+        "what compiles the grammars of constrained requests (response_format, json_schema, "
+        "regex, ebnf): xgrammar, or none to refuse them with a 400 (SGLang's flag)",
+        choices=GRAMMAR_BACKENDS,
     )
     # Diffusion runtime
     enable_torch_compile: bool = _opt(
@@ -458,7 +466,12 @@ class ServerArgs:
                 "tokenizer_config.json), or leave it out to use the model's own (a GGUF file's "
                 "own tokenizer)",
             )
-        for name in ("dtype", "log_level", "runtime", "load_format"):
+        need(
+            self.grammar_backend != "llguidance",
+            "--grammar-backend llguidance is not supported by this server (it has no llguidance "
+            "backend); use xgrammar (the default) or none",
+        )
+        for name in ("dtype", "log_level", "runtime", "load_format", "grammar_backend"):
             choices = dataclasses.fields(self)[_index(self, name)].metadata.get("choices", ())
             value = getattr(self, name)
             need(value in choices, f"{flag(name)} {value!r} is not one of {', '.join(choices)}")
