@@ -47,6 +47,8 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "gguf")
 # ``--grammar-backend``: SGLang's names; llguidance is accepted by name and refused (not served).
 GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "none")
+# ``--tool-call-parser``: SGLang's names of the formats ``serving.http.tool_parsers`` reads.
+TOOL_CALL_PARSERS = ("hermes", "llama3", "mistral", "qwen", "qwen25")
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?$")
 
@@ -251,6 +253,12 @@ class ServerArgs:
         "what compiles the grammars of constrained requests (response_format, json_schema, "
         "regex, ebnf): xgrammar, or none to refuse them with a 400 (SGLang's flag)",
         choices=GRAMMAR_BACKENDS,
+    )
+    tool_call_parser: str | None = _opt(
+        None,
+        "the format of the tool calls /v1/chat/completions reads in the model's text (SGLang's "
+        "names; default: the one the chat template writes, else qwen25)",
+        choices=TOOL_CALL_PARSERS,
     )
     # Diffusion runtime
     enable_torch_compile: bool = _opt(
@@ -470,6 +478,10 @@ class ServerArgs:
             self.grammar_backend != "llguidance",
             "--grammar-backend llguidance is not supported by this server (it has no llguidance "
             "backend); use xgrammar (the default) or none",
+        )
+        need(
+            self.tool_call_parser in (None, *TOOL_CALL_PARSERS),
+            f"--tool-call-parser {self.tool_call_parser!r} is not one of {', '.join(TOOL_CALL_PARSERS)}",
         )
         for name in ("dtype", "log_level", "runtime", "load_format", "grammar_backend"):
             choices = dataclasses.fields(self)[_index(self, name)].metadata.get("choices", ())

@@ -14,16 +14,25 @@ A model without a template, and no ``--chat-template``, serves no chat: ``render
 ``BodyError`` (a 400) naming ``--chat-template``. So does a model whose tokenizer could not be
 loaded here, naming why. A template that rejects the conversation (many refuse roles that do not
 alternate) is a 400 with the template's own message.
+
+Tools (``serving.http.tools``): ``renders_tools`` says whether the template reads the ``tools``
+variable; ``render(..., tools=plan)`` hands it the request's tools, or, when it does not read
+them, the fallback prompt. Earlier calls and tool results in the messages are rendered either
+way (``tools.conversation``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 from serving.detokenize import TextDecoder
 from serving.http.schemas import BodyError, ChatMessage
+from serving.http.tool_parsers import FORMATS, infer_parser
+from serving.http.tools import ToolPlan, conversation, with_fallback_prompt
 
 log = logging.getLogger("sglang_launch.http")
 
@@ -94,22 +103,54 @@ class ChatTemplate:
         except BodyError:  # a template may refuse this conversation: it is compiled anyway
             pass
 
-    def render(self, messages: list[ChatMessage], served_name: str) -> str:
-        """The prompt text of ``messages`` with the assistant's turn opened; ``BodyError`` when
-        there is no template or the template refuses the conversation."""
+    @functools.cached_property
+    def renders_tools(self) -> bool:
+        """Whether the template reads the ``tools`` variable (a template that renders tools)."""
+        if not self.template:
+            return False
+        try:
+            import jinja2.meta
+            import jinja2.sandbox
+
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+                extensions=["jinja2.ext.loopcontrols"]
+            )
+            return "tools" in jinja2.meta.find_undeclared_variables(env.parse(self.template))
+        except Exception:  # noqa: BLE001 - a tag of transformers' own: read the text instead
+            return re.search(r"\btools\b", self.template) is not None
+
+    def tool_parser(self, configured: str | None) -> str:
+        """The ``--tool-call-parser`` in effect: ``configured``, else the one the template's
+        text names (``tool_parsers.infer_parser``)."""
+        return configured or infer_parser(self.template)
+
+    def render(
+        self,
+        messages: list[ChatMessage],
+        served_name: str,
+        tools: ToolPlan | None = None,
+        parser: str | None = None,
+    ) -> str:
+        """The prompt text of ``messages`` with the assistant's turn opened (``tools``: the
+        request's plan; ``parser``: ``--tool-call-parser``); ``BodyError`` when there is no
+        template or the template refuses the conversation."""
         if self.tokenizer is None or self.template is None:
             raise BodyError(
                 f"model {served_name!r} has no chat: {self.reason}; start the server with "
                 f"--chat-template FILE (a Jinja chat template), or use /v1/completions",
                 "messages",
             )
-        conversation = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text}
-            for m in messages
-        ]
+        fmt = FORMATS[self.tool_parser(parser)]
+        conv = conversation(messages, self.renders_tools, fmt)
+        extra: dict[str, Any] = {}
+        if tools is not None and self.renders_tools:
+            extra["tools"] = tools.template_tools()
+        elif tools is not None:
+            conv = with_fallback_prompt(conv, tools.fallback_prompt())
         try:
             text = self.tokenizer.apply_chat_template(
-                conversation,
+                conv,
+                **extra,
                 chat_template=self.template,
                 add_generation_prompt=True,
                 tokenize=False,

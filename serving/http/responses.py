@@ -176,16 +176,49 @@ class ChatLogprobs(msgspec.Struct, kw_only=True):
     content: list[ChatTokenLogprob]
 
 
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A call of one of the request's ``tools``; ``id`` (``call_<hex>``) is what the ``tool``
+    message that answers it names as its ``tool_call_id``."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionCallDelta(msgspec.Struct, kw_only=True):
+    name: str | UnsetType = UNSET
+    arguments: str
+
+
+class ToolCallDelta(msgspec.Struct, kw_only=True):
+    """A streamed part of call ``index``: the first has its ``id``, ``type`` and name (and
+    empty arguments); the others append to its arguments."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: Literal["function"] | UnsetType = UNSET
+    function: FunctionCallDelta
+
+
 class AssistantMessage(msgspec.Struct, kw_only=True):
+    """``content`` is null when the answer is only tool calls; ``tool_calls`` is there only
+    when the model called a tool."""
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
 
 
 class ChatChoice(msgspec.Struct, kw_only=True):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: str | None  # "length", "stop" or "abort"
+    finish_reason: str | None  # "length", "stop", "tool_calls" or "abort"
 
 
 class ChatCompletion(msgspec.Struct, kw_only=True):
@@ -201,10 +234,12 @@ class ChatCompletion(msgspec.Struct, kw_only=True):
 
 
 class ChatDelta(msgspec.Struct, kw_only=True):
-    """What a chunk adds to its choice: the role in the choice's first chunk, then text."""
+    """What a chunk adds to its choice: the role in the choice's first chunk, then text or
+    parts of tool calls."""
 
     role: Literal["assistant"] | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 
 class ChatChunkChoice(msgspec.Struct, kw_only=True):

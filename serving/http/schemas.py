@@ -12,7 +12,7 @@ are checked by the scheduler, also as 400s naming the field.
 
 Fields that OpenAI's clients may send and this server does not act on are declared on purpose:
 ``user`` is accepted and ignored; ``dimensions`` and the options that would change the result
-and are not implemented (``echo``, ``suffix``, ``best_of`` > 1, ``logit_bias``, tools, a
+and are not implemented (``echo``, ``suffix``, ``best_of`` > 1, ``logit_bias``, a
 ``response_format`` other than text, prompt log-probabilities) are refused with a 400 naming
 them. Fields nobody declared are ignored, except on ``/generate``: every field of SGLang's
 ``GenerateReqInput`` and ``SamplingParams`` (``serving.http.native_fields``, as of SGLang
@@ -28,6 +28,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from serving.http import tool_schemas as ts
 from serving.http.native_fields import refusal
 
 MAX_INPUTS = 2048
@@ -329,7 +330,7 @@ class GenerateRequest(Body, kw_only=True, forbid_unknown_fields=True):
 
 # ---- chat ---------------------------------------------------------------------------------
 
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class ContentPart(Body, kw_only=True):
@@ -341,25 +342,24 @@ class ContentPart(Body, kw_only=True):
 
 class ChatMessage(Body, kw_only=True):
     """One message of a conversation: ``content`` a text or a list of text parts (joined with
-    a newline); ``developer`` is OpenAI's newer name for ``system``."""
+    a newline); ``developer`` is OpenAI's newer name for ``system``. An assistant message may
+    carry its ``tool_calls`` (then ``content`` may be null); a ``tool`` message answers the call
+    ``tool_call_id`` names (``serving.http.tool_schemas``)."""
 
     role: Annotated[str, doc("who speaks", enum=list(CHAT_ROLES))]
     content: str | list[ContentPart] | None = None
     name: Annotated[str | None, doc("accepted and ignored")] = None
+    tool_calls: list[ts.MessageToolCall] | None = None
+    tool_call_id: Annotated[str | None, doc("a tool message: the call it answers")] = None
 
     def check(self, prefix: str = "") -> None:
         if self.role not in CHAT_ROLES:
-            why = (
-                "this server has no tool calling"
-                if self.role in ("tool", "function")
-                else f"use one of {', '.join(CHAT_ROLES)}"
-            )
-            raise BodyError(f"{prefix}role {self.role!r} is not supported: {why}", prefix + "role")
-        if self.content is None:
-            raise BodyError(
-                f"{prefix}content is required; send the message's text", prefix + "content"
-            )
-        if isinstance(self.content, str):
+            why = f"{prefix}role {self.role!r} is not supported: use one of {', '.join(CHAT_ROLES)}"
+            raise BodyError(why, prefix + "role")
+        wrong = ts.message_problem(self, prefix)
+        if wrong:
+            raise BodyError(*wrong)
+        if self.content is None or isinstance(self.content, str):
             return
         for i, part in enumerate(self.content):
             where = f"{prefix}content[{i}]"
@@ -413,8 +413,12 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     response_format: Annotated[dict[str, Any] | None, doc('only {"type": "text"} is supported')] = (
         None
     )
-    tools: Annotated[list[Any] | None, doc("not supported")] = None
-    tool_choice: Annotated[Any, doc("not supported")] = None
+    tools: Annotated[list[ts.Tool] | None, doc("functions the model may call")] = None
+    tool_choice: Annotated[
+        str | ts.ToolChoiceFunction | None,
+        doc("auto (the default with tools), none, required, or a function to call"),
+    ] = None
+    parallel_tool_calls: Annotated[bool, doc("false: at most one call")] = True
     logit_bias: Annotated[dict[str, float] | None, doc("not supported")] = None
 
     def check(self, prefix: str = "") -> None:
@@ -439,10 +443,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
             _refuse(
                 "response_format", f"{kind!r} output is not enforced; leave response_format out"
             )
-        if self.tools:
-            _refuse("tools", "this server has no tool calling; leave tools out")
-        if self.tool_choice not in (None, "none"):
-            _refuse("tool_choice", "this server has no tool calling; leave tool_choice out")
+        wrong = ts.tools_problem(self.tools, self.tool_choice)
+        if wrong:
+            raise BodyError(*wrong)
         if self.logit_bias:
             _refuse("logit_bias", "leave logit_bias out")
         super().check(prefix)

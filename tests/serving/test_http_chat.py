@@ -217,7 +217,11 @@ def test_without_max_tokens_a_choice_may_fill_the_context(tmp_path, template):
 
 REFUSED = [  # (body fields beside a valid conversation, param, words in the message)
     ({"messages": []}, "messages", "at least one message"),
-    ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0].role", "no tool calling"),
+    (
+        {"messages": [{"role": "tool", "content": "42"}]},
+        "messages[0].tool_call_id",
+        "tool_call_id is required",
+    ),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "use one of"),
     ({"messages": [{"role": "user"}]}, "messages[0].content", "content is required"),
     (
@@ -233,8 +237,8 @@ REFUSED = [  # (body fields beside a valid conversation, param, words in the mes
     ({"max_completion_tokens": 0}, "max_completion_tokens", "between 1 and"),
     ({"presence_penalty": 3}, "presence_penalty", "between -2.0 and 2.0"),
     ({"temperature": 5}, "temperature", "between 0.0 and 2.0"),
-    ({"tools": [{"type": "function"}]}, "tools", "no tool calling"),
-    ({"tool_choice": "required"}, "tool_choice", "no tool calling"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function", "is required"),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"response_format": {"type": "json_object"}}, "response_format", "not enforced"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias", "leave logit_bias out"),
     ({"model": "other"}, "model", "serves 'tiny'"),

@@ -18,7 +18,10 @@ they were sampled with, so a test sees exactly what the HTTP child did with each
 - ``hold``: generation and embedding requests stay unanswered (pings are still answered, as a
   scheduler whose steps hang or fail answers them between steps); ``fail``: they are refused
   with a ``RequestFailed`` of that status and message; ``trickle``: seconds between the messages
-  of a streamed generation (sent by a task of their own, so pings are answered meanwhile).
+  of a streamed generation (sent by a task of their own, so pings are answered meanwhile);
+- ``script``: a text every generation answers instead (as tokens of 3 characters, the last
+  ending it with ``stop``; cut at ``max_new_tokens`` with ``length``), as a model that writes
+  exactly that text would.
 
 ``serve_app(tmp_path, **state)`` runs a test body against the app (httpx's ASGI transport) with
 its replica pool connected to a ``FakeScheduler`` (``connected``, as the server joins them);
@@ -101,6 +104,7 @@ class FakeScheduler:
         self.cached_tokens_total = 0
         self.flush: tuple[bool, str] = (True, "")
         self.flushes = 0
+        self.script: str | None = None
         self.task = asyncio.ensure_future(self._serve())
 
     @property
@@ -168,6 +172,14 @@ class FakeScheduler:
             )
             for i in range(params.max_new_tokens)
         ]
+        end = "length"
+        if self.script is not None:
+            pieces = [self.script[i : i + 3] for i in range(0, len(self.script), 3)]
+            tokens = [
+                wire.TokenLogprob(100 + i, piece, -0.1, [])
+                for i, piece in enumerate(pieces[: params.max_new_tokens])
+            ]
+            end = "stop" if len(tokens) == len(pieces) else "length"
         prompt = len(msg.text)
         cached = min(self.cached, prompt)
         self.prompt_tokens_total += prompt
@@ -180,7 +192,7 @@ class FakeScheduler:
                 prompt,
                 done,
                 finished=finished,
-                finish_reason="length" if finished else None,
+                finish_reason=end if finished else None,
                 seed=seed,
                 logprobs=part if params.logprobs else None,
                 cached_tokens=cached,

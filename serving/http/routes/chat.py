@@ -9,7 +9,9 @@ may take every token the model's context leaves after the prompt.
 The answer is a ``ChatCompletion``, or with ``stream`` ``ChatCompletionChunk`` events: each
 choice's first chunk carries the role, then one chunk per text increment, then one with its
 ``finish_reason``; with ``stream_options.include_usage`` a last chunk without choices carries
-the usage. ``usage.prompt_tokens`` is the templated prompt's, as the scheduler counted it (once,
+the usage. With ``tools`` (``serving.http.tools``) a choice's text is read for calls: the answer's
+``message.tool_calls`` (``content`` then null, or the text before the calls) and ``finish_reason``
+``tool_calls``; streamed, its calls go out as ``tool_calls`` deltas. ``usage.prompt_tokens`` is the templated prompt's, as the scheduler counted it (once,
 whatever ``n``), and ``usage.prompt_tokens_details.cached_tokens`` how many of them the first
 choice found in the prefix cache (counted once too, as SGLang counts it: never more than the
 prompt).
@@ -22,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 
+import msgspec
 from starlette.responses import Response
 
 from serving import wire
@@ -43,6 +46,7 @@ from serving.http.responses import (
 from serving.http.routes.text import generate_for, sampling, streamed
 from serving.http.schemas import MAX_SEED, ChatCompletionRequest
 from serving.http.streaming import event_stream, merged, sse, unless_disconnected
+from serving.http.tools import ToolPlan, finish_reason
 
 NO_TEMPLATE = ChatTemplate(None, None, None, "no tokenizer was loaded for it")
 
@@ -59,19 +63,24 @@ async def chat_completions(
             400, f"model {state.served_name!r} serves {state.kind}, not generation", "model"
         )
     template = state.chat or NO_TEMPLATE
-    prompt = template.render(body.messages, state.served_name)
+    parser = template.tool_parser(state.server_args.tool_call_parser)
+    plan = ToolPlan.of(body, parser)
+    prompt = template.render(body.messages, state.served_name, plan, parser)
     max_new_tokens = body.max_new_tokens or await _room(state, template, prompt)
     top = (body.top_logprobs or 0) if body.logprobs else 0
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     makers = [
         generate_for(
             prompt,
-            sampling(
-                body,
-                max_new_tokens,
-                logprobs=body.logprobs,
-                top=top,
-                seed=None if body.seed is None else (body.seed + i) % (MAX_SEED + 1),
+            _forced(
+                sampling(
+                    body,
+                    max_new_tokens,
+                    logprobs=body.logprobs,
+                    top=top,
+                    seed=None if body.seed is None else (body.seed + i) % (MAX_SEED + 1),
+                ),
+                plan,
             ),
             cid,
             stream=body.stream,
@@ -80,7 +89,7 @@ async def chat_completions(
         for i in range(body.n)
     ]
     if body.stream:
-        return await _stream_chat(state, body, makers, cid, created, top, receive)
+        return await _stream_chat(state, body, makers, cid, created, top, receive, plan)
     timings = [state.metrics.generation(streamed=False) for _ in makers]
     replies: list[wire.Generated] | None = await unless_disconnected(
         receive, asyncio.gather(*(state.dispatcher.one(make) for make in makers))
@@ -97,12 +106,7 @@ async def chat_completions(
             created=created,
             model=state.served_name,
             choices=[
-                ChatChoice(
-                    index=i,
-                    message=AssistantMessage(content=r.text),
-                    logprobs=chat_logprobs(r.logprobs or [], top) if body.logprobs else None,
-                    finish_reason=r.finish_reason,
-                )
+                _choice(i, r, chat_logprobs(r.logprobs or [], top) if body.logprobs else None, plan)
                 for i, r in enumerate(replies)
             ],
             usage=Usage.of(
@@ -112,6 +116,36 @@ async def chat_completions(
             ),
         )
     )
+
+
+def _forced(params: wire.SamplingParams, plan: ToolPlan | None) -> wire.SamplingParams:
+    """``params`` with the grammar of a forced call (``tool_choice`` required or a function)."""
+    if plan is None or plan.schema is None:
+        return params
+    if params.json_schema or params.regex or params.ebnf:
+        raise SchedulerError(
+            400,
+            "tool_choice 'required' or a named function makes the answer a call, which "
+            "response_format cannot shape too; leave response_format out or use tool_choice auto",
+            "tool_choice",
+        )
+    return msgspec.structs.replace(params, json_schema=plan.schema)
+
+
+def _choice(
+    index: int, reply: wire.Generated, logprobs: ChatLogprobs | None, plan: ToolPlan | None
+) -> ChatChoice:
+    """One choice of a whole answer; with ``plan``, its text read for tool calls."""
+    if plan is None:
+        message = AssistantMessage(content=reply.text)
+        return ChatChoice(
+            index=index, message=message, logprobs=logprobs, finish_reason=reply.finish_reason
+        )
+    content, calls, reason = plan.parse(reply.text, reply.finish_reason)
+    message = AssistantMessage(content=content)
+    if calls:
+        message.tool_calls = calls
+    return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=reason)
 
 
 async def _room(state: AppState, template: ChatTemplate, prompt: str) -> int:
@@ -141,12 +175,15 @@ async def _stream_chat(
     created: int,
     top: int,
     receive: Receive,
+    plan: ToolPlan | None = None,
 ) -> Response:
-    """The choices' increments as chunks, in the order they arrive."""
+    """The choices' increments as chunks, in the order they arrive (with ``plan``, each
+    choice's text read for calls as it comes: ``ToolStream``)."""
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     timings = [state.metrics.generation(streamed=True) for _ in makers]
     started: set[int] = set()
     finals: dict[int, wire.Generated] = {}
+    readers = [plan.stream() for _ in makers] if plan is not None else []
 
     def chunk(
         index: int,
@@ -167,12 +204,22 @@ async def _stream_chat(
         if index not in started:
             started.add(index)
             yield chunk(index, ChatDelta(role="assistant", content=""))
-        if reply.text or reply.logprobs:
-            shaped = chat_logprobs(reply.logprobs or [], top) if body.logprobs else None
+        shaped = chat_logprobs(reply.logprobs or [], top) if body.logprobs else None
+        if readers:
+            content, calls = readers[index].feed(reply.text, final=reply.finished)
+            if content or calls or shaped:
+                delta = ChatDelta(content=content) if content or not calls else ChatDelta()
+                if calls:
+                    delta.tool_calls = calls
+                yield chunk(index, delta, shaped)
+        elif reply.text or reply.logprobs:
             yield chunk(index, ChatDelta(content=reply.text), shaped)
         if not reply.finished:
             return
-        yield chunk(index, ChatDelta(), finish_reason=reply.finish_reason)
+        reason = reply.finish_reason
+        if readers:
+            reason = finish_reason(reason, readers[index].called)
+        yield chunk(index, ChatDelta(), finish_reason=reason)
         finals[index] = reply
         prompt_tokens = reply.prompt_tokens if len(finals) == 1 else 0
         state.metrics.observe_result(reply.batch_size, prompt_tokens, reply.completion_tokens)
