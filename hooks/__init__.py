@@ -10,6 +10,8 @@ Public API (the spec's ``sglang.srt.plugins``):
 * ``HookRegistry``, ``HookType``, ``plugin_hook`` (from ``hooks.hook_registry``), ``PluginError``,
   ``HookError``;
 * ``describe(runtime)``: what ``sglang-launch plugins`` reports;
+* ``blame(exc)`` and ``result_culprit(cls, name)``: the hook (a ``Culprit``: plugin, hook,
+  target) whose code raised ``exc``, or that decides what ``cls.name`` returns (``hooks._blame``);
 * ``runtime(name)``: the ``PluginRuntime`` of any runtime of ``platforms.runtimes`` (its two
   phases, ``register_plugins()`` and ``apply_plugin_hooks()``), for the bootstrap and the launcher.
 
@@ -23,23 +25,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ._blame import Culprit, blame, result_culprit
 from ._core import HookError, PluginError
 from ._loader import PluginRuntime, all_runtimes, runtime_of
 from .hook_registry import HookRegistry, HookType, plugin_hook
 
 __all__ = [
+    "Culprit",
     "HookError",
     "HookRegistry",
     "HookType",
     "PluginError",
     "PluginRuntime",
     "apply_plugin_hooks",
+    "blame",
     "describe",
     "load_plugins",
     "load_plugins_by_group",
     "manifest",
     "plugin_hook",
     "register_plugins",
+    "result_culprit",
     "runtime",
 ]
 
