@@ -53,6 +53,10 @@ class WorkerContext:
     must be JSON-able and lands in the supervisor's status snapshot). ``stopping`` is set when the
     supervisor asks the process to stop (SIGTERM); ``stopped(**info)`` says what the worker wants
     its ``stopped`` report to carry (JSON-able; the last call before it returns wins).
+    ``busy_since`` is the ``time.monotonic()`` at which the worker's current unit of work began
+    (a scheduler's step), None while none runs: the heartbeat reports how long it has run, and
+    the supervisor's watchdog ends a worker whose unit of work runs past ``--watchdog-timeout``.
+    ``report_failure(error)`` reports a failure while the worker keeps running.
     """
 
     role: str
@@ -66,7 +70,9 @@ class WorkerContext:
     query_endpoint: str
     platform: str
     stopping: threading.Event = field(default_factory=StopEvent)
+    busy_since: float | None = None
     _report: Callable[..., None] | None = field(default=None, repr=False)
+    _report_failure: Callable[[BaseException], None] | None = field(default=None, repr=False)
     _ready: threading.Event = field(default_factory=threading.Event, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _mark: float = field(default_factory=time.monotonic, repr=False)
@@ -137,6 +143,14 @@ class WorkerContext:
             duration, self._mark = now - self._mark, now
         if self._report is not None:
             self._report("ready", "ready", duration, info)
+
+    def report_failure(self, error: BaseException) -> None:
+        """Report ``error`` as this worker's failure while it goes on running: the supervisor
+        handles it as a failure of this worker (it restarts the worker's replica, or stops the
+        launch) and then stops or ends the process. The worker keeps answering what reaches it
+        (refusing work it can no longer do) until ``stopping`` is set, and then returns."""
+        if self._report_failure is not None:
+            self._report_failure(error)
 
     def stopped(self, **info: object) -> None:
         """What the ``stopped`` report of this worker carries once it returns after a stop

@@ -21,8 +21,12 @@ Kinds:
   exception's qualified type name, ``message`` its text, ``traceback`` the full formatted
   traceback, ``exit_code`` the status the child is about to exit with, ``exc_types`` the
   qualified names of the exception's classes, its own first (the supervisor classifies a failure
-  by them without importing the worker's modules).
-- ``heartbeat``: sent every ``ProcessSpec.heartbeat_interval`` seconds when that is set.
+  by them without importing the worker's modules). ``alive``: the worker reported it while it
+  goes on running (``ctx.report_failure``: a scheduler that gave up on its failing steps), and
+  waits for the supervisor to stop or end it; ``exit_code`` is then the status it would exit with.
+- ``heartbeat``: sent every ``ProcessSpec.heartbeat_interval`` seconds when that is set;
+  ``busy_s`` is how long the worker's current unit of work (a scheduler's step) has run, 0 when
+  none runs (the watchdog's stuck-step check).
 - ``stopped``: the worker returned after a stop request; the child exits 0 next. ``info`` is
   what the worker said of its stop (``ctx.stopped(**info)``; the HTTP child: ``requests_cut``).
 
@@ -69,11 +73,13 @@ class Failed(_Base, tag="failed", frozen=True):
     exit_code: int
     elapsed: float
     exc_types: list[str] = []
+    alive: bool = False
 
 
 class Heartbeat(_Base, tag="heartbeat", frozen=True):
     phase: str
     elapsed: float
+    busy_s: float = 0.0
 
 
 class Stopped(_Base, tag="stopped", frozen=True):

@@ -73,26 +73,42 @@ class Reporter:
 
 
 class Heartbeat:
-    """A daemon thread sending a heartbeat with the current phase every ``interval`` seconds."""
+    """A daemon thread sending a heartbeat with the current phase every ``interval`` seconds,
+    and ``busy()``: how long the worker's current unit of work has run (0: none runs)."""
 
     def __init__(
-        self, reporter: Reporter, interval: float, phase: Callable[[], str], started: float
+        self,
+        reporter: Reporter,
+        interval: float,
+        phase: Callable[[], str],
+        started: float,
+        busy: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._beat,
-            args=(reporter, interval, phase, started),
+            args=(reporter, interval, phase, started, busy),
             name="bootstrap-heartbeat",
             daemon=True,
         )
         self._thread.start()
 
     def _beat(
-        self, reporter: Reporter, interval: float, phase: Callable[[], str], started: float
+        self,
+        reporter: Reporter,
+        interval: float,
+        phase: Callable[[], str],
+        started: float,
+        busy: Callable[[], float],
     ) -> None:
         while not self._stop.wait(interval):
             try:
-                reporter.send("Heartbeat", phase=phase(), elapsed=time.monotonic() - started)
+                reporter.send(
+                    "Heartbeat",
+                    phase=phase(),
+                    elapsed=time.monotonic() - started,
+                    busy_s=busy(),
+                )
             except Exception:  # noqa: BLE001 - a closed socket at exit ends the beat, nothing more
                 return
 

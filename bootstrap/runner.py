@@ -237,8 +237,17 @@ class _ChildState:
         reporter = self.reporter = Reporter(self.spec.status_endpoint, self.spec.worker_id)
         if self.spec.heartbeat_interval > 0:
             self.heartbeat = Heartbeat(
-                reporter, self.spec.heartbeat_interval, lambda: self.reached, self.started
+                reporter,
+                self.spec.heartbeat_interval,
+                lambda: self.reached,
+                self.started,
+                self.busy_s,
             )
+
+    def busy_s(self) -> float:
+        """How long the worker's current unit of work has run (``ctx.busy_since``), 0 when none."""
+        since = self.ctx.busy_since if self.ctx is not None else None
+        return time.monotonic() - since if since is not None else 0.0
 
     def initialize_platform(self, steps: RuntimeSteps) -> None:
         if self.spec.entry_points is not None:
@@ -313,6 +322,7 @@ class _ChildState:
                 platform=self.platform_key,
                 stopping=self.stopping,
                 _report=self.report_from_worker,
+                _report_failure=self.report_failure,
                 _mark=self.mark,
             )
             self.worker_running = True
@@ -344,10 +354,8 @@ class _ChildState:
             return phases.SERVING
         return phases.READY
 
-    def fail(self, exc: BaseException) -> None:
-        self.exiting = True
-        phase = self.failing_phase()
-        code = phases.EXIT_CODES[phase]
+    def failure_report(self, exc: BaseException, phase: str) -> dict[str, object]:
+        """The fields of a ``Failed`` report of ``exc`` in ``phase``."""
         exc_type = type(exc)
         type_name = exc_type.__qualname__
         if exc_type.__module__ not in ("builtins", "__main__"):
@@ -355,20 +363,37 @@ class _ChildState:
         message = str(exc)
         if isinstance(exc, SystemExit):
             message = f"the worker called sys.exit({exc.code!r})"
-        tb = "".join(traceback.format_exception(exc_type, exc, exc.__traceback__))
+        return {
+            "phase": phase,
+            "exc_type": type_name,
+            "message": message,
+            "traceback": "".join(traceback.format_exception(exc_type, exc, exc.__traceback__)),
+            "exit_code": phases.EXIT_CODES[phase],
+            "elapsed": time.monotonic() - self.started,
+            "exc_types": _qualified_names(exc_type),
+        }
+
+    def report_failure(self, exc: BaseException) -> None:
+        """``ctx.report_failure``: a ``Failed`` report of ``exc`` (``alive``), delivered while
+        the worker goes on running; also one line on stderr."""
+        report = self.failure_report(exc, self.failing_phase())
+        sys.stderr.write(
+            f"{self.spec.worker_id} failed while {phases.DOING[str(report['phase'])]}: "
+            f"{report['exc_type']}: {report['message']} (reported to the supervisor)\n"
+        )
+        if self.reporter is not None:
+            self.reporter.deliver("Failed", 5.0, alive=True, **report)
+
+    def fail(self, exc: BaseException) -> None:
+        self.exiting = True
+        phase = self.failing_phase()
+        code = phases.EXIT_CODES[phase]
+        report = self.failure_report(exc, phase)
+        type_name, message, tb = report["exc_type"], report["message"], report["traceback"]
         reported = False
         if self.reporter is not None:
             try:
-                self.reporter.send(
-                    "Failed",
-                    phase=phase,
-                    exc_type=type_name,
-                    message=message,
-                    traceback=tb,
-                    exit_code=code,
-                    elapsed=time.monotonic() - self.started,
-                    exc_types=_qualified_names(exc_type),
-                )
+                self.reporter.send("Failed", **report)
                 reported = True
             except Exception:  # noqa: BLE001 - the exit code still tells the supervisor
                 traceback.print_exc()

@@ -114,6 +114,18 @@ class SetupFailure(RuntimeError):
 SETUP_FAILURE = f"{SetupFailure.__module__}.{SetupFailure.__qualname__}"
 
 
+class WorkerUnhealthy(RuntimeError):
+    """A worker that keeps running reports it (``ctx.report_failure``) when it can no longer do
+    its work: a scheduler whose steps failed too many times in a row. The message says why and
+    names who failed (a plugin's hook, or the model). The supervisor handles it as a failure of
+    that worker (the replica restarts under ``--restart-policy on-failure``, else the launch
+    stops, exit 4), with a summary that carries the message."""
+
+
+# The qualified name a worker's failure report carries when it reported a ``WorkerUnhealthy``.
+UNHEALTHY = f"{WorkerUnhealthy.__module__}.{WorkerUnhealthy.__qualname__}"
+
+
 class LaunchError(RuntimeError):
     """A launch failed; ``root_cause`` (a ``RootCause``) says which worker, phase and why.
 

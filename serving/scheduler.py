@@ -34,9 +34,16 @@ request cancelled (its client left, or its 504 fired) stops at its next step.
 Failure policy, the same for both runtimes: when a step raises in a replica of several ranks
 (tensor- or CFG-parallel), the process ends (the ranks are out of step after it; the supervisor
 restarts or reports the replica, and the HTTP child repeats elsewhere what is safe to repeat);
-in a replica of one rank every request of the failed step (``in_step``) gets a 500
-``RequestFailed``, the runtime drops what the step left behind (``recover``), the platform's
-cache is emptied, and the scheduler goes on.
+in a replica of one rank every request of the failed step (``in_step``; when it failed before a
+batch was made, in ``get_next_batch_to_run``, the waiting requests too: admission was their step)
+gets a 500 ``RequestFailed`` naming who failed (a plugin's hook, or the model:
+``serving.step_failures``), the runtime drops what the step left behind (``recover``), the
+platform's cache is emptied, and the scheduler goes on after a backoff. After
+``FAILED_STEPS_LIMIT`` consecutive failed steps it gives up (``give_up``): every request it holds
+gets a 503 naming the failure, so does every request that arrives after, and the failure is
+reported to the supervisor (``ctx.report_failure``), which restarts the replica or stops the
+launch. While a step runs, ``ctx.busy_since`` says since when (the heartbeat carries it: the
+supervisor's watchdog ends a step stuck past ``--watchdog-timeout``).
 
 A runtime subclasses ``BatchingScheduler`` and says only what differs: ``admit`` (check one
 request and make its queue entry), the three steps above, and ``stats``. It keeps the requests
@@ -60,10 +67,12 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 import msgspec
 import zmq
 
+from launchspec.causes import WorkerUnhealthy
 from serving import wire
 from serving.devices import visible_devices
 from serving.errors import InputError
 from serving.plugin_metrics import plugin_metrics_page
+from serving.step_failures import StepFailures, check_batch, describe
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -163,6 +172,8 @@ class BatchingScheduler(ABC, Generic[R, Q, B, T]):
         self.aborted = 0  # requests cancelled while they ran
         self.generated_tokens = 0
         self.last_broadcast = time.monotonic()
+        self.failures = StepFailures(log)  # the failed-step policy (serving.step_failures)
+        self.unhealthy: str | None = None  # why it gave up (``give_up``); None while healthy
         self._zctx = zmq.Context()
         self.sock = self._zctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -271,7 +282,14 @@ class BatchingScheduler(ABC, Generic[R, Q, B, T]):
 
     def turn(self) -> None:
         """One turn of the loop: receive what arrived (waiting at most until work is due), then
-        run one step when work is due, else keep the followers waiting."""
+        run one step when work is due, else keep the followers waiting. After a failed step, and
+        once the scheduler gave up, it only receives (until the backoff's end, for ever)."""
+        if self.unhealthy is not None or (self.failures.retry_at and not self.failures.due()):
+            wait = _IDLE_WAIT_MS if self.unhealthy else int(self.failures.wait_s() * 1000) + 1
+            if self.sock.poll(min(wait, _IDLE_WAIT_MS)):
+                self.drain()
+            self.tick_followers()
+            return
         if self.running and not self.declined:
             # Requests are running: a step is due whatever arrives (nothing received ends one).
             if cast(int, self.sock.getsockopt(_EVENTS)) & _POLLIN:
@@ -324,42 +342,73 @@ class BatchingScheduler(ABC, Generic[R, Q, B, T]):
 
     def run_step(self) -> None:
         """One step, ``get_next_batch_to_run`` -> ``run_batch`` -> ``process_batch_result``,
-        under the failure policy (the module's docstring)."""
+        under the failure policy (the module's docstring). ``ctx.busy_since`` is the step's
+        start while it runs."""
+        ctx = self.ctx
+        ctx.busy_since = time.monotonic()
         try:
             batch = self.get_next_batch_to_run()
+            check_batch(batch, type(self))
             self.declined = batch is None
             if batch is None:
                 self.tick_followers()
                 return
             self.current = batch
             self.process_batch_result(batch, self.run_batch(batch))
+            if self.failures.consecutive:
+                self.failures.succeeded()
         except Exception as exc:
             if self.ranks > 1:
                 # The failure (often a peer rank gone, seen as a broken collective) leaves the
                 # ranks out of step: the process ends, and the supervisor restarts the replica.
+                exc.add_note(describe(exc).message)
                 raise
             self.fail_step(exc)
         finally:
             self.current = None
+            ctx.busy_since = None
 
     def fail_step(self, exc: Exception) -> None:
-        """Answer every request of the failed step with a 500 and let them go."""
-        failed = list(self.in_step())
-        log.exception("a step of %d request(s) failed", len(failed))
-        for item in failed:
-            self.send(
-                item.identity,
-                wire.RequestFailed(
-                    item.rid,
-                    500,
-                    f"the model failed on this batch: {type(exc).__name__}: {exc}",
-                ),
-            )
-        self.finish(failed)
-        gone = {item.rid for item in failed}
+        """Answer every request of the failed step with a 500 naming who failed and let them
+        go (``serving.step_failures``: the message, the log, the backoff); give up after too many
+        failed steps in a row."""
+        failed = {id(item): item for item in self.in_step()}
+        if self.current is None:  # admission failed: the waiting requests were its subject
+            failed.update((id(item), item) for item in self.waiting_queue)
+        items = list(failed.values())
+        failure = self.failures.failed(exc, len(items))
+        for item in items:
+            self.send(item.identity, wire.RequestFailed(item.rid, 500, failure.message))
+        self.finish(items)
+        gone = {item.rid for item in items}
         self.waiting_queue[:] = [q for q in self.waiting_queue if q.rid not in gone]
         self.recover()
         self.platform.empty_cache()
+        if self.failures.exhausted:
+            self.give_up(exc)
+
+    def give_up(self, exc: Exception) -> None:
+        """Too many steps in a row failed: answer every request held with a 503 naming the
+        failure (every later one too: ``take_in``), and report it to the supervisor, which
+        restarts the replica or stops the launch; the loop only receives from now on."""
+        reason = self.failures.reason
+        self.unhealthy = f"scheduler dp={self.dp_rank} is unhealthy: {reason}"
+        self.failures.close()
+        log.error(
+            "%s; it answers every request with a 503 until the supervisor restarts or stops it",
+            self.unhealthy,
+        )
+        held = {id(item): item for item in [*self.running.values(), *self.waiting_queue]}
+        for item in held.values():
+            self.send(item.identity, wire.RequestFailed(item.rid, 503, self.unhealthy))
+        self.finish(list(held.values()))
+        self.waiting_queue.clear()
+        self.recover()
+        report = getattr(self.ctx, "report_failure", None)
+        if report is not None:
+            error = WorkerUnhealthy(reason)
+            error.__cause__ = exc
+            report(error)
 
     def in_step(self) -> Iterable[Q]:
         """The requests the step under way works on (a failure answers them): the batch's, or
@@ -422,7 +471,11 @@ class BatchingScheduler(ABC, Generic[R, Q, B, T]):
 
     def take_in(self, identity: bytes, request: wire.Request) -> None:
         """Queue ``request`` (``admit``), or refuse it with a 400: a request of another kind
-        than the model's (``param="model"``), or what ``admit`` finds wrong with it."""
+        than the model's (``param="model"``), or what ``admit`` finds wrong with it; with a 503
+        once the scheduler gave up (``give_up``)."""
+        if self.unhealthy is not None:
+            self.send(identity, wire.RequestFailed(request.rid, 503, self.unhealthy))
+            return
         if request.kind != self.kind or not isinstance(request, self.serves):
             message = f"model {self.served_name!r} serves {self.kind}, not {request.kind}"
             self.send(identity, wire.RequestFailed(request.rid, 400, message, "model"))

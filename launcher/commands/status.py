@@ -74,6 +74,9 @@ def render(state: LaunchState) -> str:
             f"  {w.name:<14} {w.pid or '-':>7}  {w.phase:<20} {took:>9}  {exit_text}{again}"
         )
     for w in state.workers:
+        if w.restart_cause:
+            lines.append(f"  {w.name} restarted {w.restarts}x, the last after: {w.restart_cause}")
+    for w in state.workers:
         for difference in w.manifest_differs:
             lines.append(f"  {w.name} differs: {difference}")
     if state.root_cause is not None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from bootstrap import phases
 from bootstrap.children import describe_exit
 from bootstrap.phases import signal_name
-from launchspec.causes import SETUP_FAILURE, ExitCode, RootCause
+from launchspec.causes import SETUP_FAILURE, UNHEALTHY, ExitCode, RootCause
 
 if TYPE_CHECKING:
     from bootstrap.messages import Failed
@@ -56,7 +56,9 @@ def failed(worker: WorkerState, report: Failed, code: int | None) -> RootCause:
     """``worker`` sent the failure ``report``; its process ended with ``code`` (None: not yet).
 
     A ``launchspec.causes.SetupFailure`` raised before ready (a class the platform returned that
-    the worker cannot use) is a set-up failure, exit 5, whose summary says so."""
+    the worker cannot use) is a set-up failure, exit 5, whose summary says so. A
+    ``launchspec.causes.WorkerUnhealthy`` (a scheduler whose steps kept failing) carries its
+    message in the summary, which names the plugin's hook to blame when there is one."""
     after_ready = report.phase in (phases.SERVING, phases.STOPPING)
     doing = phases.DOING.get(report.phase, report.phase)
     summary = f"{worker.name} failed while {doing}"
@@ -69,6 +71,13 @@ def failed(worker: WorkerState, report: Failed, code: int | None) -> RootCause:
             "fix the platform plugin's method named above (it must return SGLang's class or a "
             "subclass that constructs with SGLang's parameters), or select another platform "
             "with SGLANG_PLATFORM"
+        )
+    elif UNHEALTHY in report.exc_types:
+        summary = f"{worker.name} is unhealthy: {report.message}"
+        hint = (
+            "fix or remove the plugin hook named above (a plugin leaves with SGLANG_PLUGINS "
+            "naming only the others), or look at the model's error in the traceback; with "
+            "--restart-policy on-failure the replica restarts, up to --max-restarts"
         )
     return RootCause(
         summary=summary,
@@ -128,6 +137,25 @@ def hung(worker: WorkerState, quiet: float, timeout: float) -> RootCause:
         message=f"--watchdog-timeout is {timeout:g}s; the process is alive but silent",
         hint="a stopped process (SIGSTOP, a debugger) or one hung holding the GIL; raise "
         "--watchdog-timeout if a worker can legitimately stall longer",
+    )
+
+
+def stuck(worker: WorkerState, busy: float, timeout: float) -> RootCause:
+    """``worker``'s step has run ``busy`` seconds, past ``--watchdog-timeout`` ``timeout``."""
+    return RootCause(
+        summary=f"{worker.name}'s step has run for {busy:.1f}s, past --watchdog-timeout "
+        f"{timeout:g}s",
+        exit_code=ExitCode.WORKER_DIED,
+        worker=worker.name,
+        pid=worker.pid,
+        node_rank=worker.node_rank,
+        phase=phases.SERVING,
+        error_type="WatchdogTimeout",
+        message="the process is alive and sends heartbeats, but its step (get_next_batch_to_run, "
+        "run_batch, process_batch_result and what they call) has not returned",
+        hint="a step stuck in a plugin's hook or in the model: look at the hooks "
+        "`sglang-launch plugins` lists on the scheduler's seams; raise --watchdog-timeout if a "
+        "step can legitimately run longer",
     )
 
 

@@ -110,7 +110,7 @@ class Healing:
         worker_named: Callable[[str | None], Worker | None],
         ranks: Callable[[int], list[Worker]],
         end_at_once: EndAtOnce,
-        spawn_again: Callable[[Worker, int], None],
+        spawn_again: Callable[[Worker, int, str], None],
         in_service: Callable[[], list[int]],
         set_aside: Callable[[int, RootCause, str], asyncio.Future[None]],
     ) -> None:
@@ -307,7 +307,7 @@ class Healing:
             spec = worker.child.spec
             env = {**spec.env, INCARNATION_ENV: str(restart.attempt)}
             worker.child.spec = dataclasses.replace(spec, env=env)
-            self._spawn_again(worker, restart.attempt)
+            self._spawn_again(worker, restart.attempt, cause.summary)
         loop = asyncio.get_running_loop()
         restart.timer = loop.call_later(self._startup_timeout, self._timed_out, restart)
 

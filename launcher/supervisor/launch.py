@@ -144,7 +144,7 @@ class Launch:
             Worker(self.children.add(spec), ws)
             for spec, ws in zip(specs, state.workers, strict=True)
         ]
-        self.watchdog = Watchdog(args.watchdog_timeout, self._on_hung)
+        self.watchdog = Watchdog(args.watchdog_timeout, self._on_hung, self._on_stuck)
         self._watching: asyncio.Task[None] | None = None
         self.replicas = ReplicaSet(
             [w for w in self.workers if w.dp_rank is not None],
@@ -245,10 +245,11 @@ class Launch:
             self.output.spawn(self.children, worker.child)
         worker.state.pid = worker.child.pid
 
-    def spawn_again(self, worker: Worker, attempt: int) -> None:
-        """Start ``worker`` again for restart ``attempt`` of its replica, and say so."""
+    def spawn_again(self, worker: Worker, attempt: int, cause: str | None = None) -> None:
+        """Start ``worker`` again for restart ``attempt`` of its replica (after the failure
+        ``cause``), and say so."""
         self.spawn(worker)
-        worker.state.restarted(worker.child.pid)
+        worker.state.restarted(worker.child.pid, cause)
         self.publish(events.WorkerRestarted(**self._fields(worker), restart=attempt))
 
     async def reap(self, worker: Worker) -> int | None:
@@ -390,6 +391,9 @@ class Launch:
         worker = self._worker_of(child)
         ws = worker.state
         self.watchdog.heard(ws.name)
+        if isinstance(message, messages.Heartbeat):
+            self.watchdog.busy(ws.name, message.busy_s)
+            return  # a stalled child is caught by the deadline, its sentinel or the watchdog
         if worker.stopped_at_once and isinstance(message, (messages.Phase, messages.Ready)):
             return  # sent before it was killed, read after: old news about a stopped worker
         if self.healing.stage(worker) == DOWN or self.replicas.stage(worker) == RETIRING:
@@ -423,7 +427,6 @@ class Launch:
             if isinstance(cut, int):  # requests still running when the grace period ran out
                 self.requests_cut = (self.requests_cut or 0) + cut
             self.mark_stopped(worker, info=message.info)
-        # Heartbeats need no action: a stalled child is caught by the deadline or its sentinel.
 
     def _on_ready(self, worker: Worker, message: messages.Ready) -> None:
         ws = worker.state
@@ -489,7 +492,8 @@ class Launch:
         if self.stop_reason is None and not self.stopping:
             self.blamed = ws.name
         self.publish(events.WorkerFailed(**self._fields(worker), error=ws.error))
-        self.fail(diagnose.failed(ws, message, message.exit_code))
+        # A worker that reported while it goes on running (``alive``) has not exited (yet).
+        self.fail(diagnose.failed(ws, message, None if message.alive else message.exit_code))
 
     def _on_exit(self, child: Child) -> None:
         worker = self._worker_of(child)
@@ -505,6 +509,15 @@ class Launch:
 
     def _on_hung(self, name: str, quiet: float) -> None:
         """The watchdog found ``name`` silent: the launch fails with it as the root cause."""
+        self._on_watchdog(name, diagnose.hung, quiet)
+
+    def _on_stuck(self, name: str, busy: float) -> None:
+        """The watchdog found ``name``'s step running past the timeout: as a silent worker."""
+        self._on_watchdog(name, diagnose.stuck, busy)
+
+    def _on_watchdog(
+        self, name: str, cause_of: Callable[[WorkerState, float, float], RootCause], seconds: float
+    ) -> None:
         worker = self.worker_named(name)
         if worker is None or self.stopping or self.stop_reason is not None:
             return
@@ -514,11 +527,11 @@ class Launch:
         if stage is not None:
             if stage == STARTING:
                 self.replicas.rank_failed(
-                    worker, diagnose.hung(worker.state, quiet, self.watchdog.timeout)
+                    worker, cause_of(worker.state, seconds, self.watchdog.timeout)
                 )
             return
         self.blamed = self.blamed or name
-        self.fail(diagnose.hung(worker.state, quiet, self.watchdog.timeout))
+        self.fail(cause_of(worker.state, seconds, self.watchdog.timeout))
 
     def _worker_of(self, child: Child) -> Worker:
         return next(w for w in self.workers if w.child is child)

@@ -30,7 +30,8 @@ class WorkerState(msgspec.Struct):
     or was ended); ``phases`` maps each reported phase to its duration in seconds. ``error`` holds
     its ``failed`` report; ``exited``, ``exitcode`` and ``signal`` say whether and how the
     process ended. ``restarts`` counts how often it was started again with its replica
-    (``--restart-policy on-failure``); each restart starts the record afresh but for that count.
+    (``--restart-policy on-failure``); each restart starts the record afresh but for that count
+    and ``restart_cause``, the summary of the failure that restarted it the last time.
     ``manifest`` is what the process reported having of platform and plugins with its readiness,
     ``manifest_differs`` how that differs from a ready peer's of the same role.
     """
@@ -52,6 +53,7 @@ class WorkerState(msgspec.Struct):
     started_at: float = msgspec.field(default_factory=time.time)
     ready_at: float | None = None
     restarts: int = 0
+    restart_cause: str | None = None
     manifest: Manifest | None = None
     manifest_differs: list[str] = msgspec.field(default_factory=list)
 
@@ -59,10 +61,12 @@ class WorkerState(msgspec.Struct):
     def name(self) -> str:
         return f"{self.role}.{self.rank}"
 
-    def restarted(self, pid: int | None) -> None:
-        """The worker was started again as process ``pid``: a fresh record, one more restart."""
+    def restarted(self, pid: int | None, cause: str | None = None) -> None:
+        """The worker was started again as process ``pid`` after the failure ``cause``: a fresh
+        record, one more restart."""
         fresh = WorkerState(self.role, self.rank, self.local_rank, self.node_rank, pid=pid)
         fresh.restarts = self.restarts + 1
+        fresh.restart_cause = cause
         for name in self.__struct_fields__:
             setattr(self, name, getattr(fresh, name))
 

@@ -221,7 +221,10 @@ class SupervisorLink:
                 if event.role == "scheduler":
                     rep = pool.replica(event.rank // self.tp_size)
                     if rep is not None and not rep.draining:
-                        pool.mark_dead(rep, f"the supervisor reported {event.topic}")
+                        why = f"the supervisor reported {event.topic}"
+                        if isinstance(event, events.WorkerFailed):  # its error says who failed
+                            why += f": {event.error.type.rsplit('.', 1)[-1]}: {event.error.message}"
+                        pool.mark_dead(rep, why)
 
     # ---- a joining replica's probe, a draining replica's end ------------------------------
 

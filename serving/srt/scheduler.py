@@ -330,9 +330,13 @@ class Scheduler(
         return True, ""
 
     def in_step(self) -> list[TextReq]:
-        """A failed generation step loses every running request (they share one cache)."""
+        """A failed generation step loses every running request (they share one cache), those
+        ``get_next_batch_to_run`` admitted into ``running_batch`` before it failed included."""
         if self.engine is not None:
-            return list(self.running.values())
+            held: dict[str, TextReq] = dict(self.running)
+            for req in self.running_batch.reqs:
+                held.setdefault(req.rid, req)
+            return list(held.values())
         return list(super().in_step())
 
     # ---- generation --------------------------------------------------------------------------

@@ -284,7 +284,7 @@ class Doors:
         async def end_at_once(workers, *, because_of, restart=False):
             self.ended.append([w.name for w in workers])
 
-        def spawn_again(worker, attempt):
+        def spawn_again(worker, attempt, cause):
             worker.state.ready = False
             self.spawned.append((worker.name, attempt))
 
