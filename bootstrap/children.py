@@ -3,10 +3,11 @@
 
 ``Children`` runs on an asyncio loop. It binds the ZeroMQ PULL socket that children report to,
 starts each child with a local ``spawn`` context and ``bootstrap.run`` as the target (the
-application's global start method is left untouched), and turns what happens into two
-callbacks: ``on_message(child, message)`` for every decoded ``bootstrap.messages`` frame from a
-known child, and ``on_exit(child)`` when a child's sentinel fires. Around those it offers what
-both callers need once a child is gone or must go:
+application's global start method is left untouched; the child's process name is an
+``early_guard.ArmedName``, so orphan protection is armed before anything of the child runs), and
+turns what happens into two callbacks: ``on_message(child, message)`` for every decoded
+``bootstrap.messages`` frame from a known child, and ``on_exit(child)`` when a child's sentinel
+fires. Around those it offers what both callers need once a child is gone or must go:
 
 - ``reap(child)``: the exit code of a child whose sentinel fired;
 - ``settle(child)``: let the status messages a dead child sent before it died arrive (they travel
@@ -42,6 +43,7 @@ import zmq.asyncio
 
 from bootstrap import ProcessSpec, messages, phases
 from bootstrap import proctree as _proctree
+from bootstrap.early_guard import ArmedName
 from bootstrap.phases import signal_name
 
 log = logging.getLogger("launcher")
@@ -159,7 +161,8 @@ class Children:
             child.process = context.Process(
                 target=bootstrap.run,
                 args=(spec,),
-                name=f"sglang-{spec.role}-{spec.rank}",
+                # Unpickled first in the child: arms it before anything of it is imported.
+                name=ArmedName(f"sglang-{spec.role}-{spec.rank}"),
                 daemon=False,
             )
             with _output_to(output, streams), _environment(self._environment):

@@ -21,7 +21,9 @@ the worker answer for all of them:
    first), then of the worker.
 
 The worker itself gets no ``PR_SET_PDEATHSIG`` while a guard is armed: the kernel would kill it
-the instant the supervisor dies and hand its children to pid 1 before anyone could end them.
+the instant the supervisor dies and hand its children to pid 1 before anyone could end them (the
+one ``bootstrap.early_guard`` arms before this module's code can run is lifted once the guard
+stands).
 Without a guard (no ``fork``, or the fork failed) the worker falls back to
 ``PR_SET_PDEATHSIG(SIGKILL)`` and the watch thread, as before.
 
@@ -435,7 +437,8 @@ def arm(
     """Arm orphan protection for a process whose parent is ``parent_pid``.
 
     Exits the process at once with ``EXIT_PARENT_GONE`` when the parent is no longer
-    ``parent_pid``. ``guard=False`` forks no guard and ``death_signal=False`` leaves out
+    ``parent_pid``. Once a guard stands, a parent-death signal armed earlier (``early_guard``)
+    is lifted. ``guard=False`` forks no guard and ``death_signal=False`` leaves out
     PR_SET_PDEATHSIG (tests of the other lines). Returns which lines are armed:
     ``{"subreaper", "guard", "death_signal", "watch_thread"}``.
     """
@@ -447,7 +450,11 @@ def arm(
     if guard and armed["subreaper"]:
         _guard_pid = _start_guard(expected)
         armed["guard"] = _guard_pid is not None
-    if death_signal and not armed["guard"]:
+    if armed["guard"]:
+        # The guard ends this process and its tree: a death signal armed before (``early_guard``)
+        # would end this process alone, first, and leave what it started to pid 1.
+        _prctl(_PR_SET_PDEATHSIG, 0)
+    elif death_signal:
         armed["death_signal"] = set_parent_death_signal()
         if os.getppid() != expected:
             os._exit(EXIT_PARENT_GONE)

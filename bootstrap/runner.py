@@ -2,8 +2,8 @@
 
 Steps, each reported as the phase it reaches, with its duration:
 
-1. ``spawned``: arm orphan protection, apply ``spec.env``, connect the status reporter, warn about
-   runtime modules already imported;
+1. ``spawned``: arm orphan protection (before anything else), apply ``spec.env``, connect the
+   status reporter, warn about runtime modules already imported;
 2. ``platform_initialized``: pin the supervisor's platform selection, ``initialize_current_platform()``
    (selection plus ``init_backend()``) of the spec's runtime;
 3. ``plugins_loaded``: register the runtime's general plugins (no hook target is resolved yet);
@@ -197,7 +197,7 @@ class _ChildState:
     ) -> None:
         self.reached = name
         elapsed = time.monotonic() - self.started
-        if self.reporter is None:  # arm() connects it before any worker code runs
+        if self.reporter is None:  # set_up() connects it before any worker code runs
             return
         if kind == "ready":  # delivered before ctx.ready() returns: the worker may die next
             self.reporter.deliver(
@@ -225,8 +225,7 @@ class _ChildState:
             return None
 
     # -- steps ---------------------------------------------------------------------------------
-    def arm(self) -> None:
-        orphan.arm(self.spec.parent_pid)
+    def set_up(self) -> None:
         os.environ.update({str(k): str(v) for k, v in self.spec.env.items()})
         if self.spec.aliases:  # before a platform's activate() or a plugin imports SGLang's names
             from hooks import compat
@@ -271,11 +270,13 @@ class _ChildState:
     def run(self) -> None:
         spec = self.spec
         try:
-            # Inside the try: a SIGTERM that lands while the runtime table imports is a stop too.
+            # First of all (``early_guard`` covered what ran before): no work of this child may
+            # outlive a SIGKILLed supervisor. Inside the try: a SIGTERM meanwhile is a stop too.
+            orphan.arm(spec.parent_pid)
             found_early = early_imports(spec.target)
             steps = runtime_steps(spec.runtime)
-            self.arm()
-            # Only now: the orphan guard is forked from a process without threads.
+            self.set_up()
+            # Only now: the orphan guard was forked from a process without threads.
             self.start_stop_relay()
             if found_early:
                 log.warning(warning_text(spec.worker_id, found_early))

@@ -16,13 +16,14 @@ inode, and re-read only when one of them changes.
 
 The conversion is not done here. ``prepare`` runs it in a short-lived child process (the module
 named by ``CONVERTER``, with transformers and the ``gguf`` package), so the process that calls it
-(the supervisor) never loads torch or transformers. The child reads the file's header first and
-refuses, before converting anything, a tensor type transformers cannot dequantise or an
-architecture it cannot map (exit 2, each problem with its fix: ``GgufError``). It writes into a
-partial directory that ``prepare`` renames into place once complete, under a lock file, so two
+(the supervisor) never loads torch or transformers; it is started through
+``bootstrap.early_guard``, so it ends with this process from its first import on. The child reads
+the file's header first and refuses, before converting anything, a tensor type transformers cannot
+dequantise or an architecture it cannot map (exit 2, each problem with its fix: ``GgufError``). It
+writes into a partial directory that ``prepare`` renames into place once complete, under a lock file, so two
 launches of the same file convert it once and a killed conversion never leaves a half cache.
 
-Standard library only.
+Standard library only (``bootstrap.early_guard`` when converting).
 """
 
 from __future__ import annotations
@@ -244,19 +245,13 @@ def _convert(gguf: GgufFile) -> None:
     """Run the converter into a partial directory, then rename it into place."""
     partial = gguf.directory.with_name(f".partial-{gguf.directory.name}")
     shutil.rmtree(partial, ignore_errors=True)  # left by a killed conversion (we hold the lock)
-    command = [
-        sys.executable,
-        "-m",
-        CONVERTER,
-        "--gguf",
-        str(gguf.file),
-        "--into",
-        str(partial),
-        "--sha256",
-        gguf.sha256,
-        "--parent-pid",
-        str(os.getpid()),
-    ]
+    # Armed against outliving this process from its first import on (``early_guard``); imported
+    # here: importing the server arguments loads nothing of bootstrap.
+    from bootstrap import early_guard
+
+    command = early_guard.command(
+        CONVERTER, ["--gguf", str(gguf.file), "--into", str(partial), "--sha256", gguf.sha256]
+    )
     started = time.monotonic()
     try:
         # stderr is this process's: the child's progress shows where the launcher's output goes.

@@ -1,6 +1,7 @@
 """The GGUF converter: ``python -m serving.srt.gguf_convert --gguf FILE --into DIR``.
 
-The child process ``launchspec.gguf_cache.prepare`` runs (the caller never loads transformers).
+The child process ``launchspec.gguf_cache.prepare`` runs (the caller never loads transformers),
+through ``bootstrap.early_guard``, which arms its orphan protection before this module loads.
 It reads the file's header with the ``gguf`` package's reader, refuses what transformers cannot
 load before converting anything, then converts the file with transformers' own GGUF loading
 (``from_pretrained(folder, gguf_file=...)``: the tokenizer, then the weights dequantised to
@@ -285,12 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gguf", required=True, type=Path)
     parser.add_argument("--into", required=True, type=Path)
     parser.add_argument("--sha256", required=True)
-    parser.add_argument("--parent-pid", type=int, default=None)
     args = parser.parse_args(argv)
-    if args.parent_pid:
-        from bootstrap import orphan
-
-        orphan.arm(args.parent_pid, guard=False)  # dies with the launcher that waits for it
     # The result goes to the real standard output; anything a library prints, to stderr.
     result_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)

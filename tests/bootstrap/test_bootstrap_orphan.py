@@ -135,3 +135,62 @@ def test_bootstrap_child_dies_with_its_sigkilled_parent():
 def test_watch_thread_alone_kills_the_orphan():
     parent, child_pid = _start_parent(WATCHING_PARENT)
     _kill_parent_and_expect_child_gone(parent, child_pid)
+
+
+# A parent whose spawn child runs nothing of sglang-launch's (a bare time.sleep) but carries an
+# ``ArmedName``: unpickling that name is the child's first step, which alone must end it with its
+# parent. The parent reports the child the moment start() returns, and is killed at once: the
+# child may not even have started its interpreter.
+ARMED_NAME_PARENT = """
+import multiprocessing, time
+from bootstrap.early_guard import ArmedName
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context("spawn").Process(
+        target=time.sleep, args=(600,), name=ArmedName("sleeper"))
+    child.start()
+    print("Armed", child.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_a_spawn_child_with_an_armed_name_dies_with_its_parent_before_its_own_code_runs():
+    for _ in range(3):  # the parent dies at a different point of the child's start-up each time
+        parent, child_pid = _start_parent(ARMED_NAME_PARENT)
+        _kill_parent_and_expect_child_gone(parent, child_pid)
+
+
+NOT_THE_PARENT = """
+import multiprocessing, os, time
+from bootstrap.early_guard import ArmedName
+from bootstrap.phases import EXIT_PARENT_GONE
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context("spawn").Process(
+        target=time.sleep, args=(600,), name=ArmedName("sleeper", parent_pid=os.getpid() + 7_000_000))
+    child.start()
+    child.join(60)
+    if child.exitcode is None:
+        child.kill()
+    print("Exit", child.exitcode, "expected", EXIT_PARENT_GONE, flush=True)
+"""
+
+
+def test_a_spawn_child_whose_parent_is_not_the_one_named_exits_before_its_target():
+    """The re-check of the race the death signal cannot cover: the parent died (the child was
+    re-parented) before the signal was armed. Here the pid named is not the parent's: the child
+    exits with EXIT_PARENT_GONE instead of running its target (600 s of sleep)."""
+    env = clean_env(
+        PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO)]), PYTHONDONTWRITEBYTECODE="1"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(NOT_THE_PARENT)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+        timeout=120,
+    )
+    words = done.stdout.split()
+    assert len(words) == 4 and words[1] == words[3], done

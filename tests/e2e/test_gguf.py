@@ -10,6 +10,7 @@ it asserts about converting or not converting depends on nothing else.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -17,11 +18,12 @@ import threading
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from support import free_port, wait_for
 from support.gguf import build_tiny_gguf, train_tokenizer, write_gguf
 from support.serving import Server, cli_command, post, server_env, start_server
-from support.supervisor import short_runtime_dir
+from support.supervisor import Run, short_runtime_dir
 
 from launchspec.gguf_cache import CACHE_ENV, open_gguf, prepare
 
@@ -301,3 +303,33 @@ def test_a_model_cache_that_cannot_be_written_is_refused_with_the_fix(tiny, tmp_
     err = refused(["--model-path", str(tiny[0])], blocker / "cache").stderr
     assert f"the model cache {blocker / 'cache' / 'models'} cannot be written" in err, err
     assert f"point {CACHE_ENV} (or XDG_CACHE_HOME) at a writable directory" in err, err
+
+
+# The launcher SIGKILLed while the converter runs: at the first sight of the converter's process
+# (still starting the interpreter, or not even executed yet: the rare race, tried most), once its
+# orphan protection is armed (its parent watch thread runs), and while it converts.
+CONVERTER_MOMENTS = ("first sight",) * 5 + ("armed", "converting")
+GONE_WITHIN = 5.0  # seconds: the converter ends at once, or as soon as its interpreter has started
+
+
+def test_nothing_outlives_a_launcher_sigkilled_while_the_converter_runs(tiny, tmp_path):
+    file, _ = tiny
+    for i, moment in enumerate(CONVERTER_MOMENTS):
+        env = server_env(**{CACHE_ENV: str(tmp_path / f"cache-{i}")})
+        with Run(["--model-path", str(file), "--port", str(free_port())], env=env) as run:
+            launcher = psutil.Process(run.pid)
+            converter = wait_for(launcher.children, 60, "the converter", interval=0.001)[0]
+            if moment == "armed":
+                armed = lambda c=converter: c.num_threads() > 1  # noqa: E731 - its watch thread
+                wait_for(armed, 60, "the converter armed", 0.005)
+            elif moment == "converting":
+                wait_for(lambda: "reading the GGUF header" in run.stderr, 60, "converting", 0.01)
+            os.kill(run.pid, signal.SIGKILL)
+            run.wait(10)
+            try:
+                wait_for(lambda: not run.leftovers(), GONE_WITHIN, "the launch's processes gone")
+            except AssertionError as exc:
+                left = [p.pid for p in run.leftovers()]
+                raise AssertionError(
+                    f"{exc} (SIGKILL at the converter's {moment}): {left}"
+                ) from None

@@ -8,6 +8,7 @@ any of them with psutil wherever they were re-parented.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -229,3 +230,62 @@ def test_what_a_sigkilled_worker_of_an_embedded_launcher_leaves_behind_is_ended(
 
         wait_for(gone, 60, f"the dead worker's descendants to be gone\n{run}")
         assert run.proc.poll() is None, "the application goes on"
+
+
+# A reload's new replica, the launcher SIGKILLed while it starts: at the first sight of its
+# process (still starting the interpreter, or not even executed yet), and once its orphan guard
+# stands. The first moment is where a rare race lived (the child ran on until its own code armed
+# it): it is tried most.
+RELOAD_MOMENTS = ("first sight", "first sight", "first sight", "first sight", "guarded")
+GONE_WITHIN = 5.0  # seconds: a child ends at once, or as soon as its interpreter has started
+
+
+def _new_child(launcher: psutil.Process, before: set[int]) -> psutil.Process:
+    def spawned() -> psutil.Process | None:
+        fresh = [c for c in launcher.children() if c.pid not in before]
+        return fresh[0] if fresh else None
+
+    return wait_for(spawned, 60, "the launcher to start a new process", interval=0.001)
+
+
+def _guarded(child: psutil.Process) -> bool:
+    try:
+        return bool(child.children())
+    except psutil.NoSuchProcess:
+        raise AssertionError("the new replica died before the launcher was killed") from None
+
+
+def test_nothing_outlives_a_launcher_sigkilled_while_a_reload_spawns_a_replica():
+    """Every process of the launch, the replica being spawned and the multiprocessing resource
+    tracker included, is gone within seconds of the SIGKILL, at whichever moment it lands."""
+    args = [*FAST, "--scheduler-target", READY_WAIT, "--http-target", READY_WAIT]
+    for moment in RELOAD_MOMENTS:
+        with Run([*args, "--port", str(free_port())]) as run:
+            run.wait_ready()
+            launcher = psutil.Process(run.pid)
+            before = {child.pid for child in launcher.children()}
+            os.kill(run.pid, signal.SIGHUP)  # a reload: the new replica first, then the old goes
+            replica = _new_child(launcher, before)
+            if moment == "guarded":
+                wait_for(functools.partial(_guarded, replica), 60, "its orphan guard", 0.005)
+            os.kill(run.pid, signal.SIGKILL)
+            run.wait(10)
+            _assert_all_gone(run, GONE_WITHIN, f"the SIGKILL at the replica's {moment}")
+
+
+def _assert_all_gone(run: Run, seconds: float, after: str) -> None:
+    try:
+        wait_for(lambda: not run.leftovers(), seconds, "every process of the launch to be gone")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}, {after}; still running: {_named(run)}") from None
+
+
+def _named(run: Run) -> list[str]:
+    """What is left of the launch, by pid and command line (for a failure's message)."""
+    named = []
+    for proc in run.leftovers():
+        try:
+            named.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+        except psutil.Error:
+            continue
+    return named
