@@ -1,6 +1,7 @@
 """What the operator sees on the terminal: an ops listener that renders launch events.
 
-On a TTY, start-up is a live table, one line per worker redrawn in place as phases complete;
+On a TTY, start-up is a live table under a header naming its columns (worker, process, latest
+phase, how long that phase took), one line per worker redrawn in place as phases complete;
 anywhere else (a pipe, a log file, journald) every event is one plain log line. Either way the
 launch ends in one line: the ready line with the URL, or the root-cause block.
 
@@ -162,11 +163,12 @@ class TerminalDisplay:
         streams.write(self.stream, back + self._table())
 
     def _table(self) -> str:
-        """The table's rows, each cleared first and cut to the terminal's width (a wrapped row
-        would take two lines and leave a stale copy on the next redraw)."""
+        """The table's header and rows, each cleared first and cut to the terminal's width (a
+        wrapped row would take two lines and leave a stale copy on the next redraw)."""
         width = _width(self.stream)
-        self._drawn = len(self._rows)
-        return "".join("\x1b[2K" + line[: width - 1] + "\n" for line in self._rows.values())
+        lines = [HEADER, *self._rows.values()]
+        self._drawn = len(lines)
+        return "".join("\x1b[2K" + line[: width - 1] + "\n" for line in lines)
 
     def _end_table(self) -> None:
         self._starting = False
@@ -192,6 +194,11 @@ def _row(name: str, pid: int | None, phase: str, duration: float | None) -> str:
     pid_text = f"pid {pid}" if pid else ""
     took = f"{duration:6.2f}s" if duration is not None else ""
     return f"  {name:<14} {pid_text:<11} {phase:<22} {took}"
+
+
+# The live table's first line: what each column of ``_row`` is. The last column is how long the
+# worker's latest phase took, not the time since the launch started.
+HEADER = f"  {'WORKER':<14} {'PROCESS':<11} {'LATEST PHASE':<22} {'THAT PHASE TOOK'}"
 
 
 def _ready_line(event: ServerReady) -> str:

@@ -260,6 +260,24 @@ def test_on_a_terminal_worker_lines_go_above_the_live_table():
     # and the ready line right below it.
     last_row = max(i for i, s in enumerate(shown) if s.startswith("  scheduler.1 "))
     assert shown[last_row + 1].startswith("sglang-launch: ready at http://"), text
+    # One header names the columns, right above the rows: the last one is how long each worker's
+    # latest phase took, not the time since the launch started.
+    headers = [i for i, s in enumerate(shown) if s.startswith("  WORKER ")]
+    assert len(headers) == 1, f"one header line (no stale copies)\n{text}"
+    assert shown[headers[0]].split() == [
+        "WORKER",
+        "PROCESS",
+        "LATEST",
+        "PHASE",
+        "THAT",
+        "PHASE",
+        "TOOK",
+    ]
+    assert [s.split()[0] for s in shown[headers[0] + 1 : last_row + 1]] == [
+        "http.0",
+        "scheduler.0",
+        "scheduler.1",
+    ], text
 
 
 def test_with_stdout_redirected_the_table_stays_clean_and_stdout_plain(tmp_path):
