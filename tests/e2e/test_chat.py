@@ -134,11 +134,12 @@ def test_chat_errors_are_the_clients_exception_classes(server):
     client = client_for(server)
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model="tiny-chat", messages=[{"role": "tool", "content": "42", "tool_call_id": "1"}]
+            model="tiny-chat",
+            messages=MESSAGES,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
         )
-    assert (
-        info.value.param == "messages[0].role" and "no tool calling" in info.value.body["message"]
-    )
+    assert info.value.param == "tool_choice.function.name"
+    assert "not one of the tools" in info.value.body["message"]
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny-chat", messages=MESSAGES, max_tokens=5000)
     assert info.value.param == "max_tokens" and info.value.status_code == 400
