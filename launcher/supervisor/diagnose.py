@@ -86,7 +86,8 @@ def failed(worker: WorkerState, report: Failed, code: int | None) -> RootCause:
         pid=worker.pid,
         node_rank=worker.node_rank,
         phase=report.phase,
-        exitcode=code if code is not None else report.exit_code,
+        # A report sent while the worker goes on running (``alive``) says nothing of its exit.
+        exitcode=code if code is not None or report.alive else report.exit_code,
         signal=signal_name(code),
         error_type=report.exc_type,
         message=report.message,
