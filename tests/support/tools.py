@@ -1,8 +1,11 @@
-"""Tool calling's test material: a chat template that renders tools in the Qwen2.5 style
-(``<tool_call>`` JSON, tool results as ``<tool_response>``), written here, and the functions the
-tests offer."""
+"""Tool calling's test material (no tests here): a chat template that renders tools in the
+Qwen2.5 style (``<tool_call>`` JSON, tool results as ``<tool_response>``), written here, the
+functions the tests offer, a check of arguments against their schemas, and a tiny model whose
+tokenizer has that template."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 # A template that reads ``tools`` and renders an assistant's earlier calls and the tools'
 # answers, in the ChatML turns Qwen2.5's and SmolLM2's templates use.
@@ -85,3 +88,35 @@ def valid_arguments(tool: dict, arguments: dict) -> bool:
         if rule["type"] == "string" and not isinstance(value, str):
             return False
     return True
+
+
+def build_tool_model(path: Path) -> Path:
+    """A Hugging Face model directory at ``path``: a tiny random-weight Llama with a byte-level
+    BPE tokenizer (``support.gguf.train_tokenizer``: its tokens decode to exactly the text a
+    grammar matched) and ``TOOLS_TEMPLATE`` as its chat template."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from support.gguf import train_tokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(), bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    tok.chat_template = TOOLS_TEMPLATE
+    tok.save_pretrained(path)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(4321)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
