@@ -264,6 +264,14 @@ class DiffusionScheduler(BatchingScheduler[wire.ImageRequest, ImageItem, Pipelin
             self.answer(call)
         self.finish(call.reqs)
 
+    def recover(self) -> None:
+        """After a failed step (its requests answered by the failure policy): a pipeline call
+        none of whose requests is running any more ends at the step it is paused at and leaves
+        ``calls``, so that it neither runs on nor answers again."""
+        for call in [c for c in self.calls if not any(q.rid in self.running for q in c.reqs)]:
+            self.calls.remove(call)
+            call.call.advance(stop=True)
+
     def start(self, batch: list[ImageItem]) -> None:
         """``batch`` becomes a pipeline call under way (it takes its first step in its turn)."""
         shape = batch[0].shape

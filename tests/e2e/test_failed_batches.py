@@ -85,6 +85,9 @@ def test_one_rank_answers_the_failed_batch_with_a_500_and_goes_on(tiny_pipeline,
         assert failed.status_code == 500, failed.text
         message = failed.json()["error"]["message"]
         assert "RuntimeError: the pipeline broke on purpose" in message, message
+        # The hook raised in the pipeline's thread: the plugin is named all the same.
+        named = "the plugin 'failing' (AROUND hook on DiffusionModelRunner.generate) raised"
+        assert named in message, message
         assert generate(srv.url, "a cat").status_code == 200
         assert scheduler_pid(srv.url) == worker  # the same process served on
     finally:
