@@ -440,3 +440,39 @@ def test_tool_call_parser_names_sglang_s_formats_and_refuses_others(tmp_path, to
     answer = asyncio.run(scenario())
     call = answer["choices"][0]["message"]["tool_calls"][0]
     assert call["function"] == {"name": "add", "arguments": '{"a": 1, "b": true}'}
+
+
+def test_each_streamed_choice_reads_its_own_calls(tmp_path, tokenizer):
+    from serving.http import responses
+
+    template = ChatTemplate(tokenizer, TOOLS_TEMPLATE, "model")
+    body = {
+        "messages": [{"role": "user", "content": "go"}],
+        "tools": [WEATHER, ADD],
+        "max_tokens": 60,
+        "n": 2,
+        "stream": True,
+    }
+
+    async def scenario():
+        async with serve_app(tmp_path, chat=template) as s:
+            s.scheduler.script = FORMATS["qwen25"].write(CALLS)
+            return await s.http.post(CHAT, json=body)
+
+    r = asyncio.run(scenario())
+    data = [b[len("data: ") :] for b in r.text.split("\n\n") if b.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    chunks = [
+        msgspec.json.decode(d, type=responses.ChatCompletionChunk, strict=True) for d in data[:-1]
+    ]
+    for index in (0, 1):
+        own = [c.choices[0] for c in chunks if c.choices[0].index == index]
+        assert own[-1].finish_reason == "tool_calls"
+        calls: dict[int, list[str]] = {}
+        for choice in own:
+            for part in choice.delta.tool_calls or []:
+                calls.setdefault(part.index, ["", ""])
+                if isinstance(part.function.name, str):
+                    calls[part.index][0] = part.function.name
+                calls[part.index][1] += part.function.arguments
+        assert [tuple(calls[i]) for i in sorted(calls)] == CALLS
