@@ -75,7 +75,9 @@ def render(state: LaunchState) -> str:
         )
     for w in state.workers:
         if w.restart_cause:
-            lines.append(f"  {w.name} restarted {w.restarts}x, the last after: {w.restart_cause}")
+            lines.append(
+                f"{w.name} restarted {w.restarts}x, the last time after: {w.restart_cause}"
+            )
     for w in state.workers:
         for difference in w.manifest_differs:
             lines.append(f"  {w.name} differs: {difference}")

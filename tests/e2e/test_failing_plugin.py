@@ -306,7 +306,7 @@ def _keep_failing(srv: Server, state: Path) -> None:
         text=True,
         timeout=60,
     ).stdout
-    assert "scheduler.0 restarted 1x, the last after: scheduler.0 is unhealthy" in text, text
+    assert "scheduler.0 restarted 1x, the last time after: scheduler.0 is unhealthy" in text, text
 
 
 def _stuck_step(srv: Server, state: Path) -> None:
