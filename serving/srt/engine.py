@@ -302,7 +302,7 @@ class GenerationBatch:
             for i, seq in enumerate(seqs):
                 if i in chosen:
                     continue
-                row = seq.apply_penalties(host[i])
+                row = seq.shape_logits(host[i])
                 chosen[i] = select_token(row, seq.params, seq.sampler())
                 if self.answers:
                     seq.note_logprob(row, chosen[i], self.token_text)

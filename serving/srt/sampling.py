@@ -6,6 +6,8 @@ the same logits and the same seed) picks the same token without exchanging it.
 
 The order of one step, for one sequence: the penalties (``presence_penalty``,
 ``frequency_penalty``) are subtracted from the logits of the tokens it already generated; the
+a sequence with a grammar (``SamplingParams.json_schema``, ``regex``, ``ebnf``) then has every
+token its grammar does not allow next set to ``-inf`` (``Sequence.grammar``); the
 log-probabilities it reports are of that distribution; then temperature, top-k and top-p shape
 what it samples from (``temperature == 0``: the most likely token).
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from serving.detokenize import TextDecoder, TextStream
 from serving.wire import SamplingParams, TokenLogprob
@@ -45,12 +47,16 @@ def select_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
 
 
 def needs_row_work(params: SamplingParams) -> bool:
-    """Whether a sequence needs more than the batch's argmax: sampling, penalties or logprobs."""
+    """Whether a sequence needs more than the batch's argmax: sampling, penalties, logprobs or
+    a grammar."""
     return (
         params.temperature > 0.0
         or params.logprobs
         or params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
+        or params.json_schema is not None
+        or params.regex is not None
+        or params.ebnf is not None
     )
 
 
@@ -77,6 +83,8 @@ class Sequence:
     decodes: bool = True
     ids_sent: int = 0  # ids already streamed (``decodes`` False)
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    # The grammar object of a constrained sequence (``serving.srt.constrained``), else None.
+    grammar: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.plain = not needs_row_work(self.params)
@@ -97,6 +105,14 @@ class Sequence:
             self.generator = torch.Generator(device="cpu").manual_seed(int(self.seed))
         return self.generator
 
+    def shape_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` (vocab,) as this sequence picks from them: less its penalties, and with
+        the tokens its grammar does not allow next at ``-inf`` (may change ``logits``)."""
+        row = self.apply_penalties(logits)
+        if self.grammar is not None:
+            row = self.grammar.apply_vocab_mask(row)
+        return row
+
     def apply_penalties(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` (vocab,) less this sequence's presence and frequency penalties."""
         if not self.counts or not self.penalised:
@@ -113,8 +129,8 @@ class Sequence:
     def note_logprob(
         self, logits: torch.Tensor, token: int, token_text: Callable[[int], str]
     ) -> None:
-        """Record the log-probability of ``token`` (and the top ones) from the penalised
-        ``logits``, when this sequence asked for them."""
+        """Record the log-probability of ``token`` (and the top ones) from the penalised (and
+        masked) ``logits``, when this sequence asked for them."""
         if not self.params.logprobs:
             return
         import torch
@@ -123,9 +139,11 @@ class Sequence:
         top: list[tuple[str, float]] = []
         if self.params.top_logprobs > 0:
             values, ids = torch.topk(logp, min(self.params.top_logprobs, logp.shape[-1]))
+            # A token the grammar rules out (-inf) is no candidate: fewer may be listed.
             top = [
                 (token_text(i), float(v))
                 for i, v in zip(ids.tolist(), values.tolist(), strict=True)
+                if v != float("-inf")
             ]
         self.logprobs.append(TokenLogprob(token, token_text(token), float(logp[token]), top))
 
@@ -137,15 +155,19 @@ class Sequence:
         return taken
 
     def advance(self, token: int, eos_ids: set[int], decode: TextDecoder) -> None:
-        """Append ``token``; set ``finish_reason`` on EOS, a stop string or the length limit.
-        ``text`` follows (``decode``'s stream for this sequence): while the sequence runs it
+        """Append ``token`` (its grammar, if any, accepts it); set ``finish_reason`` on EOS (or
+        the grammar's end), a stop string or the length limit. ``text`` follows (``decode``'s stream for this sequence): while the sequence runs it
         holds back characters still incomplete, and once it finished it is the whole text."""
         ids = self.output_ids
         ids.append(token)
+        ended = token in eos_ids and not self.params.ignore_eos
         if not self.plain:  # the penalties read the counts
             self.counts[token] = self.counts.get(token, 0) + 1
+            if self.grammar is not None:
+                self.grammar.accept_token(token)
+                ended = ended or self.grammar.is_terminated()
         if not self.decodes:  # no text, so no stop strings: EOS or the length ends it
-            if token in eos_ids and not self.params.ignore_eos:
+            if ended:
                 self.finish_reason = "stop"
             elif len(ids) >= self.params.max_new_tokens:
                 self.finish_reason = "length"
@@ -154,7 +176,7 @@ class Sequence:
         if detok is None:
             detok = self.detok = decode.stream()
         self.text = detok.push(ids)
-        if token in eos_ids and not self.params.ignore_eos:
+        if ended:
             self.finish_reason = "stop"
             self.text = detok.settle(ids)
             return

@@ -11,8 +11,9 @@ texts.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from serving import wire
 from serving.scheduler import Queued
@@ -35,11 +36,13 @@ Q = TypeVar("Q", bound=Request)
 class Req(Queued):
     """A generation request, from its arrival in the waiting queue to its last answer: ``seq``
     is its decode state (the same ``Sequence`` the engine steps); ``joined``: it is in the
-    engine's running batch (and in ``Scheduler.running``)."""
+    engine's running batch (and in ``Scheduler.running``). ``grammar``: the compile of its
+    grammar while it is under way (a constrained request is admitted once it is done)."""
 
     request: wire.GenerateRequest
     seq: Sequence
     joined: bool = False
+    grammar: Future[Any] | None = None
 
     @property
     def origin_input_text(self) -> str:

@@ -39,12 +39,19 @@ import logging
 import random
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING
 
 from launchspec.model_source import resolve_model
 from serving import wire
 from serving.errors import InputError
 from serving.scheduler import BatchingScheduler, follow
+from serving.srt.constrained.base_grammar_backend import (
+    BaseGrammarBackend,
+    backend_for_rank,
+    grammar_key,
+)
 from serving.srt.embedding import EmbedReq, take_texts
 from serving.srt.engine import GenerationBatch
 from serving.srt.kv_pool import admit_fairly
@@ -119,7 +126,8 @@ def run_scheduler_process(server_args: ServerArgs, ctx: WorkerContext) -> None:
             Scheduler(runner, server_args, ctx, store=store if remote else None).serve()
         else:
             batch = runner.new_batch(answers=False)
-            follow(ctx, lambda work: follow_text_step(runner, batch, work))
+            grammars = grammar_backend(runner, server_args)[0]
+            follow(ctx, lambda work: follow_text_step(runner, batch, work, grammars))
     finally:
         if tp_size > 1:
             close_tp_group()
@@ -156,6 +164,16 @@ def load_runner(
         ranks_sharing=ranks_sharing,
         tokenizer_path=server_args.tokenizer_path,
     )
+
+
+def grammar_backend(
+    runner: ModelRunner, server_args: ServerArgs
+) -> tuple[BaseGrammarBackend | None, str]:
+    """The grammar backend of a generation rank and the refusal a constrained request gets
+    without one (``backend_for_rank``); (None, "") for an embedding model."""
+    if runner.kind != "generation":
+        return None, ""
+    return backend_for_rank(server_args, runner.tokenizer, runner.model.config, runner.eos_ids)
 
 
 TextReq = EmbedReq | Req
@@ -204,6 +222,8 @@ class Scheduler(
         self.recent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last steps
         # Streams whose request names this decoder are answered with ids (``sends_ids``).
         self.decoder = tp_worker.decoder_identity if self.is_generation else ""
+        # Constrained decoding: the backend compiles off the step (``serving.srt.constrained``).
+        self.grammar_backend, self.grammar_refusal = grammar_backend(tp_worker, server_args)
 
     def serve(self) -> None:
         """``BatchingScheduler.serve``; a generation model's steps all run inside one entry of
@@ -226,7 +246,13 @@ class Scheduler(
         seed = params.seed if params.seed is not None else random.getrandbits(31)
         seq = Sequence(request.rid, prompt, params, seed, request.stream)
         seq.decodes = not self.sends_ids(request)
-        return Req(identity=identity, request=request, seq=seq)
+        key = grammar_key(params)
+        if key is None:
+            return Req(identity=identity, request=request, seq=seq)
+        if self.grammar_backend is None:
+            raise InputError(self.grammar_refusal, key[0])
+        future = self.grammar_backend.get_future_value(key)
+        return Req(identity=identity, request=request, seq=seq, grammar=future)
 
     def sends_ids(self, request: wire.GenerateRequest) -> bool:
         """Whether ``request`` is answered with token ids that the HTTP child decodes: a stream
@@ -359,13 +385,55 @@ class Scheduler(
             promised += engine.memory.footprint(len(item.seq.prompt_ids), params.max_new_tokens)
             return True
 
-        waiting = [q for q in self.waiting_queue if isinstance(q, Req)]
+        waiting = [
+            q for q in list(self.waiting_queue) if isinstance(q, Req) and self.grammar_ready(q)
+        ]
+        if not waiting and not self.running_batch.reqs and self.waiting_queue:
+            # Nothing runs and every waiting request's grammar is compiling: wait for one (a
+            # while; the loop reads its socket in between), no request's tokens are held up.
+            self.wait_for_grammar()
+            waiting = [
+                q for q in list(self.waiting_queue) if isinstance(q, Req) and self.grammar_ready(q)
+            ]
         running = [q.group for q in self.running_batch.reqs]
         chosen = admit_fairly(waiting, running, room=room, reserve=reserve)
         if chosen:
             taken = {id(q) for q in chosen}
             self.waiting_queue[:] = [q for q in self.waiting_queue if id(q) not in taken]
         return chosen
+
+    def grammar_ready(self, req: Req) -> bool:
+        """Whether ``req`` may be admitted: it has no grammar, or its grammar compiled (its
+        sequence now has its grammar object). A grammar that failed to compile answers the
+        request with a 400 naming the error and takes it out of the waiting queue."""
+        future = req.grammar
+        if future is None:
+            return True
+        if not future.done():
+            return False
+        req.grammar = None
+        key = grammar_key(req.seq.params)
+        assert key is not None and self.grammar_backend is not None
+        exc = future.exception()
+        if exc is None:
+            req.seq.grammar = self.grammar_backend.new_grammar(future.result())
+            return True
+        self.waiting_queue[:] = [q for q in self.waiting_queue if q is not req]
+        self.send(req.identity, wire.RequestFailed(req.rid, 400, str(exc), key[0]))
+        return False
+
+    def wait_for_grammar(self) -> None:
+        """Wait (at most ``GRAMMAR_WAIT_S``) for a compile a waiting request needs."""
+        pending = [q.grammar for q in self.waiting_queue if isinstance(q, Req) and q.grammar]
+        if pending:
+            wait_futures(pending, timeout=GRAMMAR_WAIT_S, return_when=FIRST_COMPLETED)
+
+    def wait_ms(self) -> int:
+        """The shared loop's wait, none while a waiting request's grammar compiles (the step's
+        ``wait_for_grammar`` waits for it instead)."""
+        if self.declined and any(isinstance(q, Req) and q.grammar for q in self.waiting_queue):
+            return 0
+        return super().wait_ms()
 
     def answer(self, seq: Sequence, batch_size: int) -> bool:
         """Send what ``seq`` produced (a streaming increment, or its result once finished), and
@@ -463,6 +531,8 @@ class Scheduler(
         )
 
 
+# The longest one step waits for a grammar's compile when nothing else can run.
+GRAMMAR_WAIT_S = 0.1
 # The window over which a scheduler reports its generation rate.
 _RATE_WINDOW_S = 5.0
 # The most requests an HTTP child may have outstanding at a replica for a new stream to be
@@ -470,13 +540,24 @@ _RATE_WINDOW_S = 5.0
 ID_STREAMS = 4
 
 
-def follow_text_step(runner: ModelRunner, batch: GenerationBatch, work: wire.FollowerWork) -> None:
+def follow_text_step(
+    runner: ModelRunner,
+    batch: GenerationBatch,
+    work: wire.FollowerWork,
+    grammars: BaseGrammarBackend | None = None,
+) -> None:
     """A tensor-parallel rank > 0: run rank 0's generation step in lockstep with it (no
-    answers)."""
+    answers). A joining constrained sequence gets the same grammar as on rank 0 (compiled here
+    too, from this rank's cache after the first time), so every rank picks the same tokens."""
     if isinstance(work, wire.GenerationStep):
         if work.flush:
             batch.flush()
             return
-        batch.join(sequences(work.join))
+        joining = sequences(work.join)
+        for seq in joining:
+            key = grammar_key(seq.params)
+            if key is not None and grammars is not None:
+                seq.grammar = grammars.get_value(key)
+        batch.join(joining)
         batch.cancel(work.cancel)
         runner.generate(batch)
