@@ -451,15 +451,11 @@ def _qualified_names(exc_type: type[BaseException]) -> list[str]:
 
 
 def _configure_logging(spec: ProcessSpec) -> None:
-    root = logging.getLogger()
-    if root.handlers:
-        return
-    level = getattr(logging, str(spec.log_level).upper(), logging.INFO)
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s {spec.worker_id} %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """This child's records, its libraries' and Python's warnings in the launch's one format
+    (``sglang-launch: WORKER LEVEL LOGGER: MESSAGE``, ``bootstrap.logformat``)."""
+    from bootstrap.logformat import configure_child_logging
+
+    configure_child_logging(spec.worker_id, spec.log_level)
 
 
 # Signals a whole process group gets (a terminal hangup, Ctrl-\\, kill -USR1 -PGID) that would end

@@ -14,6 +14,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
+from bootstrap.logformat import LineFormatter
 from launcher.commands import streams
 from launchspec.causes import EXIT_CODES_HELP, LaunchError
 
@@ -95,9 +96,7 @@ def _configure_logging(level: str) -> None:
     root = logging.getLogger()
     if not root.handlers:
         handler = streams.QuietStreamHandler(sys.stderr)
-        handler.setFormatter(
-            logging.Formatter("sglang-launch: %(levelname)s %(name)s: %(message)s")
-        )
+        handler.setFormatter(LineFormatter())  # the workers' format, less a worker's name
         root.addHandler(handler)
         root.setLevel(getattr(logging, str(level).upper(), logging.INFO))
 

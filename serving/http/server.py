@@ -371,6 +371,9 @@ def run_http_server(server_args: ServerArgs, ctx: WorkerContext) -> None:
         loop="uvloop",
         lifespan="on",
         log_level=server_args.log_level.lower(),
+        # No logging configuration of uvicorn's own: its records reach the root logger and are
+        # written in the launch's one format (bootstrap.logformat), like every other line.
+        log_config=None,
         access_log=False,
         # uvicorn cancels what still runs then; the drain has ended it before (see drain()).
         timeout_graceful_shutdown=grace - drain_margin(grace) / 2,  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -221,3 +222,26 @@ def test_curl_with_its_default_form_content_type(embedder):
     )["error"]
     assert error["param"] == "input" and error["code"] == 400
     assert httpx.get(embedder.url + "/health").json() == {"healthy": True}
+
+
+# What docs/operating.md ("One format for every line") promises of the start-up output: every line
+# starts "sglang-launch: ", and a log record (the launcher's, a worker's, uvicorn's, a library's)
+# is "sglang-launch: [WORKER ]LEVEL LOGGER: MESSAGE" on each of its lines.
+RECORD = re.compile(
+    r"^sglang-launch: (?:[a-z_]+\.\d+ )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.\-]+: .*$"
+)
+LEVEL_WORD = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b:?")
+
+
+def test_every_line_of_the_start_up_output_has_the_one_format(embedder, generator):
+    for server in (embedder, generator):
+        log = server.log
+        start_up = log[: log.index("sglang-launch: ready at http")].splitlines()
+        for line in start_up:
+            assert line.startswith("sglang-launch: "), f"{line!r} is in another format\n{log}"
+            head = line.split(": ", 2)[1] if line.count(": ") >= 2 else ""
+            if LEVEL_WORD.search(head):  # a log record: the whole head, as the format says
+                assert RECORD.match(line), f"{line!r} is a record in another format\n{log}"
+        # uvicorn's own lines are records of the HTTP child like any other.
+        started = "sglang-launch: http.0 INFO uvicorn: Started server process ["
+        assert any(line.startswith(started) for line in start_up), log
