@@ -12,12 +12,13 @@ are checked by the scheduler, also as 400s naming the field.
 
 Fields that OpenAI's clients may send and this server does not act on are declared on purpose:
 ``user`` is accepted and ignored; ``dimensions`` and the options that would change the result
-and are not implemented (``echo``, ``suffix``, ``best_of`` > 1, ``logit_bias``, a
-``response_format`` other than text, prompt log-probabilities) are refused with a 400 naming
-them. Fields nobody declared are ignored, except on ``/generate``: every field of SGLang's
-``GenerateReqInput`` and ``SamplingParams`` (``serving.http.native_fields``, as of SGLang
-0.5.23) is either served or refused by name, and a field SGLang does not have either is refused
-too (a typo would otherwise change nothing, silently).
+and are not implemented (``echo``, ``suffix``, ``best_of`` > 1, ``logit_bias``, prompt
+log-probabilities) are refused with a 400 naming them. A grammar (``response_format``, SGLang's
+``json_schema``, ``regex``, ``ebnf``) is checked by ``serving.http.structured``. Fields nobody
+declared are ignored, except on ``/generate``: every field of SGLang's ``GenerateReqInput`` and
+``SamplingParams`` (``serving.http.native_fields``, as of SGLang 0.5.23) is either served or
+refused by name, and a field SGLang does not have either is refused too (a typo would otherwise
+change nothing, silently).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from serving.http import structured
 from serving.http import tool_schemas as ts
 from serving.http.native_fields import refusal
 
@@ -162,8 +164,14 @@ class SamplingFields(Body, kw_only=True):
             maximum=MAX_PENALTY,
         ),
     ] = 0.0
+    json_schema: Annotated[str | None, doc(structured.GRAMMAR_DOCS["json_schema"])] = None
+    regex: Annotated[str | None, doc(structured.GRAMMAR_DOCS["regex"])] = None
+    ebnf: Annotated[str | None, doc(structured.GRAMMAR_DOCS["ebnf"])] = None
 
     def check(self, prefix: str = "") -> None:
+        wrong = structured.grammar_problem(self, prefix)
+        if wrong:
+            raise BodyError(*wrong)
         bound(self.temperature, prefix + "temperature", 0.0, 2.0)
         bound(self.presence_penalty, prefix + "presence_penalty", -MAX_PENALTY, MAX_PENALTY)
         bound(self.frequency_penalty, prefix + "frequency_penalty", -MAX_PENALTY, MAX_PENALTY)
@@ -410,9 +418,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
         ),
     ] = None
     user: Annotated[str | None, doc("accepted and ignored")] = None
-    response_format: Annotated[dict[str, Any] | None, doc('only {"type": "text"} is supported')] = (
-        None
-    )
+    response_format: Annotated[dict[str, Any] | None, doc(structured.RESPONSE_FORMAT_DOC)] = None
     tools: Annotated[list[ts.Tool] | None, doc("functions the model may call")] = None
     tool_choice: Annotated[
         str | ts.ToolChoiceFunction | None,
@@ -438,11 +444,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
                     "top_logprobs needs logprobs: true; send both or leave top_logprobs out",
                     "top_logprobs",
                 )
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            _refuse(
-                "response_format", f"{kind!r} output is not enforced; leave response_format out"
-            )
+        wrong = structured.response_format_problem(self.response_format)
+        wrong = wrong or structured.conflict_problem(self.response_format, self)
+        if wrong:
+            raise BodyError(*wrong)
         wrong = ts.tools_problem(self.tools, self.tool_choice)
         if wrong:
             raise BodyError(*wrong)

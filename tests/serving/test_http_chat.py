@@ -239,7 +239,20 @@ REFUSED = [  # (body fields beside a valid conversation, param, words in the mes
     ({"temperature": 5}, "temperature", "between 0.0 and 2.0"),
     ({"tools": [{"type": "function"}]}, "tools[0].function", "is required"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "not enforced"),
+    ({"response_format": {"type": "xml"}}, "response_format.type", "not supported"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "is required"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+        "response_format.json_schema.name",
+        "letters, digits",
+    ),
+    (
+        {"response_format": {"type": "json_object"}, "regex": "a+"},
+        "regex",
+        "at most one",
+    ),
+    ({"regex": "a", "ebnf": 'root ::= "a"'}, "ebnf", "at most one grammar"),
+    ({"json_schema": "{not json"}, "json_schema", "not valid JSON"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias", "leave logit_bias out"),
     ({"model": "other"}, "model", "serves 'tiny'"),
 ]

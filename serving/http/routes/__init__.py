@@ -37,8 +37,16 @@ from serving.http.streaming import unless_disconnected
 
 # The request fields the schedulers name in their refusals, as each route calls them.
 COMPLETION_FIELDS = {"input": "prompt", "max_new_tokens": "max_tokens"}
-CHAT_FIELDS = {"input": "messages", "max_new_tokens": "max_tokens"}
-GENERATE_FIELDS = {"input": "text", "max_new_tokens": "sampling_params.max_new_tokens"}
+CHAT_FIELDS = {
+    "input": "messages",
+    "max_new_tokens": "max_tokens",
+    "json_schema": "response_format",
+}
+GENERATE_FIELDS = {
+    "input": "text",
+    "max_new_tokens": "sampling_params.max_new_tokens",
+    **{name: f"sampling_params.{name}" for name in ("json_schema", "regex", "ebnf")},
+}
 
 
 def builtin_routes(app: App) -> list[Route[Any]]:

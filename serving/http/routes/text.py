@@ -24,6 +24,7 @@ from starlette.responses import Response
 
 from serving import wire
 from serving.detokenize import IdStream, TextDecoder
+from serving.http import structured
 from serving.http.app import AppState, error_response, json_response
 from serving.http.asgi import Receive
 from serving.http.logprobs import completion_logprobs, native_logprobs, next_offset
@@ -297,7 +298,7 @@ def sampling(
     seed: int | None = None,
 ) -> wire.SamplingParams:
     """The scheduler's sampling parameters of a request's fields (``seed`` replaces the
-    request's own when given)."""
+    request's own when given), its grammar included (``structured.grammar_fields``)."""
     return wire.SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=params.temperature,
@@ -310,6 +311,7 @@ def sampling(
         frequency_penalty=params.frequency_penalty,
         logprobs=logprobs,
         top_logprobs=top if logprobs else 0,
+        **structured.grammar_fields(params),
     )
 
 
