@@ -17,6 +17,7 @@ import subprocess
 import httpx
 import openai
 import pytest
+from support import REPO
 from support.serving import build_tiny_llama, post, start_server
 
 pytestmark = pytest.mark.e2e
@@ -233,15 +234,25 @@ RECORD = re.compile(
 LEVEL_WORD = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b:?")
 
 
+def _in_the_one_format(lines: list[str], where: str) -> None:
+    for line in lines:
+        assert line.startswith("sglang-launch: "), f"{line!r} is in another format\n{where}"
+        head = line.split(": ", 2)[1] if line.count(": ") >= 2 else ""
+        if LEVEL_WORD.search(head):  # a log record: the whole head, as the format says
+            assert RECORD.match(line), f"{line!r} is a record in another format\n{where}"
+
+
 def test_every_line_of_the_start_up_output_has_the_one_format(embedder, generator):
+    doc = (REPO / "docs" / "operating.md").read_text()
+    section = doc[doc.index("### One format for every line") :]
+    start = section.index("```text\n") + len("```text\n")
+    example = section[start : section.index("\n```", start)].splitlines()
+    assert len(example) >= 5 and any(RECORD.match(line) for line in example), example
+    _in_the_one_format(example, "the example of docs/operating.md")
     for server in (embedder, generator):
         log = server.log
         start_up = log[: log.index("sglang-launch: ready at http")].splitlines()
-        for line in start_up:
-            assert line.startswith("sglang-launch: "), f"{line!r} is in another format\n{log}"
-            head = line.split(": ", 2)[1] if line.count(": ") >= 2 else ""
-            if LEVEL_WORD.search(head):  # a log record: the whole head, as the format says
-                assert RECORD.match(line), f"{line!r} is a record in another format\n{log}"
+        _in_the_one_format(start_up, log)
         # uvicorn's own lines are records of the HTTP child like any other.
         started = "sglang-launch: http.0 INFO uvicorn: Started server process ["
         assert any(line.startswith(started) for line in start_up), log

@@ -125,6 +125,10 @@ def test_terminal_display_live_on_a_tty_plain_lines_otherwise():
         )
     assert "\x1b[" in live and "\x1b[" not in plain
     assert "sglang-launch: scheduler.0 (pid 12) hooks_applied 0.50s" in plain
+    # The live table's header, as docs/operating.md shows it; plain lines need none.
+    doc = (REPO / "docs" / "operating.md").read_text()
+    header = next(line for line in doc.splitlines() if line.startswith("  WORKER "))
+    assert header in live and "WORKER" not in plain
 
 
 @pytest.mark.e2e
