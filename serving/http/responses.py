@@ -207,10 +207,12 @@ class ToolCallDelta(msgspec.Struct, kw_only=True):
 
 class AssistantMessage(msgspec.Struct, kw_only=True):
     """``content`` is null when the answer is only tool calls; ``tool_calls`` is there only
-    when the model called a tool."""
+    when the model called a tool; ``refusal`` is always null (OpenAI's field: this server never
+    answers with a refusal in its place)."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None
+    refusal: None = None
     tool_calls: list[ToolCall] | UnsetType = UNSET
 
 

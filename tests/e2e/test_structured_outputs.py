@@ -110,6 +110,15 @@ def test_json_object_output_always_parses_greedy_sampled_streamed_and_n(biased):
     texts.append("".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices))
     for text in texts:
         assert isinstance(json.loads(text), dict), text
+    raw = post(
+        biased.url + "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_object"},
+        },
+    ).json()
+    message = raw["choices"][0]["message"]
+    assert "refusal" in message and message["refusal"] is None, message
 
 
 def test_a_schema_that_cannot_end_in_max_tokens_ends_with_length(biased):

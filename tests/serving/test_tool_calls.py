@@ -317,7 +317,7 @@ def test_required_and_a_named_function_send_the_grammar_of_a_call_and_none_sends
     # none: no grammar, no tools in the prompt, and the text is not read for calls.
     assert sent[2].params.json_schema is None and "# Tools" not in sent[2].text
     assert "# Tools" in sent[0].text
-    assert none["message"] == {"role": "assistant", "content": forced_text}
+    assert none["message"]["content"] == forced_text and "tool_calls" not in none["message"]
     assert none["finish_reason"] == "stop"
 
 
@@ -394,6 +394,20 @@ REFUSED = [  # (body fields beside a valid conversation, param, words in the mes
         "id of the call",
     ),
     ({"messages": [{"role": "assistant"}]}, "messages[0].content", "content is required"),
+    (
+        {
+            "tools": [bad_tool()],
+            "tool_choice": "required",
+            "response_format": {"type": "json_object"},
+        },
+        "tool_choice",
+        "leave out the other grammar",
+    ),
+    (
+        {"tools": [bad_tool()], "tool_choice": "required", "regex": "[a-z]+"},
+        "tool_choice",
+        "a grammar of its own",
+    ),
 ]
 
 
