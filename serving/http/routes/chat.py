@@ -125,8 +125,9 @@ def _forced(params: wire.SamplingParams, plan: ToolPlan | None) -> wire.Sampling
     if params.json_schema or params.regex or params.ebnf:
         raise SchedulerError(
             400,
-            "tool_choice 'required' or a named function makes the answer a call, which "
-            "response_format cannot shape too; leave response_format out or use tool_choice auto",
+            "tool_choice 'required' or a named function holds the answer to a call by a grammar "
+            "of its own; leave out the other grammar (response_format, json_schema, regex or "
+            "ebnf) or use tool_choice auto",
             "tool_choice",
         )
     return msgspec.structs.replace(params, json_schema=plan.schema)
