@@ -490,3 +490,27 @@ def test_each_streamed_choice_reads_its_own_calls(tmp_path, tokenizer):
                     calls[part.index][0] = part.function.name
                 calls[part.index][1] += part.function.arguments
         assert [tuple(calls[i]) for i in sorted(calls)] == CALLS
+
+
+def test_a_forced_call_on_a_server_without_a_grammar_backend_is_a_400_naming_the_flag(
+    tmp_path, tokenizer
+):
+    template = ChatTemplate(tokenizer, TOOLS_TEMPLATE, "model")
+    body = {"messages": [{"role": "user", "content": "go"}], "tools": [ADD], "max_tokens": 9}
+
+    async def scenario():
+        args = ServerArgs(grammar_backend="none")
+        async with serve_app(tmp_path, chat=template, server_args=args) as s:
+            s.scheduler.script = "plain text"
+            forced = await s.http.post(CHAT, json={**body, "tool_choice": "required"})
+            auto = await s.http.post(CHAT, json=body)
+            return forced, auto, s.scheduler.generations
+
+    forced, auto, sent = asyncio.run(scenario())
+    assert forced.status_code == 400
+    error = forced.json()["error"]
+    assert error["param"] == "tool_choice" and "--grammar-backend none" in error["message"]
+    assert (
+        auto.status_code == 200 and auto.json()["choices"][0]["message"]["content"] == "plain text"
+    )
+    assert len(sent) == 1  # only the auto request reached the scheduler

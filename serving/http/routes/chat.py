@@ -65,6 +65,14 @@ async def chat_completions(
     template = state.chat or NO_TEMPLATE
     parser = template.tool_parser(state.server_args.tool_call_parser)
     plan = ToolPlan.of(body, parser)
+    if plan is not None and plan.forced and state.server_args.grammar_backend == "none":
+        raise SchedulerError(
+            400,
+            "tool_choice 'required' or a named function needs a grammar, and this server runs "
+            "with --grammar-backend none; use tool_choice auto, or restart the server with "
+            "--grammar-backend xgrammar",
+            "tool_choice",
+        )
     prompt = template.render(body.messages, state.served_name, plan, parser)
     max_new_tokens = body.max_new_tokens or await _room(state, template, prompt)
     top = (body.top_logprobs or 0) if body.logprobs else 0
