@@ -225,9 +225,11 @@ def test_a_failure_that_repeats_is_logged_once_and_counted(server):
         assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
 
 
-def test_failing_steps_then_a_stuck_step_each_get_the_replica_restarted(server, tmp_path, request):
-    """Both restarts in one test: a process a test starts is ended when it ends (conftest's
-    orphan check), and the restarted scheduler is one."""
+def test_failing_steps_then_a_stuck_step_restart_the_replica_until_its_restarts_run_out(
+    server, tmp_path, request
+):
+    """Every restart in one test: a process a test starts is ended when it ends (conftest's
+    orphan check), and a restarted scheduler is one. The module's server ends here."""
     request.node._leak_ok = True
     srv, state = server
     events = tmp_path / "events.jsonl"
@@ -252,6 +254,7 @@ def test_failing_steps_then_a_stuck_step_each_get_the_replica_restarted(server, 
     assert srv.log.count("policy bug") < 30, srv.log  # bounded, whatever the number of steps
     with srv.log_on_failure():
         _stuck_step(srv, state)
+        _past_max_restarts(srv, state)
 
 
 def _keep_failing(srv: Server, state: Path) -> None:
@@ -332,6 +335,25 @@ def _stuck_step(srv: Server, state: Path) -> None:
     serving_again(srv.url)
     assert scheduler_pid(srv.url) != pid
     assert scheduler_status(srv.proc.pid)["restarts"] == restarts + 1
+
+
+def _past_max_restarts(srv: Server, state: Path) -> None:
+    """The plugin fails again after the replica's --max-restarts (2) restarts: the launch stops
+    with exit 4 and a root cause naming the hook and saying the restarts ran out."""
+    set_mode(state, "raise")
+
+    def ended() -> bool:
+        try:
+            generate(srv.url)
+        except httpx.HTTPError:  # the server is going away
+            pass
+        return srv.proc.poll() is not None
+
+    wait_for(ended, 120, "the launch to stop once the restarts ran out", interval=0)
+    assert srv.proc.returncode == 4, srv.log
+    block = srv.log[srv.log.index("sglang-launch: scheduler.0 is unhealthy") :]
+    assert NAMED in block.splitlines()[0], block
+    assert "was restarted 2 time(s) already (--max-restarts 2)" in block, block
 
 
 def test_a_replace_returning_a_string_stops_the_launch_with_exit_4_naming_the_hook(
