@@ -2,7 +2,8 @@
 how one text, whole or streamed, becomes content and calls.
 
 A format (``ToolFormat``) says where the calls start (``marker``: ``<tool_call>`` for ``qwen25``,
-``qwen`` and ``hermes``; ``<|python_tag|>`` for ``llama3``; ``[TOOL_CALLS]`` for ``mistral``), what
+``qwen`` and ``hermes``; ``<|python_tag|>`` for ``llama3``, whose calls may also open the text without it, as Llama 3.2's
+JSON calls do; ``[TOOL_CALLS]`` for ``mistral``), what
 may stand between the call objects (tags, separators, whitespace), and which key holds a call's
 arguments. Every call is a JSON object with a ``name`` (one of the request's functions) and its
 arguments (a JSON object) under ``arguments`` or ``parameters``. ``FORCED`` is the format a
@@ -38,6 +39,7 @@ class ToolFormat:
     marker: str  # "": the calls start at the text's first character
     between: tuple[str, ...]  # texts that may stand between (and around) the call objects
     args_keys: tuple[str, ...] = ("arguments", "parameters")
+    bare: bool = False  # calls may also start the text without the marker (a first "{")
 
     def example(self, name: str) -> str:
         """How a call of function ``name`` is written in this format (the fallback prompt's
@@ -60,7 +62,7 @@ FORMATS: dict[str, ToolFormat] = {
     "qwen": ToolFormat("qwen", _TAGGED.marker, _TAGGED.between),
     "hermes": ToolFormat("hermes", _TAGGED.marker, _TAGGED.between),
     "llama3": ToolFormat(
-        "llama3", "<|python_tag|>", ("<|python_tag|>", ";"), ("parameters", "arguments")
+        "llama3", "<|python_tag|>", ("<|python_tag|>", ";"), ("parameters", "arguments"), True
     ),
     "mistral": ToolFormat("mistral", "[TOOL_CALLS]", ("[", "]", ",")),
 }
@@ -249,8 +251,15 @@ def _between(text: str, i: int, fmt: ToolFormat) -> tuple[int, bool]:
 
 def scan(text: str, fmt: ToolFormat, names: frozenset[str]) -> Scan:
     """Read ``text`` in ``fmt`` (``names``: the functions the request offers)."""
+    skip = len(fmt.marker)
     if fmt.marker:
         at = text.find(fmt.marker)
+        if at == -1 and fmt.bare:
+            first = _skip_ws(text, 0)
+            if first == len(text):  # only whitespace yet: a call may still start the text
+                return Scan(len(text), len(text))
+            if text[first] == "{":
+                at, skip = first, 0
         if at == -1:
             held = 0
             for n in range(min(len(fmt.marker) - 1, len(text)), 0, -1):
@@ -261,7 +270,7 @@ def scan(text: str, fmt: ToolFormat, names: frozenset[str]) -> Scan:
     else:
         at = 0
     result = Scan(at)
-    i = at + len(fmt.marker)
+    i = at + skip
     try:
         while True:
             i, complete = _between(text, i, fmt)

@@ -514,3 +514,16 @@ def test_a_forced_call_on_a_server_without_a_grammar_backend_is_a_400_naming_the
         auto.status_code == 200 and auto.json()["choices"][0]["message"]["content"] == "plain text"
     )
     assert len(sent) == 1  # only the auto request reached the scheduler
+
+
+def test_llama3_calls_may_open_the_text_without_the_python_tag():
+    fmt = FORMATS["llama3"]
+    text = f'{{"name": "get_weather", "parameters": {PARIS}}}'
+    content, calls = parse(text, fmt, NAMES)
+    assert content is None and [(c.function.name, c.function.arguments) for c in calls] == [
+        ("get_weather", PARIS)
+    ]
+    assert streamed(text, fmt, 1)[:2] == ("", [("get_weather", PARIS)])
+    for plain in ('{"not": "a call"}', 'Text first {"name": "add", "parameters": {}}'):
+        assert parse(plain, fmt, NAMES) == (plain, [])
+        assert streamed(plain, fmt, 1)[:2] == (plain, [])
