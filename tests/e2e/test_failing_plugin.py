@@ -16,7 +16,8 @@ the scheduler serves on; a failure that repeats is logged once and counted; step
 failing answer every request (queued ones too) within a deadline, turn ``/health`` 503 naming
 the plugin, and get the replica restarted (``status``, the event stream); a step stuck in a hook
 past ``--watchdog-timeout`` turns ``/health`` 503 naming the scheduler and how long its step has
-run, and the replica is restarted again. A second launch, ``--restart-policy never`` with the
+run, and the replica is restarted again; failing once more past ``--max-restarts`` stops the
+launch with exit 4 (the module's server ends there). A second launch, ``--restart-policy never`` with the
 ``REPLACE``, stops with exit 4 and a root-cause block naming the plugin's hook.
 """
 
