@@ -5,7 +5,7 @@ the official ``openai`` client (over loopback HTTP) gets ``message.tool_calls`` 
 deltas; the prompt the scheduler receives shows how tools, earlier calls and tool results are
 rendered (a template that reads tools, and the fallback prompt); ``required`` and a named
 function send the grammar of a call; bad tools are 400s naming the field. The same with a real
-model and the grammar enforced: ``tests/e2e/test_tool_calls.py``."""
+model and the grammar enforced: ``tests/e2e/test_served_tool_calls.py``."""
 
 from __future__ import annotations
 
