@@ -39,6 +39,8 @@ MODULES = {
     "sglang.srt.model_executor.forward_batch_info": "serving.srt.model_executor.forward_batch_info",
     # Out-of-tree model classes (import-light: plugin callbacks call it in the launcher too).
     "sglang.srt.models.registry": "launchspec.model_registry",
+    # Constrained decoding: the grammar backend a plugin replaces or wraps.
+    "sglang.srt.constrained": "serving.srt.constrained",
 }
 
 # SGLang names this project spells otherwise, where the meaning matches.
@@ -76,6 +78,7 @@ TARGETS = (
     "serving.srt.model_runner.ModelRunner.__init__",
     "serving.srt.model_runner.ModelRunner.generate",
     "serving.srt.model_runner.ModelRunner.embed_matrix",
+    "serving.srt.constrained.base_grammar_backend.create_grammar_backend",
     "serving.http.server.run_http_server",
     "serving.http.server.build_app",
     "serving.diffusion.model_runner.DiffusionModelRunner.init_device_and_model",

@@ -11,7 +11,7 @@ Checked: ``parse()`` with a Pydantic model returns a parsed object on each of 20
 unconstrained greedy texts unchanged; logprobs list only tokens the grammar allowed; a grammar
 that cannot end within ``max_tokens`` ends with "length"; every bad grammar is a 400 naming the
 field; ``--grammar-backend none`` refuses constrained requests and ``llguidance`` is refused at
-start-up."""
+start-up; the grammar backend plugin of docs/plugins.md runs as written."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from typing import Literal
 import openai
 import pydantic
 import pytest
+from support import REPO, make_dist, wait_for
 from support.serving import cli_command, post, server_env, start_server
 from support.structured import build_tiny_bpe_llama
 
@@ -43,11 +44,28 @@ def biased(tmp_path_factory):
     srv.stop()
 
 
+def documented_plugin() -> str:
+    """docs/plugins.md "Grammar backends": its plugin, as written."""
+    doc = (REPO / "docs" / "plugins.md").read_text(encoding="utf-8")
+    section = doc[doc.index("### Grammar backends") :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```\n", start)]
+
+
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
+    """The plain model on two tensor-parallel ranks, with the documented grammar plugin."""
     tmp = tmp_path_factory.mktemp("structured-plain")
     path = build_tiny_bpe_llama(tmp / "tiny-plain")
-    srv = start_server(["--model-path", str(path), "--tp-size", "2"], tmp, "plain")
+    site = tmp / "site"
+    make_dist(
+        site,
+        "grammar-plugin",
+        {"sglang.srt.plugins": {"grammar": "grammar_plugin:register"}},
+        {"grammar_plugin.py": documented_plugin()},
+    )
+    env = server_env(PYTHONPATH=str(site))
+    srv = start_server(["--model-path", str(path), "--tp-size", "2"], tmp, "plain", env=env)
     yield srv
     srv.stop()
 
@@ -155,6 +173,14 @@ def test_a_regex_on_generate_always_matches(plain):
         assert out["meta_info"]["finish_reason"] == {"type": "stop"}, out
     same = [generate(plain, "again", regex=REGEX, temperature=1.0, seed=7)["text"] for _ in "ab"]
     assert same[0] == same[1]  # a seed repeats a constrained sample too
+
+
+def test_the_documented_plugin_wraps_the_grammar_backend_on_every_rank(plain):
+    generate(plain, "plugin", regex="[a-c]{5}", temperature=0.0)
+    line = "grammar plugin: compiling a regex grammar"
+    # Each of the two ranks compiles the grammar once (rank 0 before admitting the request, the
+    # other when it joins the batch), through the wrapped backend.
+    wait_for(lambda: plain.log.count(line) >= 2, 30, "both ranks to log the compile")
 
 
 def test_an_ebnf_grammar_and_a_json_schema_string_on_generate(plain):
@@ -275,3 +301,17 @@ def test_llguidance_is_refused_at_start_up_naming_what_is_served():
     assert run.returncode == 2, run.stderr
     assert "--grammar-backend llguidance is not supported" in run.stderr + run.stdout
     assert "use xgrammar (the default) or none" in run.stderr + run.stdout
+
+
+def test_the_documented_parse_example_runs_as_written(biased, capsys):
+    page = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
+    (example,) = [
+        b for b in re.findall(r"^```python\n(.*?)^```", page, re.S | re.M) if ".parse(" in b
+    ]
+    scope: dict = {}
+    code = example.replace("http://127.0.0.1:30000", biased.url)
+    # dont_inherit: the example runs as a script would, without this module's __future__ import.
+    exec(compile(code, "docs/api.md", "exec", dont_inherit=True), scope)
+    pet = scope["pet"]
+    assert isinstance(pet, scope["Pet"]) and pet.kind in ("cat", "dog", "fish")
+    assert capsys.readouterr().out == f"{pet.name} {pet.age} {pet.kind}\n"
