@@ -25,6 +25,7 @@ whose grammar objects have the three methods above.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -81,7 +82,9 @@ class BaseGrammarBackend:
     def __init__(self) -> None:
         self._cache: OrderedDict[GrammarKey, Future[Any]] = OrderedDict()
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="grammar-compile", initializer=_yield_to_steps
+        )
 
     def compile(self, kind: str, text: str) -> Any:
         """The compiled form of grammar ``text`` of ``kind``; ``GrammarError`` when it fails."""
@@ -119,6 +122,16 @@ class BaseGrammarBackend:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _yield_to_steps() -> None:
+    """Run the compile thread under Linux's ``SCHED_IDLE`` policy (a thread has its own): it
+    takes the CPU time the step's threads leave, so on a machine whose cores the step uses a
+    compile does not slow the running requests' steps (their threads wait for each other)."""
+    try:
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux, or not permitted: the default priority
+        pass
 
 
 def _clean(exc: BaseException) -> str:
