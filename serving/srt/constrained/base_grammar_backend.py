@@ -170,7 +170,9 @@ def backend_for_rank(
 ) -> tuple[BaseGrammarBackend | None, str]:
     """``(backend, refusal)`` of a generation rank: the backend ``create_grammar_backend`` makes
     for this model (None for ``--grammar-backend none`` or a backend that is not installed), and
-    then the message a constrained request gets, which names the fix."""
+    then the message a constrained request gets, which names the fix. A backend that cannot be
+    made for this model (not installed, or its tokenizer unreadable to it) is logged and leaves
+    the server serving everything else."""
     text_config = (
         model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     )
@@ -183,6 +185,16 @@ def backend_for_rank(
             f"constrained decoding needs the {server_args.grammar_backend} package, which is not "
             f"installed here ({exc}); install it (pip install {server_args.grammar_backend}) "
             "and restart, or leave the grammar out"
+        )
+    except Exception as exc:  # noqa: BLE001 - e.g. a vocabulary the backend cannot read
+        log.warning(
+            "constrained requests are refused: %s cannot serve this model: %s",
+            server_args.grammar_backend,
+            exc,
+        )
+        return None, (
+            f"--grammar-backend {server_args.grammar_backend} cannot constrain this model's "
+            f"tokens ({type(exc).__name__}: {exc}); leave the grammar out"
         )
     if backend is None:
         return None, (
