@@ -464,11 +464,14 @@ class SeqWork(msgspec.Struct):
 
 class GenerationStep(msgspec.Struct, tag="generation_step"):
     """One step of the running generation batch: these sequences join it (rank 0 admitted
-    them), these rids leave it cancelled; every rank then runs the same step."""
+    them), these rids leave it cancelled; every rank then runs the same step. ``prepare``: the
+    grammars (``(kind, text)``) of requests rank 0 queued since its last step, which the other
+    ranks start compiling now, so that a sequence's grammar is ready when it joins."""
 
     join: list[SeqWork]
     cancel: list[str]
     flush: bool = False  # drop every cached prefix (the batch is empty: ``POST /flush_cache``)
+    prepare: list[tuple[str, str]] = msgspec.field(default_factory=list)
 
 
 class ImageWork(msgspec.Struct):

@@ -224,6 +224,7 @@ class Scheduler(
         self.decoder = tp_worker.decoder_identity if self.is_generation else ""
         # Constrained decoding: the backend compiles off the step (``serving.srt.constrained``).
         self.grammar_backend, self.grammar_refusal = grammar_backend(tp_worker, server_args)
+        self.grammars_to_prepare: list[tuple[str, str]] = []  # for the other ranks' compiles
 
     def serve(self) -> None:
         """``BatchingScheduler.serve``; a generation model's steps all run inside one entry of
@@ -252,6 +253,8 @@ class Scheduler(
         if self.grammar_backend is None:
             raise InputError(self.grammar_refusal, key[0])
         future = self.grammar_backend.get_future_value(key)
+        if self.ranks > 1:
+            self.grammars_to_prepare.append(key)
         return Req(identity=identity, request=request, seq=seq, grammar=future)
 
     def sends_ids(self, request: wire.GenerateRequest) -> bool:
@@ -312,7 +315,10 @@ class Scheduler(
             self.begin(joining)
         cancel = [rid for rid in self.cancelled if rid in self.running] if self.cancelled else []
         if self.ranks > 1:
-            self.broadcast(wire.GenerationStep([r.work() for r in joining], cancel))
+            prepare, self.grammars_to_prepare = self.grammars_to_prepare, []
+            self.broadcast(
+                wire.GenerationStep([r.work() for r in joining], cancel, prepare=prepare)
+            )
         if joining:
             engine.join([r.seq for r in joining])
         stopped = engine.cancel(cancel) if cancel else []
@@ -547,17 +553,21 @@ def follow_text_step(
     grammars: BaseGrammarBackend | None = None,
 ) -> None:
     """A tensor-parallel rank > 0: run rank 0's generation step in lockstep with it (no
-    answers). A joining constrained sequence gets the same grammar as on rank 0 (compiled here
-    too, from this rank's cache after the first time), so every rank picks the same tokens."""
+    answers). A joining constrained sequence gets the same grammar as on rank 0, so every rank
+    picks the same tokens: compiled here too, started when rank 0 queued its request
+    (``GenerationStep.prepare``), and waited for only if it is not done when it joins."""
     if isinstance(work, wire.GenerationStep):
         if work.flush:
             batch.flush()
             return
+        if grammars is not None:
+            for kind, text in work.prepare:  # compiled in the background before it joins
+                grammars.get_future_value((kind, text))
         joining = sequences(work.join)
         for seq in joining:
-            key = grammar_key(seq.params)
-            if key is not None and grammars is not None:
-                seq.grammar = grammars.get_value(key)
+            joins = grammar_key(seq.params)
+            if joins is not None and grammars is not None:
+                seq.grammar = grammars.get_value(joins)
         batch.join(joining)
         batch.cancel(work.cancel)
         runner.generate(batch)
