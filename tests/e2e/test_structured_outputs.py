@@ -175,6 +175,22 @@ def test_a_regex_on_generate_always_matches(plain):
     assert same[0] == same[1]  # a seed repeats a constrained sample too
 
 
+def test_completions_and_a_generate_stream_take_a_grammar_too(plain):
+    client = client_for(plain)
+    completion = client.completions.create(
+        model="tiny-plain", prompt="code:", max_tokens=30, extra_body={"regex": REGEX}
+    )
+    assert re.fullmatch(REGEX, completion.choices[0].text), completion
+    body = {
+        "text": "code:",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 30, "regex": REGEX},
+    }
+    events = post(plain.url + "/generate", body).text.split("\n\n")
+    last = json.loads([e for e in events if e.startswith("data: {")][-1][len("data: ") :])
+    assert re.fullmatch(REGEX, last["text"]), last
+
+
 def test_the_documented_plugin_wraps_the_grammar_backend_on_every_rank(plain):
     generate(plain, "plugin", regex="[a-c]{5}", temperature=0.0)
     line = "grammar plugin: compiling a regex grammar"
