@@ -19,6 +19,8 @@ SERVED_SAMPLING = {"max_new_tokens", "n", "temperature", "top_p", "top_k", "stop
 SERVED_SAMPLING |= {"ignore_eos", "presence_penalty", "frequency_penalty", "seed"}
 # Served at the one value that is this server's behaviour, SGLang's default.
 SERVED_SAMPLING |= {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"}
+# Constrained decoding (issue 41): the grammar of the text.
+SERVED_SAMPLING |= {"json_schema", "regex", "ebnf"}
 
 
 def _post_all(tmp_path, bodies: list[dict]) -> tuple[list, list]:
