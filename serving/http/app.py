@@ -15,7 +15,7 @@ from this table. With an API key, every route but the probes (``public`` routes:
 disconnects cancels its request at the scheduler.
 
 A request is handled once, here: the route is looked up by path and method, a JSON body is
-decoded straight into the route's msgspec struct (``schemas.decode_body``), and the handler
+decoded straight into the route's msgspec struct (``body_decode.decode_body``), and the handler
 answers ``handler(body, receive)``. ``/openapi.json`` is built from the same table: request bodies
 from ``Route.body``, answers from ``Route.response`` (the struct the handler sends), errors from
 ``ErrorBody``.
@@ -40,13 +40,14 @@ from starlette.responses import Response
 import launchspec
 from launchspec.server_args import ServerArgs
 from serving.http.asgi import Message, Receive, Scope, Send
+from serving.http.body_decode import decode_body
 from serving.http.chat_template import ChatTemplate
 from serving.http.dispatcher import Dispatcher
 from serving.http.metrics import Metrics
 from serving.http.pool import ReplicaPool
 from serving.http.replica import SchedulerError
 from serving.http.responses import ErrorBody, PlatformSummary, error_body
-from serving.http.schemas import Body, BodyError, decode_body
+from serving.http.schemas import Body, BodyError
 from serving.http.streaming import event_stream, sse
 from serving.http.supervisor_link import QuerySocket
 
