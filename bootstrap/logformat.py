@@ -11,8 +11,8 @@ What libraries log in a child goes through the same format: ``configure_child_lo
 root logger a handler with ``LineFormatter``, sends Python warnings there
 (``logging.captureWarnings``), and takes the stderr handler transformers and diffusers install on
 their own loggers away as each of them loads (``route_library_logging``), so their records reach
-the root logger too. uvicorn is started with no logging configuration of its own
-(``serving.http.server``), so its records propagate the same way; ``uvicorn.error``, the logger
+the root logger too. The HTTP worker starts uvicorn with no logging configuration of its own, so
+its records propagate the same way; ``uvicorn.error``, the logger
 of every line uvicorn writes, errors or not, is shown as ``uvicorn``.
 
 Standard library only.

@@ -130,10 +130,11 @@ class ServerArgs:
         10.0, "seconds workers get to exit after SIGTERM before they are killed"
     )
     watchdog_timeout: float = _opt(
-        10.0,
-        "seconds a ready worker may go without a heartbeat before it counts as hung: /health "
-        "turns 503 and the launch stops with the root cause (0: off; keep it above the longest "
-        "stall a worker process can have)",
+        300.0,
+        "seconds a ready worker may go without a heartbeat, or a scheduler's step may run, "
+        "before it counts as hung: /health turns 503 and the replica restarts or the launch "
+        "stops with the root cause (0: off; SGLang's default; keep it above the longest step a "
+        "model can take, a first compiled step included)",
     )
     restart_policy: str | None = _opt(
         None,
