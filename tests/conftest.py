@@ -33,6 +33,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 E2E = Path(__file__).resolve().parent / "e2e"
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (the suite's default): one test process per core, plus one. A test mostly
+    waits on the processes it started (a worker's start-up, a restart's backoff, a grace period),
+    so a process per core leaves the cores idle about half the time; one more fills that."""
+    return min((os.cpu_count() or 1) + 1, 8)
+
+
 def pytest_collection_modifyitems(items):
     """Every test under ``tests/e2e/`` is end-to-end (``-m "not e2e"`` leaves them out)."""
     for item in items:
