@@ -206,11 +206,34 @@ def finish(args: ServerArgs) -> tuple[Selection, bytes]:
     check_args(args)
     check_port(args)
     selection = select_platform(args.runtime)
+    check_quantization(args)
     try:
         payload = importlib.import_module("launchspec.server_args").encode_server_args(args)
     except (TypeError, ValueError) as exc:
         raise usage_error(exc) from exc
     return selection, payload
+
+
+def check_quantization(args: ServerArgs) -> None:
+    """A weight scheme the flags name that the runtime or the selected platform refuses is a
+    usage error (exit 2) before any worker starts, naming what is supported
+    (``launchspec.quantization.resolve``, which every scheduler runs again)."""
+    quantization = getattr(args, "quantization", None)
+    torchao_config = getattr(args, "torchao_config", None)
+    if args.runtime != "srt" or not (quantization or torchao_config):
+        return
+    import platforms
+    from launchspec.model_source import resolve_model
+    from launchspec.quantization import QuantizationError, resolve
+
+    try:
+        gguf_file = resolve_model(args.model_path, args.served_model_name).gguf is not None
+    except ValueError:
+        gguf_file = False  # check_server_args has said what is wrong with the path
+    try:
+        resolve(platforms.current_platform, quantization, torchao_config, gguf_file=gguf_file)
+    except QuantizationError as exc:
+        raise usage_error(exc) from exc
 
 
 def check_port(args: ServerArgs) -> None:

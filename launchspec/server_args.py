@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from bootstrap.payload import PayloadError, decode_payload, encode_payload
 from launchspec.field_types import base_type, field_default, flag, type_problems
+from launchspec.model_files import model_file_problems
 from launchspec.model_source import model_path_as_path, resolve_model
 from launchspec.runtimes import SERVING, serving_spec
 
 if TYPE_CHECKING:
     from typing import Self
-
-    from launchspec.model_source import ModelSource
 
 RUNTIMES = tuple(SERVING)
 # Where children look the class up (``ProcessSpec.args_class``), after their hooks are applied, so
@@ -120,7 +119,17 @@ class ServerArgs:
     )
     # Device and numerics
     device: str | None = _opt(None, "torch device type (default: the selected platform's)")
-    dtype: str = _opt("auto", "model dtype", choices=DTYPES)
+    dtype: str = _opt(
+        "auto",
+        "model dtype (auto: the platform's choice, bfloat16 on a CPU with AVX512-BF16)",
+        choices=DTYPES,
+    )
+    quantization: str | None = _opt(
+        None, "weight quantization method (SGLang's names; served here: gguf)"
+    )
+    torchao_config: str | None = _opt(
+        None, "weight-only quantization, as SGLang's torchao names it: int8wo, int4wo-<group>"
+    )
     attention_backend: str | None = _opt(None, "attention backend (default: the platform's)")
     seed: int = _opt(0, "random seed")
     # Process supervision
@@ -527,7 +536,7 @@ class ServerArgs:
             except ValueError as exc:
                 problems.append(str(exc))
             else:
-                problems.extend(_model_file_problems(self, source))
+                problems.extend(model_file_problems(self, source))
                 if spec.tensor_parallel:
                     # Facts of the model that decide whether the arguments can work (an encoder with
                     # --tp-size 2): from its config.json, so the launch stops before any worker starts.
@@ -538,32 +547,6 @@ class ServerArgs:
                     )
         if problems:
             raise ServerArgsError(problems)
-
-
-def _model_file_problems(args: ServerArgs, source: ModelSource) -> list[str]:
-    """What stops the model's files from being served as ``--load-format`` says; a GGUF file is
-    converted into the model cache here, once (``launchspec.gguf_cache.prepare``: the first
-    start of a file pays for it, and shows its progress)."""
-    gguf = getattr(source, "gguf", None)
-    if gguf is None:
-        if args.load_format == "gguf":
-            return [
-                f"--load-format gguf needs --model-path a GGUF file, but {source.path} is a model "
-                f"directory; drop --load-format gguf, or pass the .gguf file"
-            ]
-        return []
-    from launchspec.gguf_cache import GgufError, prepare
-
-    try:
-        origin = prepare(gguf)
-    except GgufError as exc:
-        return exc.problems
-    if origin.get("tokenizer") is False and args.tokenizer_path is None:
-        return [
-            f"{gguf.file} carries no tokenizer (no tokenizer.ggml.model in its header); pass "
-            f"--tokenizer-path DIR, the folder of the model's Hugging Face tokenizer"
-        ]
-    return []
 
 
 # -- payload ---------------------------------------------------------------------------------

@@ -8,9 +8,18 @@ here is safe: flags are False and factories raise ``NotImplementedError`` naming
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from .device_mixin import DeviceMixin
+
+
+class DefaultDtype(NamedTuple):
+    """What ``--dtype auto`` computes in on a platform: ``dtype`` (``"bfloat16"``,
+    ``"float32"``, ...) and ``reason``, the hardware fact behind it, as ``/get_server_info``
+    shows it."""
+
+    dtype: str
+    reason: str
 
 
 class SRTPlatform(DeviceMixin):
@@ -18,7 +27,13 @@ class SRTPlatform(DeviceMixin):
 
     It sets no ``_enum`` (``DeviceMixin``'s default, ``UNSPECIFIED``, applies), so a device mixin
     listed after it (``class P(SRTPlatform, MyDeviceMixin)``) supplies the identity.
+
+    ``supported_quantization`` (SGLang's attribute): the weight schemes the platform serves
+    (``"int8wo"``, ``"int4wo"`` for every group size, ``"int4wo-128"``, ``"gguf"``); empty: every
+    scheme the runtime implements, subject to ``get_quantization_config``.
     """
+
+    supported_quantization: list[str] = []
 
     # -- capability flags ------------------------------------------------------------------
     def support_cuda_graph(self) -> bool:
@@ -57,6 +72,12 @@ class SRTPlatform(DeviceMixin):
         """A hardware-specific config for ``quantization``; None means the default config; raise
         when the scheme is unsupported."""
         raise self._missing("get_quantization_config")
+
+    def get_default_dtype(self) -> DefaultDtype | None:
+        """What ``--dtype auto`` computes a generation model in here, and why (an extension of
+        the contract); None (the default): the checkpoint's dtype on an accelerator, float32 on
+        the CPU."""
+        return None
 
     def get_piecewise_backend_cls(self) -> type:
         raise self._missing("get_piecewise_backend_cls")

@@ -295,6 +295,9 @@ class TextModel(msgspec.Struct):
     load_seconds: float
     cpu_threads: CpuThreads
     model_class: str = ""
+    dtype_reason: str = ""  # why ``dtype`` (``auto: the CPU has AVX512-BF16``, ``--dtype X``)
+    quantization: str | None = None  # the weight scheme (``int8wo``, ``int4wo-32``, ``gguf``)
+    weights: str = ""  # what the weights are, as a sentence (``model_loader.weights``)
 
 
 class TextMemory(msgspec.Struct):

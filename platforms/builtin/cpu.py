@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..device_mixin import DeviceCapability, DeviceMixin, PlatformEnum
 from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
-from ..interface import SRTPlatform
+from ..interface import DefaultDtype, SRTPlatform
 from .stock_memory import StockMemory
 
 if TYPE_CHECKING:
@@ -33,6 +33,23 @@ def _cpu_model_name() -> str:
     import platform
 
     return platform.processor() or platform.machine() or "cpu"
+
+
+# CPU feature flags (as /proc/cpuinfo names them) that compute bfloat16 natively, and their names.
+_BF16_FLAGS = {"avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16", "bf16": "BF16 (Arm)"}
+
+
+def _cpu_flags() -> set[str]:
+    """The host CPU's feature flags from /proc/cpuinfo (x86 ``flags``, Arm ``Features``)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
 
 
 class CpuDevice(DeviceMixin):
@@ -90,9 +107,36 @@ class CpuSRTPlatform(StockMemory, SRTPlatform, CpuDevice):
     """SRT on the CPU."""
 
     _enum = PlatformEnum.CPU
+    supported_quantization = ["int8wo", "int4wo", "gguf"]
 
     def get_default_attention_backend(self) -> str:
         return "torch_native"
+
+    def bf16_feature(self) -> str | None:
+        """The CPU feature that computes bfloat16 natively (``AVX512-BF16``, ``AMX-BF16``, Arm's
+        ``BF16``), from /proc/cpuinfo; None where the CPU reports none."""
+        flags = _cpu_flags()
+        return next((name for flag, name in _BF16_FLAGS.items() if flag in flags), None)
+
+    def get_default_dtype(self) -> DefaultDtype:
+        """bfloat16 where the CPU computes it natively (as SGLang's CPU backend serves), else
+        float32."""
+        feature = self.bf16_feature()
+        if feature:
+            return DefaultDtype("bfloat16", f"the CPU has {feature}")
+        return DefaultDtype(
+            "float32", "the CPU reports no bfloat16 instructions (AVX512-BF16, AMX-BF16)"
+        )
+
+    def get_quantization_config(self, quantization: str) -> None:
+        """The weight-only schemes of ``supported_quantization`` run with the runtime's own CPU
+        kernels: no hardware-specific config (None); any other scheme is refused."""
+        if str(quantization).lower().partition("-")[0] not in self.supported_quantization:
+            raise ValueError(
+                f"the CPU platform serves the weight-only schemes "
+                f"{', '.join(self.supported_quantization)}, not {quantization!r}"
+            )
+        return None
 
 
 class CpuPlatform(Platform, CpuDevice):

@@ -386,6 +386,12 @@ class WeightsSource(msgspec.Struct, kw_only=True):
     sha256: str | UnsetType = UNSET
     cache_dir: str | UnsetType = UNSET
     converted_at: str | UnsetType = UNSET
+    # As the first answering scheduler loaded them: the dtype (and why), the weight scheme
+    # (``int8wo``, ``int4wo-32``, ``gguf``; null: none) and what the weights are, as a sentence.
+    dtype: str | UnsetType = UNSET
+    dtype_reason: str | UnsetType = UNSET
+    quantization: str | None | UnsetType = UNSET
+    precision: str | UnsetType = UNSET
 
 
 class ModelInfo(msgspec.Struct, kw_only=True):

@@ -43,6 +43,7 @@ from serving.srt.layers.attention.hf_attention import (
 from serving.srt.layers.linear import can_pack, pack_linears
 from serving.srt.limits import FALLBACK_INPUT_TOKENS, GenerationLimits
 from serving.srt.mem_cache.kv_memory import build_kv_memory
+from serving.srt.model_loader.weights import apply_scheme, resolve_dtype
 from serving.srt.models import class_name, load_config, registered_class
 from serving.srt.pooling import PoolingConfig, pool, read_pooling_config
 from serving.srt.sampling import Sequence
@@ -69,16 +70,6 @@ _ATTENTION_ALIASES = {
     "fa3": "flash_attention_3",
     "fa2": "flash_attention_2",
     "flash_attn": "flash_attention_2",
-}
-_DTYPES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float": "float32",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
 }
 
 
@@ -121,6 +112,8 @@ class ModelRunner:
         page_size: int = 1,
         disable_radix_cache: bool = False,
         max_running_requests: int | None = None,
+        quantization: str | None = None,
+        torchao_config: str | None = None,
     ) -> None:
         """``max_input_tokens``: the longest prompt (default: what the model allows, ``limits``);
         ``context_length``: the longest prompt + completion (default and cap: the model's
@@ -129,7 +122,8 @@ class ModelRunner:
         ``chunked_prefill_size``: tokens of one prefill forward (default: 2048 on an
         accelerator, 256 on the CPU; -1: no bound); ``tokenizer_path``: a tokenizer directory
         to use instead of the model's own (``--tokenizer-path``); ``page_size``,
-        ``disable_radix_cache``, ``max_running_requests``: SGLang's options of those names."""
+        ``disable_radix_cache``, ``max_running_requests``, ``quantization``,
+        ``torchao_config``: SGLang's options of those names (``model_loader.weights``)."""
         import torch
         import transformers
 
@@ -163,7 +157,10 @@ class ModelRunner:
         if tp_size > 1:
             self._check_tp_plan(config)
 
-        self.dtype = self._resolve_dtype(dtype, config)
+        self.dtype, self.dtype_reason = resolve_dtype(
+            dtype, config, platform, self.device, self.kind
+        )
+        self._scheme = (quantization, torchao_config)
         if self.kind == "generation":  # attention over the KV pool (``layers.attention``)
             self.attn_backend_class, self.attention_backend = choose_attention_backend(
                 attention_backend, platform_attention
@@ -270,25 +267,6 @@ class ModelRunner:
                 f"pick a tp size that divides {heads}"
             )
 
-    def _resolve_dtype(self, requested: str, config: Any) -> torch.dtype:
-        import torch
-
-        name = (requested or "auto").lower()
-        if name == "auto":
-            # A CPU platform computes in float32; an accelerator keeps the checkpoint's dtype.
-            if self.platform.is_cpu() or self.device.type == "cpu":
-                return torch.float32
-            saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-            if isinstance(saved, torch.dtype):
-                return saved
-            return getattr(torch, str(saved), torch.float32) if saved else torch.float32
-        if name not in _DTYPES:
-            raise ModelLoadError(
-                f"--dtype {requested!r} is not supported; use one of auto, float32, float16, bfloat16"
-            )
-        dtype: torch.dtype = getattr(torch, _DTYPES[name])
-        return dtype
-
     def _load_model(self, transformers: Any, torch: Any, trust_remote_code: bool) -> Any:
         auto = self.model_class or (
             transformers.AutoModelForCausalLM
@@ -327,6 +305,16 @@ class ModelRunner:
             ) from exc
         if self.tp_size == 1:
             model = model.to(self.device)
+        quantization, torchao_config = self._scheme
+        self.weights = apply_scheme(
+            model,
+            self.source,
+            self.platform,
+            quantization=quantization,
+            torchao_config=torchao_config,
+            dtype=self.dtype,
+            tp_size=self.tp_size,
+        )
         if self.kind == "generation" and can_pack(self.device, self.dtype, self.tp_size):
             log.info("%d linear layers use oneDNN's prepacked weights", pack_linears(model))
         return model.eval()
@@ -560,6 +548,9 @@ class ModelRunner:
             kind=self.kind,
             device=str(self.device),
             dtype=str(self.dtype).replace("torch.", ""),
+            dtype_reason=self.dtype_reason,
+            quantization=self.weights.quantization,
+            weights=self.weights.summary,
             attention=self.attn_implementation,
             tp_size=self.tp_size,
             max_input_tokens=self.max_input_tokens,

@@ -163,6 +163,8 @@ def load_runner(
         trust_remote_code=server_args.trust_remote_code,
         ranks_sharing=ranks_sharing,
         tokenizer_path=server_args.tokenizer_path,
+        quantization=server_args.quantization,
+        torchao_config=server_args.torchao_config,
     )
 
 

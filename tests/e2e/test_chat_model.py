@@ -16,6 +16,8 @@ import httpx
 import pytest
 from support.serving import REPO, start_server
 
+from platforms.builtin.cpu import CpuSRTPlatform
+
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 
 README = REPO / "README.md"
@@ -106,4 +108,11 @@ def test_the_model_says_where_its_weights_came_from_and_takes_long_prompts(serve
     model = httpx.get(server.url + "/get_server_info", timeout=60).json()["model"]
     # The limits come from the model (8192 positions), not a fixed 512-token prompt.
     assert (model["context_length"], model["max_input_tokens"]) == (8192, 8191), model
-    assert model["embedded_default"] and model["dtype"] == "float32"
+    # --dtype auto is the CPU platform's choice, with its reason; the file's Q4_1 linears are
+    # served as the int4 layout, the Q8_0 head as int8 (issue 40).
+    auto = CpuSRTPlatform().get_default_dtype()
+    assert model["embedded_default"] and model["dtype"] == auto.dtype, model
+    assert model["dtype_reason"] == f"auto: {auto.reason}", model
+    assert weights["quantization"] == "gguf" and weights["dtype"] == auto.dtype, weights
+    assert "210 Q4_1 linears as int4 weight-only" in weights["precision"], weights
+    assert "1 Q8_0 linears as int8 weight-only" in weights["precision"], weights

@@ -48,6 +48,8 @@ def server(tiny_path, tmp_path_factory):
             str(POOL),
             "--max-input-tokens",
             "64",
+            "--dtype",  # greedy texts are compared with a tp-size 2 server's: float32 for both
+            "float32",
         ],
         tmp_path_factory.mktemp("cb-server"),
         "cb",
@@ -209,7 +211,10 @@ def test_tp2_steps_the_batch_like_tp1_for_requests_that_join_each_other(
 
     want = together(server.url)
     tp2 = start_server(
-        ["--model-path", str(tiny_path), "--tp-size", "2"], tmp_path, "tp2", env=server_env()
+        ["--model-path", str(tiny_path), "--tp-size", "2", "--dtype", "float32"],
+        tmp_path,
+        "tp2",
+        env=server_env(),
     )
     try:
         got = together(tp2.url)

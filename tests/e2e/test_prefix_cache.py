@@ -26,7 +26,9 @@ def tiny_path(tmp_path_factory):
 
 
 def serve(tiny_path, tmp_path_factory, name, *extra):
-    args = ["--model-path", str(tiny_path), "--max-total-tokens", "8192", *extra]
+    # float32: greedy texts are compared across servers (cache on and off, page sizes)
+    args = ["--model-path", str(tiny_path), "--max-total-tokens", "8192", "--dtype", "float32"]
+    args += extra
     return start_server(args, tmp_path_factory.mktemp(name), name)
 
 

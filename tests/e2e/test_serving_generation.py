@@ -40,7 +40,8 @@ def tiny_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tiny_path, tmp_path_factory):
     srv = start_server(
-        ["--model-path", str(tiny_path), "--api-key", KEY],
+        # float32: greedy texts are compared with a tp-size 2 server's (--dtype auto may be bf16)
+        ["--model-path", str(tiny_path), "--api-key", KEY, "--dtype", "float32"],
         tmp_path_factory.mktemp("tiny-server"),
         "tiny",
     )
@@ -290,7 +291,9 @@ def test_tp2_gives_the_same_greedy_tokens_as_tp1(server, tiny_path, tmp_path):
         generate(server.url, p, max_new_tokens=20, temperature=0, ignore_eos=True)["text"]
         for p in prompts
     ]
-    tp2 = start_server(["--model-path", str(tiny_path), "--tp-size", "2"], tmp_path, "tp2")
+    tp2 = start_server(
+        ["--model-path", str(tiny_path), "--tp-size", "2", "--dtype", "float32"], tmp_path, "tp2"
+    )
     try:
         got = [
             generate(tp2.url, p, headers={}, max_new_tokens=20, temperature=0, ignore_eos=True)[

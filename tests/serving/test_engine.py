@@ -31,7 +31,9 @@ HOT = dict(temperature=1.3, top_p=0.95, top_k=200, ignore_eos=True)
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
     path = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedding_model_dir())
-    runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform(), chunked_prefill_size=-1)
+    runner = ModelRunner(
+        resolve_model(path), platform=CpuSRTPlatform(), chunked_prefill_size=-1, dtype="float32"
+    )
     runner.warm_up()
     return runner
 
@@ -225,7 +227,7 @@ def test_a_sliding_window_model_batches_continuously_with_transformers_tokens(tm
     )
     torch.manual_seed(0)
     MistralForCausalLM(config).save_pretrained(path)
-    runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform())
+    runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform(), dtype="float32")
     runner.warm_up()
     assert runner.attention_backend == "torch_native"  # its sliding layers run over the pool
 
@@ -252,6 +254,7 @@ def test_a_sliding_window_model_batches_continuously_with_transformers_tokens(tm
 
 def tiny_runner(tmp_path, name: str, **options) -> ModelRunner:
     path = build_tiny_llama(tmp_path / name, embedding_model_dir())
+    options.setdefault("dtype", "float32")  # compared with transformers' float32 generate()
     r = ModelRunner(resolve_model(path), platform=CpuSRTPlatform(), **options)
     r.warm_up()
     return r

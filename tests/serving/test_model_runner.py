@@ -48,7 +48,8 @@ def embedder():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedding_model_dir())
-    runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform())
+    # float32: compared with transformers' generate() in float32
+    runner = ModelRunner(resolve_model(path), platform=CpuSRTPlatform(), dtype="float32")
     runner.warm_up()
     return runner
 

@@ -125,6 +125,14 @@ async def model_info(state: AppState, body: None, receive: Receive) -> Response:
     architectures = config.get("architectures")
     model_type = config.get("model_type")
     chat = state.chat
+    weights = weights_source(Path(state.model_path), state.gguf_file)
+    answers = await state.dispatcher.ping_serving(timeout=2.0)
+    loaded = next((m for _, p in answers if p and (m := read_pong(p)[1])), None)
+    if loaded and loaded.get("weights"):
+        quantization = loaded.get("quantization")
+        weights.dtype, weights.dtype_reason = str(loaded["dtype"]), str(loaded["dtype_reason"])
+        weights.quantization = None if quantization is None else str(quantization)
+        weights.precision = str(loaded["weights"])
     return json_response(
         ModelInfo(
             model_path=state.model_path,
@@ -137,7 +145,7 @@ async def model_info(state: AppState, body: None, receive: Receive) -> Response:
             served_model_name=state.served_name,
             kind=state.kind,
             chat_template=chat.source if chat is not None else None,
-            weights=weights_source(Path(state.model_path), state.gguf_file),
+            weights=weights,
         )
     )
 

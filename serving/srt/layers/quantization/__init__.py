@@ -1,0 +1,166 @@
+"""Weight-only quantized linear layers on the CPU (SGLang's ``layers/quantization`` room).
+
+Two layouts, each computed by a kernel of PyTorch itself:
+
+- ``Int8WeightOnlyLinear``: int8 weights with one scale per output channel,
+  ``torch.ops.aten._weight_int8pack_mm`` (``--torchao-config int8wo``);
+- ``Int4WeightOnlyLinear``: int4 weights in groups of ``group_size`` input values, each group
+  with a scale and a zero point in the activation dtype, dequantised as
+  ``(q - 8) * scale + zero``, ``torch.ops.aten._weight_int4pack_mm_for_cpu``
+  (``--torchao-config int4wo-<group>``).
+
+torchao's own configs are not used: its int4 weight-only layout for the CPU is not in the torchao
+release that installs beside this torch, and a GGUF file's blocks have to be laid into the layout
+here anyway (``serving.srt.model_loader.gguf_weights``). Activations stay in the model's dtype;
+only the weights the layer keeps are quantized.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+# How many 16-wide K tiles the int4 kernel packs together (its only supported value on the CPU).
+_INNER_K_TILES = 2
+
+
+def _module_base() -> type:
+    import torch
+
+    return torch.nn.Module
+
+
+class Int8WeightOnlyLinear(_module_base()):  # type: ignore[misc]
+    """``y = x @ (qweight * scales[:, None]).T + bias``: ``qweight`` int8 (out, in), ``scales``
+    (out,) in the activation dtype."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.in_features = int(qweight.shape[1])
+        self.out_features = int(qweight.shape[0])
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scales", scales.contiguous())
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        flat = x.reshape(-1, self.in_features)
+        out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only"
+
+
+class Int4WeightOnlyLinear(_module_base()):  # type: ignore[misc]
+    """int4 weights ``q`` (0..15, (out, in)) in groups of ``group_size`` along the input, a group
+    worth ``(q - 8) * scale + zero``; ``scale`` and ``zero`` (out, in / group_size) are stored
+    in ``dtype``, the activations' dtype."""
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        zero: torch.Tensor,
+        group_size: int,
+        dtype: torch.dtype,
+        bias: torch.Tensor | None,
+    ):
+        import torch
+
+        super().__init__()
+        self.out_features, self.in_features = (int(n) for n in q.shape)
+        self.group_size = int(group_size)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            q.to(torch.int32).contiguous(), _INNER_K_TILES
+        )
+        both = torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()
+        self.register_buffer("packed", packed)
+        self.register_buffer("scale_and_zero", both)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        flat = x.reshape(-1, self.in_features)
+        out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            flat, self.packed, self.group_size, self.scale_and_zero
+        )
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, int4 "
+            f"weight-only, group_size={self.group_size}"
+        )
+
+
+def int4_fits(in_features: int, out_features: int, group_size: int) -> bool:
+    """Whether a (out, in) weight fits the int4 kernel with ``group_size``."""
+    return (
+        in_features % group_size == 0
+        and in_features % (16 * _INNER_K_TILES) == 0
+        and out_features % 16 == 0
+    )
+
+
+def int8_from_float(weight: torch.Tensor, dtype: torch.dtype) -> tuple[Any, Any]:
+    """``(qweight, scales)`` of a float (out, in) weight: symmetric, a scale per output channel."""
+    import torch
+
+    w = weight.detach().to(torch.float32)
+    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scales.to(dtype)
+
+
+def int4_from_float(weight: torch.Tensor, group_size: int) -> tuple[Any, Any, Any]:
+    """``(q, scale, zero)`` of a float (out, in) weight: asymmetric, per group of
+    ``group_size`` input values (the group's minimum and maximum span the 16 levels)."""
+    import torch
+
+    w = weight.detach().to(torch.float32)
+    out, inp = w.shape
+    groups = w.reshape(out, inp // group_size, group_size)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scale = ((high - low) / 15.0).clamp(min=1e-12)
+    q = torch.round((groups - low[..., None]) / scale[..., None]).clamp(0, 15)
+    return q.reshape(out, inp).to(torch.int32), scale, low + 8.0 * scale
+
+
+def quantize_linear(module: Any, method: str, group_size: int | None, dtype: Any) -> Any:
+    """The weight-only layer of ``method`` (``int8wo`` / ``int4wo``) for an ``nn.Linear``, or
+    None when its shape does not fit the kernel (it stays as it is)."""
+    bias = module.bias
+    if method == "int8wo":
+        return Int8WeightOnlyLinear(*int8_from_float(module.weight, dtype), bias)
+    assert group_size is not None
+    if not int4_fits(module.in_features, module.out_features, group_size):
+        return None
+    q, scale, zero = int4_from_float(module.weight, group_size)
+    return Int4WeightOnlyLinear(q, scale, zero, group_size, dtype, bias)
+
+
+def replace_module(model: Any, name: str, new: Any) -> None:
+    """Put ``new`` where ``model``'s submodule ``name`` is."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def linear_names(model: Any) -> list[str]:
+    """The names of every plain ``nn.Linear`` of ``model`` (tied heads included)."""
+    import torch
+
+    return [
+        name
+        for name, module in model.named_modules(remove_duplicate=False)
+        if type(module) is torch.nn.Linear
+    ]
