@@ -117,6 +117,23 @@ def test_a_scheme_refused_by_the_runtime_or_the_platform_is_exit_2_naming_it(tin
         assert "Traceback" not in run.stderr and "starting" not in run.stderr, run.stderr
 
 
+def test_the_documented_refusal_is_what_the_command_prints():
+    """docs/weights.md's command and its output, as written (the port aside)."""
+    import re
+    import shlex
+
+    text = (REPO / "docs" / "weights.md").read_text()
+    command, output = re.search(
+        r"On the CPU platform:\n\n```bash\n(.+?)\n```\n\n```text\n(.+?)\n```", text, re.S
+    ).groups()
+    argv = shlex.split(command)
+    assert argv[0] == "sglang-launch"
+    run = launch(argv[1:], SGLANG_USE_CPU_ENGINE="1")
+    assert run.returncode == 2, run.stderr
+    for line in output.splitlines():
+        assert line in run.stderr.splitlines(), (line, run.stderr)
+
+
 def test_int4wo_serves_and_the_model_info_says_what_the_weights_are(tiny, tmp_path):
     from platforms.builtin.cpu import CpuSRTPlatform
 
