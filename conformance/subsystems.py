@@ -4,7 +4,9 @@ A factory whose contract default raises ``NotImplementedError`` shows as missing
 platform does not override it, except ``get_default_attention_backend``, which every launch
 calls (required: missing fails). A factory that returns SGLang's own class (it imports an SGLang
 module outside the plugin surface, which is not here) shows as missing too: no launch here
-builds those subsystems. The memory factories a launch does call, ``get_mha_kv_pool_cls`` and
+builds those subsystems. ``get_graph_runner_cls`` is what a launch decodes through when
+``support_cuda_graph()`` is true (``serving.srt.model_executor.decode_runner``): its row fails
+when such a launch could not. The memory factories a launch does call, ``get_mha_kv_pool_cls`` and
 ``get_paged_allocator_cls``, pass when a launch would use the class (SGLang's stock class, which
 is this project's, or a subclass of it that constructs with SGLang's parameters, on the device)
 and fail naming why when it could not (``serving.srt.mem_cache.platform_classes``). A flag must
@@ -53,6 +55,45 @@ def _memory_row(probe: Probe, method: str) -> str:
         raise CheckFailed(f"a launch would stop (exit 5): {exc}") from None
 
 
+def _graph_runner_row(probe: Probe) -> str:
+    """``get_graph_runner_cls()``: what a launch decodes through when ``support_cuda_graph()``
+    is true (``serving.srt.model_executor.decode_runner``); unused otherwise."""
+    from hooks.compat import NotProvidedError
+
+    uses = probe.platform.support_cuda_graph() is True
+    way_out = "a launch would stop (exit 5) unless started with --disable-cuda-graph"
+    try:
+        cls = probe.platform.get_graph_runner_cls()
+    except NotImplementedError:
+        if uses:
+            raise CheckFailed(
+                f"support_cuda_graph() is true but get_graph_runner_cls() is not implemented: "
+                f"{way_out}"
+            ) from None
+        raise
+    except NotProvidedError as exc:
+        if uses:
+            raise CheckFailed(
+                f"returns a class from SGLang's {exc.name}, which sglang-launch does not "
+                f"provide: {way_out}"
+            ) from None
+        raise Missing(
+            f"returns a class from SGLang's {exc.name}, which sglang-launch does not provide; "
+            f"no launch here uses it (support_cuda_graph() is false)"
+        ) from None
+    if not isinstance(cls, type):
+        raise CheckFailed(
+            f"get_graph_runner_cls() returned {type(cls).__name__} {cls!r}, not a class"
+        )
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    missing = [m for m in ("can_run", "replay") if not callable(getattr(cls, m, None))]
+    if missing and uses:
+        raise CheckFailed(f"{name} has no {' or '.join(missing)}(): {way_out}")
+    if uses:
+        return f"{name}: a launch decodes through it (support_cuda_graph() is true)"
+    return f"{name}: not used (support_cuda_graph() is false)"
+
+
 def _factory(method: str, what: str) -> None:
     contract = (
         f"{method}() returns the platform's {what} class (default: raises NotImplementedError)"
@@ -61,6 +102,11 @@ def _factory(method: str, what: str) -> None:
         contract += (
             "; a launch uses it: SGLang's class or a subclass that constructs with SGLang's "
             "parameters"
+        )
+    if method == "get_graph_runner_cls":
+        contract += (
+            "; a launch decodes through it when support_cuda_graph() is true: a class with "
+            "can_run(forward_batch) and replay(forward_batch), constructed with the model runner"
         )
 
     @check(
@@ -73,6 +119,8 @@ def _factory(method: str, what: str) -> None:
     def factory(probe: Probe) -> str:
         if method in _LAUNCH_USES:
             return _memory_row(probe, method)
+        if method == "get_graph_runner_cls":
+            return _graph_runner_row(probe)
         return _class_row(probe, method)
 
 

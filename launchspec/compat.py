@@ -37,6 +37,8 @@ MODULES = {
     "sglang.srt.mem_cache": "serving.srt.mem_cache",
     # What one forward works on (an attention backend reads it).
     "sglang.srt.model_executor.forward_batch_info": "serving.srt.model_executor.forward_batch_info",
+    # The graph runner a CUDA platform's get_graph_runner_cls() returns (a vendor may subclass it).
+    "sglang.srt.model_executor.cuda_graph_runner": "serving.srt.model_executor.cuda_graph_runner",
     # Out-of-tree model classes (import-light: plugin callbacks call it in the launcher too).
     "sglang.srt.models.registry": "launchspec.model_registry",
     # Constrained decoding: the grammar backend a plugin replaces or wraps.

@@ -270,10 +270,28 @@ class ServerArgs:
         "names; default: the one the chat template writes, else qwen25)",
         choices=TOOL_CALL_PARSERS,
     )
-    # Diffusion runtime
+    # Compiled and captured steps (both runtimes)
     enable_torch_compile: bool = _opt(
-        False, "compile the denoiser with torch.compile (backend and options from the platform)"
+        False,
+        "compile with torch.compile, the backend and options from the platform: a generation "
+        "model's decode step (SGLang's flag; docs/performance.md), a diffusion model's denoiser",
     )
+    torch_compile_max_bs: int = _opt(
+        32,
+        "generation: the most rows of a decode step that runs compiled under "
+        "--enable-torch-compile; a larger step runs eager (SGLang's flag)",
+    )
+    disable_cuda_graph: bool = _opt(
+        False,
+        "generation: do not run the decode step through the platform's graph runner "
+        "(get_graph_runner_cls(), used where support_cuda_graph() is true) (SGLang's flag)",
+    )
+    cuda_graph_max_bs: int | None = _opt(
+        None,
+        "generation: the most rows of a decode step the platform's graph runner captures "
+        "(default 32) (SGLang's flag)",
+    )
+    # Diffusion runtime
     dit_layerwise_offload: bool | None = _opt(
         None,
         "keep the denoiser's weights on the host and move one block at a time to the device "
@@ -474,6 +492,15 @@ class ServerArgs:
             need(
                 self.max_running_requests >= 1,
                 f"--max-running-requests {self.max_running_requests} must be at least 1",
+            )
+        need(
+            self.torch_compile_max_bs >= 1,
+            f"--torch-compile-max-bs {self.torch_compile_max_bs} must be at least 1",
+        )
+        if self.cuda_graph_max_bs is not None:
+            need(
+                self.cuda_graph_max_bs >= 1,
+                f"--cuda-graph-max-bs {self.cuda_graph_max_bs} must be at least 1",
             )
         if self.tokenizer_path is not None:
             need(

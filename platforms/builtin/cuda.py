@@ -9,7 +9,7 @@ from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ..interface import SRTPlatform
 from ._accelerator import TorchAccelerator, api_available, driver_loadable
-from .stock_memory import StockMemory
+from .stock_memory import StockGraphRunner, StockMemory
 
 DRIVER_LIBRARIES = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")  # the NVIDIA driver's user side
 
@@ -31,7 +31,7 @@ class CudaDevice(TorchAccelerator):
     _distributed_backend = "nccl"
 
 
-class CudaSRTPlatform(StockMemory, SRTPlatform, CudaDevice):
+class CudaSRTPlatform(StockMemory, StockGraphRunner, SRTPlatform, CudaDevice):
     _enum = PlatformEnum.CUDA
 
     def support_cuda_graph(self) -> bool:

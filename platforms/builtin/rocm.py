@@ -9,7 +9,7 @@ from ..diffusion.interface import Platform
 from ..diffusion.interface import PlatformEnum as DiffusionPlatformEnum
 from ..interface import SRTPlatform
 from ._accelerator import TorchAccelerator, api_available, linux_device_nodes
-from .stock_memory import StockMemory
+from .stock_memory import StockGraphRunner, StockMemory
 
 DEVICE_NODES = ("/dev/kfd",)  # the AMD GPU kernel driver's compute interface
 
@@ -31,7 +31,7 @@ class RocmDevice(TorchAccelerator):
     _distributed_backend = "nccl"  # RCCL answers to the NCCL backend name
 
 
-class RocmSRTPlatform(StockMemory, SRTPlatform, RocmDevice):
+class RocmSRTPlatform(StockMemory, StockGraphRunner, SRTPlatform, RocmDevice):
     _enum = PlatformEnum.ROCM
 
     def support_cuda_graph(self) -> bool:

@@ -90,6 +90,9 @@ class ModelRunner:
     broadcasts what joins and leaves it).
     """
 
+    graph_runner: Any = None  # runs the decode forwards it can (decode_runner); None: eager
+    server_args: Any = None  # what decode_runner read (a vendor's graph runner may read it)
+
     def __init__(
         self,
         source: ModelSource,
@@ -433,7 +436,12 @@ class ModelRunner:
         all), as (positions, 1, vocab). SGLang's ``ModelRunner.forward``."""
         import torch
 
-        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
+        batch.input_ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        runner = self.graph_runner  # the decode step's runner (model_executor.decode_runner)
+        if keep is None and runner is not None and runner.can_run(batch):
+            logits: torch.Tensor = runner.replay(batch)
+            return logits
+        ids = batch.input_ids[None, :]
         kwargs: dict[str, Any] = {}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = (
@@ -447,7 +455,7 @@ class ModelRunner:
             forward_batch=batch,
             **kwargs,
         )
-        logits: torch.Tensor = out.logits[0]
+        logits = out.logits[0]
         if keep is not None and not self._logits_to_keep:
             logits = logits[keep]
         return logits[:, None, :]

@@ -55,6 +55,7 @@ from serving.srt.constrained.base_grammar_backend import (
 from serving.srt.embedding import EmbedReq, take_texts
 from serving.srt.engine import GenerationBatch
 from serving.srt.kv_pool import admit_fairly
+from serving.srt.model_executor.decode_runner import DecodeOptions, choose_decode_runner
 from serving.srt.model_runner import ModelRunner
 from serving.srt.sampling import Sequence
 from serving.srt.schedule_batch import (
@@ -117,6 +118,9 @@ def run_scheduler_process(server_args: ServerArgs, ctx: WorkerContext) -> None:
         )
         ctx.phase("model_loaded")
         runner.warm_up()
+        # The decode step's runner: the platform's graph runner, or the compiled step (compiled
+        # now, each batch size logged), or none (decode_runner).
+        choose_decode_runner(runner, DecodeOptions.of(server_args))
         # What start-up made (the model, the libraries) lives as long as the process: frozen, a
         # full collection no longer walks it, which would stall a step now and then.
         gc.collect()

@@ -38,10 +38,47 @@ def _packed_forward(module: Any, x: torch.Tensor) -> torch.Tensor:
     import torch
 
     flat = x.reshape(-1, x.shape[-1])
-    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-        flat, module._packed_weight, module.bias, "none", [], ""
-    )
+    if torch.compiler.is_compiling():  # one opaque call in a compiled graph (``packed_linear``)
+        out: torch.Tensor = packed_linear_op()(
+            flat, module._packed_weight, module.bias, module.out_features
+        )
+    else:
+        out = torch.ops.mkldnn._linear_pointwise(
+            flat, module._packed_weight, module.bias, "none", [], ""
+        )
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+_OP: list[Any] = []
+
+
+def packed_linear_op() -> Any:
+    """``torch.ops.sglang_launch.packed_linear(x, packed_weight, bias, out_features)``,
+    registered once: a packed linear as a custom op, which ``torch.compile`` leaves as it is
+    (inductor's own oneDNN lowering expects weights it packed itself, under freezing)."""
+    import torch
+
+    if not _OP:
+
+        @torch.library.custom_op(
+            "sglang_launch::packed_linear",
+            mutates_args=(),
+            schema="(Tensor x, Tensor weight, Tensor? bias, int out_features) -> Tensor",
+        )
+        def packed_linear(
+            x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int
+        ) -> torch.Tensor:
+            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+            return out
+
+        @packed_linear.register_fake
+        def _(
+            x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int
+        ) -> torch.Tensor:
+            return x.new_empty((x.shape[0], out_features))
+
+        _OP.append(torch.ops.sglang_launch.packed_linear)
+    return _OP[0]
 
 
 def pack_linears(model: Any) -> int:

@@ -44,6 +44,7 @@ class ForwardBatch:
     decode_flat_slots: torch.Tensor | None = None  # decode_slots as one (rows * width,) row
     decode_valid: torch.Tensor | None = None  # (rows, width) bool; None: every slot is the row's
     decode_positions: torch.Tensor | None = None  # (rows,) int64: each row's new position
+    input_ids: torch.Tensor | None = None  # (tokens,) int64, for a decode runner's replay
 
     @property
     def extend_tokens(self) -> int:

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 IMPLEMENTATION = "sglang_pool"
 
+# ``forward_batch=COMPILED_DECODE``: a forward traced by ``torch.compile`` for a compiled decode
+# step (``serving.srt.model_executor.compiled_step``); attention calls that step's custom op.
+COMPILED_DECODE = "compiled_decode"
+
 
 class UnsupportedAttention(RuntimeError):
     """An attention module whose kind of attention the KV pool's backends do not compute."""
@@ -70,6 +74,16 @@ def pool_attention(
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if batch is COMPILED_DECODE:
+        import torch
+
+        out = torch.ops.sglang_launch.pool_attention(
+            query[0].transpose(0, 1),
+            key[0].transpose(0, 1),
+            value[0].transpose(0, 1),
+            int(module.layer_idx),
+        )
+        return out.unsqueeze(0), None
     layer = module.__dict__.get("_radix_attention")
     if layer is None:
         layer = module.__dict__["_radix_attention"] = describe(module, query, key, kwargs)

@@ -1,0 +1,226 @@
+"""The decode step's runner (serving.srt.model_executor.decode_runner), in-process on a tiny Llama
+built at test time (tests/support/serving.py), on the real CPU platform class and subclasses of
+it that answer the contract otherwise:
+
+- ``--enable-torch-compile`` compiles the decode step with the platform's
+  ``get_compile_backend()`` (here a registered dynamo backend that counts its compiles and
+  calls), once for every batch size up to ``--torch-compile-max-bs``; larger steps and prompt
+  steps run eager, and every sequence gets the tokens it gets eagerly;
+- compiled with inductor in float32, greedy tokens equal transformers' ``generate()``;
+- a platform whose ``support_cuda_graph()`` is true decodes through the class its
+  ``get_graph_runner_cls()`` returns, used as returned, unless ``--disable-cuda-graph``; one
+  that cannot give a usable class stops start-up naming it and the way out.
+"""
+
+from __future__ import annotations
+
+import pytest
+from support.serving import build_tiny_llama
+
+pytestmark = pytest.mark.e2e  # loads a real model through transformers, compiles (seconds)
+
+pytest.importorskip("transformers")
+
+from launchspec.model_source import embedding_model_dir, resolve_model  # noqa: E402
+from launchspec.server_args import ServerArgs, ServerArgsError  # noqa: E402
+from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
+from serving.errors import ModelLoadError  # noqa: E402
+from serving.srt.model_executor.compiled_step import CompiledDecodeStep  # noqa: E402
+from serving.srt.model_executor.decode_runner import (  # noqa: E402
+    DecodeOptions,
+    choose_decode_runner,
+)
+from serving.srt.model_runner import ModelRunner  # noqa: E402
+from serving.srt.sampling import Sequence  # noqa: E402
+from serving.wire import SamplingParams  # noqa: E402
+
+PROMPTS = [
+    "hello world",
+    "the quick brown fox jumps over",
+    "once upon a time",
+    "a b c d e f",
+    "to be or not to be",
+    "in the beginning",
+]
+COUNTS = {"compiles": 0, "calls": 0}
+COUNTING = "sglang_launch_test_counting"
+
+
+def _counting_backend(gm, example_inputs):
+    """A dynamo backend that runs the graph as traced, counting compiles and calls."""
+    COUNTS["compiles"] += 1
+
+    def run(*args):
+        COUNTS["calls"] += 1
+        return gm.forward(*args)
+
+    return run
+
+
+class CountingPlatform(CpuSRTPlatform):
+    def get_compile_backend(self, mode=None):
+        return COUNTING
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import torch._dynamo
+
+    if COUNTING not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(name=COUNTING)(_counting_backend)
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedding_model_dir())
+
+
+def _runner(path, platform, dtype="auto"):
+    runner = ModelRunner(resolve_model(path), platform=platform, max_batch_size=8, dtype=dtype)
+    runner.warm_up()
+    return runner
+
+
+@pytest.fixture(scope="module")
+def eager(tiny):
+    return _runner(tiny, CpuSRTPlatform())
+
+
+def _tokens(runner, prompts, n=10):
+    params = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
+    seqs = [
+        Sequence(f"r{i}", runner.encode_prompt(p, n), params, seed=0) for i, p in enumerate(prompts)
+    ]
+    runner.run_to_end(seqs)
+    return [s.output_ids for s in seqs]
+
+
+def test_the_compiled_step_uses_the_platforms_backend_once_for_every_batch_size(tiny, eager):
+    runner = _runner(tiny, CountingPlatform())
+    step = choose_decode_runner(
+        runner, DecodeOptions(enable_torch_compile=True, torch_compile_max_bs=4)
+    )
+    assert isinstance(step, CompiledDecodeStep) and runner.graph_runner is step
+    assert step.backend == COUNTING and sorted(step.compile_seconds) == [1, 4]
+    compiles, calls = COUNTS["compiles"], COUNTS["calls"]
+    assert compiles >= 1 and calls >= 2  # the captured sizes ran through the compiled graph
+    for size in (1, 2, 3, 4, 6):  # 6 > --torch-compile-max-bs: eager
+        prompts = PROMPTS[:size]
+        assert _tokens(runner, prompts) == _tokens(eager, prompts), size
+    assert COUNTS["compiles"] == compiles  # no recompile for any batch size
+    assert COUNTS["calls"] >= calls + 4 * 9  # each decode step of 1..4 rows ran compiled
+
+
+def test_compiled_float32_greedy_tokens_equal_transformers_generate(tiny):
+    import torch
+
+    runner = _runner(tiny, CpuSRTPlatform(), "float32")  # inductor, the CPU platform's backend
+    choose_decode_runner(runner, DecodeOptions(enable_torch_compile=True, torch_compile_max_bs=2))
+    assert runner.graph_runner.backend == "inductor"
+    prompts = PROMPTS[:2]
+    got = _tokens(runner, prompts, n=12)
+    for prompt, tokens in zip(prompts, got, strict=True):
+        ids = torch.tensor([runner.encode_prompt(prompt, 12)])
+        with torch.inference_mode():
+            ref = runner.model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+        assert ref[0, ids.shape[1] :].tolist() == tokens, prompt
+
+
+class Recording:
+    """A vendor's graph runner: its own class, not this project's, recording its replays and
+    computing the logits eagerly."""
+
+    instances: list[Recording] = []
+
+    def __init__(self, model_runner):
+        self.model_runner = model_runner
+        self.replays: list[int] = []
+        Recording.instances.append(self)
+
+    def can_run(self, forward_batch):
+        return forward_batch.decode_rows > 0 and not forward_batch.extend_seq_lens
+
+    def replay(self, forward_batch):
+        import torch
+
+        self.replays.append(forward_batch.decode_rows)
+        out = self.model_runner.model(
+            input_ids=forward_batch.input_ids[None, :],
+            position_ids=forward_batch.positions[None, :],
+            attention_mask=torch.ones((1, 1, 1, 1), dtype=torch.bool),
+            use_cache=False,
+            forward_batch=forward_batch,
+        )
+        return out.logits[0][:, None, :]
+
+
+def _graph_platform(returns):
+    class GraphPlatform(CpuSRTPlatform):
+        def support_cuda_graph(self):
+            return True
+
+        def get_graph_runner_cls(self):
+            if returns is NotImplemented:
+                raise NotImplementedError("get_graph_runner_cls")
+            return returns
+
+    return GraphPlatform()
+
+
+def test_a_platform_with_graph_support_decodes_through_its_runner_class_as_returned(
+    tiny, eager, monkeypatch
+):
+    monkeypatch.setattr(eager, "platform", _graph_platform(Recording))
+    try:
+        runner = choose_decode_runner(eager, DecodeOptions())
+        assert type(runner) is Recording and eager.graph_runner is runner
+        assert runner.model_runner is eager
+        got = _tokens(eager, PROMPTS[:3])
+        assert runner.replays and max(runner.replays) == 3, runner.replays
+    finally:
+        eager.graph_runner = None
+    assert got == _tokens(eager, PROMPTS[:3])
+    # --disable-cuda-graph: the platform's runner is not made; decode runs eager.
+    Recording.instances.clear()
+    assert choose_decode_runner(eager, DecodeOptions(disable_cuda_graph=True)) is None
+    assert eager.graph_runner is None and not Recording.instances
+
+
+class NoReplay:
+    def __init__(self, model_runner):
+        pass
+
+    def can_run(self, forward_batch):
+        return True
+
+
+class Broken(Recording):
+    def __init__(self, model_runner):
+        raise RuntimeError("no device graphs here")
+
+
+@pytest.mark.parametrize(
+    ("returns", "needles"),
+    [
+        (NotImplemented, ["does not implement get_graph_runner_cls()"]),
+        ("CudaGraphRunner", ["returned 'CudaGraphRunner', not a class"]),
+        (NoReplay, ["NoReplay has no replay()", "can_run(forward_batch) and replay"]),
+        (Broken, ["Broken failed to start: RuntimeError: no device graphs here"]),
+    ],
+)
+def test_a_graph_runner_a_launch_cannot_use_stops_start_up_naming_it(
+    eager, monkeypatch, returns, needles
+):
+    monkeypatch.setattr(eager, "platform", _graph_platform(returns))
+    with pytest.raises(ModelLoadError) as caught:
+        choose_decode_runner(eager, DecodeOptions())
+    message = str(caught.value)
+    for needle in [*needles, "--disable-cuda-graph"]:
+        assert needle in message, message
+    assert eager.graph_runner is None
+
+
+def test_batch_size_flags_below_one_are_refused_naming_them():
+    for field, flag in (
+        ("torch_compile_max_bs", "--torch-compile-max-bs"),
+        ("cuda_graph_max_bs", "--cuda-graph-max-bs"),
+    ):
+        with pytest.raises(ServerArgsError) as caught:
+            ServerArgs(**{field: 0}).check_server_args()
+        assert f"{flag} 0 must be at least 1" in str(caught.value)
