@@ -13,6 +13,7 @@ across tensor-parallel ranks, with a PyTorch built with oneDNN.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -39,9 +40,7 @@ def _packed_forward(module: Any, x: torch.Tensor) -> torch.Tensor:
 
     flat = x.reshape(-1, x.shape[-1])
     if torch.compiler.is_compiling():  # one opaque call in a compiled graph (``packed_linear``)
-        out: torch.Tensor = packed_linear_op()(
-            flat, module._packed_weight, module.bias, module.out_features
-        )
+        out: torch.Tensor = packed_linear_op()(flat, module._packed_index, module.out_features)
     else:
         out = torch.ops.mkldnn._linear_pointwise(
             flat, module._packed_weight, module.bias, "none", [], ""
@@ -49,13 +48,17 @@ def _packed_forward(module: Any, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
+# Every packed module, by its ``_packed_index`` (weakly: a model that goes takes its own along).
+_PACKED: list[weakref.ref[Any]] = []
 _OP: list[Any] = []
 
 
 def packed_linear_op() -> Any:
-    """``torch.ops.sglang_launch.packed_linear(x, packed_weight, bias, out_features)``,
-    registered once: a packed linear as a custom op, which ``torch.compile`` leaves as it is
-    (inductor's own oneDNN lowering expects weights it packed itself, under freezing)."""
+    """``torch.ops.sglang_launch.packed_linear(x, index, out_features)``, registered once: the
+    packed linear ``index`` (its module's ``_packed_index``) as a custom op, which
+    ``torch.compile`` leaves as it is. The op finds the module's packed weight itself: a graph
+    never holds oneDNN's opaque weight tensor, which the compiler would turn back into a dense
+    one (reordered again at every call)."""
     import torch
 
     if not _OP:
@@ -63,18 +66,17 @@ def packed_linear_op() -> Any:
         @torch.library.custom_op(
             "sglang_launch::packed_linear",
             mutates_args=(),
-            schema="(Tensor x, Tensor weight, Tensor? bias, int out_features) -> Tensor",
+            schema="(Tensor x, int index, int out_features) -> Tensor",
         )
-        def packed_linear(
-            x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int
-        ) -> torch.Tensor:
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        def packed_linear(x: torch.Tensor, index: int, out_features: int) -> torch.Tensor:
+            module = _PACKED[index]()
+            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+                x, module._packed_weight, module.bias, "none", [], ""
+            )
             return out
 
         @packed_linear.register_fake
-        def _(
-            x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out_features: int
-        ) -> torch.Tensor:
+        def _(x: torch.Tensor, index: int, out_features: int) -> torch.Tensor:
             return x.new_empty((x.shape[0], out_features))
 
         _OP.append(torch.ops.sglang_launch.packed_linear)
@@ -98,6 +100,8 @@ def pack_linears(model: Any) -> int:
         module._packed_weight = torch.ops.mkldnn._reorder_linear_weight(
             weight.detach(), _BATCH_HINT
         )
+        module._packed_index = len(_PACKED)
+        _PACKED.append(weakref.ref(module))
         module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
         if counts.get(id(weight), 0) == 1:  # nobody else reads it: its dense copy goes
             weight.data = torch.empty(0, dtype=weight.dtype)

@@ -224,6 +224,17 @@ class CompiledDecodeStep:
             log.info("decode step of %d rows compiled and run in %.1f s", size, seconds)
         runner.memory.reset()
         runner.memory.prompt_tokens_total = runner.memory.cached_tokens_total = 0
+        _stop_compile_workers()
+
+
+def _stop_compile_workers() -> None:
+    """Stop inductor's compile worker processes, which start-up is done with: left running, one
+    keeps a core busy and every later step runs many times slower on a small machine."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+    except ImportError:
+        return
+    shutdown_compile_workers()
 
 
 def _radix_layers(model: Any) -> dict[int, Any]:
