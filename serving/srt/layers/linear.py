@@ -69,7 +69,7 @@ def packed_linear_op() -> Any:
             schema="(Tensor x, int index, int out_features) -> Tensor",
         )
         def packed_linear(x: torch.Tensor, index: int, out_features: int) -> torch.Tensor:
-            module = _PACKED[index]()
+            module: Any = _PACKED[index]()
             out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
                 x, module._packed_weight, module.bias, "none", [], ""
             )
@@ -100,7 +100,7 @@ def pack_linears(model: Any) -> int:
         module._packed_weight = torch.ops.mkldnn._reorder_linear_weight(
             weight.detach(), _BATCH_HINT
         )
-        module._packed_index = len(_PACKED)
+        module.__dict__["_packed_index"] = len(_PACKED)  # a plain int, not a buffer
         _PACKED.append(weakref.ref(module))
         module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
         if counts.get(id(weight), 0) == 1:  # nobody else reads it: its dense copy goes
