@@ -64,6 +64,7 @@ def test_a_platform_with_graph_support_decodes_a_launch_through_its_runner(tmp_p
         MARK_GRAPH_RUNNER=str(marks),
     )
     args = ["--model-path", str(tiny), "--max-total-tokens", "512", "--cuda-graph-max-bs", "2"]
+    args += ["--dtype", "float32"]  # greedy tokens compared with transformers' float32 generate()
     server = start_server(args, tmp_path, "graphs", env=env)
     try:
         started = marks.read_text().splitlines()
