@@ -112,7 +112,7 @@ class CpuSRTPlatform(StockMemory, SRTPlatform, CpuDevice):
     def get_default_attention_backend(self) -> str:
         return "torch_native"
 
-    def bf16_feature(self) -> str | None:
+    def _bf16_feature(self) -> str | None:
         """The CPU feature that computes bfloat16 natively (``AVX512-BF16``, ``AMX-BF16``, Arm's
         ``BF16``), from /proc/cpuinfo; None where the CPU reports none."""
         flags = _cpu_flags()
@@ -121,7 +121,7 @@ class CpuSRTPlatform(StockMemory, SRTPlatform, CpuDevice):
     def get_default_dtype(self) -> DefaultDtype:
         """bfloat16 where the CPU computes it natively (as SGLang's CPU backend serves), else
         float32."""
-        feature = self.bf16_feature()
+        feature = self._bf16_feature()
         if feature:
             return DefaultDtype("bfloat16", f"the CPU has {feature}")
         return DefaultDtype(

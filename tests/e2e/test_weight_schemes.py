@@ -32,7 +32,7 @@ class {name}(CpuSRTPlatform):
     device_name = "cpu"
     supported_quantization = {supported!r}
 
-    def bf16_feature(self):
+    def _bf16_feature(self):
         return None
 
     def get_quantization_config(self, quantization):

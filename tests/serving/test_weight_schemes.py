@@ -29,14 +29,14 @@ TEXT = "the weather is lovely today and a cat sits on the mat while stock prices
 class NoBf16(CpuSRTPlatform):
     """A CPU that reports no bfloat16 instructions."""
 
-    def bf16_feature(self) -> str | None:
+    def _bf16_feature(self) -> str | None:
         return None
 
 
 class WithBf16(CpuSRTPlatform):
     """A CPU that reports AVX512-BF16."""
 
-    def bf16_feature(self) -> str | None:
+    def _bf16_feature(self) -> str | None:
         return "AVX512-BF16"
 
 
