@@ -25,10 +25,17 @@ CLOSING = {'"': 1.0, "]": 0.9, "}": 0.8}
 
 
 def build_tiny_bpe_llama(
-    path: Path, layers: int = 2, seed: int = 1234, closing_bias: float = 0.0
+    path: Path,
+    layers: int = 2,
+    seed: int = 1234,
+    closing_bias: float = 0.0,
+    template: str = CHAT_TEMPLATE,
+    positions: int = 1024,
 ) -> Path:
-    """A Hugging Face model directory at ``path``: a tiny Llama (random weights from ``seed``)
-    with a byte-level BPE tokenizer and ``CHAT_TEMPLATE``.
+    """A Hugging Face model directory at ``path``: a tiny Llama (random weights from ``seed``,
+    ``positions`` positions) with a byte-level BPE tokenizer (``support.gguf.train_tokenizer``:
+    its tokens decode to exactly the text a grammar matched) and ``template`` as its chat
+    template.
 
     ``closing_bias`` > 0 makes the tokens of ``CLOSING`` likelier than the rest at every step
     (one embedding dimension is a constant, which the output rows of those tokens weigh by
@@ -47,7 +54,7 @@ def build_tiny_bpe_llama(
         eos_token="</s>",
         pad_token="<pad>",
     )
-    tok.chat_template = CHAT_TEMPLATE
+    tok.chat_template = template
     tok.save_pretrained(path)
     cfg = LlamaConfig(
         vocab_size=len(tok),
@@ -56,7 +63,7 @@ def build_tiny_bpe_llama(
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=1024,
+        max_position_embeddings=positions,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,

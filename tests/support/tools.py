@@ -92,31 +92,8 @@ def valid_arguments(tool: dict, arguments: dict) -> bool:
 
 def build_tool_model(path: Path) -> Path:
     """A Hugging Face model directory at ``path``: a tiny random-weight Llama with a byte-level
-    BPE tokenizer (``support.gguf.train_tokenizer``: its tokens decode to exactly the text a
-    grammar matched) and ``TOOLS_TEMPLATE`` as its chat template."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    BPE tokenizer (``support.structured.build_tiny_bpe_llama``) and ``TOOLS_TEMPLATE`` as its chat
+    template."""
+    from support.structured import build_tiny_bpe_llama
 
-    from support.gguf import train_tokenizer
-
-    path.mkdir(parents=True, exist_ok=True)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(), bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
-    tok.chat_template = TOOLS_TEMPLATE
-    tok.save_pretrained(path)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(4321)
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
+    return build_tiny_bpe_llama(path, seed=4321, template=TOOLS_TEMPLATE, positions=2048)
