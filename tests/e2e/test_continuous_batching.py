@@ -5,7 +5,11 @@ that could never fit is a 400 naming the option; admission is fair across HTTP r
 scheduler's own socket, the ``group`` of each sequence); a tp=2 replica, whose ranks step the
 batch together, gives tp=1's greedy and seeded tokens for requests that joined each other's
 batches; a step that fails (a real plugin makes it) answers its requests with a 500 and the
-replica serves on. Ordering only: no test here asserts a speed."""
+replica serves on. Ordering only: no test here asserts a speed.
+
+Two launches serve the module: an HTTP server (the failing-step plugin installed; it fails only a
+step whose prompt says so) and a launch without HTTP whose scheduler socket the admission tests
+use (a small KV pool and room for two running sequences)."""
 
 from __future__ import annotations
 
@@ -28,7 +32,10 @@ from serving import wire
 
 pytestmark = pytest.mark.e2e  # every test here starts the launcher and its workers
 
-POOL = 700  # --max-total-tokens of the module's server: 405 + 103 tokens fit, 405 + 303 do not
+POOL = 700  # --max-total-tokens of the module's HTTP server
+# The socket launch's --max-total-tokens: a ~156-token and a ~53-token sequence (prompt +
+# max_new_tokens) each fit, together they do not; two ~36-token sequences fit.
+SOCKET_POOL = 200
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +45,33 @@ def tiny_path(tmp_path_factory):
     return build_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedding_model_dir())
 
 
+FAILING = """
+def register():
+    from hooks import HookType, plugin_hook
+
+    def fail_marked(original_fn, runner, batch, *args, **kwargs):
+        texts = [runner.tokenizer.decode(s.prompt_ids) for s in batch.sequences()]
+        if any("fail this step" in text for text in texts):
+            raise RuntimeError("the step broke on purpose")
+        return original_fn(runner, batch, *args, **kwargs)
+
+    plugin_hook("serving.srt.model_runner.ModelRunner.generate", type=HookType.AROUND)(
+        fail_marked
+    )
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tiny_path, tmp_path_factory):
+    site = tmp_path_factory.mktemp("failing-site")
+    make_dist(
+        site,
+        "failing-steps",
+        {"sglang.srt.plugins": {"failing": "failing_steps:register"}},
+        {"failing_steps.py": FAILING},
+    )
+    env = server_env()
+    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
     srv = start_server(
         [
             "--model-path",
@@ -53,9 +85,22 @@ def server(tiny_path, tmp_path_factory):
         ],
         tmp_path_factory.mktemp("cb-server"),
         "cb",
+        env=env,
     )
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def socket_launch(tiny_path):
+    """A launch without HTTP (``--http-target ''``): its scheduler's endpoint, for tests that
+    send on the scheduler's own socket."""
+    args = ["--model-path", str(tiny_path), "--http-target", ""]
+    args += ["--max-total-tokens", str(SOCKET_POOL), "--max-running-requests", "2"]
+    with Run(args, env={"SGLANG_USE_CPU_ENGINE": "1"}) as run:
+        snap = run.wait_ready(timeout=180)
+        scheduler = next(w for w in snap["workers"] if w["role"] == "scheduler")
+        yield scheduler["info"]["endpoint"]
 
 
 class Stream(threading.Thread):
@@ -115,36 +160,30 @@ def streams(url: str):
 
 def test_a_short_request_sent_while_a_long_one_streams_finishes_first(server):
     new = streams(server.url)
-    long = new("once upon a time", max_new_tokens=600, temperature=0)
+    long = new("once upon a time", max_new_tokens=200, temperature=0)
     long.start()
     assert long.started_streaming.wait(120) and long.error is None, long.error
     short = new("hello", max_new_tokens=2, temperature=0)
     short.start()
     short.finish(), long.finish()
-    assert short.tokens == 2 and long.tokens == 600
+    assert short.tokens == 2 and long.tokens == 200
     assert short.last < long.last  # the short one ended while the long one still streamed
 
 
-def test_a_request_that_does_not_fit_the_pool_waits_then_runs(tiny_path):
+def test_a_request_that_does_not_fit_the_pool_waits_then_runs(socket_launch):
     """Sent back to back on the scheduler's own socket, so that both are queued before the
-    first has gone far on however busy a machine: ~405 + ~303 tokens do not fit the pool (each
+    first has gone far on however busy a machine: ~156 + ~53 tokens do not fit the pool (each
     sequence counted at its own prompt + max_new_tokens), so the shorter second request waits
     for the long first one instead of finishing ahead of it (as it does where both fit: the
-    test above)."""
-    args = ["--model-path", str(tiny_path), "--http-target", "", "--max-total-tokens", str(POOL)]
-    with Run(args, env={"SGLANG_USE_CPU_ENGINE": "1"}) as run:
-        snap = run.wait_ready(timeout=180)
-        scheduler = next(w for w in snap["workers"] if w["role"] == "scheduler")
-        client = SchedulerSocket(scheduler["info"]["endpoint"])
-        try:
-            for rid, prompt, tokens in (("long", "once upon a time", 400), ("short", "hi", 300)):
-                params = wire.SamplingParams(
-                    max_new_tokens=tokens, temperature=0.0, ignore_eos=True
-                )
-                client.send(wire.GenerateRequest(rid, prompt, params))
-            order = client.finished(2, timeout=300)
-        finally:
-            client.close()
+    test above); had it joined, it would end about 100 steps before the long one."""
+    client = SchedulerSocket(socket_launch)
+    try:
+        for rid, prompt, tokens in (("long", "once upon a time", 150), ("short", "hi", 50)):
+            params = wire.SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+            client.send(wire.GenerateRequest(rid, prompt, params))
+        order = client.finished(2, timeout=300)
+    finally:
+        client.close()
     assert order == ["long", "short"], order  # the short one never joined the long one's batch
 
 
@@ -158,24 +197,20 @@ def test_a_request_that_could_never_fit_the_pool_is_a_400_naming_the_option(serv
     assert "--max-total-tokens" in message and f"KV pool of {POOL} tokens" in message, message
 
 
-def test_a_small_request_is_admitted_before_the_rest_of_a_big_one(tiny_path):
+def test_a_small_request_is_admitted_before_the_rest_of_a_big_one(socket_launch):
     """Eight sequences of one HTTP request (one group), then one of another: with room for two
     running sequences, the small request takes the next free place, ahead of the big one's
     remaining six."""
-    args = ["--model-path", str(tiny_path), "--http-target", "", "--max-running-requests", "2"]
-    with Run(args, env={"SGLANG_USE_CPU_ENGINE": "1"}) as run:
-        snap = run.wait_ready(timeout=180)
-        scheduler = next(w for w in snap["workers"] if w["role"] == "scheduler")
-        client = SchedulerSocket(scheduler["info"]["endpoint"])
-        try:
-            params = wire.SamplingParams(max_new_tokens=30, temperature=0.0, ignore_eos=True)
-            big = [f"big-{i}" for i in range(8)]
-            for rid in big:
-                client.send(wire.GenerateRequest(rid, "once upon a time", params, group="big"))
-            client.send(wire.GenerateRequest("small", "hello", params, group="small"))
-            order = client.finished(9)
-        finally:
-            client.close()
+    client = SchedulerSocket(socket_launch)
+    try:
+        params = wire.SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
+        big = [f"big-{i}" for i in range(8)]
+        for rid in big:
+            client.send(wire.GenerateRequest(rid, "once upon a time", params, group="big"))
+        client.send(wire.GenerateRequest("small", "hello", params, group="small"))
+        order = client.finished(9)
+    finally:
+        client.close()
     assert sorted(order) == sorted([*big, "small"])
     assert order.index("small") < order.index(big[-1])
     assert order.index("small") <= 3, order  # after at most the first two waves of the big one
@@ -223,44 +258,13 @@ def test_tp2_steps_the_batch_like_tp1_for_requests_that_join_each_other(
     assert got == want and all(want)
 
 
-FAILING = """
-def register():
-    from hooks import HookType, plugin_hook
-
-    def fail_marked(original_fn, runner, batch, *args, **kwargs):
-        texts = [runner.tokenizer.decode(s.prompt_ids) for s in batch.sequences()]
-        if any("fail this step" in text for text in texts):
-            raise RuntimeError("the step broke on purpose")
-        return original_fn(runner, batch, *args, **kwargs)
-
-    plugin_hook("serving.srt.model_runner.ModelRunner.generate", type=HookType.AROUND)(
-        fail_marked
-    )
-"""
-
-
-def test_a_failed_step_answers_its_requests_with_a_500_and_the_replica_serves_on(
-    tiny_path, tmp_path
-):
-    site = tmp_path / "site"
-    make_dist(
-        site,
-        "failing-steps",
-        {"sglang.srt.plugins": {"failing": "failing_steps:register"}},
-        {"failing_steps.py": FAILING},
-    )
-    env = server_env()
-    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
-    srv = start_server(["--model-path", str(tiny_path)], tmp_path, "failing", env=env)
-    try:
-        pid = httpx.get(srv.url + "/get_server_info", timeout=30).json()["schedulers"][0]["pid"]
-        body = {"sampling_params": {"max_new_tokens": 8, "temperature": 0}}
-        failed = post(srv.url + "/generate", {"text": "please fail this step", **body})
-        assert failed.status_code == 500, failed.text
-        assert "RuntimeError: the step broke on purpose" in failed.json()["error"]["message"]
-        ok = post(srv.url + "/generate", {"text": "hello", **body})
-        assert ok.status_code == 200, ok.text
-        again = httpx.get(srv.url + "/get_server_info", timeout=30).json()["schedulers"][0]["pid"]
-        assert again == pid  # the same process served on
-    finally:
-        srv.stop()
+def test_a_failed_step_answers_its_requests_with_a_500_and_the_replica_serves_on(server):
+    pid = httpx.get(server.url + "/get_server_info", timeout=30).json()["schedulers"][0]["pid"]
+    body = {"sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    failed = post(server.url + "/generate", {"text": "please fail this step", **body})
+    assert failed.status_code == 500, failed.text
+    assert "RuntimeError: the step broke on purpose" in failed.json()["error"]["message"]
+    ok = post(server.url + "/generate", {"text": "hello", **body})
+    assert ok.status_code == 200, ok.text
+    again = httpx.get(server.url + "/get_server_info", timeout=30).json()["schedulers"][0]["pid"]
+    assert again == pid  # the same process served on
