@@ -130,6 +130,11 @@ class ServerArgs:
     torchao_config: str | None = _opt(
         None, "weight-only quantization, as SGLang's torchao names it: int8wo, int4wo-<group>"
     )
+    wide_step_tokens: int = _opt(
+        8,
+        "a step of at least this many tokens (a prompt, a wide decode) multiplies a quantized "
+        "layer by a dense copy of its weight, kept beside it: faster, more memory; 0: none",
+    )
     attention_backend: str | None = _opt(None, "attention backend (default: the platform's)")
     seed: int = _opt(0, "random seed")
     # Process supervision
@@ -493,6 +498,11 @@ class ServerArgs:
                 self.max_running_requests >= 1,
                 f"--max-running-requests {self.max_running_requests} must be at least 1",
             )
+        need(
+            self.wide_step_tokens >= 0,
+            f"--wide-step-tokens {self.wide_step_tokens} must be at least 1, or 0 for no dense "
+            f"copy of a quantized weight",
+        )
         need(
             self.torch_compile_max_bs >= 1,
             f"--torch-compile-max-bs {self.torch_compile_max_bs} must be at least 1",

@@ -117,6 +117,7 @@ class ModelRunner:
         max_running_requests: int | None = None,
         quantization: str | None = None,
         torchao_config: str | None = None,
+        wide_step_tokens: int = 8,
     ) -> None:
         """``max_input_tokens``: the longest prompt (default: what the model allows, ``limits``);
         ``context_length``: the longest prompt + completion (default and cap: the model's
@@ -126,7 +127,8 @@ class ModelRunner:
         accelerator, 256 on the CPU; -1: no bound); ``tokenizer_path``: a tokenizer directory
         to use instead of the model's own (``--tokenizer-path``); ``page_size``,
         ``disable_radix_cache``, ``max_running_requests``, ``quantization``,
-        ``torchao_config``: SGLang's options of those names (``model_loader.weights``)."""
+        ``torchao_config``: SGLang's options of those names (``model_loader.weights``);
+        ``wide_step_tokens``: ``--wide-step-tokens`` (``model_loader.weights.apply_scheme``)."""
         import torch
         import transformers
 
@@ -163,7 +165,7 @@ class ModelRunner:
         self.dtype, self.dtype_reason = resolve_dtype(
             dtype, config, platform, self.device, self.kind
         )
-        self._scheme = (quantization, torchao_config)
+        self._scheme = (quantization, torchao_config, int(wide_step_tokens))
         if self.kind == "generation":  # attention over the KV pool (``layers.attention``)
             self.attn_backend_class, self.attention_backend = choose_attention_backend(
                 attention_backend, platform_attention
@@ -308,7 +310,7 @@ class ModelRunner:
             ) from exc
         if self.tp_size == 1:
             model = model.to(self.device)
-        quantization, torchao_config = self._scheme
+        quantization, torchao_config, wide_step_tokens = self._scheme
         self.weights = apply_scheme(
             model,
             self.source,
@@ -317,6 +319,7 @@ class ModelRunner:
             torchao_config=torchao_config,
             dtype=self.dtype,
             tp_size=self.tp_size,
+            wide_step_tokens=wide_step_tokens if self.kind == "generation" else 0,
         )
         if self.kind == "generation" and can_pack(self.device, self.dtype, self.tp_size):
             log.info("%d linear layers use oneDNN's prepacked weights", pack_linears(model))

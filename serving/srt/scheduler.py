@@ -168,6 +168,7 @@ def load_runner(
         ranks_sharing=ranks_sharing,
         tokenizer_path=server_args.tokenizer_path,
         quantization=server_args.quantization,
+        wide_step_tokens=server_args.wide_step_tokens,
         torchao_config=server_args.torchao_config,
     )
 

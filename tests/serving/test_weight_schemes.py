@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 
 from launchspec.model_source import embedding_model_dir, resolve_model  # noqa: E402
 from launchspec.quantization import QuantizationError, resolve  # noqa: E402
+from launchspec.server_args import ServerArgs, ServerArgsError  # noqa: E402
 from platforms import SRTPlatform  # noqa: E402
 from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
 from serving.srt.model_runner import ModelRunner  # noqa: E402
@@ -129,6 +130,34 @@ def test_the_agreement_with_float32_that_the_docs_promise(tiny):
     assert rel(runner(tiny, dtype="bfloat16", torchao_config="int4wo-32")) <= 0.15
 
 
+def test_a_wide_step_multiplies_by_a_dense_copy_of_the_quantized_values(tiny):
+    """``--wide-step-tokens`` (8 by default): a step of at least that many tokens runs a
+    quantized layer through a dense copy of the values its kernel multiplies by, a narrower one
+    through the kernel; 0 keeps no copy. The two paths agree (exactly in float32, to bfloat16's
+    rounding in bfloat16) and so do the greedy tokens of a float32 model."""
+    import torch
+
+    for dtype, tol in (("float32", 1e-5), ("bfloat16", 2e-2)):
+        kept = runner(tiny, dtype=dtype, torchao_config="int4wo-32")
+        assert kept.describe().weights.endswith(
+            f"a step of 8 tokens or more multiplies these 14 by a dense {dtype} copy of their "
+            f"values (--wide-step-tokens); the rest {dtype}"
+        ), kept.describe().weights
+        layer = kept.model.get_submodule("model.layers.0.mlp.up_proj")
+        x = torch.randn(16, layer.in_features, dtype=getattr(torch, dtype))
+        with torch.inference_mode():
+            wide, narrow = layer(x), layer.narrow_matmul(x)
+            assert torch.equal(layer(x[:7]), layer.narrow_matmul(x[:7]))  # 7 < 8: the kernel
+        assert torch.allclose(wide.float(), narrow.float(), rtol=tol, atol=tol)
+        none = runner(tiny, dtype=dtype, torchao_config="int4wo-32", wide_step_tokens=0)
+        assert "--wide-step-tokens" not in none.describe().weights
+        if dtype == "float32":
+            assert greedy(kept) == greedy(none)
+    with pytest.raises(ServerArgsError) as caught:
+        ServerArgs(wide_step_tokens=-1).check_server_args()
+    assert "--wide-step-tokens -1 must be at least 1, or 0" in str(caught.value)
+
+
 class Refusing(SRTPlatform):
     supported_quantization = ["int8wo", "int4wo"]
 
@@ -205,12 +234,14 @@ def test_gguf_q4_0_and_q8_0_tensors_load_at_their_own_precision_and_answer(gguf_
             assert info.weights == (
                 "GGUF tensors: 14 Q4_0 linears as int4 weight-only (group 32, the file's 4-bit "
                 "values); 1 Q4_0 linears dequantised to float32 (a shape the kernel does not "
-                "take); the rest float32"
+                "take); a step of 8 tokens or more multiplies these 14 by a dense float32 copy "
+                "of their values (--wide-step-tokens); the rest float32"
             ), info.weights
         else:
             assert info.weights == (
                 "GGUF tensors: 15 Q8_0 linears as int8 weight-only (the file's 8-bit blocks "
-                "re-scaled to a scale per row); the rest float32"
+                "re-scaled to a scale per row); a step of 8 tokens or more multiplies these 15 "
+                "by a dense float32 copy of their values (--wide-step-tokens); the rest float32"
             ), info.weights
         assert all(len(out) == 16 for out in greedy(served))
         # The converted directory holds transformers' dequantisation of the same file.

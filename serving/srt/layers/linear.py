@@ -35,17 +35,48 @@ def can_pack(device: torch.device, dtype: torch.dtype, tp_size: int) -> bool:
     )
 
 
-def _packed_forward(module: Any, x: torch.Tensor) -> torch.Tensor:
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A dense (out, in) weight in oneDNN's blocked layout for ``packed_matmul``."""
     import torch
 
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight, _BATCH_HINT)
+    return packed
+
+
+def packed_matmul(module: Any, flat: torch.Tensor) -> torch.Tensor:
+    """``flat @ W.T + bias`` through the module's oneDNN-packed weight ``_packed_weight``."""
+    import torch
+
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+        flat, module._packed_weight, module.bias, "none", [], ""
+    )
+    return out
+
+
+def _packed_forward(module: Any, x: torch.Tensor) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1])
+    out = call_packed(module, flat)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def register_packed(module: Any, matmul: Any) -> None:
+    """Make ``matmul(module, flat)`` the module's computation of a flat input: eager, it is
+    called as it is; in a compiled graph, through the opaque op ``packed_linear``
+    (``call_packed``)."""
+    module.__dict__["_packed_index"] = len(_PACKED)  # a plain int, not a buffer
+    module.__dict__["_packed_matmul"] = matmul
+    _PACKED.append(weakref.ref(module))
+
+
+def call_packed(module: Any, flat: torch.Tensor) -> torch.Tensor:
+    """A registered module's output for ``flat`` (tokens, in_features)."""
+    import torch
+
     if torch.compiler.is_compiling():  # one opaque call in a compiled graph (``packed_linear``)
         out: torch.Tensor = packed_linear_op()(flat, module._packed_index, module.out_features)
-    else:
-        out = torch.ops.mkldnn._linear_pointwise(
-            flat, module._packed_weight, module.bias, "none", [], ""
-        )
-    return out.reshape(*x.shape[:-1], out.shape[-1])
+        return out
+    result: torch.Tensor = module._packed_matmul(module, flat)
+    return result
 
 
 # Every packed module, by its ``_packed_index`` (weakly: a model that goes takes its own along).
@@ -70,9 +101,7 @@ def packed_linear_op() -> Any:
         )
         def packed_linear(x: torch.Tensor, index: int, out_features: int) -> torch.Tensor:
             module: Any = _PACKED[index]()
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                x, module._packed_weight, module.bias, "none", [], ""
-            )
+            out: torch.Tensor = module._packed_matmul(module, x)
             return out
 
         @packed_linear.register_fake
@@ -97,11 +126,8 @@ def pack_linears(model: Any) -> int:
         if type(module) is not torch.nn.Linear:
             continue
         weight = module.weight
-        module._packed_weight = torch.ops.mkldnn._reorder_linear_weight(
-            weight.detach(), _BATCH_HINT
-        )
-        module.__dict__["_packed_index"] = len(_PACKED)  # a plain int, not a buffer
-        _PACKED.append(weakref.ref(module))
+        module._packed_weight = pack_weight(weight.detach())
+        register_packed(module, packed_matmul)
         module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
         if counts.get(id(weight), 0) == 1:  # nobody else reads it: its dense copy goes
             weight.data = torch.empty(0, dtype=weight.dtype)

@@ -87,9 +87,12 @@ def apply_scheme(
     torchao_config: str | None,
     dtype: torch.dtype,
     tp_size: int,
+    wide_step_tokens: int = 0,
 ) -> WeightsReport:
     """Lay the weight scheme the flags and the platform decide into ``model`` (loaded at
-    ``dtype``); ``ModelLoadError`` when it cannot be served."""
+    ``dtype``); ``ModelLoadError`` when it cannot be served. ``wide_step_tokens`` > 0: each
+    quantized layer also keeps a dense copy that computes the steps of at least that many tokens
+    (``--wide-step-tokens``, ``layers.quantization.keep_wide_copies``)."""
     rest = str(dtype).replace("torch.", "")
     gguf = source.gguf
     try:
@@ -120,7 +123,8 @@ def apply_scheme(
             for kind, n in sorted(laid.items())
         ]
         what = "; ".join(parts) if parts else "no linear in a Q4_0, Q4_1 or Q8_0 tensor"
-        return WeightsReport(scheme.name, f"GGUF tensors: {what}; the rest {rest}{note}")
+        wide = _wide_copies(model, wide_step_tokens, rest)
+        return WeightsReport(scheme.name, f"GGUF tensors: {what}{wide}; the rest {rest}{note}")
     done = kept = 0
     for name in linear_names(model):
         layer = quantize_linear(model.get_submodule(name), scheme.method, scheme.group_size, dtype)
@@ -135,4 +139,22 @@ def apply_scheme(
         else f"int4 weight-only (group {scheme.group_size})"
     )
     unfit = f", {kept} whose shape the kernel does not take {rest}" if kept else ""
-    return WeightsReport(scheme.name, f"{done} linears as {layout}{unfit}; the rest {rest}{note}")
+    wide = _wide_copies(model, wide_step_tokens, rest)
+    return WeightsReport(
+        scheme.name, f"{done} linears as {layout}{unfit}{wide}; the rest {rest}{note}"
+    )
+
+
+def _wide_copies(model: Any, wide_step_tokens: int, rest: str) -> str:
+    """Keep the dense copies ``--wide-step-tokens`` asks for; what the summary says of them."""
+    if wide_step_tokens <= 0:
+        return ""
+    from serving.srt.layers.quantization import keep_wide_copies
+
+    kept = keep_wide_copies(model, wide_step_tokens)
+    if not kept:
+        return ""
+    return (
+        f"; a step of {wide_step_tokens} tokens or more multiplies these {kept} by a dense "
+        f"{rest} copy of their values (--wide-step-tokens)"
+    )

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from serving.srt.layers.linear import call_packed, pack_weight, packed_matmul, register_packed
+
 if TYPE_CHECKING:
     import torch
 
@@ -44,14 +46,15 @@ class Int8WeightOnlyLinear(_module_base()):  # type: ignore[misc]
         self.register_buffer("scales", scales.contiguous())
         self.bias = bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def narrow_matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        """The int8 kernel over ``flat`` (tokens, in_features), bias added."""
         import torch
 
-        flat = x.reshape(-1, self.in_features)
         out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _weight_only_forward(self, x)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weight-only"
@@ -84,22 +87,93 @@ class Int4WeightOnlyLinear(_module_base()):  # type: ignore[misc]
         self.register_buffer("scale_and_zero", both)
         self.bias = bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def narrow_matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        """The int4 kernel over ``flat`` (tokens, in_features), bias added."""
         import torch
 
-        flat = x.reshape(-1, self.in_features)
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
             flat, self.packed, self.group_size, self.scale_and_zero
         )
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _weight_only_forward(self, x)
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, int4 "
             f"weight-only, group_size={self.group_size}"
         )
+
+
+WEIGHT_ONLY = (Int8WeightOnlyLinear, Int4WeightOnlyLinear)
+
+
+def _weight_only_forward(module: Any, x: torch.Tensor) -> torch.Tensor:
+    flat = x.reshape(-1, module.in_features)
+    if "_packed_index" in module.__dict__:  # a wide copy is kept (``keep_wide_copies``)
+        out = call_packed(module, flat)
+    else:
+        out = module.narrow_matmul(flat)
+    return out.reshape(*x.shape[:-1], module.out_features)
+
+
+def dense_weight(module: Any) -> torch.Tensor:
+    """A weight-only layer's weight as the dense (out, in) matrix its kernel multiplies by, in
+    the activations' dtype: the kernel run over the identity, so each value is the kernel's own."""
+    import torch
+
+    scales = module.scales if isinstance(module, Int8WeightOnlyLinear) else module.scale_and_zero
+    eye = torch.eye(module.in_features, dtype=scales.dtype, device=scales.device)
+    saved, module.bias = module.bias, None
+    try:
+        columns: torch.Tensor = module.narrow_matmul(eye)  # (in, out): row i is column i
+    finally:
+        module.bias = saved
+    return columns.t().contiguous()
+
+
+def _choose_kernel(module: Any, flat: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    if flat.shape[0] < module.wide_rows:
+        narrow: torch.Tensor = module.narrow_matmul(flat)
+        return narrow
+    if "_packed_weight" in module.__dict__:
+        return packed_matmul(module, flat)
+    wide: torch.Tensor = torch.nn.functional.linear(flat, module._dense_weight, module.bias)
+    return wide
+
+
+def keep_wide_copies(model: Any, wide_rows: int) -> int:
+    """Give every weight-only layer of ``model`` a dense copy of its weight (packed for oneDNN
+    where the platform packs linears: ``serving.srt.layers.linear.can_pack``) that computes
+    the steps of at least ``wide_rows`` tokens; a narrower step keeps the weight-only kernel.
+    How many layers got one.
+
+    The copy holds the values the weight-only kernel multiplies by (``dense_weight``), so both
+    paths compute the same product up to the order of the additions. What differs is the cost:
+    the weight-only kernel reads a quarter (int4) or half (int8) of the bytes, which is what a
+    step of a few tokens waits on, but dequantises the weight again for every few rows, which a
+    step of many tokens (a prompt, a wide decode) pays many times over."""
+    import torch
+
+    from serving.srt.layers.linear import can_pack
+
+    kept = 0
+    for module in model.modules():
+        if not isinstance(module, WEIGHT_ONLY) or "_packed_index" in module.__dict__:
+            continue
+        with torch.no_grad():
+            dense = dense_weight(module)
+            if can_pack(dense.device, dense.dtype, 1):
+                module._packed_weight = pack_weight(dense)
+            else:
+                module._dense_weight = dense
+        module.wide_rows = int(wide_rows)
+        register_packed(module, _choose_kernel)
+        kept += 1
+    return kept
 
 
 def int4_fits(in_features: int, out_features: int, group_size: int) -> bool:
