@@ -1,4 +1,4 @@
-"""dp=2 through the real CLI: a bounded load test (16 clients, 8 s, loopback), then a scheduler
+"""dp=2 through the real CLI: a bounded load test (16 clients, 3 s, loopback), then a scheduler
 killed mid-load with ``--restart-policy never``. The supervisor is paused (SIGSTOP) for the kill,
 so what turns ``/health`` false is the HTTP child's own liveness signal; resumed, the supervisor
 tears everything down and reports the root cause. With the default policy (on-failure at dp=2) a
@@ -44,7 +44,7 @@ def server(tmp_path):
 
 
 def test_dp2_load_then_a_scheduler_dies_mid_load(server, capsys):
-    stats = run_load(server.url, embedding_body, clients=16, seconds=8)
+    stats = run_load(server.url, embedding_body, clients=16, seconds=3)
     report(
         capsys,
         f"load dp=2: {stats['requests']} requests, {len(stats['errors'])} errors, "
