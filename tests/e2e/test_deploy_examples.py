@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 from support import REPO, free_port, kill_tree, wait_for
-from support.serving import cli_command, server_env
+from support.serving import EMBEDDING_MODEL, cli_command, server_env
 from support.supervisor import short_runtime_dir
 
 pytestmark = pytest.mark.e2e
@@ -68,7 +68,7 @@ def test_the_units_command_line_notifies_answers_the_probes_and_stops_on_its_kil
     key_file = tmp_path / "api-key"
     key_file.write_text("deploy-key\n")
     swap = {
-        "--model-path": None,
+        "--model-path": EMBEDDING_MODEL,  # the cheapest real model to start (twice: the reload)
         "--port": str(free_port()),
         "--host": "127.0.0.1",
         "--api-key-file": str(key_file),
@@ -80,8 +80,7 @@ def test_the_units_command_line_notifies_answers_the_probes_and_stops_on_its_kil
             continue
         if token in swap:
             skip = True
-            if swap[token] is not None:  # --model-path: the embedded default model instead
-                args += [token, swap[token]]
+            args += [token, swap[token]]
             continue
         args.append(token)
     port = int(args[args.index("--port") + 1])
