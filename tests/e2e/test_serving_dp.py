@@ -218,7 +218,7 @@ def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
     load = threading.Thread(
         target=lambda: result.update(
             run_load(
-                srv.url, embedding_body, clients=4, seconds=600, pause=0.02, stop_event=stop_load
+                srv.url, embedding_body, clients=4, seconds=600, pause=0.1, stop_event=stop_load
             )
         ),
         daemon=True,

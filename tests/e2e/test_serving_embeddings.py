@@ -278,8 +278,8 @@ def test_schemathesis_fuzz_finds_no_server_error(server, tmp_path):
 
 
 @pytest.mark.e2e
-def test_load_dp1_sixteen_clients_eight_seconds(server, capsys):
-    stats = run_load(server.url, embedding_body, clients=16, seconds=8)
+def test_load_dp1_sixteen_clients_three_seconds(server, capsys):
+    stats = run_load(server.url, embedding_body, clients=16, seconds=3)
     report(
         capsys,
         f"load dp=1: {stats['requests']} requests, {len(stats['errors'])} errors, "
