@@ -61,6 +61,19 @@ def check_platform(scenarios, *, sites=(), env=None, timeout=240):
     return result.data["results"], result
 
 
+def assert_stock_memory_rows(report):
+    """The memory factories' rows of a platform that returns SGLang's stock classes."""
+    pool, paged = "subsystems.get_mha_kv_pool_cls", "subsystems.get_paged_allocator_cls"
+    got = row(report, pool)
+    assert got["status"] == "pass", got
+    assert got["detail"] == (
+        "serving.srt.mem_cache.memory_pool.MHATokenToKVPool: a launch uses it; it constructs "
+        "with SGLang's parameters"
+    ), got
+    got = row(report, paged)
+    assert got["status"] == "pass" and "at --page-size > 1" in got["detail"], got
+
+
 def rows_by_status(report, status):
     return {row["id"] for row in report["rows"] if row["status"] == status}
 
@@ -97,6 +110,8 @@ def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
     # The CPU platform returns SGLang's stock pool, which a launch builds; missing is shown, not
     # failed (it has no graph runner).
     assert row(srt["report"], "subsystems.get_mha_kv_pool_cls")["status"] == "pass"
+    # Nothing set (the platform a launch serves on): the memory rows of SGLang's stock classes.
+    assert_stock_memory_rows(as_served["report"])
     assert row(srt["report"], "subsystems.get_graph_runner_cls")["status"] == "missing"
     assert "NotImplementedError" in row(srt["report"], "subsystems.get_graph_runner_cls")["detail"]
     assert row(diffusion["report"], "diffusion.custom_op")["status"] == "pass"

@@ -1,12 +1,13 @@
 """check-platform's rows for the memory factories a launch calls (``get_mha_kv_pool_cls``,
 ``get_paged_allocator_cls``): pass when a launch would use the class, fail naming why when it
-could not. Real platform plugins (``support.memory_plugins``) and the built-in CPU platform."""
+could not. Real platform plugins (``support.memory_plugins``); the built-in CPU platform's rows are
+checked by ``test_check_platform``'s CPU test, on the same command."""
 
 from __future__ import annotations
 
 import pytest
 from support.memory_plugins import memory_plugins
-from test_check_platform import check_platform, row
+from test_check_platform import assert_stock_memory_rows, check_platform, row
 
 pytestmark = pytest.mark.e2e
 
@@ -18,23 +19,13 @@ def test_memory_rows_pass_when_a_launch_uses_the_class_and_fail_when_it_cannot(s
         for key in ("subpool", "stockpool", "badpool")
     ]
     (subpool, stock, bad), result = check_platform(scenarios, sites=[site])
-    (cpu,), cpu_result = check_platform([(["--json", "--runtime", "srt"], {})])
-    assert cpu["report"]["platform"]["key"] == "builtin:cpu", cpu_result
     pool, paged = "subsystems.get_mha_kv_pool_cls", "subsystems.get_paged_allocator_cls"
 
     got = row(subpool["report"], pool)
     assert got["status"] == "pass" and ".MarkingPool: a launch uses it" in got["detail"], result
     assert row(subpool["report"], paged)["status"] == "missing", result
 
-    for report in (stock["report"], cpu["report"]):
-        got = row(report, pool)
-        assert got["status"] == "pass", result
-        assert got["detail"] == (
-            "serving.srt.mem_cache.memory_pool.MHATokenToKVPool: a launch uses it; it constructs "
-            "with SGLang's parameters"
-        ), got
-        got = row(report, paged)
-        assert got["status"] == "pass" and "at --page-size > 1" in got["detail"], got
+    assert_stock_memory_rows(stock["report"])
 
     got = row(bad["report"], pool)
     assert got["status"] == "fail", result
