@@ -1,11 +1,14 @@
 """End to end through the real CLI with a tiny causal LM built at test time (random weights, a
 real tokenizer): exact token counts, greedy determinism, streaming, the API key, client
-disconnects, and tensor parallelism (tp=2 gives tp=1's greedy tokens; a model with no plan is
-refused at start-up; tp=2 over two nodes, one rank each, also gives tp=1's tokens)."""
+disconnects, and tensor parallelism (tp=2 gives tp=1's greedy tokens, and for requests that join
+each other's running batch tp=1's greedy and seeded tokens, as every rank steps the batch and
+samples the same tokens; a model with no plan is refused at start-up; tp=2 over two nodes, one
+rank each, also gives tp=1's tokens)."""
 
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import msgspec
@@ -285,12 +288,40 @@ def test_client_disconnect_cancels_the_request(server):
     assert now["generated_tokens"] - before["generated_tokens"] < 1500
 
 
-def test_tp2_gives_the_same_greedy_tokens_as_tp1(server, tiny_path, tmp_path):
+# Requests sent together, so that they join each other's running batch: greedy and seeded.
+JOINING = [
+    ("hello world", {"max_new_tokens": 24, "temperature": 0}),
+    ("the quick brown fox", {"max_new_tokens": 9, "temperature": 0}),
+    ("tensor parallel check", {"max_new_tokens": 16, "temperature": 1.1, "seed": 5}),
+]
+
+
+def together(url: str, headers: dict) -> list[str]:
+    """The texts of ``JOINING``, sent at once from a thread each."""
+    out: list[str] = [""] * len(JOINING)
+
+    def one(i: int) -> None:
+        text, params = JOINING[i]
+        out[i] = generate(url, text, headers=headers, **params, ignore_eos=True)["text"]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(JOINING))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    return out
+
+
+def test_tp2_gives_the_same_tokens_as_tp1_alone_and_in_a_joined_batch(server, tiny_path, tmp_path):
+    """One request at a time (greedy), then requests sent together that join each other's
+    running batch (greedy and seeded): every rank steps the batch and samples the same tokens,
+    so a tp=2 replica gives what one rank gives."""
     prompts = ["hello world", "the quick brown fox", "tensor parallel check"]
     want = [
         generate(server.url, p, max_new_tokens=20, temperature=0, ignore_eos=True)["text"]
         for p in prompts
     ]
+    want_joined = together(server.url, AUTH)
     tp2 = start_server(
         ["--model-path", str(tiny_path), "--tp-size", "2", "--dtype", "float32"], tmp_path, "tp2"
     )
@@ -301,11 +332,13 @@ def test_tp2_gives_the_same_greedy_tokens_as_tp1(server, tiny_path, tmp_path):
             ]
             for p in prompts
         ]
+        got_joined = together(tp2.url, {})
         info = httpx.get(tp2.url + "/get_server_info", timeout=30).json()
         assert info["model"]["tp_size"] == 2
     finally:
         tp2.stop()
     assert got == want
+    assert got_joined == want_joined and all(want_joined)
 
 
 def test_tp2_over_two_nodes_gives_the_same_greedy_tokens_as_tp1(server, tiny_path, tmp_path):
