@@ -122,6 +122,32 @@ def test_compiled_float32_greedy_tokens_equal_transformers_generate(tiny):
         assert ref[0, ids.shape[1] :].tolist() == tokens, prompt
 
 
+def test_a_compiled_step_over_int4_weights_gives_the_eager_tokens(tiny):
+    """The compiled step over weight-only int4 layers (``--torchao-config int4wo-32``): their
+    kernel computes only a step's own rows (one row runs padded to two), wider steps go through
+    the dense copy (``--wide-step-tokens``); float32 greedy tokens are the eager ones."""
+
+    def int4(compiled):
+        runner = ModelRunner(
+            resolve_model(tiny),
+            platform=CpuSRTPlatform(),
+            max_batch_size=8,
+            dtype="float32",
+            torchao_config="int4wo-32",
+            wide_step_tokens=3,
+        )
+        runner.warm_up()
+        options = DecodeOptions(enable_torch_compile=compiled, torch_compile_max_bs=4)
+        choose_decode_runner(runner, options)
+        return runner
+
+    eager_int4, compiled_int4 = int4(False), int4(True)
+    assert isinstance(compiled_int4.graph_runner, CompiledDecodeStep)
+    for size in (1, 2, 4):  # the kernel alone, padded; the kernel; the dense copy
+        prompts = PROMPTS[:size]
+        assert _tokens(compiled_int4, prompts) == _tokens(eager_int4, prompts), size
+
+
 class Recording:
     """A vendor's graph runner: its own class, not this project's, recording its replays and
     computing the logits eagerly."""

@@ -79,6 +79,10 @@ def call_packed(module: Any, flat: torch.Tensor) -> torch.Tensor:
     return result
 
 
+# The rows of the running compiled step that are its own, the rest being padding (None: every
+# row is): set by the compiled step around a call, read by kernels whose cost grows with the rows.
+LIVE_ROWS: list[int | None] = [None]
+
 # Every packed module, by its ``_packed_index`` (weakly: a model that goes takes its own along).
 _PACKED: list[weakref.ref[Any]] = []
 _OP: list[Any] = []

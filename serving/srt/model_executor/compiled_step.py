@@ -33,7 +33,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from serving.srt.layers.attention.hf_attention import COMPILED_DECODE
-from serving.srt.layers.linear import packed_linear_op
+from serving.srt.layers.linear import LIVE_ROWS, packed_linear_op
 from serving.srt.model_executor.forward_batch_info import ForwardMode
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("sglang_launch.compiled_step")
 
 OP_NAMESPACE = "sglang_launch"
+# The most rows the dynamic graph is compiled for (``--torch-compile-max-bs`` is capped to it).
+ROWS_BOUND = 1024
 # The forward running a compiled graph now and its layers by id: what the attention op reads.
 _STEP: list[Any] = [None]
 _REGISTERED: set[str] = set()
@@ -121,7 +123,7 @@ class CompiledDecodeStep:
         self.model_runner = model_runner
         platform = model_runner.platform
         running = model_runner.memory.req_to_token_pool.size
-        self.max_bs = max(1, min(int(max_bs), int(running)))
+        self.max_bs = max(1, min(int(max_bs), int(running), ROWS_BOUND))
         self.backend = str(platform.get_compile_backend())
         self.options = self.compile_options(_compile_options(platform))
         self.cache_dir = inductor_cache_dir()
@@ -168,16 +170,19 @@ class CompiledDecodeStep:
             zeros = torch.zeros(pad, dtype=ids.dtype, device=ids.device)
             ids, positions = torch.cat([ids, zeros]), torch.cat([positions, zeros])
         ids, positions = ids[None, :], positions[None, :]
-        if self.dynamic:
-            torch._dynamo.mark_dynamic(ids, 1, min=self.min_rows, max=max(self.max_bs, 3))
-            torch._dynamo.mark_dynamic(positions, 1, min=self.min_rows, max=max(self.max_bs, 3))
+        if self.dynamic:  # one bound whatever --torch-compile-max-bs is, so the graph and its
+            # cache entry are the same for every start (an entry cached for 16 rows was reused,
+            # with its guard, by a start asking for 32, which then failed)
+            torch._dynamo.mark_dynamic(ids, 1, min=self.min_rows, max=ROWS_BOUND)
+            torch._dynamo.mark_dynamic(positions, 1, min=self.min_rows, max=ROWS_BOUND)
         if not self.layers:
             self.layers = _radix_layers(self.model_runner.model)
         _STEP[0] = (forward_batch, self.layers)
+        LIVE_ROWS[0] = rows
         try:
             logits: torch.Tensor = self._compiled(ids, positions)
         finally:
-            _STEP[0] = None
+            _STEP[0] = LIVE_ROWS[0] = None
         return logits[0, :rows, None, :]
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from serving.srt.layers.linear import call_packed, pack_weight, packed_matmul, register_packed
+from serving.srt.layers.linear import (
+    LIVE_ROWS,
+    call_packed,
+    pack_weight,
+    packed_matmul,
+    register_packed,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -137,6 +143,11 @@ def _choose_kernel(module: Any, flat: torch.Tensor) -> torch.Tensor:
     import torch
 
     if flat.shape[0] < module.wide_rows:
+        live = LIVE_ROWS[0]
+        if live is not None and live < flat.shape[0]:  # a compiled step's padding: not computed
+            padded = flat.new_zeros((flat.shape[0], module.out_features))
+            padded[:live] = module.narrow_matmul(flat[:live])
+            return padded
         narrow: torch.Tensor = module.narrow_matmul(flat)
         return narrow
     if "_packed_weight" in module.__dict__:
