@@ -20,6 +20,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# The test processes, and every process they start unless a test says otherwise, run OpenMP's
+# threads passive (asleep while they wait, as a launch runs its schedulers): the suite runs more
+# processes than there are cores, where a thread spinning at a barrier takes a core from the
+# process that has work (the in-process engine tests ran 3x slower beside two busy cores).
+# Set before anything loads torch's OpenMP runtime, which reads it once; the user's value wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from support import PRODUCT_ENV, descendants, kill_tree  # noqa: E402
 
 # demo_site: the demo plugin, pip-installed once; fresh_process: a test of the process-wide state
