@@ -28,8 +28,8 @@ from support.serving import (
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    # No OMP_WAIT_POLICY of its own (the suite's processes run with one): the launch's default.
-    env = server_env(OMP_WAIT_POLICY=None)
+    # No OpenMP settings of its own (the suite's processes run with some): the launch's default.
+    env = server_env(OMP_WAIT_POLICY=None, GOMP_SPINCOUNT=None)
     srv = start_server([], tmp_path_factory.mktemp("default-model"), "default", env=env)
     yield srv
     srv.stop()
