@@ -18,12 +18,11 @@ import threading
 
 import httpx
 import pytest
-from support import make_dist
 from support.serving import (
     SchedulerSocket,
     build_tiny_llama,
+    plugin_env,
     post,
-    server_env,
     start_server,
 )
 from support.supervisor import Run
@@ -63,15 +62,12 @@ def register():
 
 @pytest.fixture(scope="module")
 def server(tiny_path, tmp_path_factory):
-    site = tmp_path_factory.mktemp("failing-site")
-    make_dist(
-        site,
+    env = plugin_env(
+        tmp_path_factory.mktemp("failing-site"),
         "failing-steps",
         {"sglang.srt.plugins": {"failing": "failing_steps:register"}},
         {"failing_steps.py": FAILING},
     )
-    env = server_env()
-    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
     srv = start_server(
         [
             "--model-path",

@@ -15,9 +15,9 @@ import subprocess
 
 import httpx
 import pytest
-from support import make_dist, wait_for
+from support import wait_for
 from support.diffusion import SIZE
-from support.serving import cli_command, server_env, start_server
+from support.serving import cli_command, plugin_env, server_env, start_server
 
 pytestmark = pytest.mark.e2e  # every test here starts a diffusion server through the CLI
 
@@ -41,16 +41,12 @@ def register():
 
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
-    site = tmp_path / "site"
-    make_dist(
-        site,
+    return plugin_env(
+        tmp_path / "site",
         "failing-batches",
         {"sglang.multimodal_gen.plugins": {"failing": "failing_batches:register"}},
         {"failing_batches.py": PLUGIN},
     )
-    env = server_env()
-    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}"
-    return env
 
 
 def generate(url: str, prompt: str) -> httpx.Response:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from support import REPO, clean_env, free_port, kill_tree, wait_for
+from support import REPO, clean_env, free_port, kill_tree, make_dist, wait_for
 
 CLI = REPO / ".venv" / "bin" / "sglang-launch"
 
@@ -44,6 +44,17 @@ def server_env(**extra: str | None) -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO) + (
         os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
     )
+    return env
+
+
+def plugin_env(
+    site: Path, name: str, entry_points: dict[str, dict[str, str]], modules: dict[str, str]
+) -> dict[str, str]:
+    """``server_env()`` with the distribution ``name`` (``make_dist``) written into ``site`` and
+    ``site`` first on the children's ``PYTHONPATH``: a launch that loads that plugin."""
+    make_dist(site, name, entry_points, modules)
+    env = server_env()
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{env['PYTHONPATH']}"
     return env
 
 
