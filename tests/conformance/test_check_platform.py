@@ -82,21 +82,34 @@ def row(report, row_id):
     return next(r for r in report["rows"] if r["id"] == row_id)
 
 
+def table_report(text):
+    """The rows of a printed table (``check-platform`` without ``--json``) as a report's
+    ``rows``: each row's id, status and detail, in the table's order."""
+    rows = [
+        {"id": found.group(2), "status": found.group(1), "detail": found.group(3)}
+        for found in re.finditer(r"^  (pass|fail|missing|skipped) +(\S+) +(.*)$", text, re.M)
+    ]
+    assert rows, text
+    return {"rows": rows}
+
+
 @pytest.mark.e2e
 def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
-    (srt, diffusion, table, as_served), result = check_platform(
+    """The CPU platform by SGLANG_USE_CPU_ENGINE (srt) and by the diffusion override, as JSON,
+    and with nothing set (the platform a launch serves on here) as the table, on a pipe."""
+    (srt, diffusion, table), result = check_platform(
         [
             (["--json"], {"SGLANG_USE_CPU_ENGINE": "1"}),
             (["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"}),
-            ([], {"SGLANG_USE_CPU_ENGINE": "1"}),  # the table, on a pipe: no colour
-            (["--json"], {}),  # nothing set: the platform a launch serves on here, the CPU
+            ([], {}),  # nothing set: the platform a launch serves on here, the CPU; no colour
         ]
     )
-    for one, key in ((srt, "builtin:cpu"), (diffusion, "builtin:cpu"), (as_served, "builtin:cpu")):
-        report = one["report"]
+    as_served = table_report(table["text"])
+    for one, report in ((srt, srt["report"]), (diffusion, diffusion["report"])):
         assert one["rc"] == 0, result
+        assert report["ok"] is True and report["platform"]["key"] == "builtin:cpu"
+    for report in (srt["report"], diffusion["report"], as_served):
         assert rows_by_status(report, "fail") == set(), result
-        assert report["ok"] is True and report["platform"]["key"] == key
         # The real work happened on the device, not just method calls.
         for must_pass in (
             "device.tensor",
@@ -111,7 +124,7 @@ def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
     # failed (it has no graph runner).
     assert row(srt["report"], "subsystems.get_mha_kv_pool_cls")["status"] == "pass"
     # Nothing set (the platform a launch serves on): the memory rows of SGLang's stock classes.
-    assert_stock_memory_rows(as_served["report"])
+    assert_stock_memory_rows(as_served)
     assert row(srt["report"], "subsystems.get_graph_runner_cls")["status"] == "missing"
     assert "NotImplementedError" in row(srt["report"], "subsystems.get_graph_runner_cls")["detail"]
     assert row(diffusion["report"], "diffusion.custom_op")["status"] == "pass"
@@ -119,10 +132,17 @@ def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
         diffusion["report"], "pass"
     )
     assert not any(r["id"].startswith("diffusion.") for r in srt["report"]["rows"])
+    # The diffusion workload row ran one denoising step of a tiny UNet whose norms are the
+    # runtime's custom ops; the CPU platform's key is native.
+    step = row(diffusion["report"], "workload.diffusion_step")
+    assert step["status"] == "pass", step
+    assert "1 step + VAE decode on cpu" in step["detail"]
+    assert "GroupNorm x21: forward_native" in step["detail"]
 
     text = table["text"]
     assert table["rc"] == 0
     assert "\x1b[" not in text, "colour on a pipe"
+    assert text.startswith("check-platform: srt runtime, platform builtin:cpu ("), text
     assert re.search(r"^  pass +device\.tensor +4x6 @ 6x3", text, re.M), text
     assert re.search(r"^  missing +subsystems\.get_graph_runner_cls", text, re.M), text
     summary = text.strip().splitlines()[-1]
@@ -130,6 +150,8 @@ def test_cpu_platform_passes_every_applicable_check_in_both_runtimes():
         summary.startswith("check-platform srt on builtin:cpu: 42 checks, ") and "0 fail" in summary
     )
     assert summary.endswith("conforms")
+    assert as_served["rows"][-1]["id"] == "workload.srt_forward"
+    assert row(as_served, "workload.srt_forward")["status"] == "pass"
     # The last row loaded a model through the runtime's own runner and ran a forward on the device.
     workload = row(srt["report"], "workload.srt_forward")
     assert srt["report"]["rows"][-1]["id"] == "workload.srt_forward"
@@ -164,6 +186,11 @@ def test_pip_installed_demo_plugin_passes_both_runtimes(demo_site):  # noqa: F81
     )
     assert "key 'demo': forward_oot" in row(diffusion["report"], "diffusion.custom_op")["detail"]
     assert "dispatch_key='CPU'" in row(diffusion["report"], "diffusion.dispatch_key")["detail"]
+    # The diffusion workload row's denoising step on the demo platform: key "demo" has no
+    # forward_demo, so its norms run forward_oot.
+    step = row(diffusion["report"], "workload.diffusion_step")
+    assert step["status"] == "pass", step
+    assert "GroupNorm x21: forward_oot" in step["detail"]
 
 
 BROKEN_PLATFORM = """
@@ -469,11 +496,10 @@ def test_a_plugin_lacking_what_sglang_defaults_conforms_and_one_a_launch_cannot_
     missing. With a device type torch does not know (tt-sglang-plugin's 'tt') nothing can place
     the model: get_device fails and the summary names it. A plugin that poses as a built-in is
     refused at construction, saying how to fix it."""
-    (lacking, unknown, table, poses), result = check_platform(
+    (lacking, unknown, poses), result = check_platform(
         [
             (["--json"], {"SGLANG_PLATFORM": "lacksgetdevice"}),
             (["--json"], {"SGLANG_PLATFORM": "unknowndevicetype"}),
-            ([], {"SGLANG_PLATFORM": "unknowndevicetype"}),
             (["--json"], {"SGLANG_PLATFORM": "posesascuda"}),
         ],
         sites=[broken_site],
@@ -498,9 +524,9 @@ def test_a_plugin_lacking_what_sglang_defaults_conforms_and_one_a_launch_cannot_
     assert row(report, "workload.srt_forward")["status"] == "skipped"
     # Optional methods stay missing, never failed.
     assert row(report, "subsystems.get_mha_kv_pool_cls")["status"] == "missing"
-    summary = table["text"].strip().splitlines()[-1]
-    assert table["rc"] == 1 and "conforms" not in summary
-    assert "a launch needs, and the platform lacks: get_device()" in summary
+    # The summary line (the table's last line; a failing plugin's table: see the tile test).
+    assert "conforms" not in report["summary"]
+    assert "a launch needs, and the platform lacks: get_device()" in report["summary"]
 
     report = poses["report"]
     assert poses["rc"] == 1 and rows_by_status(report, "fail") == {"selection.construct"}, result
@@ -554,8 +580,11 @@ def test_a_failing_plugin_of_the_platform_still_shows_the_selection_that_worked(
     assert "selection checks ran again in a process that loads no general plugin" in report["note"]
     assert row(report, "device.get_device")["status"] == "skipped"
     text = table["text"]
+    assert table["rc"] == 1 and "\x1b[" not in text, text
     assert text.startswith(
         "check-platform: srt runtime, platform plugin:tile (tile_platform.platform.TilePlatform, "
         "tile-platform)"
     ), text
-    assert "check-platform srt on plugin:tile:" in text.strip().splitlines()[-1]
+    summary = text.strip().splitlines()[-1]
+    assert summary == report["summary"], text  # the table ends with the report's summary
+    assert "check-platform srt on plugin:tile:" in summary and "conforms" not in summary

@@ -1,6 +1,7 @@
 """``check-platform --runtime diffusion``'s workload row, run for real (the check's own spawn child):
-one denoising step of a tiny UNet whose norms are the runtime's custom ops, on the CPU platform and
-on the pip-installed demo platform; and the row's skip, naming the extra, without diffusers."""
+without diffusers the row is skipped, naming the extra. Its pass (one denoising step of a tiny UNet
+whose norms are the runtime's custom ops) on the CPU platform and on the pip-installed demo
+platform is checked by ``test_check_platform``'s CPU and demo tests, on the same command runs."""
 
 from __future__ import annotations
 
@@ -8,27 +9,6 @@ import pytest
 from test_check_platform import check_platform, row
 
 pytestmark = pytest.mark.e2e
-
-
-def test_workload_row_runs_a_denoising_step_on_cpu_and_on_the_demo_platform(demo_site):
-    (cpu, demo), result = check_platform(
-        [
-            (["--json", "--runtime", "diffusion"], {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "cpu"}),
-            (
-                ["--json", "--runtime", "diffusion"],
-                {"SGLANG_DIFFUSION_PLATFORM_OVERRIDE": "demo", "DEMO_PLATFORM_ENABLE": "1"},
-            ),
-        ],
-        sites=[demo_site],
-        timeout=600,
-    )
-    on_cpu = row(cpu["report"], "workload.diffusion_step")
-    assert on_cpu["status"] == "pass", on_cpu
-    assert "1 step + VAE decode on cpu" in on_cpu["detail"]
-    assert "GroupNorm x21: forward_native" in on_cpu["detail"]  # the CPU platform's key is native
-    on_demo = row(demo["report"], "workload.diffusion_step")
-    assert on_demo["status"] == "pass", on_demo
-    assert "GroupNorm x21: forward_oot" in on_demo["detail"]  # key "demo": no forward_demo, so oot
 
 
 HIDE_DIFFUSERS = """
