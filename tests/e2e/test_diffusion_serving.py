@@ -1,6 +1,7 @@
 """The diffusion runtime end to end through the real CLI on the tiny pipeline
 (``support.diffusion``): OpenAI's images API, its refusals, the server's reports, batching,
-a disconnect that cancels, progress streaming (server-sent events, read by httpx, the ``openai``
+a small request answered between a big one's denoising steps (test_fairness's image case, on this
+module's server), a disconnect that cancels, progress streaming (server-sent events, read by httpx, the ``openai``
 client and ``curl -N`` running the example of docs/diffusion.md), an error event when the worker
 dies mid-stream, dp=2 with least-loaded routing, and SIGINT leaving nothing behind."""
 
@@ -24,7 +25,9 @@ import psutil
 import pytest
 from PIL import Image
 from support.diffusion import SIZE
-from support.serving import REPO, server_env, start_server
+from support.serving import REPO, report, server_env, start_server
+from test_fairness import BIG_SIDE, BIG_STEPS, Timed
+from test_fairness import image as image_request
 
 pytestmark = pytest.mark.e2e
 
@@ -250,6 +253,46 @@ def test_same_shape_requests_that_arrive_together_share_a_batch(server, leak_ok)
     queued_beside_a_long_request(server, threads)
     assert [r.status_code for r in replies] == [200] * 6
     assert batches(server) - before == 2  # the long request, and the six in one pipeline call
+
+
+def test_a_small_image_request_runs_its_steps_between_a_big_ones(server, leak_ok, capsys):
+    """One request's share of a replica is bounded (test_fairness): a 1-step request sent once a
+    big request's denoising is under way is answered before the big one's midpoint, in a
+    fraction of its time (ordering and a ratio measured in the same run, not seconds)."""
+    body = {
+        "prompt": "a photo of a cat",
+        "size": f"{BIG_SIDE}x{BIG_SIDE}",
+        "num_inference_steps": BIG_STEPS,
+        "stream": True,
+    }
+    started = time.monotonic()
+    small = Timed(lambda: image_request(server, headers=AUTH, num_inference_steps=1, seed=3))
+    steps: list[int] = []
+    small_done_at: int | None = None  # the big call's step when the small request was answered
+    with httpx.stream("POST", server.url + ROUTE, json=body, headers=AUTH, timeout=300) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[len("data: ") :])
+            if data["type"] != "image_generation.progress":
+                continue
+            steps.append(data["step"])
+            if len(steps) == 1:  # the big call is under way: the small request goes beside it
+                small.start()
+            elif small_done_at is None and not small.is_alive():
+                small_done_at = data["step"]
+        ended = time.monotonic()
+    small.join(timeout=60)
+    assert small.reply is not None and small.reply.status_code == 200, small.reply
+    assert steps == list(range(1, BIG_STEPS + 1))
+    assert small_done_at is not None and small_done_at <= BIG_STEPS // 2, small_done_at
+    assert small.took < 0.5 * (ended - started), (small.took, ended - started)
+    report(
+        capsys,
+        f"images: a 1-step request beside a {BIG_STEPS}-step one of 4x its pixels was answered "
+        f"at its step {small_done_at}, in {small.took / (ended - started):.3f} of its time",
+    )
 
 
 def test_a_client_that_disconnects_cancels_its_request(server, leak_ok):

@@ -1,13 +1,14 @@
 """One request's share of a replica is bounded, through the real CLI: a big request and a small one
 sent beside it, the small one answered first and in a fraction of the big one's time, measured in
 the same run (ordering and a ratio, not seconds). Embeddings with the embedded default model (a
-big request runs as several batches of texts, interleaved); images with the tiny pipeline (calls
-take turns a denoising step at a time; a request over ``--max-pixel-steps`` is a 400 naming it);
-a request that timed out (504) or whose client left frees the replica at its next step."""
+big request runs as several batches of texts, interleaved); images with the tiny pipeline (a
+request over ``--max-pixel-steps`` is a 400 naming it; calls take turns a denoising step at a
+time: ``test_a_small_image_request_runs_its_steps_between_a_big_ones``, which runs on
+test_diffusion_serving's server, with this module's ``Timed`` and sizes); a request that timed out
+(504) or whose client left frees the replica at its next step."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -114,8 +115,12 @@ def image_server_args(tiny_pipeline, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def image_server(tiny_pipeline, tmp_path_factory):
+    """One image server for the budget's 400 and the request timeout's 504 (each request here
+    is refused at once or is meant to outlast --request-timeout)."""
     srv = start_server(
-        image_server_args(tiny_pipeline, "--max-pixel-steps", str(BUDGET)),
+        image_server_args(
+            tiny_pipeline, "--max-pixel-steps", str(BUDGET), "--request-timeout", "3"
+        ),
         tmp_path_factory.mktemp("fair-images"),
         "images",
         env=server_env(OMP_WAIT_POLICY=None),
@@ -124,46 +129,9 @@ def image_server(tiny_pipeline, tmp_path_factory):
     srv.stop()
 
 
-def image(server, timeout: float = 120, **fields) -> httpx.Response:
+def image(server, timeout: float = 120, headers=None, **fields) -> httpx.Response:
     body = {"prompt": "a photo of a cat", "size": f"{SIZE}x{SIZE}", **fields}
-    return httpx.post(server.url + ROUTE, json=body, timeout=timeout)
-
-
-def test_a_small_image_request_runs_its_steps_between_a_big_ones(image_server, capsys):
-    body = {
-        "prompt": "a photo of a cat",
-        "size": f"{BIG_SIDE}x{BIG_SIDE}",
-        "num_inference_steps": BIG_STEPS,
-        "stream": True,
-    }
-    started = time.monotonic()
-    small = Timed(lambda: image(image_server, num_inference_steps=1, seed=3))
-    steps: list[int] = []
-    small_done_at: int | None = None  # the big call's step when the small request was answered
-    with httpx.stream("POST", image_server.url + ROUTE, json=body, timeout=300) as reply:
-        assert reply.status_code == 200
-        for line in reply.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[len("data: ") :])
-            if data["type"] != "image_generation.progress":
-                continue
-            steps.append(data["step"])
-            if len(steps) == 1:  # the big call is under way: the small request goes beside it
-                small.start()
-            elif small_done_at is None and not small.is_alive():
-                small_done_at = data["step"]
-        ended = time.monotonic()
-    small.join(timeout=60)
-    assert small.reply is not None and small.reply.status_code == 200, small.reply
-    assert steps == list(range(1, BIG_STEPS + 1))
-    assert small_done_at is not None and small_done_at <= BIG_STEPS // 2, small_done_at
-    assert small.took < 0.5 * (ended - started), (small.took, ended - started)
-    report(
-        capsys,
-        f"images: a 1-step request beside a {BIG_STEPS}-step one of 4x its pixels was answered "
-        f"at its step {small_done_at}, in {small.took / (ended - started):.3f} of its time",
-    )
+    return httpx.post(server.url + ROUTE, json=body, headers=headers, timeout=timeout)
 
 
 def test_a_request_over_the_pixel_step_budget_is_a_400_naming_it(image_server):
@@ -174,22 +142,14 @@ def test_a_request_over_the_pixel_step_budget_is_a_400_naming_it(image_server):
     assert error["param"] == "num_inference_steps"
 
 
-def test_an_image_request_that_timed_out_frees_the_worker_at_its_next_step(tiny_pipeline, tmp_path):
-    srv = start_server(
-        image_server_args(tiny_pipeline, "--request-timeout", "3"),
-        tmp_path,
-        "images-timeout",
-        env=server_env(OMP_WAIT_POLICY=None),
-    )
-    try:
-        before = counts(srv)
-        # 900 steps of 4 times a small request's pixels take minutes; --request-timeout 3
-        # answers 504 long before, and the call ends at its next step.
-        reply = image(srv, size=f"{2 * SIZE}x{2 * SIZE}", num_inference_steps=900, seed=1)
-        assert reply.status_code == 504, reply.text
-        assert "--request-timeout 3s" in reply.json()["error"]["message"]
-        wait_for(lambda: counts(srv)["aborted"] > before["aborted"], 30, "the call to end")
-        assert image(srv, num_inference_steps=1, seed=2).status_code == 200
-        assert counts(srv)["batches"] == before["batches"] + 2
-    finally:
-        srv.stop()
+def test_an_image_request_that_timed_out_frees_the_worker_at_its_next_step(image_server):
+    srv = image_server
+    before = counts(srv)
+    # 900 steps of 4 times a small request's pixels take minutes; --request-timeout 3
+    # answers 504 long before, and the call ends at its next step.
+    reply = image(srv, size=f"{2 * SIZE}x{2 * SIZE}", num_inference_steps=900, seed=1)
+    assert reply.status_code == 504, reply.text
+    assert "--request-timeout 3s" in reply.json()["error"]["message"]
+    wait_for(lambda: counts(srv)["aborted"] > before["aborted"], 30, "the call to end")
+    assert image(srv, num_inference_steps=1, seed=2).status_code == 200
+    assert counts(srv)["batches"] == before["batches"] + 2
