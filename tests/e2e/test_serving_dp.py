@@ -203,8 +203,16 @@ def _lines_until_snapshot(follow: subprocess.Popen, timeout_s: float) -> str:
     return "".join(lines)
 
 
-def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
-    srv = start_server(["--dp-size", "2"], tmp_path, "dp2-heal")  # on-failure: the dp=2 default
+def test_dp2_heals_a_killed_replica_then_one_past_its_restarts_leaves_and_a_scale_brings_it_back(
+    tmp_path, capsys
+):
+    """One dp=2 launch under the default policy (on-failure at dp=2) with ``--max-restarts 1``,
+    under one load throughout: a replica SIGKILLed heals (no client error, ``/health`` 200,
+    ``/ready`` names it while it restarts, requests reach it again, the restart counted in
+    ``/metrics`` and in the events); SIGKILLed once more it is past its restarts and leaves while
+    the other serves; ``scale`` brings a fresh one back. start_server returns once the launcher
+    itself says ready (a kill before that is a start-up failure, which ends the launch)."""
+    srv = start_server(["--dp-size", "2", "--max-restarts", "1"], tmp_path, "dp2-heal")
     follow = subprocess.Popen(
         [*cli_command(), "events", "--follow", "--pid", str(srv.proc.pid)],
         env=server_env(),
@@ -223,6 +231,7 @@ def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
         ),
         daemon=True,
     )
+    health: list[int] = []
     try:
         ready = httpx.get(srv.url + "/ready", timeout=30).json()
         assert ready["restarting"] == []
@@ -239,7 +248,6 @@ def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
         )
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
-        health: list[int] = []
         named: list[list] = []
 
         def back_and_serving():
@@ -258,65 +266,14 @@ def test_dp2_heals_a_replica_killed_under_load(tmp_path, capsys):
             interval=0.2,
         )
         metrics = httpx.get(srv.url + "/metrics", timeout=30).text
-    finally:
-        stop_load.set()
-        load.join(timeout=120)
-        srv.stop()
-        try:
-            events_out = seen + follow.communicate(timeout=30)[0]
-        except subprocess.TimeoutExpired:
-            follow.kill()
-            events_out = seen + follow.communicate()[0]
-    stats = result
-    assert stats["errors"] == [] and stats["requests"] > 0, stats["errors"][:5]
-    assert set(health) == {200}, health  # one replica served the whole time
-    assert ["scheduler dp=1"] in named, named  # /ready named it while it restarted
-    assert again["dp_rank"] == 1
-    assert 'sglang_launch_replica_restarts_total{dp="1"} 1.0' in metrics, metrics
-    assert srv.proc.returncode == 0, srv.log
-    events = [json.loads(line) for line in events_out.splitlines() if line.startswith("{")]
-    restarts = [e for e in events if e["topic"].endswith(".restarting")]
-    assert [(e["topic"], e["attempt"]) for e in restarts] == [("replica.1.restarting", 1)]
-    assert "scheduler.1 was killed by SIGKILL" in restarts[0]["cause"]
-    ready_again = [e for e in events if e["topic"] == "replica.1.ready"]
-    assert len(ready_again) == 1, [e["topic"] for e in events]
-    assert "scheduler dp=1 restarts (attempt 1 of 3" in srv.log
-    report(
-        capsys,
-        f"heal dp=2: replica dp=1 back {back_s:.1f} s after SIGKILL (supervisor: "
-        f"{ready_again[0]['down_s']:.1f} s from the failure to ready), "
-        f"{stats['requests']} requests from 4 clients, {len(stats['errors'])} client errors, "
-        f"/health 200 on {len(health)} of {len(health)} polls",
-    )
+        assert set(health) == {200}, health  # one replica served the whole time
+        assert ["scheduler dp=1"] in named, named  # /ready named it while it restarted
+        assert again["dp_rank"] == 1
+        assert 'sglang_launch_replica_restarts_total{dp="1"} 1.0' in metrics, metrics
+        assert "scheduler dp=1 restarts (attempt 1 of 1" in srv.log, srv.log
 
-
-def test_a_replica_past_its_restarts_leaves_while_the_other_serves_and_a_scale_brings_one_back(
-    tmp_path,
-):
-    # --max-restarts 0: the first death after ready is past the replica's restarts. start_server
-    # returns once the launcher itself says ready (a kill before that is a start-up failure,
-    # which ends the launch).
-    srv = start_server(["--dp-size", "2", "--max-restarts", "0"], tmp_path, "dp2-set-aside")
-    with srv.log_on_failure():
-        _set_aside_then_scale_back(srv)
-
-
-def _set_aside_then_scale_back(srv) -> None:
-    stop_load = threading.Event()
-    result: dict = {}
-    load = threading.Thread(
-        target=lambda: result.update(
-            run_load(
-                srv.url, embedding_body, clients=2, seconds=600, pause=0.02, stop_event=stop_load
-            )
-        ),
-        daemon=True,
-    )
-    try:
-        victim = httpx.get(srv.url + "/ready", timeout=30).json()["schedulers"][1]["pid"]
-        load.start()
-        os.kill(victim, signal.SIGKILL)
-        health: list[int] = []
+        # Once more: past its restarts, it leaves and the other replica serves on.
+        os.kill(again["pid"], signal.SIGKILL)
 
         def one_left():
             health.append(httpx.get(srv.url + "/health", timeout=30).status_code)
@@ -327,7 +284,7 @@ def _set_aside_then_scale_back(srv) -> None:
 
         ready = wait_for(one_left, 120, "replica dp=1 to leave", interval=0.1)
         assert ready["schedulers"][0]["dp_rank"] == 0, ready
-        assert "scheduler dp=1 was restarted 0 time(s) already (--max-restarts 0)" in srv.log
+        assert "scheduler dp=1 was restarted 1 time(s) already (--max-restarts 1)" in srv.log
         assert "it is taken out of service and the other replicas serve on" in srv.log
         assert srv.proc.poll() is None  # the launch goes on
         scaled = subprocess.run(
@@ -339,14 +296,38 @@ def _set_aside_then_scale_back(srv) -> None:
         )
         assert scaled.returncode == 0, scaled.stdout + scaled.stderr
         back = httpx.get(srv.url + "/ready", timeout=30).json()["schedulers"]
-        assert len(back) == 2 and victim not in [s["pid"] for s in back], back
+        assert len(back) == 2, back
+        assert not {victim, again["pid"]} & {s["pid"] for s in back}, back
+    except BaseException:
+        print(f"--- sglang-launch output ({srv.log_path}):\n{srv.log}")
+        raise
     finally:
         stop_load.set()
         load.join(timeout=120)
         srv.stop()
-    assert result["errors"] == [] and result["requests"] > 0, result["errors"][:5]
-    assert set(health) == {200}, health
-    assert srv.proc.returncode == 0
+        try:
+            events_out = seen + follow.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            follow.kill()
+            events_out = seen + follow.communicate()[0]
+    stats = result
+    assert stats["errors"] == [] and stats["requests"] > 0, stats["errors"][:5]
+    assert set(health) == {200}, health  # one replica served through both kills
+    assert srv.proc.returncode == 0, srv.log
+    events = [json.loads(line) for line in events_out.splitlines() if line.startswith("{")]
+    # The first kill is the one restart; the second is past --max-restarts: no restart.
+    restarts = [e for e in events if e["topic"].endswith(".restarting")]
+    assert [(e["topic"], e["attempt"]) for e in restarts] == [("replica.1.restarting", 1)]
+    assert "scheduler.1 was killed by SIGKILL" in restarts[0]["cause"]
+    ready_again = [e for e in events if e["topic"] == "replica.1.ready"]
+    assert len(ready_again) == 1, [e["topic"] for e in events]
+    report(
+        capsys,
+        f"heal dp=2: replica dp=1 back {back_s:.1f} s after SIGKILL (supervisor: "
+        f"{ready_again[0]['down_s']:.1f} s from the failure to ready), then set aside and scaled "
+        f"back; {stats['requests']} requests from 4 clients, {len(stats['errors'])} client "
+        f"errors, /health 200 on {len(health)} of {len(health)} polls",
+    )
 
 
 def _status(srv) -> dict[str, dict]:
