@@ -36,10 +36,17 @@ PROMPTS = ["a cat sits", "the weather is", "stock prices", "once upon a time"]
 
 
 @pytest.fixture(scope="module")
-def biased(tmp_path_factory):
+def biased_model(tmp_path_factory):
+    """The model that leans towards closing tokens, built once for the module's servers."""
+    return build_tiny_bpe_llama(
+        tmp_path_factory.mktemp("structured-model") / "tiny-closing", closing_bias=1.0
+    )
+
+
+@pytest.fixture(scope="module")
+def biased(biased_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("structured-biased")
-    path = build_tiny_bpe_llama(tmp / "tiny-closing", closing_bias=1.0)
-    srv = start_server(["--model-path", str(path)], tmp, "biased")
+    srv = start_server(["--model-path", str(biased_model)], tmp, "biased")
     yield srv
     srv.stop()
 
@@ -300,9 +307,9 @@ def test_bad_response_formats_are_400s_the_client_raises_naming_the_field(biased
         assert error["param"] == param and words in error["message"], error
 
 
-def test_grammar_backend_none_refuses_constrained_requests(tmp_path):
-    path = build_tiny_bpe_llama(tmp_path / "tiny-none")
-    srv = start_server(["--model-path", str(path), "--grammar-backend", "none"], tmp_path, "none")
+def test_grammar_backend_none_refuses_constrained_requests(biased_model, tmp_path):
+    args = ["--model-path", str(biased_model), "--grammar-backend", "none"]
+    srv = start_server(args, tmp_path, "none")
     try:
         r = post(srv.url + "/generate", {"text": "x", "sampling_params": {"regex": "a+"}})
         error = r.json()["error"]
