@@ -20,9 +20,16 @@ from support.supervisor import FAST, READY_WAIT, Run, short_runtime_dir
 pytestmark = pytest.mark.e2e
 
 
+# A stopped (SIGSTOP) worker cannot act on SIGTERM: the launch's stop waits out the whole
+# --stop-grace-period before it kills it. The tests here are about what the watchdog reports, not
+# about that wait, so it is short.
+GRACE = ("--stop-grace-period", "1")
+
+
 def test_a_stopped_scheduler_fails_the_launch_with_the_watchdog_as_root_cause():
     args = [
         *FAST,
+        *GRACE,
         "--watchdog-timeout",
         "2",
         "--port",
@@ -45,7 +52,7 @@ def test_a_stopped_scheduler_fails_the_launch_with_the_watchdog_as_root_cause():
 def test_health_turns_503_when_a_scheduler_stops_answering(tmp_path, capsys):
     runtime_dir = short_runtime_dir()
     env = server_env(XDG_RUNTIME_DIR=runtime_dir)
-    server = start_server(["--watchdog-timeout", "3"], tmp_path, "watchdog", env=env)
+    server = start_server(["--watchdog-timeout", "3", *GRACE], tmp_path, "watchdog", env=env)
     try:
         status = subprocess.run(
             [sys.executable, "-m", "launcher", "status", "--json"],
