@@ -7,6 +7,7 @@ it that answer the contract otherwise:
   calls), once for every batch size up to ``--torch-compile-max-bs``; larger steps and prompt
   steps run eager, and every sequence gets the tokens it gets eagerly;
 - compiled with inductor in float32, greedy tokens equal transformers' ``generate()``;
+- with inductor the step is saved whole, and a second start loads it instead of tracing;
 - a platform whose ``support_cuda_graph()`` is true decodes through the class its
   ``get_graph_runner_cls()`` returns, used as returned, unless ``--disable-cuda-graph``; one
   that cannot give a usable class stops start-up naming it and the way out.
@@ -120,6 +121,35 @@ def test_compiled_float32_greedy_tokens_equal_transformers_generate(tiny):
         with torch.inference_mode():
             ref = runner.model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
         assert ref[0, ids.shape[1] :].tolist() == tokens, prompt
+
+
+def test_a_second_start_loads_the_saved_step_and_a_broken_file_is_compiled_again(tiny, caplog):
+    """With inductor the step is compiled ahead of time and saved under inductor's cache; a
+    later start of the same model loads it (no trace) and decodes the same tokens; a file that
+    cannot be loaded is named in a warning, compiled again and replaced."""
+    import logging
+    from pathlib import Path
+
+    def start():
+        runner = _runner(tiny, CpuSRTPlatform(), "float32")
+        options = DecodeOptions(enable_torch_compile=True, torch_compile_max_bs=2)
+        choose_decode_runner(runner, options)
+        return runner
+
+    first = start()
+    path = Path(first.graph_runner.saved_path)
+    assert first.graph_runner.origin in ("saved", "loaded") and path.is_file()
+    expected = _tokens(first, PROMPTS[:2])
+    second = start()
+    assert second.graph_runner.origin == "loaded" and second.graph_runner.saved_path == str(path)
+    assert _tokens(second, PROMPTS[:2]) == expected
+
+    path.write_bytes(b"not a saved step")
+    with caplog.at_level(logging.WARNING, logger="sglang_launch.compiled_step"):
+        third = start()
+    assert f"the saved decode step {path} cannot be loaded" in caplog.text
+    assert third.graph_runner.origin == "saved" and path.read_bytes() != b"not a saved step"
+    assert _tokens(third, PROMPTS[:2]) == expected
 
 
 def test_a_compiled_step_over_int4_weights_gives_the_eager_tokens(tiny):

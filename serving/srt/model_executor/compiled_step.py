@@ -20,6 +20,13 @@ model runner, logging each with its time; inductor's caches live under sglang-la
 directory (``TORCHINDUCTOR_CACHE_DIR``, unless the environment sets it), so a later start of
 the same model reuses its compiled kernels.
 
+With inductor (the CPU platform's backend) the step is compiled ahead of time and saved whole
+(``SavedStep``): dynamo's trace, its guards and inductor's code, in one file under
+``<inductor cache>/decode-steps`` named by a key of everything the graph depends on. A later
+start loads that file instead of tracing the model again. A file that cannot be loaded is
+compiled afresh and replaced; a backend whose output cannot be saved, or a model dynamo
+cannot trace whole, compiles at the first step as before.
+
 The runner contract (``decode_runner``, SGLang's ``CudaGraphRunner`` shape): constructed with
 the model runner; ``can_run(forward_batch)`` says whether it runs that forward;
 ``replay(forward_batch)`` returns the logits of its tokens as (tokens, 1, vocab).
@@ -132,13 +139,17 @@ class CompiledDecodeStep:
         self.layers: dict[int, Any] = {}  # filled by the first replay (after the eager warm-up)
         self._no_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=model_runner.device)
         self._keep: dict[str, Any] = {"logits_to_keep": 0} if model_runner._logits_to_keep else {}
-        self._compiled = torch.compile(
+        self._compiled: Any = torch.compile(
             self._forward,
             backend=self.backend,
             options=self.options or None,
             dynamic=False if not self.dynamic else None,
         )
         self.compile_seconds: dict[int, float] = {}
+        # How this start got its graph: "loaded" (a saved step), "saved" (compiled ahead of
+        # time and saved now) or "traced" (compiled at the first step, not saved).
+        self.origin = "traced"
+        self.saved_path: str | None = None
 
     def compile_options(self, platform_options: dict[str, Any]) -> dict[str, Any]:
         """The options ``torch.compile`` gets (a subclass adds its own)."""
@@ -221,15 +232,50 @@ class CompiledDecodeStep:
             self.max_bs,
             self.cache_dir,
         )
+        if self.dynamic and self.backend == "inductor":
+            self._use_saved_step()
         for size in self.capture_sizes():
             started = time.monotonic()
             seqs = [Sequence(f"capture-{size}-{i}", prompt, params, seed=0) for i in range(size)]
             runner.run_to_end(seqs)
             self.compile_seconds[size] = seconds = time.monotonic() - started
-            log.info("decode step of %d rows compiled and run in %.1f s", size, seconds)
+            done = "run" if self.origin == "loaded" else "compiled and run"
+            log.info("decode step of %d rows %s in %.1f s", size, done, seconds)
         runner.memory.reset()
         runner.memory.prompt_tokens_total = runner.memory.cached_tokens_total = 0
         _stop_compile_workers()
+
+    def _use_saved_step(self) -> None:
+        """Load this model's saved step, or compile it ahead of time and save it; on a failure
+        to do either the step compiles at its first run, as a backend that cannot save does."""
+        from serving.srt.model_executor.saved_step import SavedStep
+
+        saved = SavedStep(self)
+        self.saved_path = str(saved.path)
+        started = time.monotonic()
+        function = saved.load()
+        if function is not None:
+            self.origin = "loaded"
+            log.info(
+                "loaded the compiled decode step from %s in %.1f s",
+                saved.path,
+                time.monotonic() - started,
+            )
+        else:
+            function = saved.compile_and_save()
+            if function is None:
+                return
+            self.origin = "saved"
+            log.info(
+                "compiled the decode step ahead of time in %.1f s; saved to %s",
+                time.monotonic() - started,
+                saved.path,
+            )
+
+        def compiled(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            return function(self, ids, positions)  # type: ignore[no-any-return]
+
+        self._compiled = compiled
 
 
 def _stop_compile_workers() -> None:
