@@ -10,7 +10,7 @@ loopback throughout.
   to 1: no stream fails or is cut, and the schedulers are 2 (all new), 3, then 1.
 
 Where cases need the same configuration one launch serves them in turn, inside one test. The
-in-place reload, the change of kind, the diffusion server: ``test_reload_kinds.py``.
+in-place reload, the change of kind, the diffusion server: ``test_reload_serving_kinds.py``.
 """
 
 from __future__ import annotations
