@@ -35,6 +35,7 @@ POOL = 700  # --max-total-tokens of the module's HTTP server
 # The socket launch's --max-total-tokens: a ~156-token and a ~53-token sequence (prompt +
 # max_new_tokens) each fit, together they do not; two ~36-token sequences fit.
 SOCKET_POOL = 200
+LONG = 600  # tokens of the long stream that a short request overtakes
 
 
 @pytest.fixture(scope="module")
@@ -156,13 +157,16 @@ def streams(url: str):
 
 def test_a_short_request_sent_while_a_long_one_streams_finishes_first(server):
     new = streams(server.url)
-    long = new("once upon a time", max_new_tokens=200, temperature=0)
+    # The long one must still be decoding when the short one, sent after its first token, reaches
+    # the scheduler, on a busy machine too, where the short one's way there is slow; its prompt
+    # and LONG tokens fit the module's POOL.
+    long = new("once upon a time", max_new_tokens=LONG, temperature=0)
     long.start()
     assert long.started_streaming.wait(120) and long.error is None, long.error
     short = new("hello", max_new_tokens=2, temperature=0)
     short.start()
     short.finish(), long.finish()
-    assert short.tokens == 2 and long.tokens == 200
+    assert short.tokens == 2 and long.tokens == LONG
     assert short.last < long.last  # the short one ended while the long one still streamed
 
 
