@@ -4,7 +4,9 @@ once into the model cache and served from it after; and every file a server must
 an exit 2 before any worker starts, naming the problem and the fix.
 
 Each test points the model cache at a folder of its own (``SGLANG_LAUNCH_CACHE_DIR``), so what
-it asserts about converting or not converting depends on nothing else.
+it asserts about converting or not converting depends on nothing else; the tests that only read a
+converted copy share one, made by two launches preparing the file at once (what those two did is
+recorded when they did it, and asserted by their own test).
 """
 
 from __future__ import annotations
@@ -34,14 +36,64 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
     return build_tiny_gguf(tmp_path_factory.mktemp("gguf"))
 
 
+class _Messages(logging.Handler):
+    """A log handler that keeps each record's message."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory, tiny) -> Path:
-    """A model cache in which ``tiny`` is converted already."""
+def two_launches(tmp_path_factory, tiny) -> dict:
+    """Two launches preparing ``tiny`` at once in a new model cache, as what they did:
+    ``cache``, ``errors``, the ``converted`` log messages, whether the file is ``prepared``
+    after, and the cache's ``models`` listing then. The cache is ``shared_cache`` after."""
     cache = tmp_path_factory.mktemp("gguf-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(CACHE_ENV, str(cache))
-        prepare(open_gguf(tiny[0]))
-    return cache
+    handler = _Messages(logging.INFO)
+    messages = handler.messages
+    logger = logging.getLogger("sglang_launch.gguf")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    errors: list[BaseException] = []
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(CACHE_ENV, str(cache))
+            gguf = open_gguf(tiny[0])
+
+            def launch() -> None:
+                try:
+                    prepare(gguf)
+                except BaseException as exc:  # noqa: BLE001 - reported by the test's assertion
+                    errors.append(exc)
+
+            launches = [threading.Thread(target=launch) for _ in range(2)]
+            for t in launches:
+                t.start()
+            for t in launches:
+                t.join(timeout=300)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return {
+        "cache": cache,
+        "errors": errors,
+        "converted": [m for m in messages if "converted in" in m],
+        "messages": messages,
+        "prepared": gguf.prepared,
+        "directory": gguf.directory.name,
+        "listing": sorted(p.name for p in (cache / "models").iterdir()),
+    }
+
+
+@pytest.fixture(scope="module")
+def shared_cache(two_launches) -> Path:
+    """A model cache in which ``tiny`` is converted already (by ``two_launches``)."""
+    return two_launches["cache"]
 
 
 GREEDY = {
@@ -179,31 +231,14 @@ def test_model_info_names_the_file_this_launch_was_given_not_the_first_converter
     assert weights["cache_dir"] == str(model.path) and weights["sha256"] == origin["sha256"]
 
 
-def test_two_launches_of_one_file_convert_it_once(tiny, tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    caplog.set_level(logging.INFO, logger="sglang_launch.gguf")
-    gguf = open_gguf(tiny[0])
-    errors: list[BaseException] = []
-
-    def launch() -> None:
-        try:
-            prepare(gguf)
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
-            errors.append(exc)
-
-    launches = [threading.Thread(target=launch) for _ in range(2)]
-    for t in launches:
-        t.start()
-    for t in launches:
-        t.join(timeout=300)
-    assert not errors, errors
-    converted = [r for r in caplog.records if "converted in" in r.getMessage()]
-    assert len(converted) == 1, [r.getMessage() for r in caplog.records]
-    assert gguf.prepared
-    assert sorted(p.name for p in (tmp_path / "cache" / "models").iterdir()) == [
-        f".{gguf.directory.name}.lock",
-        gguf.directory.name,
-    ]
+def test_two_launches_of_one_file_convert_it_once(two_launches):
+    """Two launches that prepare one file at once (the module's shared cache is what they made):
+    one converts, the other waits for it and finds it converted."""
+    assert not two_launches["errors"], two_launches["errors"]
+    assert len(two_launches["converted"]) == 1, two_launches["messages"]
+    assert two_launches["prepared"]
+    name = two_launches["directory"]
+    assert two_launches["listing"] == [f".{name}.lock", name]
 
 
 def test_a_launch_stopped_while_converting_leaves_no_half_cache(tiny, tmp_path):
