@@ -365,7 +365,7 @@ def test_tp2_dp2_restarts_the_tp_group_of_a_killed_rank_as_a_unit(tmp_path, caps
                 body,
                 clients=2,
                 seconds=600,
-                pause=0.02,
+                pause=0.1,
                 path="/generate",
                 stop_event=stop_load,
             )
