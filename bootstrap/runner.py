@@ -231,12 +231,19 @@ class _ChildState:
             from hooks import compat
 
             compat.install(self.spec.aliases)
-        from bootstrap.reporter import Heartbeat, Reporter
+        from bootstrap.reporter import Reporter
 
-        reporter = self.reporter = Reporter(self.spec.status_endpoint, self.spec.worker_id)
+        self.reporter = Reporter(self.spec.status_endpoint, self.spec.worker_id)
+
+    def start_heartbeat(self) -> None:
+        """Beat from now on (after ``spawned``: a child's first message is its ``spawned``
+        phase, whatever the interval and however loaded the machine)."""
+        from bootstrap.reporter import Heartbeat
+
+        assert self.reporter is not None
         if self.spec.heartbeat_interval > 0:
             self.heartbeat = Heartbeat(
-                reporter,
+                self.reporter,
                 self.spec.heartbeat_interval,
                 lambda: self.reached,
                 self.started,
@@ -281,6 +288,7 @@ class _ChildState:
             if found_early:
                 log.warning(warning_text(spec.worker_id, found_early))
             self.reached_phase(phases.SPAWNED, early_imports=found_early)
+            self.start_heartbeat()
 
             self.working_on = phases.PLATFORM_INITIALIZED
             self.initialize_platform(steps)
