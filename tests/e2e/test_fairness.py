@@ -28,9 +28,14 @@ TEXT = 2 * (
 
 
 def counts(server) -> dict:
-    """The one scheduler's counters (``batches``, ``aborted``, ...) from ``/get_server_info``."""
-    info = httpx.get(server.url + "/get_server_info", timeout=60).json()
-    return info["schedulers"][0]
+    """The one scheduler's counters (``batches``, ``aborted``, ...) from ``/get_server_info``,
+    asked again until the scheduler answers (the page holds null for a replica that did not
+    answer in time, as a scheduler busy with a big request on a loaded machine may not)."""
+
+    def state():
+        return httpx.get(server.url + "/get_server_info", timeout=60).json()["schedulers"][0]
+
+    return wait_for(state, 60, "the scheduler's counters in /get_server_info")
 
 
 class Timed(threading.Thread):
