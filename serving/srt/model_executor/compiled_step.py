@@ -121,8 +121,9 @@ def _compile_options(platform: Any) -> dict[str, Any]:
 class CompiledDecodeStep:
     """The compiled decode step (the module docstring). ``max_bs``: the most rows it runs."""
 
-    dynamic = True  # one graph, its token dimension dynamic from ``min_rows`` to ``max_bs``
+    dynamic = True  # one graph, its token dimension dynamic from ``min_rows`` to ``rows_bound``
     min_rows = 2  # a dynamic dimension of size 1 would be specialised: one row is padded
+    rows_bound = ROWS_BOUND
 
     def __init__(self, model_runner: Any, max_bs: int = 32) -> None:
         import torch
@@ -184,8 +185,8 @@ class CompiledDecodeStep:
         if self.dynamic:  # one bound whatever --torch-compile-max-bs is, so the graph and its
             # cache entry are the same for every start (an entry cached for 16 rows was reused,
             # with its guard, by a start asking for 32, which then failed)
-            torch._dynamo.mark_dynamic(ids, 1, min=self.min_rows, max=ROWS_BOUND)
-            torch._dynamo.mark_dynamic(positions, 1, min=self.min_rows, max=ROWS_BOUND)
+            torch._dynamo.mark_dynamic(ids, 1, min=self.min_rows, max=self.rows_bound)
+            torch._dynamo.mark_dynamic(positions, 1, min=self.min_rows, max=self.rows_bound)
         if not self.layers:
             self.layers = _radix_layers(self.model_runner.model)
         _STEP[0] = (forward_batch, self.layers)

@@ -28,10 +28,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from serving.srt.model_executor.compiled_step import CompiledDecodeStep
+from typing import Any
 
 log = logging.getLogger("sglang_launch.compiled_step")
 
@@ -52,12 +49,11 @@ def source_digest() -> str:
     return _SOURCE_DIGEST[0]
 
 
-def step_key(step: CompiledDecodeStep) -> str:
-    """The key of ``step``'s graph (the module docstring), as 24 hex digits."""
+def step_key(step: Any) -> str:
+    """The key of ``step``'s graph (the module docstring), as 24 hex digits. ``step``: a
+    ``compiled_step.CompiledDecodeStep`` (its model runner, backend, options and row bounds)."""
     import torch
     import transformers
-
-    from serving.srt.model_executor.compiled_step import ROWS_BOUND
 
     runner = step.model_runner
     model = runner.model
@@ -84,7 +80,7 @@ def step_key(step: CompiledDecodeStep) -> str:
         "device": str(runner.device),
         "backend": step.backend,
         "options": repr(sorted(step.options.items())),
-        "rows": [step.min_rows, ROWS_BOUND],
+        "rows": [step.min_rows, step.rows_bound],
         "keep": sorted(step._keep),
     }
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
@@ -100,7 +96,7 @@ def keep_input_guards(entries: Any) -> list[bool]:
 class SavedStep:
     """The saved file of one compiled decode step: ``load()`` it, or ``compile_and_save()``."""
 
-    def __init__(self, step: CompiledDecodeStep) -> None:
+    def __init__(self, step: Any) -> None:
         self.step = step
         name = f"{step.model_runner.architecture}-{step_key(step)}.bin"
         self.path = Path(step.cache_dir) / FOLDER / name
@@ -135,14 +131,12 @@ class SavedStep:
         at its first run)."""
         import torch
 
-        from serving.srt.model_executor.compiled_step import ROWS_BOUND
-
         step = self.step
         device = step.model_runner.device
         ids = torch.zeros((1, step.min_rows), dtype=torch.long, device=device)
         positions = torch.zeros((1, step.min_rows), dtype=torch.long, device=device)
         for tensor in (ids, positions):
-            torch._dynamo.mark_dynamic(tensor, 1, min=step.min_rows, max=ROWS_BOUND)
+            torch._dynamo.mark_dynamic(tensor, 1, min=step.min_rows, max=step.rows_bound)
         options = dict(step.options)
         options["guard_filter_fn"] = keep_input_guards
         try:
