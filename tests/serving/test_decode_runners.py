@@ -99,6 +99,7 @@ def test_the_compiled_step_uses_the_platforms_backend_once_for_every_batch_size(
     )
     assert isinstance(step, CompiledDecodeStep) and runner.graph_runner is step
     assert step.backend == COUNTING and sorted(step.compile_seconds) == [1, 4]
+    assert step.origin == "traced" and step.saved_path is None  # only inductor's step is saved
     compiles, calls = COUNTS["compiles"], COUNTS["calls"]
     assert compiles >= 1 and calls >= 2  # the captured sizes ran through the compiled graph
     for size in (1, 2, 3, 4, 6):  # 6 > --torch-compile-max-bs: eager
