@@ -19,6 +19,7 @@ import pytest
 from support import wait_for
 from support.serving import (
     embedding_body,
+    load_line,
     report,
     run_load,
     start_server,
@@ -38,12 +39,7 @@ def server(tmp_path):
 
 def test_dp2_load_then_a_scheduler_dies_mid_load(server, capsys):
     stats = run_load(server.url, embedding_body, clients=16, seconds=3)
-    report(
-        capsys,
-        f"load dp=2: {stats['requests']} requests, {len(stats['errors'])} errors, "
-        f"{stats['throughput_rps']:.1f} req/s, p50 {stats['p50_ms']:.1f} ms, "
-        f"p99 {stats['p99_ms']:.1f} ms",
-    )
+    report(capsys, load_line("load dp=2", stats))
     assert stats["errors"] == [] and stats["requests"] > 0
     info = httpx.get(server.url + "/get_server_info", timeout=30).json()
     batches = [s["batches"] for s in info["schedulers"]]

@@ -18,6 +18,7 @@ from support.serving import (
     REPO,
     cosine,
     embedding_body,
+    load_line,
     post,
     report,
     run_load,
@@ -282,12 +283,7 @@ def test_schemathesis_fuzz_finds_no_server_error(server, tmp_path):
 @pytest.mark.e2e
 def test_load_dp1_sixteen_clients_three_seconds(server, capsys):
     stats = run_load(server.url, embedding_body, clients=16, seconds=3)
-    report(
-        capsys,
-        f"load dp=1: {stats['requests']} requests, {len(stats['errors'])} errors, "
-        f"{stats['throughput_rps']:.1f} req/s, p50 {stats['p50_ms']:.1f} ms, "
-        f"p99 {stats['p99_ms']:.1f} ms",
-    )
+    report(capsys, load_line("load dp=1", stats))
     assert stats["errors"] == [] and stats["requests"] > 0
     Path(server.log_path).with_name("load-dp1.json").write_text(
         json.dumps({k: v for k, v in stats.items() if k != "errors"})

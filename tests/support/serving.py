@@ -548,6 +548,15 @@ def embedding_body(i: int) -> dict:
     return {"input": f"{LOAD_TEXTS[i % len(LOAD_TEXTS)]} #{i}"}
 
 
+def load_line(label: str, stats: dict) -> str:
+    """One line of a ``run_load`` result: requests, errors, throughput, p50 and p99."""
+    return (
+        f"{label}: {stats['requests']} requests, {len(stats['errors'])} errors, "
+        f"{stats['throughput_rps']:.1f} req/s, p50 {stats['p50_ms']:.1f} ms, "
+        f"p99 {stats['p99_ms']:.1f} ms"
+    )
+
+
 def report(capsys, line: str) -> None:
     """Print a figure so it shows in the test run's output, even with -q."""
     with capsys.disabled():
