@@ -150,7 +150,7 @@ class CompiledDecodeStep:
         # How this start got its graph: "loaded" (a saved step), "saved" (compiled ahead of
         # time and saved now) or "traced" (compiled at the first step, not saved).
         self.origin = "traced"
-        self.saved_path: str | None = None
+        self.saved_path: str | None = None  # the saved step's file, when there is one
 
     def compile_options(self, platform_options: dict[str, Any]) -> dict[str, Any]:
         """The options ``torch.compile`` gets (a subclass adds its own)."""
@@ -252,7 +252,6 @@ class CompiledDecodeStep:
         from serving.srt.model_executor.saved_step import SavedStep
 
         saved = SavedStep(self)
-        self.saved_path = str(saved.path)
         started = time.monotonic()
         function = saved.load()
         if function is not None:
@@ -265,13 +264,15 @@ class CompiledDecodeStep:
         else:
             function = saved.compile_and_save()
             if function is None:
-                return
+                return  # no file: ``saved_path`` stays None
             self.origin = "saved"
             log.info(
                 "compiled the decode step ahead of time in %.1f s; saved to %s",
                 time.monotonic() - started,
                 saved.path,
             )
+
+        self.saved_path = str(saved.path)
 
         def compiled(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             return function(self, ids, positions)  # type: ignore[no-any-return]
