@@ -130,18 +130,27 @@ def test_the_agreement_with_float32_that_the_docs_promise(tiny):
     assert rel(runner(tiny, dtype="bfloat16", torchao_config="int4wo-32")) <= 0.15
 
 
-def test_a_wide_step_multiplies_by_a_dense_copy_of_the_quantized_values(tiny):
+def test_a_wide_step_multiplies_by_a_dense_copy_or_the_amx_kernel(tiny):
     """``--wide-step-tokens`` (8 by default): a step of at least that many tokens runs a
-    quantized layer through a dense copy of the values its kernel multiplies by, a narrower one
-    through the kernel; 0 keeps no copy. The two paths agree (exactly in float32, to bfloat16's
-    rounding in bfloat16) and so do the greedy tokens of a float32 model."""
+    quantized layer through a dense copy of the values its kernel multiplies by, or, for int4 in
+    bfloat16 on a CPU with AMX (this machine has it: ``amx.kernel()``), through the AMX kernel
+    over the int4 values; a narrower one through the weight-only kernel; 0 keeps neither. The
+    paths agree (exactly in float32, to bfloat16's rounding in bfloat16) and so do the greedy
+    tokens of a float32 model."""
     import torch
+
+    from serving.srt.layers.quantization import amx
 
     for dtype, tol in (("float32", 1e-5), ("bfloat16", 2e-2)):
         kept = runner(tiny, dtype=dtype, torchao_config="int4wo-32")
+        how = (
+            "through the AMX kernel over their int4 values"
+            if dtype == "bfloat16" and amx.kernel() is not None
+            else f"by a dense {dtype} copy of their values"
+        )
         assert kept.describe().weights.endswith(
-            f"a step of 8 tokens or more multiplies these 14 by a dense {dtype} copy of their "
-            f"values (--wide-step-tokens); the rest {dtype}"
+            f"a step of 8 tokens or more multiplies these 14 {how} (--wide-step-tokens); the "
+            f"rest {dtype}"
         ), kept.describe().weights
         layer = kept.model.get_submodule("model.layers.0.mlp.up_proj")
         x = torch.randn(16, layer.in_features, dtype=getattr(torch, dtype))

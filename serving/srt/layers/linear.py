@@ -117,7 +117,8 @@ def packed_linear_op() -> Any:
 
 
 def pack_linears(model: Any) -> int:
-    """Pack every ``nn.Linear`` of ``model`` (the module docstring); how many were packed."""
+    """Pack every ``nn.Linear`` of ``model`` (the module docstring), sibling sets that read one
+    input as one merged weight (``merged_linear``); how many linears were packed."""
     import types
 
     import torch
@@ -125,9 +126,25 @@ def pack_linears(model: Any) -> int:
     counts: dict[int, int] = {}
     for _, param in model.named_parameters(remove_duplicate=False):
         counts[id(param)] = counts.get(id(param), 0) + 1
-    packed = 0
+    from serving.srt.layers.merged_linear import dense_product, merge_siblings, merged_bias
+
+    def merged_product(members: list[Any]) -> Any:
+        if len({(m.weight.dtype, m.weight.device) for m in members}) != 1:
+            return None
+        with torch.no_grad():
+            weight = torch.cat([m.weight.detach() for m in members]).contiguous()
+        return dense_product(weight, merged_bias(members), pack=True)
+
+    merged = merge_siblings(
+        model,
+        lambda m: type(m) is torch.nn.Linear and counts.get(id(m.weight), 0) == 1,
+        merged_product,
+    )
+    for module in merged:  # the merged weight holds their values now
+        module.weight.data = torch.empty(0, dtype=module.weight.dtype)
+    packed = len(merged)
     for module in model.modules():
-        if type(module) is not torch.nn.Linear:
+        if type(module) is not torch.nn.Linear or "_merged" in module.__dict__:
             continue
         weight = module.weight
         module._packed_weight = pack_weight(weight.detach())

@@ -146,15 +146,19 @@ def apply_scheme(
 
 
 def _wide_copies(model: Any, wide_step_tokens: int, rest: str) -> str:
-    """Keep the dense copies ``--wide-step-tokens`` asks for; what the summary says of them."""
+    """Lay out what ``--wide-step-tokens`` asks for (``keep_wide_copies``); what the summary
+    says of it."""
     if wide_step_tokens <= 0:
         return ""
     from serving.srt.layers.quantization import keep_wide_copies
 
-    kept = keep_wide_copies(model, wide_step_tokens)
-    if not kept:
+    copies, on_amx = keep_wide_copies(model, wide_step_tokens)
+    amx = "through the AMX kernel over their int4 values"
+    dense = f"by a dense {rest} copy of their values"
+    if copies and on_amx:
+        how = f"{on_amx} of these {amx} and {copies} {dense}"
+    elif on_amx or copies:
+        how = f"these {on_amx or copies} {amx if on_amx else dense}"
+    else:
         return ""
-    return (
-        f"; a step of {wide_step_tokens} tokens or more multiplies these {kept} by a dense "
-        f"{rest} copy of their values (--wide-step-tokens)"
-    )
+    return f"; a step of {wide_step_tokens} tokens or more multiplies {how} (--wide-step-tokens)"

@@ -26,6 +26,7 @@ from serving.srt.layers.linear import (
     packed_matmul,
     register_packed,
 )
+from serving.srt.layers.quantization import amx
 
 if TYPE_CHECKING:
     import torch
@@ -92,6 +93,15 @@ class Int4WeightOnlyLinear(_module_base()):  # type: ignore[misc]
         self.register_buffer("packed", packed)
         self.register_buffer("scale_and_zero", both)
         self.bias = bias
+        self.amx: tuple[torch.Tensor, torch.Tensor] | None = None
+        if dtype == torch.bfloat16 and amx.fits(self.in_features, self.out_features, group_size):
+            if amx.kernel() is not None:  # the wide steps' kernel (``keep_wide_copies``)
+                self.amx = amx.int4_layout(q, scale.to(dtype), zero.to(dtype))
+
+    def wide_matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        """The AMX kernel over ``flat`` (tokens, in_features), bias added (``self.amx`` set)."""
+        assert self.amx is not None
+        return amx.int4_mm(flat, *self.amx, self.bias, self.group_size)
 
     def narrow_matmul(self, flat: torch.Tensor) -> torch.Tensor:
         """The int4 kernel over ``flat`` (tokens, in_features), bias added."""
@@ -139,52 +149,100 @@ def dense_weight(module: Any) -> torch.Tensor:
     return columns.t().contiguous()
 
 
+def narrow_rows(module: Any, flat: torch.Tensor) -> torch.Tensor:
+    """The weight-only kernel's product of ``flat``, the rows of a compiled step's padding
+    (``LIVE_ROWS``) left at zero, not computed."""
+    live = LIVE_ROWS[0]
+    if live is not None and live < flat.shape[0]:
+        padded = flat.new_zeros((flat.shape[0], module.out_features))
+        padded[:live] = module.narrow_matmul(flat[:live])
+        return padded
+    narrow: torch.Tensor = module.narrow_matmul(flat)
+    return narrow
+
+
 def _choose_kernel(module: Any, flat: torch.Tensor) -> torch.Tensor:
     import torch
 
     if flat.shape[0] < module.wide_rows:
-        live = LIVE_ROWS[0]
-        if live is not None and live < flat.shape[0]:  # a compiled step's padding: not computed
-            padded = flat.new_zeros((flat.shape[0], module.out_features))
-            padded[:live] = module.narrow_matmul(flat[:live])
-            return padded
-        narrow: torch.Tensor = module.narrow_matmul(flat)
-        return narrow
+        return narrow_rows(module, flat)
+    if getattr(module, "amx", None) is not None:
+        return module.wide_matmul(flat)
     if "_packed_weight" in module.__dict__:
         return packed_matmul(module, flat)
     wide: torch.Tensor = torch.nn.functional.linear(flat, module._dense_weight, module.bias)
     return wide
 
 
-def keep_wide_copies(model: Any, wide_rows: int) -> int:
-    """Give every weight-only layer of ``model`` a dense copy of its weight (packed for oneDNN
-    where the platform packs linears: ``serving.srt.layers.linear.can_pack``) that computes
-    the steps of at least ``wide_rows`` tokens; a narrower step keeps the weight-only kernel.
-    How many layers got one.
+def keep_wide_copies(model: Any, wide_rows: int) -> tuple[int, int]:
+    """Give every weight-only layer of ``model`` a way to compute the steps of at least
+    ``wide_rows`` tokens; a narrower step keeps the weight-only kernel. An int4 layer in
+    bfloat16 uses the AMX kernel (``amx``) over its own int4 values where the CPU has one; any
+    other keeps a dense copy of its weight (packed for oneDNN where the platform packs linears:
+    ``serving.srt.layers.linear.can_pack``). Sibling sets that read one input share one merged
+    product (``merged_linear``). ``(dense copies, on AMX)``: how many layers got each.
 
-    The copy holds the values the weight-only kernel multiplies by (``dense_weight``), so both
-    paths compute the same product up to the order of the additions. What differs is the cost:
+    Both compute the values the weight-only kernel multiplies by (``dense_weight``), so every
+    path computes the same product up to the order of the additions. What differs is the cost:
     the weight-only kernel reads a quarter (int4) or half (int8) of the bytes, which is what a
     step of a few tokens waits on, but dequantises the weight again for every few rows, which a
-    step of many tokens (a prompt, a wide decode) pays many times over."""
+    step of many tokens (a prompt, a wide decode) pays many times over; a dense copy reads four
+    times the bytes of int4 at every step; the AMX kernel reads the int4 bytes and dequantises
+    each once per step."""
     import torch
 
     from serving.srt.layers.linear import can_pack
+    from serving.srt.layers.merged_linear import merge_siblings
 
-    kept = 0
+    layers = merge_siblings(
+        model,
+        lambda m: isinstance(m, WEIGHT_ONLY) and "_packed_index" not in m.__dict__,
+        _merged_wide_product,
+        wide_rows=wide_rows,
+        narrow=narrow_rows,
+    )
     for module in model.modules():
-        if not isinstance(module, WEIGHT_ONLY) or "_packed_index" in module.__dict__:
+        if (
+            not isinstance(module, WEIGHT_ONLY)
+            or "_packed_index" in module.__dict__
+            or "_merged" in module.__dict__
+        ):
             continue
-        with torch.no_grad():
-            dense = dense_weight(module)
-            if can_pack(dense.device, dense.dtype, 1):
-                module._packed_weight = pack_weight(dense)
-            else:
-                module._dense_weight = dense
+        if getattr(module, "amx", None) is None:  # the AMX kernel needs no copy
+            with torch.no_grad():
+                dense = dense_weight(module)
+                if can_pack(dense.device, dense.dtype, 1):
+                    module._packed_weight = pack_weight(dense)
+                else:
+                    module._dense_weight = dense
         module.wide_rows = int(wide_rows)
         register_packed(module, _choose_kernel)
-        kept += 1
-    return kept
+        layers.append(module)
+    on_amx = sum(1 for module in layers if getattr(module, "amx", None) is not None)
+    return len(layers) - on_amx, on_amx
+
+
+def _merged_wide_product(members: list[Any]) -> Any:
+    """The wide steps' product of merged weight-only siblings: the AMX kernel over their int4
+    blocks one after the other where each has them (one group size), else one dense copy."""
+    import torch
+
+    from serving.srt.layers.linear import can_pack
+    from serving.srt.layers.merged_linear import dense_product, merged_bias
+
+    bias = merged_bias(members)
+    layouts = [getattr(m, "amx", None) for m in members]
+    if all(layouts) and len({m.group_size for m in members}) == 1:
+        packed = torch.cat([layout[0] for layout in layouts]).contiguous()
+        scales = torch.cat([layout[1] for layout in layouts]).contiguous()
+        group = members[0].group_size
+        return lambda flat: amx.int4_mm(flat, packed, scales, bias, group)
+    for member in members:  # a dense copy serves them all: their AMX layouts go unused
+        if isinstance(member, Int4WeightOnlyLinear):
+            member.amx = None
+    with torch.no_grad():
+        dense = torch.cat([dense_weight(m) for m in members]).contiguous()
+    return dense_product(dense, bias, pack=can_pack(dense.device, dense.dtype, 1))
 
 
 def int4_fits(in_features: int, out_features: int, group_size: int) -> bool:
