@@ -35,7 +35,10 @@ streaming OpenAI ``POST /v1/completions`` (greedy, ``stream_options.include_usag
 server's own way of not stopping at end-of-sequence: ``ignore_eos`` (sglang-launch, vLLM),
 ``min_tokens`` (llama.cpp, which has no ``ignore_eos``). The servers take turns within every
 round (each goes first in turn), so that a drift in the machine's speed falls on all of them;
-the medians over ``--rounds`` are printed.
+the medians over ``--rounds`` are printed. While one server is measured the others are paused
+(SIGSTOP, then SIGCONT): every server has the cores to itself, as it would in production. An
+idle vLLM-CPU keeps a third of a core busy, and on two cores any other busy process stalls a
+server's threads at every parallel region (``--concurrent`` measures with all of them running).
 
 1. Time per output token at 1 client: (last token's arrival - first token's) / (tokens - 1) of one
    streamed request of ``--tokens`` tokens (the chat prompt of ``real_model.py``).
@@ -49,7 +52,7 @@ the medians over ``--rounds`` are printed.
 Printed: a table of the medians, each rival's figure against sglang-launch's (sglang-launch /
 rival: below 1 is sglang-launch faster for the times, above 1 for tokens per second), then one
 JSON line with everything. Also, once the servers are warm, the cores each server keeps busy
-while idle (all three share the machine's cores, so one that spins while idle slows the others).
+while idle (what it would take from others sharing its machine).
 
 Loopback only (127.0.0.1), nothing downloaded from a model hub (``HF_HUB_OFFLINE=1`` for every
 server); each server runs in a process group of its own and every process this script started
@@ -80,6 +83,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -213,6 +217,29 @@ class Group:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
         self.log_file.close()
+
+    def signal_tree(self, signum: int) -> None:
+        """``signum`` to every process of the server (its own process group and any child
+        that left it)."""
+        import psutil
+
+        try:
+            root = psutil.Process(self.proc.pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for proc in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signum)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The server stopped (SIGSTOP) for the block, continued (SIGCONT) after it."""
+        self.signal_tree(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.signal_tree(signal.SIGCONT)
 
     @classmethod
     def stop_all(cls) -> None:
@@ -778,10 +805,15 @@ def measure(args: argparse.Namespace, servers: list[Server], chat: str, body: st
         order = servers[r % len(servers) :] + servers[: r % len(servers)]
         for server in order:
             got = raw[server.name]
-            single = asyncio.run(one(server, chat, args.tokens, t))
-            wall, streams = asyncio.run(many(server, chat, args.clients, args.tokens, t))
-            prompt = unique_prefix(r + 1, server.name) + body
-            cold, again = asyncio.run(cold_then_repeated(server, prompt, t))
+            with contextlib.ExitStack() as others:
+                if not args.concurrent:  # the measured server alone on the cores
+                    for other in servers:
+                        if other is not server:
+                            others.enter_context(other.group.paused())
+                single = asyncio.run(one(server, chat, args.tokens, t))
+                wall, streams = asyncio.run(many(server, chat, args.clients, args.tokens, t))
+                prompt = unique_prefix(r + 1, server.name) + body
+                cold, again = asyncio.run(cold_then_repeated(server, prompt, t))
             got.setdefault("tpot_ms", []).append(single.tpot() * 1000)
             got.setdefault("tokens_1", []).append(single.tokens)
             got.setdefault("tokens_per_s", []).append(sum(s.tokens for s in streams) / wall)
@@ -907,6 +939,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--install-only", action="store_true", help="prepare the rivals' virtualenvs, no run"
+    )
+    parser.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="leave the other servers running while one is measured (default: they are paused "
+        "with SIGSTOP, so an idle server's own background work does not slow the measured one)",
     )
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds per server")
     parser.add_argument("--request-timeout", type=float, default=900.0, help="seconds a request")

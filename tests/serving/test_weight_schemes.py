@@ -144,7 +144,7 @@ def test_a_wide_step_multiplies_by_a_dense_copy_or_the_amx_kernel(tiny):
     for dtype, tol in (("float32", 1e-5), ("bfloat16", 2e-2)):
         kept = runner(tiny, dtype=dtype, torchao_config="int4wo-32")
         how = (
-            "through the AMX kernel over their int4 values"
+            "through the AMX kernel over their quantized values"
             if dtype == "bfloat16" and amx.kernel() is not None
             else f"by a dense {dtype} copy of their values"
         )

@@ -1,4 +1,4 @@
-"""The kernels of a wide step (many rows) on the CPU: the int4 AMX kernel
+"""The kernels of a wide step (many rows) on the CPU: the int4 and int8 AMX kernels
 (``serving.srt.layers.quantization.amx``) and sibling linears merged into one product
 (``serving.srt.layers.merged_linear``).
 
@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from launchspec.model_source import embedding_model_dir, resolve_model  # noqa: E402
 from platforms.builtin.cpu import CpuSRTPlatform  # noqa: E402
-from serving.srt.layers.quantization import amx, int4_from_float  # noqa: E402
+from serving.srt.layers.quantization import amx, int4_from_float, int8_from_float  # noqa: E402
 from serving.srt.model_runner import ModelRunner  # noqa: E402
 
 
@@ -56,6 +56,20 @@ def test_the_amx_kernel_computes_the_dense_product_of_the_int4_values(group):
         assert torch.allclose(got, want, rtol=2e-2, atol=2e-2), (rows, (got - want).abs().max())
         alone = amx.int4_mm(x, packed, scale_and_zero, None, group).float()
         assert torch.allclose(alone + bias.float(), got, rtol=2e-2, atol=2e-2)
+
+
+def test_the_amx_kernel_computes_the_dense_product_of_the_int8_values():
+    """int8 with a scale per output row (``--torchao-config int8wo``, a GGUF file's Q8_0)."""
+    needs_amx()
+    qweight, scales = int8_from_float(torch.randn(48, 96) * 0.05, torch.bfloat16)
+    dense = (qweight.float() * scales.float()[:, None]).to(torch.bfloat16)
+    packed, packed_scales = amx.int8_layout(qweight, scales)
+    bias = torch.randn(48, dtype=torch.bfloat16)
+    for rows in (1, 16, 17, 40):
+        x = torch.randn(rows, 96, dtype=torch.bfloat16)
+        want = x.float() @ dense.float().t() + bias.float()
+        got = amx.int8_mm(x, packed, packed_scales, bias).float()
+        assert torch.allclose(got, want, rtol=2e-2, atol=2e-2), (rows, (got - want).abs().max())
 
 
 def test_setting_the_environment_variable_to_0_keeps_pytorchs_kernels():

@@ -153,7 +153,7 @@ def _wide_copies(model: Any, wide_step_tokens: int, rest: str) -> str:
     from serving.srt.layers.quantization import keep_wide_copies
 
     copies, on_amx = keep_wide_copies(model, wide_step_tokens)
-    amx = "through the AMX kernel over their int4 values"
+    amx = "through the AMX kernel over their quantized values"
     dense = f"by a dense {rest} copy of their values"
     if copies and on_amx:
         how = f"{on_amx} of these {amx} and {copies} {dense}"

@@ -46,12 +46,23 @@ class Int8WeightOnlyLinear(_module_base()):  # type: ignore[misc]
     (out,) in the activation dtype."""
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+        import torch
+
         super().__init__()
         self.in_features = int(qweight.shape[1])
         self.out_features = int(qweight.shape[0])
         self.register_buffer("qweight", qweight.contiguous())
         self.register_buffer("scales", scales.contiguous())
         self.bias = bias
+        self.amx: tuple[torch.Tensor, torch.Tensor] | None = None
+        if scales.dtype == torch.bfloat16 and amx.fits(self.in_features, self.out_features, 32):
+            if amx.kernel() is not None:  # the wide steps' kernel (``keep_wide_copies``)
+                self.amx = amx.int8_layout(self.qweight, self.scales)
+
+    def wide_matmul(self, flat: torch.Tensor) -> torch.Tensor:
+        """The AMX kernel over ``flat`` (tokens, in_features), bias added (``self.amx`` set)."""
+        assert self.amx is not None
+        return amx.int8_mm(flat, *self.amx, self.bias)
 
     def narrow_matmul(self, flat: torch.Tensor) -> torch.Tensor:
         """The int8 kernel over ``flat`` (tokens, in_features), bias added."""
@@ -223,23 +234,25 @@ def keep_wide_copies(model: Any, wide_rows: int) -> tuple[int, int]:
 
 
 def _merged_wide_product(members: list[Any]) -> Any:
-    """The wide steps' product of merged weight-only siblings: the AMX kernel over their int4
-    blocks one after the other where each has them (one group size), else one dense copy."""
+    """The wide steps' product of merged weight-only siblings: the AMX kernel over their blocks
+    one after the other where each has them (one kind, one group size), else one dense copy."""
     import torch
 
     from serving.srt.layers.linear import can_pack
     from serving.srt.layers.merged_linear import dense_product, merged_bias
 
     bias = merged_bias(members)
-    layouts = [getattr(m, "amx", None) for m in members]
-    if all(layouts) and len({m.group_size for m in members}) == 1:
+    layouts = [m.amx for m in members]
+    kinds = {(type(m), getattr(m, "group_size", None)) for m in members}
+    if all(layout is not None for layout in layouts) and len(kinds) == 1:
         packed = torch.cat([layout[0] for layout in layouts]).contiguous()
         scales = torch.cat([layout[1] for layout in layouts]).contiguous()
+        if isinstance(members[0], Int8WeightOnlyLinear):
+            return lambda flat: amx.int8_mm(flat, packed, scales, bias)
         group = members[0].group_size
         return lambda flat: amx.int4_mm(flat, packed, scales, bias, group)
     for member in members:  # a dense copy serves them all: their AMX layouts go unused
-        if isinstance(member, Int4WeightOnlyLinear):
-            member.amx = None
+        member.amx = None
     with torch.no_grad():
         dense = torch.cat([dense_weight(m) for m in members]).contiguous()
     return dense_product(dense, bias, pack=can_pack(dense.device, dense.dtype, 1))

@@ -1,10 +1,11 @@
-"""The int4 weight-only product on the CPU's tile unit (AMX), for steps of many rows.
+"""Weight-only products (int4, int8) on the CPU's tile unit (AMX), for steps of many rows.
 
 A decode step of many rows through a weight-only layer has two choices in PyTorch alone: its
-int4 kernel, which turns the weight into floats again for every few rows, or a dense bfloat16
-copy of the weight, four times the bytes to read at every step. ``int4_amx.c`` does neither: it
-turns each 16-column block of the int4 weight into bfloat16 once per call, in registers, and
-multiplies it with every row of the step on the tile unit. The weight read stays int4.
+weight-only kernel, which turns the weight into floats again for every few rows, or a dense
+bfloat16 copy of the weight, two to four times the bytes to read at every step.
+``weight_only_amx.c`` does neither: it turns each 16-column block of the weight into bfloat16
+once per call, in registers, and multiplies it with every row of the step on the tile unit. The
+weight read stays int4 or int8.
 
 ``kernel()`` builds the C file with the system's C compiler the first time a process asks
 (about a second), into ``<sglang-launch's cache>/kernels/``, and loads it; later starts load
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("int4_amx.c")
+SOURCE = Path(__file__).with_name("weight_only_amx.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp")
 CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16")
 ENV = "SGLANG_LAUNCH_AMX"
@@ -45,7 +46,7 @@ def kernel() -> Any:
     if "lib" not in _STATE:
         _STATE["lib"], _STATE["why"] = _load()
         if _STATE["lib"] is None:
-            log.info("the int4 AMX kernel is not used: %s", _STATE["why"])
+            log.info("the weight-only AMX kernels are not used: %s", _STATE["why"])
     return _STATE["lib"]
 
 
@@ -74,8 +75,9 @@ def _load() -> tuple[Any, str | None]:
         return None, f"loading {path} failed: {exc}"
     if lib.sgl_amx_init() != 0:
         return None, "the operating system did not grant the tile state (arch_prctl)"
-    lib.sgl_amx_int4_mm.restype = None
+    lib.sgl_amx_int4_mm.restype = lib.sgl_amx_int8_mm.restype = None
     lib.sgl_amx_int4_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
+    lib.sgl_amx_int8_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3
     return lib, None
 
 
@@ -98,7 +100,7 @@ def _built(compiler: str) -> Path:
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + repr((FLAGS, compiler)).encode()).hexdigest()[:16]
     folder = cache_root() / "kernels"
-    path = folder / f"int4_amx-{key}.so"
+    path = folder / f"weight_only_amx-{key}.so"
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
@@ -115,7 +117,8 @@ def _built(compiler: str) -> Path:
 
 
 def fits(in_features: int, out_features: int, group_size: int) -> bool:
-    """Whether a (out, in) int4 weight in groups of ``group_size`` fits the kernel."""
+    """Whether a (out, in) weight fits the kernels, in groups of ``group_size`` input values
+    (int8: ``in_features``, one scale per row)."""
     return out_features % 16 == 0 and group_size % 32 == 0 and in_features % group_size == 0
 
 
@@ -139,6 +142,24 @@ def int4_layout(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tup
     return packed, both.to(torch.bfloat16).contiguous()
 
 
+def int8_layout(qweight: torch.Tensor, scales: torch.Tensor) -> tuple[Any, Any]:
+    """``(packed, scales)``, the int8 kernel's layouts (``weight_only_amx.c``) of int8 values
+    ``qweight`` ((out, in)) with a bfloat16 scale per row, ``scales`` ((out,))."""
+    import torch
+
+    out, inp = qweight.shape
+    lanes = qweight.reshape(out // 16, 16, inp // 2, 2).permute(0, 2, 1, 3)
+    packed = lanes.reshape(out // 16, inp // 2, 32).contiguous()
+    return packed, scales.to(torch.bfloat16).reshape(out // 16, 16).contiguous()
+
+
+def int8_mm(
+    flat: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``flat @ W.T + bias`` for ``flat`` (tokens, in) in bfloat16, W in ``int8_layout``."""
+    return _call("sgl_amx_int8_mm", flat, packed, scales, bias)
+
+
 def int4_mm(
     flat: torch.Tensor,
     packed: torch.Tensor,
@@ -147,22 +168,25 @@ def int4_mm(
     group_size: int,
 ) -> torch.Tensor:
     """``flat @ W.T + bias`` for ``flat`` (tokens, in) in bfloat16, W in ``int4_layout``."""
+    return _call("sgl_amx_int4_mm", flat, packed, scale_and_zero, bias, group_size)
+
+
+def _call(name: str, flat: Any, packed: Any, scales: Any, bias: Any, *more: int) -> Any:
     import torch
 
-    lib = kernel()
     x = flat.contiguous()
     rows, inp = x.shape
     out = packed.shape[0] * 16
     y = torch.empty((rows, out), dtype=torch.bfloat16, device=x.device)
-    lib.sgl_amx_int4_mm(
+    getattr(kernel(), name)(
         x.data_ptr(),
         packed.data_ptr(),
-        scale_and_zero.data_ptr(),
+        scales.data_ptr(),
         None if bias is None else bias.data_ptr(),
         y.data_ptr(),
         rows,
         out,
         inp,
-        group_size,
+        *more,
     )
     return y

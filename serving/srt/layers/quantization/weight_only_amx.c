@@ -1,4 +1,5 @@
-/* int4 weight-only matrix product on AMX (bfloat16 tiles), for sglang-launch's CPU decode.
+/* int4 and int8 weight-only matrix products on AMX (bfloat16 tiles), for sglang-launch's CPU
+   decode.
 
    y[M][N] = x[M][K] @ W^T (+ bias), x, y and bias in bfloat16, W in int4 groups along K:
    w[n][k] = (q[n][k] - 8) * scale[n][g] + zero[n][g], g = k / group (group a multiple of 32).
@@ -8,6 +9,8 @@
      AMX's pair (VNNI) order, lane L = 2 * n + (k - 2r) for its 16 columns n: byte j holds lane j
      in its low nibble and lane j + 16 in its high nibble.
    - sz: [N/16][K/group][2][16] bfloat16: the block's 16 scales, then its 16 zeros, per group.
+   int8 (w[n][k] = q[n][k] * scale[n]): q [N/16][K/2][32] int8, the 32 lanes of a tile row in
+   order; sz [N/16][16] bfloat16, the block's scales.
 
    Each 16-column block is turned into bfloat16 once per call (the value the dense copy of the
    layer holds: one rounding of (q - 8) * scale + zero) and multiplied with every 16 rows of x
@@ -83,6 +86,24 @@ static void unpack_block(const uint8_t *q, const uint16_t *sz, int K, int group,
     }
 }
 
+/* One 16-column block of int8 W into buf: q8 [K/2][32] int8 in pair order (lanes 0-15 then
+   16-31, lane L = 2 * n + (k - 2r)), w = q * scale[n]; scale: the block's 16 bfloat16. */
+static void unpack_block_int8(const uint8_t *q, const uint16_t *scale, int K, int group, uint16_t *buf) {
+    const __m512i first = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i second = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+    (void)group;
+    __m512 s = bf16_to_fp32(scale);
+    __m512 s_lo = _mm512_permutexvar_ps(first, s), s_hi = _mm512_permutexvar_ps(second, s);
+    for (int row = 0; row < K / 2; row++) {
+        const uint8_t *p = q + (size_t)row * 32;
+        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
+        lo = _mm512_mul_ps(lo, s_lo);
+        hi = _mm512_mul_ps(hi, s_hi);
+        _mm512_storeu_si512((void *)(buf + (size_t)row * 32), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+}
+
 static void store_block(const float *c, int mrows, uint16_t *y, int N, int n0, const uint16_t *bias) {
     __m512 b = bias ? bf16_to_fp32(bias + n0) : _mm512_setzero_ps();
     for (int m = 0; m < mrows; m++) {
@@ -91,11 +112,13 @@ static void store_block(const float *c, int mrows, uint16_t *y, int N, int n0, c
     }
 }
 
-/* y = x @ W^T (+ bias); N a multiple of 16, K of 32, group of 32 and a divisor of K. */
-void sgl_amx_int4_mm(const uint16_t *x, const uint8_t *q, const uint16_t *sz, const uint16_t *bias,
-                     uint16_t *y, int M, int N, int K, int group) {
+typedef void (*unpack_fn)(const uint8_t *, const uint16_t *, int, int, uint16_t *);
+
+/* y = x @ W^T (+ bias) for blocks of q_block bytes and sz_block scales, unpacked by unpack. */
+static void amx_mm(const uint16_t *x, const uint8_t *q, const uint16_t *sz, const uint16_t *bias,
+                   uint16_t *y, int M, int N, int K, int group, unpack_fn unpack, size_t q_block,
+                   size_t sz_block) {
     int blocks = N / 16, pairs = (blocks + 1) / 2;
-    size_t q_block = (size_t)(K / 2) * 16, sz_block = (size_t)(K / group) * 32;
 #pragma omp parallel
     {
         uint16_t *w0 = aligned_alloc(64, (size_t)K * 64), *w1 = w0 + (size_t)K * 16;
@@ -104,8 +127,8 @@ void sgl_amx_int4_mm(const uint16_t *x, const uint8_t *q, const uint16_t *sz, co
 #pragma omp for schedule(static)
         for (int p = 0; p < pairs; p++) {
             int b0 = 2 * p, two = b0 + 1 < blocks;
-            unpack_block(q + b0 * q_block, sz + b0 * sz_block, K, group, w0);
-            if (two) unpack_block(q + (b0 + 1) * q_block, sz + (b0 + 1) * sz_block, K, group, w1);
+            unpack(q + b0 * q_block, sz + b0 * sz_block, K, group, w0);
+            if (two) unpack(q + (b0 + 1) * q_block, sz + (b0 + 1) * sz_block, K, group, w1);
             for (int m0 = 0; m0 < M; m0 += 16) {
                 int mrows = M - m0 < 16 ? M - m0 : 16;
                 if (mrows != configured) {
@@ -134,4 +157,17 @@ void sgl_amx_int4_mm(const uint16_t *x, const uint8_t *q, const uint16_t *sz, co
         if (configured >= 0) _tile_release();
         free(w0);
     }
+}
+
+/* int4: N a multiple of 16, K of 32, group a multiple of 32 dividing K (layouts above). */
+void sgl_amx_int4_mm(const uint16_t *x, const uint8_t *q, const uint16_t *sz, const uint16_t *bias,
+                     uint16_t *y, int M, int N, int K, int group) {
+    amx_mm(x, q, sz, bias, y, M, N, K, group, unpack_block, (size_t)(K / 2) * 16,
+           (size_t)(K / group) * 32);
+}
+
+/* int8 with a scale per output column: N a multiple of 16, K of 32; sz: [N/16][16] bfloat16. */
+void sgl_amx_int8_mm(const uint16_t *x, const uint8_t *q, const uint16_t *sz, const uint16_t *bias,
+                     uint16_t *y, int M, int N, int K) {
+    amx_mm(x, q, sz, bias, y, M, N, K, K, unpack_block_int8, (size_t)(K / 2) * 32, 16);
 }
