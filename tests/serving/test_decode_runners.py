@@ -153,6 +153,50 @@ def test_a_second_start_loads_the_saved_step_and_a_broken_file_is_compiled_again
     assert _tokens(third, PROMPTS[:2]) == expected
 
 
+def test_another_checkpoint_of_the_same_shapes_loads_the_saved_step_with_its_own_weights(
+    tiny, tmp_path
+):
+    """A saved step holds no weights (they are its inputs): a checkpoint of the architecture and
+    shapes of one saved before, here in the same process, loads its file and decodes with its
+    own weights, every packed and quantized layer included (int4, their merged siblings)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    other = tmp_path / "other"
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    model.save_pretrained(other)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(other)
+
+    def start(path, compiled):
+        runner = ModelRunner(
+            resolve_model(path),
+            platform=CpuSRTPlatform(),
+            max_batch_size=8,
+            dtype="float32",
+            torchao_config="int4wo-32",
+            wide_step_tokens=3,
+        )
+        runner.warm_up()
+        options = DecodeOptions(enable_torch_compile=compiled, torch_compile_max_bs=4)
+        choose_decode_runner(runner, options)
+        return runner
+
+    sizes = (1, 4)  # the int4 kernel; the wide steps' merged product
+    first = start(tiny, True)
+    first_tokens = {size: _tokens(first, PROMPTS[:size]) for size in sizes}
+    second = start(other, True)  # what a restart (or a reload) of the other checkpoint does
+    assert second.graph_runner.origin == "loaded"
+    assert second.graph_runner.saved_path == first.graph_runner.saved_path
+    for size in sizes:
+        want = _tokens(start(other, False), PROMPTS[:size])
+        assert _tokens(second, PROMPTS[:size]) == want, size
+        assert first_tokens[size] != want, size  # the checkpoints do differ
+
+
 def test_a_compiled_step_over_int4_weights_gives_the_eager_tokens(tiny):
     """The compiled step over weight-only int4 layers (``--torchao-config int4wo-32``): their
     kernel computes only a step's own rows (one row runs padded to two), wider steps go through

@@ -437,16 +437,21 @@ def test_the_documented_attention_backend_example_registers_and_serves(tmp_path,
     assert out == alone(runner, "x", "hello world", max_new_tokens=6, **GREEDY)
 
 
+MERGED = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+
+
 def test_a_bfloat16_model_on_the_cpu_computes_with_prepacked_weights_and_the_same_tokens(tmp_path):
-    """Its linear layers use oneDNN's prepacked weights (``layers.linear``), and its greedy
+    """Its linear layers use oneDNN's prepacked weights (``layers.linear``), each alone or with
+    the siblings that read its input (``layers.merged_linear``: q/k/v, gate/up), and its greedy
     tokens are those of transformers' own bfloat16 model of the same directory."""
     import torch
     from transformers import AutoModelForCausalLM
 
     packed = tiny_runner(tmp_path, "bf16", dtype="bfloat16")
-    assert all(
-        hasattr(m, "_packed_weight") for m in packed.model.modules() if type(m) is torch.nn.Linear
-    )
+    linears = {n: m for n, m in packed.model.named_modules() if type(m) is torch.nn.Linear}
+    merged = {n for n, m in linears.items() if "_merged" in m.__dict__}
+    assert merged and all(n.rsplit(".", 1)[1] in MERGED for n in merged), merged
+    assert all(hasattr(m, "_packed_weight") for n, m in linears.items() if n not in merged)
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16).eval()
     for text in ("hello world", "the quick brown fox jumps over the lazy dog"):
         ids = torch.tensor([packed.encode_prompt(text, 16)])

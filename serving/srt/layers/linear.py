@@ -13,7 +13,6 @@ across tensor-parallel ranks, with a PyTorch built with oneDNN.
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -59,13 +58,15 @@ def _packed_forward(module: Any, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def register_packed(module: Any, matmul: Any) -> None:
+def register_packed(module: Any, matmul: Any, model: Any) -> None:
     """Make ``matmul(module, flat)`` the module's computation of a flat input: eager, it is
     called as it is; in a compiled graph, through the opaque op ``packed_linear``
-    (``call_packed``)."""
-    module.__dict__["_packed_index"] = len(_PACKED)  # a plain int, not a buffer
+    (``call_packed``), which names the module by its index among ``model``'s registered ones:
+    the same model built again numbers its modules the same, so a saved graph serves it."""
+    registry: list[Any] = model.__dict__.setdefault("_packed_modules", [])
+    module.__dict__["_packed_index"] = len(registry)  # a plain int, not a buffer
     module.__dict__["_packed_matmul"] = matmul
-    _PACKED.append(weakref.ref(module))
+    registry.append(module)
 
 
 def call_packed(module: Any, flat: torch.Tensor) -> torch.Tensor:
@@ -83,14 +84,24 @@ def call_packed(module: Any, flat: torch.Tensor) -> torch.Tensor:
 # row is): set by the compiled step around a call, read by kernels whose cost grows with the rows.
 LIVE_ROWS: list[int | None] = [None]
 
-# Every packed module, by its ``_packed_index`` (weakly: a model that goes takes its own along).
-_PACKED: list[weakref.ref[Any]] = []
+# The packed modules of the model a compiled step is running, by ``_packed_index``: set by the
+# compiled step around a call (``packed_modules``), read by the ``packed_linear`` op.
+RUNNING: list[list[Any] | None] = [None]
+# How many compiled steps have run in this process: what an op's answer may be reused within.
+COMPILED_STEPS = [0]
 _OP: list[Any] = []
+
+
+def packed_modules(model: Any) -> list[Any]:
+    """``model``'s registered modules, by ``_packed_index`` (``register_packed``)."""
+    registry: list[Any] = model.__dict__.get("_packed_modules", [])
+    return registry
 
 
 def packed_linear_op() -> Any:
     """``torch.ops.sglang_launch.packed_linear(x, index, out_features)``, registered once: the
-    packed linear ``index`` (its module's ``_packed_index``) as a custom op, which
+    packed linear ``index`` (its module's ``_packed_index`` in the model the compiled step runs,
+    ``RUNNING``) as a custom op, which
     ``torch.compile`` leaves as it is. The op finds the module's packed weight itself: a graph
     never holds oneDNN's opaque weight tensor, which the compiler would turn back into a dense
     one (reordered again at every call)."""
@@ -104,7 +115,9 @@ def packed_linear_op() -> Any:
             schema="(Tensor x, int index, int out_features) -> Tensor",
         )
         def packed_linear(x: torch.Tensor, index: int, out_features: int) -> torch.Tensor:
-            module: Any = _PACKED[index]()
+            running = RUNNING[0]
+            assert running is not None, "packed_linear runs inside a compiled step"
+            module: Any = running[index]
             out: torch.Tensor = module._packed_matmul(module, x)
             return out
 
@@ -148,7 +161,7 @@ def pack_linears(model: Any) -> int:
             continue
         weight = module.weight
         module._packed_weight = pack_weight(weight.detach())
-        register_packed(module, packed_matmul)
+        register_packed(module, packed_matmul, model)
         module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
         if counts.get(id(weight), 0) == 1:  # nobody else reads it: its dense copy goes
             weight.data = torch.empty(0, dtype=weight.dtype)

@@ -16,8 +16,14 @@ The contract of a member's call:
   group forgets the product once every member took its columns, or when a member is called with
   another input (or a second time), which computes the product again: the answer is always the
   product of the input given, never a stale one;
-- in a compiled graph every member calls the group's opaque op (``linear.packed_linear``) on its
-  input and takes its columns; the compiler's common-subexpression pass leaves one call;
+- in a compiled graph every member is its own opaque op (``linear.packed_linear``), which
+  keeps the same contract with the input's memory (address, shape, strides) within one
+  compiled step standing for the tensor object, and returns a copy of its columns (a fresh
+  tensor, as the compiler expects of an op). PyTorch's inference graphs get no
+  common-subexpression pass, so the group has to be the one that computes once. The compiler
+  may give siblings two buffers of the same values (it recomputes a cheap input for each
+  consumer), and a later step may find either address reused: so a product is never reused
+  from another step;
 - a weight-only group (``layers.quantization``) computes steps narrower than its ``wide_rows``
   with each member's own weight-only kernel, as an unmerged layer does; only the dense copies of
   the wide steps are merged.
@@ -32,7 +38,7 @@ from __future__ import annotations
 import types
 from typing import TYPE_CHECKING, Any
 
-from serving.srt.layers.linear import packed_linear_op, register_packed
+from serving.srt.layers.linear import COMPILED_STEPS, call_packed, register_packed
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +53,9 @@ class MergedLinear:
     ``narrow(member, flat)``: a member's own kernel for a step of fewer than ``wide_rows`` rows
     (unused when ``wide_rows`` is 0)."""
 
-    def __init__(self, members: list[Any], wide: Any, *, wide_rows: int = 0, narrow: Any = None):
+    def __init__(
+        self, members: list[Any], wide: Any, model: Any, *, wide_rows: int = 0, narrow: Any = None
+    ):
         import weakref
 
         self.out_features = sum(int(m.out_features) for m in members)
@@ -58,23 +66,25 @@ class MergedLinear:
         self._input: Any = None
         self._product: Any = None
         self._taken: set[int] = set()
-        register_packed(self, _product)
         start = 0
         for member in members:
             stop = start + int(member.out_features)
             member.__dict__["_merged"] = self
             member.__dict__["_merged_columns"] = (start, stop)
             member.forward = types.MethodType(_member_forward, member)
+            register_packed(member, _member_op, model)
             start = stop
 
     def live_members(self) -> list[Any]:
         return [ref() for ref in self.members]
 
-    def product_for(self, member: Any, x: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-        """The merged product of ``flat`` (``x`` flattened) for ``member``: computed unless the
-        last computed one was of the same ``x`` and ``member`` has not taken it yet."""
+    def product_for(self, member: Any, x: Any, flat: torch.Tensor) -> torch.Tensor:
+        """The merged product of ``flat`` for ``member``: computed unless the last computed one
+        was of the same input and ``member`` has not taken it yet. ``x``: the input, the tensor
+        object (compared by identity) or the key of its memory (a tuple, compared by value)."""
         key = id(member)
-        if x is not self._input or key in self._taken:
+        same = x is self._input or (isinstance(x, tuple) and x == self._input)
+        if not same or key in self._taken:
             self._input, self._taken = x, set()
             self._product = _product(self, flat)
         product: torch.Tensor = self._product
@@ -102,13 +112,23 @@ def _member_forward(module: Any, x: torch.Tensor) -> torch.Tensor:
     start, stop = module.__dict__["_merged_columns"]
     flat = x.reshape(-1, x.shape[-1])
     if torch.compiler.is_compiling():
-        whole = packed_linear_op()(flat, group._packed_index, group.out_features)
-        out = whole[:, start:stop]
+        out = call_packed(module, flat)  # ``_member_op``, one opaque op
     elif flat.shape[0] < group.wide_rows:
         out = group.narrow(module, flat)
     else:
         out = group.product_for(module, x, flat)[:, start:stop]
     return out.reshape(*x.shape[:-1], stop - start)
+
+
+def _member_op(module: Any, flat: torch.Tensor) -> torch.Tensor:
+    """A member's columns for ``flat``, as a fresh tensor (a compiled graph's op)."""
+    group: MergedLinear = module.__dict__["_merged"]
+    if flat.shape[0] < group.wide_rows:
+        narrow: torch.Tensor = group.narrow(module, flat)
+        return narrow
+    start, stop = module.__dict__["_merged_columns"]
+    memory = (COMPILED_STEPS[0], flat.data_ptr(), tuple(flat.shape), tuple(flat.stride()))
+    return group.product_for(module, memory, flat)[:, start:stop].contiguous()
 
 
 def merge_siblings(
@@ -131,7 +151,7 @@ def merge_siblings(
             wide = wide_of(members)
             if wide is None:
                 continue
-            MergedLinear(members, wide, wide_rows=wide_rows, narrow=narrow)
+            MergedLinear(members, wide, model, wide_rows=wide_rows, narrow=narrow)
             merged.extend(members)
     return merged
 

@@ -40,7 +40,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from serving.srt.layers.attention.hf_attention import COMPILED_DECODE
-from serving.srt.layers.linear import LIVE_ROWS, packed_linear_op
+from serving.srt.layers.linear import (
+    COMPILED_STEPS,
+    LIVE_ROWS,
+    RUNNING,
+    packed_linear_op,
+    packed_modules,
+)
 from serving.srt.model_executor.forward_batch_info import ForwardMode
 
 if TYPE_CHECKING:
@@ -191,10 +197,12 @@ class CompiledDecodeStep:
             self.layers = _radix_layers(self.model_runner.model)
         _STEP[0] = (forward_batch, self.layers)
         LIVE_ROWS[0] = rows
+        RUNNING[0] = packed_modules(self.model_runner.model)
+        COMPILED_STEPS[0] += 1
         try:
             logits: torch.Tensor = self._compiled(ids, positions)
         finally:
-            _STEP[0] = LIVE_ROWS[0] = None
+            _STEP[0] = LIVE_ROWS[0] = RUNNING[0] = None
         return logits[0, :rows, None, :]
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

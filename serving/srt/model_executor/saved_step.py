@@ -68,7 +68,7 @@ def step_key(step: Any) -> str:
         "cpu": torch.backends.cpu.get_cpu_capability(),
         "serving": source_digest(),
         "architecture": runner.architecture,
-        "config": model.config.to_json_string(use_diff=False),
+        "config": _config_without_path(model.config),
         "modules": repr(model),
         "tensors": tensors,
         "dtype": str(runner.dtype),
@@ -85,6 +85,14 @@ def step_key(step: Any) -> str:
     }
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def _config_without_path(config: Any) -> str:
+    """The model's config as JSON, less the directory it was read from (``_name_or_path``): two
+    checkpoints of one architecture and size make the same graph."""
+    values = json.loads(config.to_json_string(use_diff=False))
+    values.pop("_name_or_path", None)
+    return json.dumps(values, sort_keys=True)
 
 
 def keep_input_guards(entries: Any) -> list[bool]:

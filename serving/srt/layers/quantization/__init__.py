@@ -227,7 +227,7 @@ def keep_wide_copies(model: Any, wide_rows: int) -> tuple[int, int]:
                 else:
                     module._dense_weight = dense
         module.wide_rows = int(wide_rows)
-        register_packed(module, _choose_kernel)
+        register_packed(module, _choose_kernel, model)
         layers.append(module)
     on_amx = sum(1 for module in layers if getattr(module, "amx", None) is not None)
     return len(layers) - on_amx, on_amx
