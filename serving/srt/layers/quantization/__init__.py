@@ -178,7 +178,8 @@ def _choose_kernel(module: Any, flat: torch.Tensor) -> torch.Tensor:
     if flat.shape[0] < module.wide_rows:
         return narrow_rows(module, flat)
     if getattr(module, "amx", None) is not None:
-        return module.wide_matmul(flat)
+        on_amx: torch.Tensor = module.wide_matmul(flat)
+        return on_amx
     if "_packed_weight" in module.__dict__:
         return packed_matmul(module, flat)
     wide: torch.Tensor = torch.nn.functional.linear(flat, module._dense_weight, module.bias)

@@ -53,7 +53,8 @@ def kernel() -> Any:
 def unavailable_reason() -> str | None:
     """Why ``kernel()`` is None (None when it is not)."""
     kernel()
-    return _STATE["why"]
+    why: str | None = _STATE["why"]
+    return why
 
 
 def _load() -> tuple[Any, str | None]:
@@ -171,13 +172,13 @@ def int4_mm(
     return _call("sgl_amx_int4_mm", flat, packed, scale_and_zero, bias, group_size)
 
 
-def _call(name: str, flat: Any, packed: Any, scales: Any, bias: Any, *more: int) -> Any:
+def _call(name: str, flat: Any, packed: Any, scales: Any, bias: Any, *more: int) -> torch.Tensor:
     import torch
 
     x = flat.contiguous()
     rows, inp = x.shape
     out = packed.shape[0] * 16
-    y = torch.empty((rows, out), dtype=torch.bfloat16, device=x.device)
+    y: torch.Tensor = torch.empty((rows, out), dtype=torch.bfloat16, device=x.device)
     getattr(kernel(), name)(
         x.data_ptr(),
         packed.data_ptr(),
