@@ -73,17 +73,19 @@ def test_the_amx_kernel_computes_the_dense_product_of_the_int8_values():
 
 
 def test_setting_the_environment_variable_to_0_keeps_pytorchs_kernels():
-    """``SGLANG_LAUNCH_AMX=0``: no kernel, and the reason names the variable."""
+    """``SGLANG_LAUNCH_NATIVE_KERNELS=0``: no C kernel, and the reason names the variable."""
     code = (
         "from serving.srt.layers.quantization import amx; "
-        "print(amx.kernel() is None, amx.unavailable_reason())"
+        "from serving.srt.layers.attention import decode_kernel; "
+        "print(amx.kernel() is None, amx.unavailable_reason()); "
+        "print(decode_kernel.KERNEL.library() is None, decode_kernel.KERNEL.reason())"
     )
-    env = {**os.environ, "SGLANG_LAUNCH_AMX": "0"}
+    env = {**os.environ, "SGLANG_LAUNCH_NATIVE_KERNELS": "0"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "True SGLANG_LAUNCH_AMX=0 is set"
+    assert out.stdout.splitlines() == ["True SGLANG_LAUNCH_NATIVE_KERNELS=0 is set"] * 2
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,9 @@ An extend segment attends causally to its prefix and itself: with no prefix its 
 used as they come (no read of the pool); otherwise its keys and values are gathered from its
 slots. The decode rows run together: their slots form one padded ``(rows, width)`` matrix (the
 dummy slot 0 where a row is shorter), a mask hides the padding, and each query head group shares
-its key/value head without the keys being repeated.
+its key/value head without the keys being repeated. Where the C kernel serves the layer
+(``decode_kernel``: bfloat16 on a CPU with AVX-512 BF16), the decode rows read their slots in
+place instead, with no gather.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from serving.srt.layers.attention.base_attn_backend import AttentionBackend
+from serving.srt.layers.attention.decode_kernel import decode_attention, fits
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +29,8 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         self._decode_masks: dict[int, torch.Tensor | None] = {}
+        positions = forward_batch.decode_positions
+        self._decode_lengths = None if positions is None else (positions + 1).contiguous()
 
     def forward(
         self,
@@ -99,11 +104,17 @@ class TorchNativeAttnBackend(AttentionBackend):
         assert slots is not None
         rows, heads, dim = q.shape
         kv_heads = layer.tp_k_head_num
+        key_buffer = pool.get_key_buffer(layer.layer_id)
+        value_buffer = pool.get_value_buffer(layer.layer_id)
+        lengths = getattr(self, "_decode_lengths", None)
+        if lengths is not None and fits(q, key_buffer, value_buffer, layer.sliding_window_size):
+            scale = layer.scaling if layer.scaling is not None else dim**-0.5
+            return decode_attention(q, key_buffer, value_buffer, slots, lengths, scale)
         flat = forward_batch.decode_flat_slots
         width = slots.shape[1]
-        keys = pool.get_key_buffer(layer.layer_id).index_select(0, flat)
+        keys = key_buffer.index_select(0, flat)
         keys = keys.view(rows, width, kv_heads, dim).transpose(1, 2)
-        values = pool.get_value_buffer(layer.layer_id).index_select(0, flat)
+        values = value_buffer.index_select(0, flat)
         values = values.view(rows, width, kv_heads, -1).transpose(1, 2)
         # One query position per row: a key/value head's query heads attend as its queries.
         grouped = q.reshape(rows, kv_heads, heads // kv_heads, dim)

@@ -7,114 +7,49 @@ bfloat16 copy of the weight, two to four times the bytes to read at every step.
 once per call, in registers, and multiplies it with every row of the step on the tile unit. The
 weight read stays int4 or int8.
 
-``kernel()`` builds the C file with the system's C compiler the first time a process asks
-(about a second), into ``<sglang-launch's cache>/kernels/``, and loads it; later starts load
-the built file. It is None, and the caller keeps PyTorch's kernels, where the CPU has no
-AMX-BF16 (``/proc/cpuinfo``'s ``amx_bf16``, ``amx_tile``, ``avx512_bf16``), the operating
-system does not grant the tile state, no C compiler is found, the build fails, or
-``SGLANG_LAUNCH_AMX=0`` is set; ``unavailable_reason()`` says which.
+``kernel()`` is the built library (``serving.srt.layers.native``), or None where the CPU has no
+AMX-BF16 (``amx_bf16``, ``amx_tile``, ``avx512_bf16``), the operating system does not grant the
+tile state, or no kernel can be built; ``unavailable_reason()`` says why. The caller then keeps
+PyTorch's kernels.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from serving.srt.layers.native import NativeKernel
 
 if TYPE_CHECKING:
     import torch
 
-log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("weight_only_amx.c")
-FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp")
-CPU_FLAGS = ("amx_bf16", "amx_tile", "avx512_bf16")
-ENV = "SGLANG_LAUNCH_AMX"
+def _setup(lib: Any) -> str | None:
+    if lib.sgl_amx_init() != 0:
+        return "the operating system did not grant the tile state (arch_prctl)"
+    lib.sgl_amx_int4_mm.restype = lib.sgl_amx_int8_mm.restype = None
+    lib.sgl_amx_int4_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
+    lib.sgl_amx_int8_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3
+    return None
 
-_STATE: dict[str, Any] = {}
+
+KERNEL = NativeKernel(
+    Path(__file__).with_name("weight_only_amx.c"),
+    ("-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp"),
+    ("amx_bf16", "amx_tile", "avx512_bf16"),
+    _setup,
+)
 
 
 def kernel() -> Any:
-    """The loaded kernel library (``ctypes.CDLL``), or None (the module docstring); decided
-    once per process."""
-    if "lib" not in _STATE:
-        _STATE["lib"], _STATE["why"] = _load()
-        if _STATE["lib"] is None:
-            log.info("the weight-only AMX kernels are not used: %s", _STATE["why"])
-    return _STATE["lib"]
+    """The loaded kernel library (``ctypes.CDLL``), or None (the module docstring)."""
+    return KERNEL.library()
 
 
 def unavailable_reason() -> str | None:
     """Why ``kernel()`` is None (None when it is not)."""
-    kernel()
-    why: str | None = _STATE["why"]
-    return why
-
-
-def _load() -> tuple[Any, str | None]:
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, f"{ENV}=0 is set"
-    missing = [flag for flag in CPU_FLAGS if flag not in _cpu_flags()]
-    if missing:
-        return None, f"this CPU lacks {', '.join(missing)}"
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        return None, "no C compiler (cc or gcc, or $CC) to build it with"
-    try:
-        path = _built(compiler)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return None, f"building {SOURCE.name} with {compiler} failed: {exc}"
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError as exc:
-        return None, f"loading {path} failed: {exc}"
-    if lib.sgl_amx_init() != 0:
-        return None, "the operating system did not grant the tile state (arch_prctl)"
-    lib.sgl_amx_int4_mm.restype = lib.sgl_amx_int8_mm.restype = None
-    lib.sgl_amx_int4_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
-    lib.sgl_amx_int8_mm.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3
-    return lib, None
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def _built(compiler: str) -> Path:
-    """The shared library of ``SOURCE``, built unless the cache holds it for this source, these
-    flags and this compiler."""
-    from launchspec.gguf_cache import cache_root
-
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + repr((FLAGS, compiler)).encode()).hexdigest()[:16]
-    folder = cache_root() / "kernels"
-    path = folder / f"weight_only_amx-{key}.so"
-    if path.exists():
-        return path
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        built = Path(tmp) / path.name
-        subprocess.run(
-            [compiler, *FLAGS, "-shared", "-fPIC", str(SOURCE), "-o", str(built)],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        os.replace(built, path)  # atomic: a process beside this one loads a whole file or none
-    return path
+    return KERNEL.reason()
 
 
 def fits(in_features: int, out_features: int, group_size: int) -> bool:
