@@ -132,9 +132,8 @@ class ServerArgs:
     )
     wide_step_tokens: int = _opt(
         8,
-        "a step of at least this many tokens (a prompt, a wide decode) multiplies a quantized "
-        "layer through the AMX kernel (bfloat16 on a CPU with AMX) or by a dense copy of its "
-        "weight kept beside it (more memory); 0: neither (docs/weights.md)",
+        "a step of at least this many tokens multiplies a quantized layer through the AMX kernel "
+        "(bfloat16, a CPU with AMX) or a dense copy kept beside it; 0: neither (docs/weights.md)",
     )
     attention_backend: str | None = _opt(None, "attention backend (default: the platform's)")
     seed: int = _opt(0, "random seed")

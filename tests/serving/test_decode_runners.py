@@ -83,6 +83,23 @@ def eager(tiny):
     return _runner(tiny, CpuSRTPlatform())
 
 
+def _int4_runner(path, compiled):
+    """A float32 runner of ``path`` with int4 weight-only layers (wide from 3 rows), compiled or
+    eager, for batches of up to 4 rows."""
+    runner = ModelRunner(
+        resolve_model(path),
+        platform=CpuSRTPlatform(),
+        max_batch_size=8,
+        dtype="float32",
+        torchao_config="int4wo-32",
+        wide_step_tokens=3,
+    )
+    runner.warm_up()
+    options = DecodeOptions(enable_torch_compile=compiled, torch_compile_max_bs=4)
+    choose_decode_runner(runner, options)
+    return runner
+
+
 def _tokens(runner, prompts, n=10):
     params = SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True)
     seqs = [
@@ -171,28 +188,14 @@ def test_another_checkpoint_of_the_same_shapes_loads_the_saved_step_with_its_own
     model.save_pretrained(other)
     AutoTokenizer.from_pretrained(tiny).save_pretrained(other)
 
-    def start(path, compiled):
-        runner = ModelRunner(
-            resolve_model(path),
-            platform=CpuSRTPlatform(),
-            max_batch_size=8,
-            dtype="float32",
-            torchao_config="int4wo-32",
-            wide_step_tokens=3,
-        )
-        runner.warm_up()
-        options = DecodeOptions(enable_torch_compile=compiled, torch_compile_max_bs=4)
-        choose_decode_runner(runner, options)
-        return runner
-
     sizes = (1, 4)  # the int4 kernel; the wide steps' merged product
-    first = start(tiny, True)
+    first = _int4_runner(tiny, True)
     first_tokens = {size: _tokens(first, PROMPTS[:size]) for size in sizes}
-    second = start(other, True)  # what a restart (or a reload) of the other checkpoint does
+    second = _int4_runner(other, True)  # what a restart (or a reload) of the other checkpoint does
     assert second.graph_runner.origin == "loaded"
     assert second.graph_runner.saved_path == first.graph_runner.saved_path
     for size in sizes:
-        want = _tokens(start(other, False), PROMPTS[:size])
+        want = _tokens(_int4_runner(other, False), PROMPTS[:size])
         assert _tokens(second, PROMPTS[:size]) == want, size
         assert first_tokens[size] != want, size  # the checkpoints do differ
 
@@ -202,21 +205,7 @@ def test_a_compiled_step_over_int4_weights_gives_the_eager_tokens(tiny):
     kernel computes only a step's own rows (one row runs padded to two), wider steps go through
     the dense copy (``--wide-step-tokens``); float32 greedy tokens are the eager ones."""
 
-    def int4(compiled):
-        runner = ModelRunner(
-            resolve_model(tiny),
-            platform=CpuSRTPlatform(),
-            max_batch_size=8,
-            dtype="float32",
-            torchao_config="int4wo-32",
-            wide_step_tokens=3,
-        )
-        runner.warm_up()
-        options = DecodeOptions(enable_torch_compile=compiled, torch_compile_max_bs=4)
-        choose_decode_runner(runner, options)
-        return runner
-
-    eager_int4, compiled_int4 = int4(False), int4(True)
+    eager_int4, compiled_int4 = _int4_runner(tiny, False), _int4_runner(tiny, True)
     assert isinstance(compiled_int4.graph_runner, CompiledDecodeStep)
     for size in (1, 2, 4):  # the kernel alone, padded; the kernel; the dense copy
         prompts = PROMPTS[:size]

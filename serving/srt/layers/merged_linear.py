@@ -6,7 +6,7 @@ same hidden states, and an MLP ``gate_proj`` and ``up_proj`` on the same input. 
 call is a oneDNN product of a few rows with its own fixed cost, so a decode step of many rows
 pays seven of them a layer where two products would do. ``merge_siblings`` gives such a set of
 siblings one ``MergedLinear``: the members' weights side by side in one matrix (packed for
-oneDNN where ``linear.can_pack`` says so). The model's code is not changed: each member still
+oneDNN where the platform packs linears). The model's code is not changed: each member still
 answers its own call, with its columns of the merged product.
 
 The contract of a member's call:
@@ -16,7 +16,7 @@ The contract of a member's call:
   group forgets the product once every member took its columns, or when a member is called with
   another input (or a second time), which computes the product again: the answer is always the
   product of the input given, never a stale one;
-- in a compiled graph every member is its own opaque op (``linear.packed_linear``), which
+- in a compiled graph every member is its own opaque op (``packed_op``), which
   keeps the same contract with the input's memory (address, shape, strides) within one
   compiled step standing for the tensor object, and returns a copy of its columns (a fresh
   tensor, as the compiler expects of an op). PyTorch's inference graphs get no
@@ -38,7 +38,7 @@ from __future__ import annotations
 import types
 from typing import TYPE_CHECKING, Any
 
-from serving.srt.layers.linear import COMPILED_STEPS, call_packed, register_packed
+from serving.srt.layers.packed_op import COMPILED_STEPS, call_packed, register_packed
 
 if TYPE_CHECKING:
     import torch
@@ -166,21 +166,20 @@ def merged_bias(members: list[Any]) -> torch.Tensor | None:
         return torch.cat([m.bias for m in members]).contiguous()
 
 
-def dense_product(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> Any:
-    """The product of a flat input with the dense (out, in) ``weight`` (+ ``bias``), through
-    oneDNN's packed layout where ``pack``."""
+def packed_product(packed: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """The product of a flat input with a weight in oneDNN's packed layout
+    (``linear.pack_weight``), + ``bias``."""
     import torch
 
-    from serving.srt.layers.linear import pack_weight
+    def product(flat: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+        return out
 
-    if pack:
-        packed = pack_weight(weight)
+    return product
 
-        def product(flat: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                flat, packed, bias, "none", [], ""
-            )
-            return out
 
-        return product
+def dense_product(weight: torch.Tensor, bias: torch.Tensor | None) -> Any:
+    """The product of a flat input with the dense (out, in) ``weight``, + ``bias``."""
+    import torch
+
     return lambda flat: torch.nn.functional.linear(flat, weight, bias)

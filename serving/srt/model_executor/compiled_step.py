@@ -40,7 +40,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from serving.srt.layers.attention.hf_attention import COMPILED_DECODE
-from serving.srt.layers.linear import (
+from serving.srt.layers.packed_op import (
     COMPILED_STEPS,
     LIVE_ROWS,
     RUNNING,

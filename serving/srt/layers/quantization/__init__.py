@@ -19,13 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from serving.srt.layers.linear import (
-    LIVE_ROWS,
-    call_packed,
-    pack_weight,
-    packed_matmul,
-    register_packed,
-)
+from serving.srt.layers.linear import pack_weight, packed_matmul
+from serving.srt.layers.packed_op import LIVE_ROWS, call_packed, register_packed
 from serving.srt.layers.quantization import amx
 
 if TYPE_CHECKING:
@@ -240,7 +235,7 @@ def _merged_wide_product(members: list[Any]) -> Any:
     import torch
 
     from serving.srt.layers.linear import can_pack
-    from serving.srt.layers.merged_linear import dense_product, merged_bias
+    from serving.srt.layers.merged_linear import dense_product, merged_bias, packed_product
 
     bias = merged_bias(members)
     layouts = [m.amx for m in members]
@@ -256,7 +251,9 @@ def _merged_wide_product(members: list[Any]) -> Any:
         member.amx = None
     with torch.no_grad():
         dense = torch.cat([dense_weight(m) for m in members]).contiguous()
-    return dense_product(dense, bias, pack=can_pack(dense.device, dense.dtype, 1))
+    if can_pack(dense.device, dense.dtype, 1):
+        return packed_product(pack_weight(dense), bias)
+    return dense_product(dense, bias)
 
 
 def int4_fits(in_features: int, out_features: int, group_size: int) -> bool:
