@@ -56,13 +56,11 @@ class MergedLinear:
     def __init__(
         self, members: list[Any], wide: Any, model: Any, *, wide_rows: int = 0, narrow: Any = None
     ):
-        import weakref
-
         self.out_features = sum(int(m.out_features) for m in members)
         self.wide = wide
         self.wide_rows = int(wide_rows)
         self.narrow = narrow
-        self.members = [weakref.ref(m) for m in members]  # they hold the group, not back
+        self.size = len(members)
         self._input: Any = None
         self._product: Any = None
         self._taken: set[int] = set()
@@ -75,32 +73,25 @@ class MergedLinear:
             register_packed(member, _member_op, model)
             start = stop
 
-    def live_members(self) -> list[Any]:
-        return [ref() for ref in self.members]
-
     def product_for(self, member: Any, x: Any, flat: torch.Tensor) -> torch.Tensor:
         """The merged product of ``flat`` for ``member``: computed unless the last computed one
         was of the same input and ``member`` has not taken it yet. ``x``: the input, the tensor
         object (compared by identity) or the key of its memory (a tuple, compared by value)."""
         key = id(member)
-        same = x is self._input or (isinstance(x, tuple) and x == self._input)
+        last = self._input
+        same = x is last or (isinstance(x, tuple) and isinstance(last, tuple) and x == last)
         if not same or key in self._taken:
             self._input, self._taken = x, set()
             self._product = _product(self, flat)
         product: torch.Tensor = self._product
         self._taken.add(key)
-        if len(self._taken) == len(self.members):  # every member has its columns: let go
+        if len(self._taken) == self.size:  # every member has its columns: let the tensors go
             self._input = self._product = None
         return product
 
 
 def _product(group: MergedLinear, flat: torch.Tensor) -> torch.Tensor:
-    """The group's (tokens, out) product: the members' own kernels side by side for a narrow
-    step, else the merged one."""
-    import torch
-
-    if flat.shape[0] < group.wide_rows:
-        return torch.cat([group.narrow(member, flat) for member in group.live_members()], dim=-1)
+    """The group's (tokens, out) product of a wide step (a narrow one is each member's own)."""
     wide: torch.Tensor = group.wide(flat)
     return wide
 
