@@ -190,7 +190,7 @@ class _ChildState:
         if self.reporter is not None:  # delivered: the next phase runs plugin code, which may
             # end the process at once (os._exit), and the supervisor blames the phase reached
             self.reporter.deliver(
-                "Phase", phase=name, duration=duration, elapsed=now - self.started, **extra
+                "Phase", 5.0, phase=name, duration=duration, elapsed=now - self.started, **extra
             )
 
     def report_from_worker(
