@@ -187,10 +187,9 @@ class _ChildState:
         duration, self.mark = now - self.mark, now
         self.reached = name
         log.debug("%s reached %s in %.3fs", self.spec.worker_id, name, duration)
-        if self.reporter is not None:  # delivered: the next phase runs plugin code, which may
-            # end the process at once (os._exit), and the supervisor blames the phase reached
-            self.reporter.deliver(
-                "Phase", 5.0, phase=name, duration=duration, elapsed=now - self.started, **extra
+        if self.reporter is not None:
+            self.reporter.send(
+                "Phase", phase=name, duration=duration, elapsed=now - self.started, **extra
             )
 
     def report_from_worker(
